@@ -1,0 +1,208 @@
+"""The ``fastdata`` command line: convert, info, demo.
+
+Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
+without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from fastdata import __version__
+from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.formats import all_formats, available_formats, find_manifest
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count} B"
+
+
+def disk_usage(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _source_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def _format_option_fields() -> dict[str, dataclasses.Field]:
+    fields: dict[str, dataclasses.Field] = {}
+    for spec in all_formats():
+        if spec.options is not None:
+            for field in dataclasses.fields(spec.options):
+                fields.setdefault(field.name, field)
+    return fields
+
+
+def _add_convert_parser(commands) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help="convert an image folder or torchvision dataset into a fast format",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', or a converted dataset) into OUTPUT.",
+    )
+    parser.add_argument("source", help="image folder (ImageFolder layout) or torchvision:NAME")
+    parser.add_argument("output", help="output path (a directory for npy, a file for hdf5)")
+    parser.add_argument("--format", default="npy", help=f"output format: {', '.join(available_formats(writable=True))}")
+    parser.add_argument("--store", default="raw", help="raw (decoded pixels) or encoded (image bytes)")
+    parser.add_argument("--mode", default="auto", help="auto (L if every image is grayscale, else RGB), RGB or L")
+    parser.add_argument("--resize", help="HxW (exact size) or S (shorter side to S, aspect kept)")
+    parser.add_argument("--center-crop", help="HxW, applied after --resize")
+    parser.add_argument("--reencode", help="encoded store: re-encode as jpeg:Q or png")
+    parser.add_argument("--workers", type=int, help="decoding processes (default: all cores; 0 = in-process)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    parser.add_argument("--skip-bad", action="store_true", help="leave unreadable images out (listed in the manifest)")
+    parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
+    parser.add_argument("--split", default="train", help="torchvision sources: train or test")
+    parser.add_argument("--download", action="store_true", help="torchvision sources: download if missing")
+    parser.add_argument("--source-option", action="append", type=_source_option, default=[], metavar="KEY=VALUE",
+                        help="extra keyword for the torchvision dataset, e.g. size=1000 (repeatable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    group = parser.add_argument_group("format options")
+    for name, field in _format_option_fields().items():
+        group.add_argument(
+            "--" + name.replace("_", "-"), dest=f"format_option_{name}", default=None,
+            type=field.metadata.get("parse", str), help=field.metadata.get("help"),
+        )
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fastdata.convert import convert
+
+    format_options = {
+        key[len("format_option_"):]: value
+        for key, value in vars(args).items()
+        if key.startswith("format_option_") and value is not None
+    }
+    bar = tqdm(unit="img", disable=args.quiet, desc=f"convert -> {args.format}", file=sys.stderr)
+    try:
+        manifest = convert(
+            args.source, args.output, format=args.format, store=args.store, mode=args.mode,
+            resize=args.resize, center_crop=args.center_crop, reencode=args.reencode,
+            workers=args.workers, overwrite=args.overwrite, skip_bad=args.skip_bad,
+            root=args.root, split=args.split, download=args.download,
+            source_options=dict(args.source_option), progress=bar.update, **format_options,
+        )
+    finally:
+        bar.close()
+    skipped = manifest["skipped"]
+    line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(disk_usage(Path(args.output)))})"
+    if skipped:
+        line += f"; skipped {len(skipped)}: " + "; ".join(f"{s['key']} ({s['reason']})" for s in skipped[:5])
+        line += " ..." if len(skipped) > 5 else ""
+    print(line)
+    return 0
+
+
+def describe(path: Path, manifest: dict[str, Any]) -> str:
+    image = manifest["image"]
+    if image.get("shape"):
+        shape = "x".join(str(v) for v in image["shape"]) + f" {image['dtype']}"
+    else:
+        shape = f"encoded ({image['encoding']})"
+    classes = manifest.get("classes", [])
+    shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+    files = manifest.get("files", {})
+    rows = [
+        ("path", str(path)),
+        ("format", f"{manifest['format']} (layout {manifest['layout_version']}), store {manifest['store']}"),
+        ("samples", f"{manifest['count']:,}"),
+        ("image", f"{shape}, mode {image['mode']}"),
+        ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
+        ("size", f"{human_bytes(disk_usage(path))} on disk"),
+        ("files", ", ".join(f"{name} ({human_bytes(info['bytes'])})" for name, info in files.items())),
+        ("source", " ".join(f"{k}={v}" for k, v in manifest.get("source", {}).items())),
+        ("created", f"{manifest.get('created')} by fastdata {manifest.get('fastdata_version')}"),
+        ("skipped", str(len(manifest.get("skipped", [])))),
+    ]
+    return "\n".join(f"{name + ':':<9} {value}" for name, value in rows)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from fastdata.errors import ManifestError, SourceNotFoundError
+
+    path = Path(args.path)
+    if not path.exists():
+        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
+    manifest = find_manifest(path)
+    if manifest is None:
+        raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
+    if args.json:
+        print(json.dumps(dict(manifest, size_bytes=disk_usage(path)), indent=2))
+    else:
+        print(describe(path, manifest))
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from fastdata.convert import convert
+    from fastdata.demo import make_demo_folder
+
+    base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fastdata-demo-"))
+    folder = make_demo_folder(base / "images", small=args.images, large=args.large)
+    print(f"generated {args.images} PNGs and {args.large} JPEGs in {folder}")
+    for store in ("raw", "encoded"):
+        output = base / f"demo-{store}.npy"
+        kwargs = {"resize": "32x32"} if store == "raw" else {}
+        convert(folder, output, format="npy", store=store, overwrite=True, **kwargs)
+        print()
+        print(describe(output, find_manifest(output)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastdata", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_convert_parser(commands)
+    info = commands.add_parser("info", help="show a converted dataset's manifest")
+    info.add_argument("path")
+    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    demo = commands.add_parser("demo", help="generate a demo image folder, convert it, show the result")
+    demo.add_argument("--out", help="folder for the demo files (default: a new temporary folder)")
+    demo.add_argument("--images", type=int, default=2000, help="small PNG images to generate")
+    demo.add_argument("--large", type=int, default=200, help="larger JPEG images to generate")
+    return parser
+
+
+_COMMANDS = {"convert": _run_convert, "info": _run_info, "demo": _run_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except FastdataError as exc:
+        if os.environ.get("FASTDATA_TRACEBACK"):
+            raise
+        print(f"fastdata: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fastdata: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""The conversion engine: source -> parallel decode/resize/encode -> format writer -> dataset.
+
+Output is written under ``<output>.partial`` and renamed to ``<output>`` only when complete,
+so a failed or interrupted conversion never leaves something that looks like a dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from fastdata import __version__
+from fastdata.errors import BadSampleError, InvalidOptionError, OutputExistsError, ShapeMismatchError
+from fastdata.formats import FormatSpec, get_format
+from fastdata.images import CHANNELS, MODES, Geometry, as_hwc, encode, is_grayscale, open_image, to_mode
+from fastdata.plan import STORES, Batch, Plan
+from fastdata.sources import ArraySource, FolderSource, Source, resolve_source
+
+PARTIAL_SUFFIX = ".partial"
+_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Validated options of one conversion (see :func:`convert` for their meaning)."""
+
+    format: str = "npy"
+    store: str = "raw"
+    mode: str = "auto"
+    geometry: Geometry = Geometry()
+    reencode: tuple[str, int | None] | None = None
+    workers: int = 0
+    overwrite: bool = False
+    skip_bad: bool = False
+
+
+def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
+    """``"64x48"`` -> (64, 48); ``"64"`` -> (64,) when ``allow_single``; ints and tuples pass."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        value = (value,)
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", value)
+        value = tuple(int(g) for g in match.groups() if g is not None) if match else ()
+    value = tuple(value)
+    allowed = (1, 2) if allow_single else (2,)
+    if len(value) not in allowed or not all(isinstance(v, int) and v > 0 for v in value):
+        forms = "'HxW' (e.g. '64x64') or 'S' (shorter side)" if allow_single else "'HxW' (e.g. '56x56')"
+        raise InvalidOptionError(f"Invalid {flag} {value!r}. Use {forms}, with positive integers.")
+    return value
+
+
+def parse_reencode(value: Any) -> tuple[str, int | None] | None:
+    """``"jpeg:90"`` -> ("jpeg", 90); ``"png"`` -> ("png", None)."""
+    if value is None or isinstance(value, tuple):
+        return value
+    match = re.fullmatch(r"(jpeg|jpg|png)(?::(\d+))?", str(value).strip().lower())
+    if not match or (match.group(1) == "png" and match.group(2)):
+        raise InvalidOptionError(f"Invalid --reencode {value!r}. Use 'jpeg:Q' (Q in 1..100) or 'png'.")
+    codec = "png" if match.group(1) == "png" else "jpeg"
+    quality = int(match.group(2)) if match.group(2) else (90 if codec == "jpeg" else None)
+    if quality is not None and not 1 <= quality <= 100:
+        raise InvalidOptionError(f"Invalid JPEG quality {quality} in --reencode {value!r}. Use 1..100.")
+    return codec, quality
+
+
+def make_options(
+    *,
+    format: str = "npy",  # noqa: A002 - the public keyword the issue names
+    store: str = "raw",
+    mode: str = "auto",
+    resize: Any = None,
+    center_crop: Any = None,
+    reencode: Any = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    skip_bad: bool = False,
+) -> ConvertOptions:
+    spec = get_format(format, writable=True)
+    if store not in STORES or store not in spec.stores:
+        allowed = ", ".join(repr(s) for s in spec.stores)
+        raise InvalidOptionError(f"Unknown store {store!r} for format {format!r}. Allowed: {allowed}.")
+    if mode not in MODES:
+        raise InvalidOptionError(f"Unknown mode {mode!r}. Allowed: {', '.join(map(repr, MODES))}.")
+    if workers is not None and workers < 0:
+        raise InvalidOptionError(f"Invalid workers {workers!r}. Use 0 (in-process) or a positive count.")
+    geometry = Geometry(
+        resize=parse_size(resize, flag="--resize", allow_single=True),
+        center_crop=parse_size(center_crop, flag="--center-crop", allow_single=False),
+    )
+    return ConvertOptions(
+        format=format,
+        store=store,
+        mode=mode,
+        geometry=geometry,
+        reencode=parse_reencode(reencode),
+        workers=(os.cpu_count() or 1) if workers is None else workers,
+        overwrite=overwrite,
+        skip_bad=skip_bad,
+    )
+
+
+def convert(
+    source: Any,
+    output: str | os.PathLike,
+    *,
+    format: str = "npy",  # noqa: A002
+    store: str = "raw",
+    mode: str = "auto",
+    resize: Any = None,
+    center_crop: Any = None,
+    reencode: Any = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    skip_bad: bool = False,
+    root: str | os.PathLike | None = None,
+    split: str = "train",
+    download: bool = False,
+    source_options: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    **format_options: Any,
+) -> dict[str, Any]:
+    """Convert ``source`` into ``output`` in the given format; return the written manifest.
+
+    ``source`` is an image folder, ``"torchvision:NAME"`` (with ``root``/``split``/``download``)
+    or a map-style dataset of ``(image, label)``. ``resize`` is ``"HxW"`` or ``S`` (shorter side),
+    ``center_crop`` ``"HxW"``; ``mode`` is ``auto``, ``RGB`` or ``L``; ``reencode`` ``"jpeg:Q"``
+    or ``"png"`` (encoded store). ``workers`` processes decode in parallel (default: all cores;
+    0 = in this process). ``progress(n)`` is called as samples complete. Remaining keyword
+    arguments are the format's own options (e.g. ``compression`` for hdf5).
+    """
+    options = make_options(
+        format=format, store=store, mode=mode, resize=resize, center_crop=center_crop,
+        reencode=reencode, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
+    )
+    spec = get_format(format, writable=True)
+    writer_options = spec.make_options(format_options)
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise OutputExistsError(f"Output {str(output)!r} already exists. Pass --overwrite to replace it.")
+    src = resolve_source(source, root=root, split=split, download=download, source_options=source_options)
+    return run_conversion(src, output, spec, options, writer_options, progress)
+
+
+def run_conversion(
+    src: Source,
+    output: Path,
+    spec: FormatSpec,
+    options: ConvertOptions,
+    writer_options: Any,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + PARTIAL_SUFFIX)
+    remove_path(partial)
+    job = _Job(src, None, options)
+    with _WorkerPool(job, options.workers, len(src)) as pool:
+        plan, skipped = _make_plan(src, options, pool)
+        job.plan = plan
+        writer = spec.writer(partial, plan, writer_options)
+        try:
+            written = 0
+            for batch in _batches(job, pool, skip=set(skipped)):
+                writer.write(batch)
+                written += len(batch)
+                skipped.update({i: s for i, s in batch.skipped})
+                if progress is not None:
+                    progress(len(batch) + len(batch.skipped))
+            manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
+            manifest = writer.close(manifest)
+        except BaseException:
+            writer.abort()
+            remove_path(partial)
+            raise
+    _publish(partial, output, overwrite=options.overwrite)
+    return manifest
+
+
+def _manifest(spec, plan, src, options, writer_options, written, skipped) -> dict[str, Any]:
+    classes = sorted(plan.class_to_idx, key=plan.class_to_idx.__getitem__)
+    return {
+        "format": spec.name,
+        "layout_version": spec.layout_version,
+        "fastdata_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "count": written,
+        "store": plan.store,
+        "image": {
+            "mode": plan.mode,
+            "channels": plan.channels,
+            "dtype": "uint8",
+            "shape": list(plan.shape) if plan.shape else None,
+            "encoding": plan.encoding,
+        },
+        "label_dtype": "int64",
+        "classes": classes,
+        "class_to_idx": plan.class_to_idx,
+        "source": src.describe(),
+        "options": {
+            "mode": options.mode,
+            **plan.geometry.describe(),
+            "reencode": list(options.reencode) if options.reencode else None,
+            "format_options": dataclasses.asdict(writer_options) if writer_options else {},
+        },
+        "skipped": [skipped[i] for i in sorted(skipped)],
+    }
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _publish(partial: Path, output: Path, *, overwrite: bool) -> None:
+    """Rename the complete temporary output into place (replacing the old one if asked)."""
+    if output.exists() or output.is_symlink():
+        if not overwrite:
+            remove_path(partial)
+            raise OutputExistsError(f"Output {str(output)!r} appeared during conversion; not replaced.")
+        old = output.with_name(output.name + ".old")
+        remove_path(old)
+        os.replace(output, old)
+        os.replace(partial, output)
+        remove_path(old)
+    else:
+        os.replace(partial, output)
+
+
+# --- planning ---------------------------------------------------------------------------
+
+
+def _needs_scan(src: Source, options: ConvertOptions) -> bool:
+    if isinstance(src, ArraySource):
+        return options.mode == "auto" or options.store == "raw"
+    if options.mode == "auto":
+        return True
+    return options.store == "raw" and options.geometry.fixed_size is None
+
+
+def _make_plan(src: Source, options: ConvertOptions, pool: "_WorkerPool") -> tuple[Plan, dict[int, dict]]:
+    skipped: dict[int, dict[str, str]] = {}
+    headers: dict[int, tuple[str, int, int]] = {}
+    if _needs_scan(src, options):
+        if isinstance(src, ArraySource):
+            headers = {0: src.header(0)}
+            mode_all = src.native_mode
+        else:
+            for index, header, failure in pool.scan():
+                if failure is not None:
+                    skipped[index] = failure
+                else:
+                    headers[index] = header
+            if not headers:
+                raise BadSampleError(f"No readable image in the source; all {len(src)} failed.")
+            mode_all = "L" if all(is_grayscale(h[0]) for h in headers.values()) else "RGB"
+    mode = mode_all if options.mode == "auto" else options.mode
+    channels = CHANNELS[mode]
+    shape = None
+    if options.store == "raw":
+        fixed = options.geometry.fixed_size
+        shape = (*fixed, channels) if fixed else _uniform_shape(src, headers, options.geometry, channels)
+    encoding = "raw"
+    if options.store == "encoded":
+        keeps_files = isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
+        encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
+    plan = Plan(
+        count=len(src),
+        store=options.store,
+        mode=mode,
+        channels=channels,
+        shape=shape,
+        encoding=encoding,
+        class_to_idx=src.class_to_idx,
+        geometry=options.geometry,
+        jpeg_quality=options.reencode[1] if options.reencode else None,
+    )
+    return plan, skipped
+
+
+def _uniform_shape(src: Source, headers, geometry: Geometry, channels: int) -> tuple[int, int, int]:
+    if isinstance(src, ArraySource):
+        height, width = src.data.shape[1:3]
+        width, height = geometry.output_size(width, height)
+        return height, width, channels
+    first_index = min(headers)
+    first = geometry.output_size(*headers[first_index][1:])
+    for index in sorted(headers):
+        size = geometry.output_size(*headers[index][1:])
+        if size != first:
+            raise ShapeMismatchError(
+                f"{_name(src, index)} is {size[1]}x{size[0]} (HxW) but {_name(src, first_index)} is "
+                f"{first[1]}x{first[0]}; raw storage needs one image size. Use --resize HxW "
+                "(or --resize S --center-crop HxW), or --store encoded."
+            )
+    return first[1], first[0], channels
+
+
+def _name(src: Source, index: int) -> str:
+    if isinstance(src, FolderSource):
+        return os.path.join(str(src.root), src.keys[index])
+    return f"sample {index}"
+
+
+# --- per-sample work (runs in worker processes) -------------------------------------------
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a recognised image file"
+    if isinstance(exc, FileNotFoundError):
+        return "file not found (broken symlink?)"
+    if isinstance(exc, Image.DecompressionBombError):
+        return f"image too large ({exc})"
+    text = str(exc) or type(exc).__name__
+    return text[:200]
+
+
+class _Job:
+    """The per-sample work of one conversion; pickled once into each worker process."""
+
+    def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions):
+        self.src = src
+        self.plan = plan
+        self.options = options
+
+    def fail(self, index: int, exc: BaseException, what: str) -> BadSampleError:
+        return BadSampleError(
+            f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
+        )
+
+    def scan(self, indices: list[int]) -> list[tuple[int, tuple | None, dict | None]]:
+        results = []
+        for index in indices:
+            try:
+                results.append((index, self.src.header(index), None))
+            except Exception as exc:
+                error = self.fail(index, exc, "cannot read image")
+                if not self.options.skip_bad:
+                    raise error from exc
+                results.append((index, None, {"key": self.src.keys[index], "reason": _reason(exc)}))
+        return results
+
+    def sample(self, index: int) -> tuple[int, Any]:
+        plan = self.plan
+        if plan.encoding == "original":
+            data = self.src.file_bytes(index)
+            open_image(data)  # decode fully: a corrupt file fails here, not at training time
+            return int(self.src.labels[index]), data
+        image, label = self.src.load(index)
+        image = plan.geometry.apply(to_mode(image, plan.mode))
+        if plan.store == "encoded":
+            return label, encode(image, plan.encoding, plan.jpeg_quality)
+        array = as_hwc(image)
+        if array.shape != plan.shape:
+            raise ShapeMismatchError(
+                f"{_name(self.src, index)} decodes to shape {array.shape}, expected {plan.shape} "
+                "like the other samples. Use --resize HxW, or --store encoded."
+            )
+        return label, array
+
+    def chunk(self, indices: list[int]) -> Batch:
+        keys, labels, payloads, skipped = [], [], [], []
+        for index in indices:
+            try:
+                label, payload = self.sample(index)
+            except ShapeMismatchError:
+                raise
+            except Exception as exc:
+                if not self.options.skip_bad:
+                    raise self.fail(index, exc, "cannot decode image") from exc
+                skipped.append((index, {"key": self.src.keys[index], "reason": _reason(exc)}))
+                continue
+            keys.append(self.src.keys[index])
+            labels.append(label)
+            payloads.append(payload)
+        batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped)
+        if self.plan.store == "raw":
+            shape = (0, *self.plan.shape)
+            batch.images = np.stack(payloads) if payloads else np.empty(shape, dtype=np.uint8)
+        else:
+            batch.blobs = payloads
+        return batch
+
+    def array_chunk(self, start: int, stop: int) -> Batch:
+        """Vectorised raw read of ``.data`` rows for array sources (no PIL, no pool)."""
+        images = self.src.data[start:stop]
+        if images.ndim == 3:
+            images = images[:, :, :, None]
+        if images.shape[3] != self.plan.channels:
+            images = np.repeat(images, self.plan.channels, axis=3)
+        return Batch(
+            keys=self.src.keys[start:stop],
+            labels=self.src.labels[start:stop].copy(),
+            images=np.ascontiguousarray(images),
+        )
+
+
+_WORKER_JOB: _Job | None = None
+
+
+def _init_worker(job: _Job) -> None:
+    global _WORKER_JOB
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+    _WORKER_JOB = job
+
+
+def _worker_scan(indices: list[int]) -> list[tuple[int, tuple | None, dict | None]]:
+    return _WORKER_JOB.scan(indices)
+
+
+def _worker_chunk(task: tuple[Plan, list[int]]) -> Batch:
+    # The pool starts before planning (it scans headers), so the plan travels with each chunk.
+    _WORKER_JOB.plan, indices = task
+    return _WORKER_JOB.chunk(indices)
+
+
+class _WorkerPool:
+    """A process pool running one conversion's job, or the job in-process when workers <= 1."""
+
+    def __init__(self, job: _Job, workers: int, count: int):
+        self.job = job
+        self.count = count
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self) -> "_WorkerPool":
+        if self.workers > 1 and self.count > 64:
+            self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def scan(self) -> Iterator[tuple[int, tuple | None, dict | None]]:
+        size = max(16, min(1024, self.count // (max(self.workers, 1) * 8)))
+        chunks = _split(list(range(self.count)), size)
+        results = self.pool.imap(_worker_scan, chunks) if self.pool else map(self.job.scan, chunks)
+        for chunk in results:
+            yield from chunk
+
+    def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
+        chunks = _split(indices, size)
+        if self.pool is None:
+            return map(self.job.chunk, chunks)
+        return self.pool.imap(_worker_chunk, [(self.job.plan, c) for c in chunks])
+
+
+def _split(indices: list[int], size: int) -> list[list[int]]:
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def _chunk_size(plan: Plan, count: int, workers: int) -> int:
+    per_image = int(np.prod(plan.shape)) if plan.shape else 64 * 1024
+    by_bytes = max(1, _CHUNK_BYTES // per_image)
+    by_balance = max(1, count // (max(workers, 1) * 8))
+    return max(1, min(256, by_bytes, by_balance))
+
+
+def _batches(job: _Job, pool: _WorkerPool, *, skip: set[int]) -> Iterator[Batch]:
+    plan, src = job.plan, job.src
+    if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
+        plan.mode == src.native_mode or src.native_mode == "L"
+    ):
+        step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
+        for start in range(0, len(src), step):
+            yield job.array_chunk(start, min(start + step, len(src)))
+        return
+    indices = [i for i in range(len(src)) if i not in skip]
+    yield from pool.convert(indices, _chunk_size(plan, len(indices), pool.workers))

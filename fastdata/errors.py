@@ -1,0 +1,55 @@
+"""Errors raised by fastdata.
+
+Every error derives from :class:`FastdataError`; each leaf also inherits the standard
+exception type that callers already catch (``FileNotFoundError``, ``ValueError``, ...).
+"""
+
+from __future__ import annotations
+
+
+class FastdataError(Exception):
+    """Base class of every error fastdata raises on purpose."""
+
+
+class InvalidOptionError(FastdataError, ValueError):
+    """An option has a value fastdata cannot use."""
+
+
+class UnknownFormatError(InvalidOptionError):
+    """A format name that is not in the registry."""
+
+
+class SourceNotFoundError(FastdataError, FileNotFoundError):
+    """The source path or dataset does not exist."""
+
+
+class EmptySourceError(FastdataError, ValueError):
+    """The source exists but holds no usable samples."""
+
+
+class BadSampleError(FastdataError, ValueError):
+    """One sample cannot be read or decoded; the message names it."""
+
+
+class ShapeMismatchError(FastdataError, ValueError):
+    """Samples do not share the one image size that raw storage needs."""
+
+
+class OutputExistsError(FastdataError, FileExistsError):
+    """The output path exists and overwriting was not asked for."""
+
+
+class ManifestError(FastdataError, ValueError):
+    """A converted dataset's manifest is missing, unreadable or inconsistent."""
+
+
+class VersionMismatchError(ManifestError):
+    """A dataset was written with a layout version this fastdata cannot read."""
+
+
+class CorruptDataError(FastdataError, OSError):
+    """Stored data is truncated or damaged; the message names the file (and sample)."""
+
+
+class DependencyMissingError(FastdataError, ImportError):
+    """An optional package that the requested feature needs is not installed."""

@@ -1,0 +1,103 @@
+"""The format registry: one module per storage format, each registering a :class:`FormatSpec`.
+
+The CLI choices, :func:`fastdata.open_dataset`, the benchmark sweep and the contract tests
+iterate this registry, so a new format touches one module (and one test file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fastdata.errors import InvalidOptionError, UnknownFormatError
+
+_BUILTIN_MODULES = ("fastdata.formats.folder", "fastdata.formats.npy")
+_REGISTRY: dict[str, "FormatSpec"] = {}
+_loaded = False
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """What the rest of fastdata needs to know about one storage format.
+
+    ``writer`` is None for read-only formats (the folder baseline). ``options`` is a frozen
+    dataclass of format-specific conversion options; each field's ``metadata`` may hold
+    ``help`` and ``parse`` (str -> value) for the CLI. ``read_manifest(path)`` returns the
+    manifest dict when ``path`` holds a dataset of this format, else None.
+    """
+
+    name: str
+    dataset: type
+    writer: type | None = None
+    stores: tuple[str, ...] = ("raw", "encoded")
+    suffix: str = ""
+    layout_version: int = 1
+    options: type | None = None
+    read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
+    description: str = ""
+
+    @property
+    def writable(self) -> bool:
+        return self.writer is not None
+
+    def make_options(self, values: dict[str, Any]) -> Any:
+        """Build this format's options dataclass, refusing options it does not know."""
+        known = {field.name for field in dataclasses.fields(self.options)} if self.options else set()
+        unknown = sorted(set(values) - known)
+        if unknown:
+            allowed = ", ".join(repr(name) for name in sorted(known)) or "none"
+            raise InvalidOptionError(
+                f"Option {unknown[0]!r} does not apply to format {self.name!r}. "
+                f"Its options: {allowed}."
+            )
+        return self.options(**values) if self.options else None
+
+
+def register(spec: FormatSpec) -> FormatSpec:
+    """Add a format to the registry (called at the end of each format module)."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+
+
+def available_formats(*, writable: bool = False) -> list[str]:
+    """Registered format names, sorted; ``writable=True`` leaves out read-only formats."""
+    _load_builtin()
+    return sorted(name for name, spec in _REGISTRY.items() if spec.writable or not writable)
+
+
+def get_format(name: str, *, writable: bool = False) -> FormatSpec:
+    """Look a format up by name, with an error that lists the available ones."""
+    _load_builtin()
+    spec = _REGISTRY.get(name)
+    if spec is None or (writable and not spec.writable):
+        names = ", ".join(repr(n) for n in available_formats(writable=writable))
+        kind = "output format" if writable and spec is not None else "format"
+        raise UnknownFormatError(f"Unknown {kind} {name!r}. Available formats: {names}.")
+    return spec
+
+
+def all_formats() -> list[FormatSpec]:
+    _load_builtin()
+    return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+
+
+def find_manifest(path: str | Path) -> dict[str, Any] | None:
+    """The manifest of the converted dataset at ``path``, asking each format; None if none is."""
+    path = Path(path)
+    for spec in all_formats():
+        if spec.read_manifest is not None:
+            manifest = spec.read_manifest(path)
+            if manifest is not None:
+                return manifest
+    return None

@@ -1,0 +1,195 @@
+"""Image helpers shared by sources, writers and readers: modes, resizing, codecs.
+
+Mode rules (``--mode auto`` picks ``L`` only when every image is grayscale):
+
+========================  ==========  ==============================================
+input mode                grayscale?  converted with
+========================  ==========  ==============================================
+1, L                      yes         ``Image.convert``
+LA, La                    yes         ``Image.convert`` (alpha dropped)
+I;16, I;16B/L/N, I        yes         value >> 8 to 8 bits (never clipped), then L
+F                         yes         clipped to 0..255, then L
+RGB, RGBA, RGBX, RGBa     no          ``Image.convert`` (alpha dropped, no blending)
+P, PA                     no          ``Image.convert`` through the palette (transparency dropped)
+CMYK, YCbCr, LAB, HSV     no          ``Image.convert`` (Pillow's own formulas)
+========================  ==========  ==============================================
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+GRAYSCALE_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+_WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
+MODES = ("auto", "RGB", "L")
+CHANNELS = {"L": 1, "RGB": 3}
+
+
+def is_grayscale(mode: str) -> bool:
+    return mode in GRAYSCALE_MODES
+
+
+def to_mode(image: Image.Image, mode: str) -> Image.Image:
+    """Convert a PIL image to ``L`` or ``RGB`` following the table in this module's docstring."""
+    if image.mode in _WIDE_MODES:
+        wide = np.asarray(image).astype(np.uint32)
+        image = Image.fromarray((wide >> 8).clip(0, 255).astype(np.uint8), mode="L")
+    elif image.mode == "F":
+        image = Image.fromarray(np.asarray(image).clip(0, 255).astype(np.uint8), mode="L")
+    if image.mode == mode:
+        return image
+    return image.convert(mode)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """``--resize`` and ``--center-crop``, with torchvision ``Resize``/``CenterCrop`` semantics.
+
+    ``resize`` is ``(H, W)`` for an exact size, ``(S,)`` for "shorter side to S", or None.
+    """
+
+    resize: tuple[int, ...] | None = None
+    center_crop: tuple[int, int] | None = None
+
+    @property
+    def is_identity(self) -> bool:
+        return self.resize is None and self.center_crop is None
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after this geometry is applied to an image of the given size."""
+        if self.resize is not None:
+            width, height = _resized_size(width, height, self.resize)
+        if self.center_crop is not None:
+            height, width = self.center_crop
+        return width, height
+
+    @property
+    def fixed_size(self) -> tuple[int, int] | None:
+        """(H, W) every output has regardless of input size, or None when it depends on input."""
+        if self.center_crop is not None:
+            return self.center_crop
+        if self.resize is not None and len(self.resize) == 2:
+            return self.resize[0], self.resize[1]
+        return None
+
+    def apply(self, image: Image.Image) -> Image.Image:
+        if self.resize is not None:
+            size = _resized_size(image.width, image.height, self.resize)
+            if size != image.size:
+                image = image.resize(size, Image.BILINEAR)
+        if self.center_crop is not None:
+            image = center_crop(image, *self.center_crop)
+        return image
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "resize": list(self.resize) if self.resize else None,
+            "center_crop": list(self.center_crop) if self.center_crop else None,
+        }
+
+
+def _resized_size(width: int, height: int, resize: tuple[int, ...]) -> tuple[int, int]:
+    if len(resize) == 2:
+        return resize[1], resize[0]
+    (short_side,) = resize
+    if width <= height:
+        return short_side, int(short_side * height / width)
+    return int(short_side * width / height), short_side
+
+
+def center_crop(image: Image.Image, crop_height: int, crop_width: int) -> Image.Image:
+    """torchvision ``CenterCrop``: zero padding where the crop is larger than the image."""
+    width, height = image.size
+    left = _crop_start(width, crop_width)
+    top = _crop_start(height, crop_height)
+    if (left, top, crop_width, crop_height) == (0, 0, width, height):
+        return image
+    return image.crop((left, top, left + crop_width, top + crop_height))
+
+
+def _crop_start(size: int, crop: int) -> int:
+    if crop > size:
+        return -((crop - size) // 2)
+    return int(round((size - crop) / 2.0))
+
+
+def open_image(data: bytes) -> Image.Image:
+    """Decode encoded image bytes fully (raises on truncated or invalid data)."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def decode(data: bytes, mode: str) -> np.ndarray:
+    """Encoded bytes -> uint8 HWC array in ``mode``."""
+    return as_hwc(to_mode(open_image(data), mode))
+
+
+def as_hwc(image: Image.Image) -> np.ndarray:
+    """PIL image -> writable uint8 (H, W, C) array."""
+    array = np.array(image, dtype=np.uint8)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return array
+
+
+def encode(image: Image.Image, codec: str, quality: int | None = None) -> bytes:
+    """Encode a PIL image as ``png`` or ``jpeg`` bytes."""
+    buffer = io.BytesIO()
+    if codec == "jpeg":
+        image.save(buffer, format="JPEG", quality=quality or 90)
+    else:
+        image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def sniff_extension(data: bytes) -> str:
+    """File extension (without dot) for encoded image bytes, from their magic number."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if data[:2] == b"BM":
+        return "bmp"
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    return "img"
+
+
+def to_pil(image: Any) -> Image.Image:
+    """A map-style dataset's image (PIL, HWC/CHW uint8 ndarray or tensor) as a PIL image.
+
+    Tensors are read as CHW (torch's convention); ndarrays as HWC when the last axis has
+    1, 3 or 4 entries, otherwise as CHW. 2-D inputs are grayscale.
+    """
+    if isinstance(image, Image.Image):
+        return image
+    is_tensor = type(image).__module__.startswith("torch")
+    if is_tensor:
+        image = image.detach().cpu().numpy()
+        if image.ndim == 3:
+            image = np.moveaxis(image, 0, -1)
+    if not isinstance(image, np.ndarray):
+        raise TypeError(
+            f"expected a PIL image, uint8 ndarray or tensor, got {type(image).__name__}"
+        )
+    if image.dtype != np.uint8:
+        raise TypeError(f"expected uint8 pixels, got dtype {image.dtype}")
+    if image.ndim == 3 and not is_tensor and image.shape[-1] not in (1, 3, 4):
+        image = np.moveaxis(image, 0, -1)
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[:, :, 0]
+    if image.ndim == 2:
+        return Image.fromarray(image, mode="L")
+    if image.ndim == 3 and image.shape[-1] in (3, 4):
+        return Image.fromarray(np.ascontiguousarray(image), mode="RGB" if image.shape[-1] == 3 else "RGBA")
+    raise TypeError(f"expected an image of shape HxW, HxWxC or CxHxW, got shape {image.shape}")
