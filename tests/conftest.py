@@ -1,0 +1,60 @@
+"""Shared fixtures: small image folders generated on the fly (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def pattern(height: int, width: int, seed: int, channels: int = 3) -> np.ndarray:
+    """A deterministic, compressible-but-not-flat uint8 image."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:height, 0:width]
+    base = (xs * (seed % 7 + 1) + ys * (seed % 5 + 2)) % 256
+    pixels = np.stack([(base + 40 * c) % 256 for c in range(channels)], axis=-1)
+    pixels = pixels + rng.integers(0, 20, pixels.shape)
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def save(image: Image.Image, path: Path, **kwargs) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, **kwargs)
+    return path
+
+
+@pytest.fixture
+def uniform_folder(tmp_path: Path) -> Path:
+    """3 classes x 4 RGB PNGs, all 12x10 (HxW): raw-storable without resizing."""
+    root = tmp_path / "uniform"
+    for label, name in enumerate(["ant", "bee", "cow"]):
+        for i in range(4):
+            save(Image.fromarray(pattern(12, 10, seed=label * 10 + i)), root / name / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def mixed_folder(tmp_path: Path) -> Path:
+    """Mixed sizes, modes (L, RGB, RGBA, P), PNG and JPEG, upper-case extensions, a non-image
+    file, a hidden file, a nested folder and a non-ASCII name."""
+    root = tmp_path / "mixed"
+    save(Image.fromarray(pattern(20, 30, 1)), root / "cat" / "a.png")
+    save(Image.fromarray(pattern(25, 18, 2)), root / "cat" / "B.JPG", quality=90)
+    save(Image.fromarray(pattern(16, 16, 3)[:, :, 0], mode="L"), root / "cat" / "gray.png")
+    save(Image.fromarray(pattern(14, 22, 4, channels=4), mode="RGBA"), root / "dog" / "rgba.PNG")
+    save(Image.fromarray(pattern(30, 20, 5)).convert("P"), root / "dog" / "palette.png")
+    save(Image.fromarray(pattern(18, 18, 6)), root / "dog" / "nested" / "deep.jpeg", quality=85)
+    save(Image.fromarray(pattern(21, 19, 7)), root / "dog" / "écureuil-ü.png")
+    (root / "dog" / "notes.txt").write_text("not an image")
+    save(Image.fromarray(pattern(8, 8, 8)), root / "dog" / ".hidden.png")
+    return root
+
+
+@pytest.fixture
+def png_bytes() -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pattern(8, 8, 0)).save(buffer, format="PNG")
+    return buffer.getvalue()
