@@ -25,7 +25,7 @@ def demo_image(rng: np.random.Generator, height: int, width: int, label: int) ->
     ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
     t = (np.cos(angle) * xs / width + np.sin(angle) * ys / height + 1) / 2
     pixels = start * (1 - t[..., None]) + end * t[..., None]
-    image = Image.fromarray(pixels.astype(np.uint8), mode="RGB")
+    image = Image.fromarray(pixels.astype(np.uint8))
     draw = ImageDraw.Draw(image)
     for _ in range(int(rng.integers(1, 4))):
         x0, y0 = rng.integers(0, width), rng.integers(0, height)
@@ -34,7 +34,7 @@ def demo_image(rng: np.random.Generator, height: int, width: int, label: int) ->
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=colour)
     noisy = np.asarray(image, dtype=np.int16) + rng.integers(-6, 7, (height, width, 3), dtype=np.int16)
-    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), mode="RGB")
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
 
 def make_demo_folder(

@@ -38,9 +38,9 @@ def to_mode(image: Image.Image, mode: str) -> Image.Image:
     """Convert a PIL image to ``L`` or ``RGB`` following the table in this module's docstring."""
     if image.mode in _WIDE_MODES:
         wide = np.asarray(image).astype(np.uint32)
-        image = Image.fromarray((wide >> 8).clip(0, 255).astype(np.uint8), mode="L")
+        image = Image.fromarray((wide >> 8).clip(0, 255).astype(np.uint8))
     elif image.mode == "F":
-        image = Image.fromarray(np.asarray(image).clip(0, 255).astype(np.uint8), mode="L")
+        image = Image.fromarray(np.asarray(image).clip(0, 255).astype(np.uint8))
     if image.mode == mode:
         return image
     return image.convert(mode)
@@ -189,7 +189,7 @@ def to_pil(image: Any) -> Image.Image:
     if image.ndim == 3 and image.shape[-1] == 1:
         image = image[:, :, 0]
     if image.ndim == 2:
-        return Image.fromarray(image, mode="L")
+        return Image.fromarray(image)
     if image.ndim == 3 and image.shape[-1] in (3, 4):
-        return Image.fromarray(np.ascontiguousarray(image), mode="RGB" if image.shape[-1] == 3 else "RGBA")
+        return Image.fromarray(np.ascontiguousarray(image))
     raise TypeError(f"expected an image of shape HxW, HxWxC or CxHxW, got shape {image.shape}")

@@ -211,7 +211,7 @@ class ArraySource(DatasetSource):
         return self.native_mode, self.data.shape[2], self.data.shape[1]
 
     def load(self, index: int) -> tuple[Image.Image, int]:
-        return Image.fromarray(self.data[index], mode=self.native_mode), int(self.labels[index])
+        return Image.fromarray(self.data[index]), int(self.labels[index])
 
 
 def has_array_fast_path(dataset: Any) -> bool:

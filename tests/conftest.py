@@ -43,8 +43,8 @@ def mixed_folder(tmp_path: Path) -> Path:
     root = tmp_path / "mixed"
     save(Image.fromarray(pattern(20, 30, 1)), root / "cat" / "a.png")
     save(Image.fromarray(pattern(25, 18, 2)), root / "cat" / "B.JPG", quality=90)
-    save(Image.fromarray(pattern(16, 16, 3)[:, :, 0], mode="L"), root / "cat" / "gray.png")
-    save(Image.fromarray(pattern(14, 22, 4, channels=4), mode="RGBA"), root / "dog" / "rgba.PNG")
+    save(Image.fromarray(pattern(16, 16, 3)[:, :, 0]), root / "cat" / "gray.png")
+    save(Image.fromarray(pattern(14, 22, 4, channels=4)), root / "dog" / "rgba.PNG")
     save(Image.fromarray(pattern(30, 20, 5)).convert("P"), root / "dog" / "palette.png")
     save(Image.fromarray(pattern(18, 18, 6)), root / "dog" / "nested" / "deep.jpeg", quality=85)
     save(Image.fromarray(pattern(21, 19, 7)), root / "dog" / "écureuil-ü.png")

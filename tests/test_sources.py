@@ -1,0 +1,75 @@
+"""Image-folder scanning follows torchvision's ImageFolder, minus hidden paths, plus loop safety."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from conftest import pattern, save
+from fastdata.errors import EmptySourceError, FastdataError, SourceNotFoundError
+from fastdata.sources import IMG_EXTENSIONS, scan_folder
+
+
+def visible_image(root: Path):
+    def is_valid_file(path: str) -> bool:
+        parts = Path(path).relative_to(root).parts
+        return path.lower().endswith(IMG_EXTENSIONS) and not any(p.startswith(".") for p in parts)
+
+    return is_valid_file
+
+
+def test_scan_matches_imagefolder(mixed_folder: Path) -> None:
+    keys, labels, class_to_idx = scan_folder(mixed_folder)
+    reference = ImageFolder(str(mixed_folder), is_valid_file=visible_image(mixed_folder))
+    assert [(str(mixed_folder / k), y) for k, y in zip(keys, labels)] == reference.samples
+    assert class_to_idx == reference.class_to_idx == {"cat": 0, "dog": 1}
+    assert keys == [
+        "cat/B.JPG", "cat/a.png", "cat/gray.png",
+        "dog/palette.png", "dog/rgba.PNG", "dog/écureuil-ü.png", "dog/nested/deep.jpeg",
+    ]
+
+
+def test_hidden_files_and_folders_are_ignored(uniform_folder: Path) -> None:
+    save(Image.fromarray(pattern(12, 10, 99)), uniform_folder / ".hiddenclass" / "x.png")
+    save(Image.fromarray(pattern(12, 10, 98)), uniform_folder / "ant" / ".cache" / "y.png")
+    keys, _, class_to_idx = scan_folder(uniform_folder)
+    assert list(class_to_idx) == ["ant", "bee", "cow"]
+    assert len(keys) == 12 and not any("/." in k for k in keys)
+
+
+def test_symlinked_folder_visited_once_and_loops_end(uniform_folder: Path) -> None:
+    os.symlink(uniform_folder / "ant", uniform_folder / "ant" / "loop")
+    os.symlink(uniform_folder / "bee", uniform_folder / "cow" / "bees")
+    keys, labels, _ = scan_folder(uniform_folder)
+    ant = [k for k in keys if k.startswith("ant/")]
+    assert ant == ["ant/0.png", "ant/1.png", "ant/2.png", "ant/3.png"]
+    # the bee folder is reachable twice (as a class and through cow/bees): counted under both
+    # classes once each, like ImageFolder, but never recursed into forever
+    assert [k for k in keys if k.startswith("cow/bees/")] == [f"cow/bees/{i}.png" for i in range(4)]
+    assert len(keys) == 16 and labels.count(2) == 8
+
+
+def test_missing_and_empty_sources(tmp_path: Path) -> None:
+    with pytest.raises(SourceNotFoundError, match="does not exist"):
+        scan_folder(tmp_path / "nope")
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "x.png").write_bytes(b"")
+    with pytest.raises(EmptySourceError, match="has no class folders.*ImageFolder layout"):
+        scan_folder(tmp_path / "flat")
+    (tmp_path / "noimg" / "cls").mkdir(parents=True)
+    (tmp_path / "noimg" / "cls" / "readme.txt").write_text("x")
+    with pytest.raises(EmptySourceError, match="no images with extensions"):
+        scan_folder(tmp_path / "noimg")
+    assert issubclass(SourceNotFoundError, FileNotFoundError) and issubclass(SourceNotFoundError, FastdataError)
+
+
+def test_empty_class_folder_keeps_its_index_and_warns(uniform_folder: Path) -> None:
+    (uniform_folder / "bat").mkdir()
+    with pytest.warns(UserWarning, match="'bat' hold no images"):
+        keys, labels, class_to_idx = scan_folder(uniform_folder)
+    assert class_to_idx == {"ant": 0, "bat": 1, "bee": 2, "cow": 3}
+    assert sorted(set(labels)) == [0, 2, 3]
