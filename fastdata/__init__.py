@@ -7,13 +7,17 @@ from fastdata.api import open_dataset  # noqa: E402
 from fastdata.convert import convert  # noqa: E402
 from fastdata.errors import FastdataError  # noqa: E402
 from fastdata.formats.folder import FolderDataset  # noqa: E402
+from fastdata.formats.hdf5 import HDF5Dataset  # noqa: E402
 from fastdata.formats.npy import MemmapDataset  # noqa: E402
 from fastdata.loader import BatchIndexSampler, loader  # noqa: E402
+from fastdata.samplers import ChunkShuffleSampler  # noqa: E402
 
 __all__ = [
     "BatchIndexSampler",
+    "ChunkShuffleSampler",
     "FastdataError",
     "FolderDataset",
+    "HDF5Dataset",
     "MemmapDataset",
     "__version__",
     "convert",

@@ -1,0 +1,523 @@
+"""The ``hdf5`` format: one ``.h5`` file, readable with plain ``h5py``.
+
+raw:      ``images`` (N, H, W, C) uint8 -- contiguous when uncompressed, chunked along N
+          when compressed (or ``chunk_images`` is given)
+encoded:  ``blob`` (total bytes,) uint8 -- every sample's encoded bytes, concatenated, contiguous
+          ``offsets`` (N + 1,) int64 -- sample ``i`` is ``blob[offsets[i]:offsets[i + 1]]``
+both:     ``labels`` (N,) int64; root attributes ``classes`` (class names, index = label) and
+          ``fastdata_manifest`` (the manifest, JSON). Every dataset carries a ``blake2b``
+          attribute: the checksum of its contents (a file cannot hold its own file checksum).
+
+Reading: contiguous, unfiltered datasets are memory-mapped at their file offset (as fast as
+``npy``); chunked ones are read a whole chunk at a time, decompressed once and kept in a small
+per-process cache. :class:`fastdata.samplers.ChunkShuffleSampler` orders an epoch so each chunk
+is needed once.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+import numpy as np
+
+from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError, ManifestError
+from fastdata.formats import FormatSpec, register
+from fastdata.images import decode
+from fastdata.manifest import CHECKSUM_ALGORITHM, check_layout_version, parse_manifest
+from fastdata.plan import Batch, Plan, Writer
+from fastdata.reader import MapDataset
+
+LAYOUT_VERSION = 1
+FORMAT = "hdf5"
+MANIFEST_ATTR = "fastdata_manifest"
+CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
+DEFAULT_CACHE_BYTES = 32 << 20  # decompressed chunks kept per process by HDF5Dataset
+_COPY_BYTES = 16 << 20
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_PLUGIN_CODECS = ("blosc", "lz4", "zstd")  # need the hdf5plugin package
+_LEVELS = {"gzip": (0, 9, 4), "blosc": (0, 9, 5), "zstd": (1, 22, 3)}  # min, max, default
+
+
+# --- options ----------------------------------------------------------------------------
+
+
+def parse_compression(value: str | None) -> str | None:
+    """``"gzip"`` -> ``"gzip:4"``, ``"lzf"``, ``"zstd:9"``, ``"none"`` -> None (validated)."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text in ("", "none"):
+        return None
+    match = re.fullmatch(r"(gzip|lzf|blosc|lz4|zstd)(?::(\d+))?", text)
+    allowed = "'none', 'gzip[:0-9]', 'lzf', and with hdf5plugin 'blosc[:0-9]', 'lz4', 'zstd[:1-22]'"
+    if not match:
+        raise InvalidOptionError(f"Unknown compression {value!r}. Allowed: {allowed}.")
+    codec, level = match.group(1), match.group(2)
+    if codec in _PLUGIN_CODECS:
+        _import_hdf5plugin(f"compression {value!r}")
+    if codec not in _LEVELS:
+        if level is not None:
+            raise InvalidOptionError(f"Compression {codec!r} takes no level, got {value!r}. Use {codec!r}.")
+        return codec
+    low, high, default = _LEVELS[codec]
+    level_value = default if level is None else int(level)
+    if not low <= level_value <= high:
+        raise InvalidOptionError(f"Invalid {codec} level in compression {value!r}. Use {low}..{high}.")
+    return f"{codec}:{level_value}"
+
+
+def _import_hdf5plugin(what: str) -> Any:
+    try:
+        import hdf5plugin
+    except ImportError as exc:
+        raise DependencyMissingError(
+            f"{what} needs the 'hdf5plugin' package, which is not installed. "
+            "Install it with 'pip install hdf5plugin', or use 'gzip' or 'lzf'."
+        ) from exc
+    return hdf5plugin
+
+
+def _positive_int(value: Any) -> int:
+    number = int(value)
+    if number <= 0:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class HDF5Options:
+    """Options of ``--format hdf5``; ``compression`` applies to ``--store raw`` only."""
+
+    compression: str | None = field(
+        default=None,
+        metadata={
+            "help": "hdf5, raw store: none (default, contiguous), gzip[:LEVEL], lzf; with hdf5plugin "
+            "blosc[:LEVEL], lz4, zstd[:LEVEL]",
+            "parse": parse_compression,
+        },
+    )
+    chunk_images: int | None = field(
+        default=None,
+        metadata={
+            "help": "hdf5, raw store: images per chunk (default: about 1 MiB of pixels per chunk)",
+            "parse": _positive_int,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", parse_compression(self.compression))
+        chunk = self.chunk_images
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0):
+            raise InvalidOptionError(f"Invalid chunk_images {chunk!r}. Use a positive integer.")
+
+
+def default_chunk_images(image_shape: tuple[int, ...], count: int) -> int:
+    """The chunk-size rule: as many images as fit in 1 MiB, at least 1, at most ``count``."""
+    image_bytes = int(np.prod(image_shape))
+    return max(1, min(max(count, 1), CHUNK_TARGET_BYTES // max(image_bytes, 1)))
+
+
+def _filter_kwargs(compression: str | None) -> dict[str, Any]:
+    """h5py ``create_dataset`` keyword arguments for a normalised compression name."""
+    if compression is None:
+        return {}
+    codec, _, level = compression.partition(":")
+    if codec == "gzip":
+        return {"compression": "gzip", "compression_opts": int(level)}
+    if codec == "lzf":
+        return {"compression": "lzf"}
+    plugin = _import_hdf5plugin(f"compression {compression!r}")
+    if codec == "blosc":
+        return dict(plugin.Blosc(cname="lz4", clevel=int(level), shuffle=plugin.Blosc.SHUFFLE))
+    if codec == "lz4":
+        return dict(plugin.LZ4())
+    return dict(plugin.Zstd(clevel=int(level)))
+
+
+# --- writer -----------------------------------------------------------------------------
+
+
+class _ContentHash:
+    """Checksum of a dataset's contents, fed in write order."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.blake2b(digest_size=32)
+        self.bytes = 0
+
+    def update(self, array: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        self.digest.update(data)
+        self.bytes += data.nbytes
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return {"dataset": name, "bytes": self.bytes, CHECKSUM_ALGORITHM: self.digest.hexdigest()}
+
+
+class HDF5Writer(Writer):
+    """Writes one ``.h5`` file (see the module docstring for its layout)."""
+
+    def __init__(self, path: Path, plan: Plan, options: HDF5Options | None):
+        options = options or HDF5Options()
+        super().__init__(path, plan, options)
+        if plan.store == "encoded" and (options.compression or options.chunk_images):
+            raise InvalidOptionError(
+                f"compression={options.compression!r} and chunk_images={options.chunk_images!r} apply to "
+                "--store raw only (encoded images are already compressed). Drop them, or use --store raw."
+            )
+        self.count = 0
+        self.labels: list[np.ndarray] = []
+        self.hashes = {"labels": _ContentHash()}
+        self.file = h5py.File(path, "w")
+        self.blob_path = path.with_name(path.name + ".blob")
+        if plan.store == "encoded":
+            self.hashes.update(blob=_ContentHash(), offsets=_ContentHash())
+            self.blob = open(self.blob_path, "wb")
+            self.offsets = [np.zeros(1, dtype=np.int64)]
+            self.position = 0
+            return
+        self.hashes["images"] = _ContentHash()
+        self.chunk_images = None
+        kwargs: dict[str, Any] = {}
+        if options.compression or options.chunk_images:
+            self.chunk_images = options.chunk_images or default_chunk_images(plan.shape, plan.count)
+            if self.chunk_images * int(np.prod(plan.shape)) >= 1 << 32:
+                raise InvalidOptionError(
+                    f"chunk_images={self.chunk_images} makes chunks of 4 GiB or more (HDF5's limit). "
+                    "Use a smaller --chunk-images."
+                )
+            kwargs = dict(chunks=(self.chunk_images, *plan.shape), maxshape=(None, *plan.shape),
+                          **_filter_kwargs(options.compression))
+        self.images = self.file.create_dataset("images", shape=(plan.count, *plan.shape), dtype=np.uint8, **kwargs)
+        self.pending: list[np.ndarray] = []  # chunked: images waiting for a whole chunk
+        self.written = 0
+
+    def write(self, batch: Batch) -> None:
+        if not len(batch):
+            return
+        if self.plan.store == "raw":
+            self.hashes["images"].update(batch.images)
+            if self.chunk_images is None:
+                self.images[self.count : self.count + len(batch)] = batch.images
+            else:
+                self.pending.append(batch.images)
+                self._flush_chunks(final=False)
+        else:
+            sizes = np.fromiter((len(b) for b in batch.blobs), dtype=np.int64, count=len(batch))
+            data = b"".join(batch.blobs)
+            self.blob.write(data)
+            self.hashes["blob"].update(np.frombuffer(data, dtype=np.uint8))
+            self.offsets.append(self.position + np.cumsum(sizes))
+            self.position += int(sizes.sum())
+        self.labels.append(batch.labels.astype(np.int64, copy=False))
+        self.count += len(batch)
+
+    def _flush_chunks(self, *, final: bool) -> None:
+        """Write whole chunks only (each chunk compressed once); the remainder when ``final``."""
+        if not self.pending:
+            return
+        pending = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        start = self.written
+        end = start + len(pending)
+        whole = (end if final else end // self.chunk_images * self.chunk_images) - start
+        if whole > 0:
+            self.images[start : start + whole] = pending[:whole]
+            self.written = start + whole
+        self.pending = [pending[whole:]] if whole < len(pending) else []
+
+    def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        file = self.file
+        if self.plan.store == "raw":
+            if self.chunk_images is not None:
+                self._flush_chunks(final=True)
+                self.images.resize(self.count, axis=0)
+            elif self.count != self.plan.count:
+                file = self._compact()
+        else:
+            self._write_blob(file)
+        labels = np.concatenate(self.labels) if self.labels else np.empty(0, dtype=np.int64)
+        self.hashes["labels"].update(labels)
+        file.create_dataset("labels", data=labels)
+        names = ("images",) if self.plan.store == "raw" else ("blob", "offsets")
+        manifest["files"] = {name: self.hashes[name].describe(name) for name in (*names, "labels")}
+        manifest["hdf5"] = self._layout(file)
+        for name, entry in manifest["files"].items():
+            file[name].attrs[CHECKSUM_ALGORITHM] = entry[CHECKSUM_ALGORITHM]
+        classes = sorted(self.plan.class_to_idx, key=self.plan.class_to_idx.__getitem__)
+        file.attrs.create("classes", np.array(classes, dtype=object), dtype=h5py.string_dtype())
+        file.attrs["fastdata_format"] = FORMAT
+        file.attrs["layout_version"] = LAYOUT_VERSION
+        file.attrs[MANIFEST_ATTR] = json.dumps(manifest, ensure_ascii=False)
+        file.flush()
+        file.close()
+        return manifest
+
+    def _write_blob(self, file: h5py.File) -> None:
+        """Copy the temporary blob file into a contiguous ``blob`` dataset of its exact size."""
+        self.blob.close()
+        offsets = np.concatenate(self.offsets)
+        self.hashes["offsets"].update(offsets)
+        blob = file.create_dataset("blob", shape=(self.position,), dtype=np.uint8)
+        with open(self.blob_path, "rb") as handle:
+            for start in range(0, self.position, _COPY_BYTES):
+                piece = np.frombuffer(handle.read(_COPY_BYTES), dtype=np.uint8)
+                blob[start : start + len(piece)] = piece
+        self.blob_path.unlink()
+        file.create_dataset("offsets", data=offsets)
+
+    def _compact(self) -> h5py.File:
+        """Samples were skipped: copy the written rows into a new file (a contiguous dataset
+        cannot shrink, and a smaller copy inside the same file would leave dead space)."""
+        compact_path = self.path.with_name(self.path.name + ".compact")
+        compact = h5py.File(compact_path, "w")
+        images = compact.create_dataset("images", shape=(self.count, *self.plan.shape), dtype=np.uint8)
+        step = max(1, _COPY_BYTES // int(np.prod(self.plan.shape)))
+        for start in range(0, self.count, step):
+            images[start : start + step] = self.images[start : min(start + step, self.count)]
+        self.file.close()
+        os.replace(compact_path, self.path)
+        self.file = compact
+        return compact
+
+    def _layout(self, file: h5py.File) -> dict[str, Any]:
+        if self.plan.store == "encoded":
+            return {"encoded_layout": "blob+offsets", "blob": "contiguous"}
+        images = file["images"]
+        return {
+            "images": "chunked" if images.chunks else "contiguous",
+            "chunk_images": images.chunks[0] if images.chunks else None,
+            "compression": self.options.compression,
+        }
+
+    def abort(self) -> None:
+        try:
+            self.file.close()
+        finally:
+            if self.plan.store == "encoded":
+                self.blob.close()
+            for leftover in (self.blob_path, self.path.with_name(self.path.name + ".compact")):
+                if leftover.exists():
+                    leftover.unlink()
+
+
+# --- reader -----------------------------------------------------------------------------
+
+
+def _open_file(path: Path, **kwargs: Any) -> h5py.File:
+    """Open read-only with h5py's default locking (so plain h5py opens of the same file agree)."""
+    try:
+        return h5py.File(path, "r", **kwargs)
+    except (OSError, ValueError) as exc:
+        raise CorruptDataError(
+            f"{str(path)!r}: cannot open as HDF5 ({exc}). The file is truncated or damaged; "
+            "convert the source again."
+        ) from exc
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    with open(path, "rb") as handle:
+        if handle.read(len(_HDF5_SIGNATURE)) != _HDF5_SIGNATURE:
+            return None
+    with _open_file(path) as file:
+        text = file.attrs.get(MANIFEST_ATTR)
+    if text is None:
+        return None
+    manifest = parse_manifest(text.decode() if isinstance(text, bytes) else str(text), repr(str(path)))
+    return manifest if manifest.get("format") == FORMAT else None
+
+
+def _memmap_offset(dataset: h5py.Dataset) -> int | None:
+    """The file offset of a contiguous, unfiltered uint8 dataset, or None if it cannot be mapped."""
+    plain = dataset.chunks is None and dataset.compression is None and not dataset._filters
+    if not plain or dataset.external or dataset.dtype != np.uint8 or dataset.size == 0:
+        return None
+    return dataset.id.get_offset()
+
+
+class _ChunkCache:
+    """Reads whole chunks (``rows`` images each) through h5py, keeping the latest in an LRU."""
+
+    def __init__(self, dataset: h5py.Dataset, rows: int, capacity_bytes: int):
+        self.dataset = dataset
+        self.rows = rows
+        row_bytes = int(np.prod(dataset.shape[1:]))
+        self.capacity = max(2, capacity_bytes // max(rows * row_bytes, 1))
+        self.chunks: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+
+    def chunk(self, number: int) -> np.ndarray:
+        cached = self.chunks.get(number)
+        if cached is not None:
+            self.chunks.move_to_end(number)
+            return cached
+        start = number * self.rows
+        stop = min(start + self.rows, self.dataset.shape[0])
+        array = np.empty((stop - start, *self.dataset.shape[1:]), dtype=np.uint8)
+        self.dataset.read_direct(array, np.s_[start:stop])
+        self.chunks[number] = array
+        if len(self.chunks) > self.capacity:
+            self.chunks.popitem(last=False)
+        return array
+
+    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+        out = np.empty((len(indices), *self.dataset.shape[1:]), dtype=np.uint8)
+        numbers = indices // self.rows
+        for number in np.unique(numbers).tolist():
+            where = np.flatnonzero(numbers == number)
+            out[where] = self.chunk(number)[indices[where] - number * self.rows]
+        return out
+
+
+@dataclass
+class _Handles:
+    file: h5py.File | None
+    data: Any  # np.memmap, _ChunkCache or h5py.Dataset
+
+
+class HDF5Dataset(MapDataset):
+    """Reader of the ``hdf5`` format (map-style; random access; batched reads).
+
+    >>> ds = HDF5Dataset("out/cifar.h5")
+    >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+    >>> images, labels = ds[[3, 1, 2]]  # uint8 (3, C, H, W), int64 (3,)
+
+    The file is opened lazily in each process (never shared across fork). ``cache_bytes``
+    bounds the decompressed chunks kept per process; ``use_memmap=False`` reads contiguous
+    data through h5py instead of memory-mapping it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        image_format: str = "tensor",
+        batch_transform: Callable | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        use_memmap: bool = True,
+    ):
+        super().__init__(
+            transform=transform, target_transform=target_transform,
+            image_format=image_format, batch_transform=batch_transform,
+        )
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise InvalidOptionError(f"Invalid cache_bytes {cache_bytes!r}. Use a byte count >= 0.")
+        self.path = Path(path)
+        self.cache_bytes = cache_bytes
+        manifest = read_manifest(self.path) if self.path.is_file() else None
+        if manifest is None:
+            _open_file(self.path).close()  # a damaged file fails here with CorruptDataError
+            raise ManifestError(
+                f"{str(self.path)!r} is not an HDF5 dataset written by 'fastdata convert' (no "
+                f"{MANIFEST_ATTR!r} attribute of format {FORMAT!r}). Use fastdata.open_dataset(path)."
+            )
+        check_layout_version(manifest, LAYOUT_VERSION, str(self.path))
+        self.manifest = manifest
+        self.store = manifest["store"]
+        self.mode = manifest["image"]["mode"]
+        self.classes = list(manifest["classes"])
+        self.chunk_images: int | None = None
+        self._offset: int | None = None
+        with _open_file(self.path) as file:
+            self.labels = self._load(file, "labels", np.int64)
+            name = "images" if self.store == "raw" else "blob"
+            data = self._dataset(file, name)
+            self.shape = tuple(data.shape)
+            self._offset = _memmap_offset(data) if use_memmap else None
+            if self.store == "raw":
+                self.chunk_images = data.chunks[0] if data.chunks else None
+                self._check_filters(data)
+            else:
+                self.offsets = self._load(file, "offsets", np.int64)
+        if len(self.labels) != manifest["count"] or (self.store == "raw" and self.shape[0] != manifest["count"]):
+            raise CorruptDataError(
+                f"{str(self.path)!r} holds {len(self.labels)} labels and {self.shape[0]} rows but the "
+                f"manifest says {manifest['count']} samples. Convert the source again."
+            )
+
+    def _dataset(self, file: h5py.File, name: str) -> h5py.Dataset:
+        if name not in file:
+            raise CorruptDataError(
+                f"{str(self.path)!r} has no {name!r} dataset; it is damaged. Convert the source again."
+            )
+        return file[name]
+
+    def _load(self, file: h5py.File, name: str, dtype: type) -> np.ndarray:
+        try:
+            return np.asarray(self._dataset(file, name)[()], dtype=dtype)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: cannot read dataset {name!r} ({exc}). Convert the source again."
+            ) from exc
+
+    def _check_filters(self, data: h5py.Dataset) -> None:
+        compression = (self.manifest.get("hdf5") or {}).get("compression") or ""
+        if compression.partition(":")[0] in _PLUGIN_CODECS:
+            _import_hdf5plugin(f"reading {str(self.path)!r} (compression {compression!r})")
+
+    def _open(self) -> _Handles:
+        inherited = self._handles
+        if isinstance(inherited, _Handles) and inherited.file is not None:
+            # a handle opened by the parent before fork: close this process's copy, never use it
+            try:
+                inherited.file.close()
+            except Exception:  # noqa: BLE001 - the inherited state may be half torn down
+                pass
+        if self._offset is not None:
+            try:
+                data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._offset, shape=self.shape)
+            except (OSError, ValueError) as exc:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: truncated or damaged ({exc}). Convert the source again."
+                ) from exc
+            return _Handles(None, data)
+        row_bytes = int(np.prod(self.shape[1:])) if self.store == "raw" else 1
+        rows = self.chunk_images or max(1, CHUNK_TARGET_BYTES // max(row_bytes, 1))
+        file = _open_file(self.path, rdcc_nbytes=max(CHUNK_TARGET_BYTES, rows * row_bytes), rdcc_w0=1.0)
+        name = "images" if self.store == "raw" else "blob"
+        data = file[name]
+        return _Handles(file, _ChunkCache(data, rows, self.cache_bytes) if self.store == "raw" else data)
+
+    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        data = self.handles.data
+        try:
+            if self.store == "raw":
+                return data[indices]
+            blobs = [data[self.offsets[i] : self.offsets[i + 1]] for i in indices.tolist()]
+        except OSError as exc:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
+            ) from exc
+        pixels = []
+        for index, blob in zip(indices.tolist(), blobs):
+            try:
+                pixels.append(decode(blob.tobytes(), self.mode))
+            except Exception as exc:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: sample {index} cannot be decoded ({exc}). "
+                    f"Run 'fastdata verify {self.path}'."
+                ) from exc
+        return pixels
+
+
+register(
+    FormatSpec(
+        name=FORMAT,
+        dataset=HDF5Dataset,
+        writer=HDF5Writer,
+        suffix=".h5",
+        layout_version=LAYOUT_VERSION,
+        options=HDF5Options,
+        read_manifest=read_manifest,
+        description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",
+    )
+)
