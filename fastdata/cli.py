@@ -85,9 +85,25 @@ def _add_convert_parser(commands) -> None:
         )
 
 
-def _run_convert(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+class _LazyBar:
+    """A tqdm bar created at the first progress report, so failed validation prints no bar."""
 
+    def __init__(self, *, disable: bool, desc: str):
+        self.disable, self.desc, self.bar = disable, desc, None
+
+    def update(self, count: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="img", desc=self.desc, disable=self.disable, file=sys.stderr)
+        self.bar.update(count)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_convert(args: argparse.Namespace) -> int:
     from fastdata.convert import convert
 
     format_options = {
@@ -95,7 +111,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         for key, value in vars(args).items()
         if key.startswith("format_option_") and value is not None
     }
-    bar = tqdm(unit="img", disable=args.quiet, desc=f"convert -> {args.format}", file=sys.stderr)
+    bar = _LazyBar(disable=args.quiet, desc=f"convert -> {args.format}")
     try:
         manifest = convert(
             args.source, args.output, format=args.format, store=args.store, mode=args.mode,

@@ -129,7 +129,7 @@ def convert(
     split: str = "train",
     download: bool = False,
     source_options: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
     **format_options: Any,
 ) -> dict[str, Any]:
     """Convert ``source`` into ``output`` in the given format; return the written manifest.
@@ -138,7 +138,7 @@ def convert(
     or a map-style dataset of ``(image, label)``. ``resize`` is ``"HxW"`` or ``S`` (shorter side),
     ``center_crop`` ``"HxW"``; ``mode`` is ``auto``, ``RGB`` or ``L``; ``reencode`` ``"jpeg:Q"``
     or ``"png"`` (encoded store). ``workers`` processes decode in parallel (default: all cores;
-    0 = in this process). ``progress(n)`` is called as samples complete. Remaining keyword
+    0 = in this process). ``progress(n, total)`` is called as each n more samples complete. Remaining keyword
     arguments are the format's own options (e.g. ``compression`` for hdf5).
     """
     options = make_options(
@@ -160,7 +160,7 @@ def run_conversion(
     spec: FormatSpec,
     options: ConvertOptions,
     writer_options: Any,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + PARTIAL_SUFFIX)
@@ -177,7 +177,7 @@ def run_conversion(
                 written += len(batch)
                 skipped.update({i: s for i, s in batch.skipped})
                 if progress is not None:
-                    progress(len(batch) + len(batch.skipped))
+                    progress(len(batch) + len(batch.skipped), len(src))
             manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
             manifest = writer.close(manifest)
         except BaseException:

@@ -100,4 +100,8 @@ def find_manifest(path: str | Path) -> dict[str, Any] | None:
             manifest = spec.read_manifest(path)
             if manifest is not None:
                 return manifest
+    from fastdata.manifest import MANIFEST_NAME, read_manifest_file
+
+    if (path / MANIFEST_NAME).is_file():  # a dataset of a format this fastdata does not know
+        return read_manifest_file(path / MANIFEST_NAME)
     return None

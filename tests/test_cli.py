@@ -1,0 +1,78 @@
+"""The command line: exit codes, output and error messages (run as a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def fastdata(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def test_convert_then_info(uniform_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "u.npy"
+    result = fastdata("convert", uniform_folder, out, "--format", "npy", "--resize", "6x5", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wrote 12 samples to {out} (")
+    assert np.load(out / "images.npy").shape == (12, 6, 5, 3)
+    info = fastdata("info", out)
+    assert info.returncode == 0
+    lines = dict(line.split(":", 1) for line in info.stdout.splitlines())
+    assert lines["format"].strip() == "npy (layout 1), store raw"
+    assert lines["samples"].strip() == "12"
+    assert lines["image"].strip() == "6x5x3 uint8, mode RGB"
+    assert lines["classes"].strip() == "3: ant, bee, cow"
+    as_json = json.loads(fastdata("info", out, "--json").stdout)
+    assert as_json["count"] == 12 and as_json["size_bytes"] == sum(f.stat().st_size for f in out.iterdir())
+
+
+def test_errors_are_one_line_without_traceback(uniform_folder: Path, tmp_path: Path) -> None:
+    cases = [
+        (["convert", tmp_path / "missing", tmp_path / "o.npy"], "does not exist"),
+        (["convert", uniform_folder, tmp_path / "o.npy", "--format", "hfd5"], "Unknown output format 'hfd5'|Unknown format 'hfd5'"),
+        (["convert", uniform_folder, tmp_path / "o.npy", "--store", "zip"], "Unknown store 'zip'"),
+        (["info", uniform_folder], "is not a dataset written by 'fastdata convert'"),
+        (["info", tmp_path / "nothing"], "does not exist"),
+    ]
+    for args, message in cases:
+        result = fastdata(*args)
+        assert result.returncode == 1, (args, result.stderr)
+        assert result.stderr.startswith("fastdata: error: ") and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert any(m in result.stderr for m in message.split("|")), result.stderr
+
+
+def test_existing_output_and_bad_image(uniform_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "u.npy"
+    assert fastdata("convert", uniform_folder, out, "--quiet").returncode == 0
+    again = fastdata("convert", uniform_folder, out, "--quiet")
+    assert again.returncode == 1 and "already exists. Pass --overwrite to replace it." in again.stderr
+    (uniform_folder / "ant" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    bad = fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet")
+    assert bad.returncode == 1 and "ant/broken.png: cannot read image" in bad.stderr
+    assert not (tmp_path / "b.npy").exists()
+    skipped = fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet", "--skip-bad")
+    assert skipped.returncode == 0 and "wrote 12 samples" in skipped.stdout
+    assert "skipped 1: ant/broken.png (" in skipped.stdout
+
+
+def test_torchvision_fakedata_from_the_cli(tmp_path: Path) -> None:
+    result = fastdata(
+        "convert", "torchvision:FakeData", tmp_path / "f.npy", "--source-option", "size=9",
+        "--source-option", "image_size=(3, 8, 8)", "--store", "encoded", "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "f.npy" / "manifest.json").read_text())["image"]["encoding"] == "png"
+
+
+def test_version_and_help() -> None:
+    assert fastdata("--version").stdout.startswith("fastdata ")
+    help_text = fastdata("convert", "--help").stdout
+    assert "--skip-bad" in help_text and "--resize" in help_text
