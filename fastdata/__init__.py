@@ -9,6 +9,7 @@ from fastdata.errors import FastdataError  # noqa: E402
 from fastdata.formats.folder import FolderDataset  # noqa: E402
 from fastdata.formats.hdf5 import HDF5Dataset  # noqa: E402
 from fastdata.formats.npy import MemmapDataset  # noqa: E402
+from fastdata.formats.tar import TarDataset, TarIndexedDataset  # noqa: E402
 from fastdata.loader import BatchIndexSampler, loader  # noqa: E402
 from fastdata.samplers import ChunkShuffleSampler  # noqa: E402
 
@@ -19,6 +20,8 @@ __all__ = [
     "FolderDataset",
     "HDF5Dataset",
     "MemmapDataset",
+    "TarDataset",
+    "TarIndexedDataset",
     "__version__",
     "convert",
     "loader",

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fastdata.errors import InvalidOptionError, UnknownFormatError
 
-_BUILTIN_MODULES = ("fastdata.formats.folder", "fastdata.formats.hdf5", "fastdata.formats.npy")
+_BUILTIN_MODULES = ("fastdata.formats.folder", "fastdata.formats.hdf5", "fastdata.formats.npy", "fastdata.formats.tar")
 _REGISTRY: dict[str, "FormatSpec"] = {}
 _loaded = False
 

@@ -1,0 +1,449 @@
+"""Readers of the ``tar`` format: :class:`TarDataset` (iterable) and :class:`TarIndexedDataset`.
+
+Both read members at the byte offsets recorded in the shard index (``index.json``), so no
+tar stream is parsed at read time. :func:`split_pieces` decides which samples one DataLoader
+worker of one distributed rank reads in an epoch; every sample goes to exactly one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fastdata.errors import CorruptDataError, InvalidOptionError, ManifestError
+from fastdata.images import decode
+from fastdata.manifest import MANIFEST_NAME, check_layout_version, read_manifest_file
+from fastdata.reader import MapDataset
+
+FORMAT = "tar"
+LAYOUT_VERSION = 1
+INDEX_NAME = "index.json"
+BLOCK = 512  # tar block; every member is one 512-byte ustar header + data padded to 512
+_READ_BYTES = 4 * 1024 * 1024
+_CHUNK_SAMPLES = 64
+_warned: set[tuple[str, int, int]] = set()
+logger = logging.getLogger(__name__)
+
+
+class ShardSplitWarning(UserWarning):
+    """More ranks x workers than samples: some DataLoader workers have nothing to read."""
+
+
+def padded(size: np.ndarray | int) -> np.ndarray | int:
+    return -(-size // BLOCK) * BLOCK
+
+
+# --- the shard index ---------------------------------------------------------------------
+
+
+@dataclass
+class ShardIndex:
+    """``index.json`` as numpy arrays (per shard, and per sample in global order)."""
+
+    files: list[str]
+    counts: np.ndarray  # (S,) samples per shard
+    sizes: np.ndarray  # (S,) bytes per shard file
+    labels: np.ndarray  # (N,) int64
+    shard_of: np.ndarray  # (N,) int64
+    image_offset: np.ndarray  # (N,) byte offset of the image member's data
+    image_size: np.ndarray
+    sample_end: np.ndarray  # (N,) byte offset just after the sample's last member
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Global index of each shard's first sample."""
+        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+
+
+def load_index(directory: Path) -> ShardIndex:
+    file = directory / INDEX_NAME
+    try:
+        document = json.loads(file.read_text(encoding="utf-8"))
+        shards = document["shards"]
+        columns = {
+            name: np.asarray([v for s in shards for v in s[name]], dtype=np.int64)
+            for name in ("label", "image_offset", "image_size", "cls_offset", "cls_size")
+        }
+        counts = np.asarray([s["count"] for s in shards], dtype=np.int64)
+        index = ShardIndex(
+            files=[s["file"] for s in shards],
+            counts=counts,
+            sizes=np.asarray([s["bytes"] for s in shards], dtype=np.int64),
+            labels=columns["label"],
+            shard_of=np.repeat(np.arange(len(shards), dtype=np.int64), counts),
+            image_offset=columns["image_offset"],
+            image_size=columns["image_size"],
+            sample_end=columns["cls_offset"] + padded(columns["cls_size"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(
+            f"{str(file)!r}: cannot read the shard index ({type(exc).__name__}: {exc}). "
+            "Convert the source again."
+        ) from exc
+    if any(len(column) != int(counts.sum()) for column in columns.values()) or any(
+        len(s[name]) != s["count"] for s in shards for name in columns
+    ):
+        raise ManifestError(f"{str(file)!r}: per-sample columns disagree with the shard counts. Convert again.")
+    return index
+
+
+def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
+    """Check the manifest and load the shard index of a tar dataset directory."""
+    path = Path(path)
+    manifest = read_manifest_file(path / MANIFEST_NAME)
+    if manifest.get("format") != FORMAT:
+        raise ManifestError(
+            f"{str(path)!r} holds format {manifest.get('format')!r}, not {FORMAT!r}. "
+            "Use fastdata.open_dataset(path) to pick the right reader."
+        )
+    check_layout_version(manifest, LAYOUT_VERSION, str(path))
+    index = load_index(path)
+    if len(index.labels) != manifest["count"]:
+        raise CorruptDataError(
+            f"{str(path / INDEX_NAME)!r} lists {len(index.labels)} samples but the manifest says "
+            f"{manifest['count']}. Convert the source again."
+        )
+    return path, manifest, index
+
+
+def open_shard(path: Path, index: ShardIndex, shard: int) -> int:
+    """Open one shard read-only, refusing a file whose size differs from the index."""
+    file = path / index.files[shard]
+    try:
+        descriptor = os.open(file, os.O_RDONLY)
+    except OSError as exc:
+        raise CorruptDataError(f"{str(file)!r}: cannot open shard ({exc.strerror}). Convert the source again.") from exc
+    size = os.fstat(descriptor).st_size
+    if size != index.sizes[shard]:
+        os.close(descriptor)
+        raise CorruptDataError(
+            f"{str(file)!r}: shard is {size} bytes but the index says {int(index.sizes[shard])} "
+            f"({'truncated' if size < index.sizes[shard] else 'damaged'}). "
+            f"Run 'fastdata verify {path}' or convert the source again."
+        )
+    return descriptor
+
+
+def read_exact(descriptor: int, size: int, offset: int, file: Path) -> bytes:
+    data = os.pread(descriptor, size, offset)
+    if len(data) != size:
+        raise CorruptDataError(
+            f"{str(file)!r}: shard ends at byte {offset + len(data)}, expected data up to {offset + size} "
+            f"(truncated). Run 'fastdata verify {file.parent}' or convert the source again."
+        )
+    return data
+
+
+class _Decoder:
+    """Member bytes -> uint8 HWC pixels for one dataset (raw ``.npy`` or encoded image)."""
+
+    def __init__(self, manifest: dict[str, Any]):
+        self.store = manifest["store"]
+        self.mode = manifest["image"]["mode"]
+        self.shape = tuple(manifest["image"]["shape"] or ())
+        self.pixels = int(np.prod(self.shape)) if self.shape else 0
+
+    def __call__(self, blobs: list[bytes], names: list[str]) -> np.ndarray | list[np.ndarray]:
+        if self.store == "raw":
+            out = np.empty((len(blobs), *self.shape), dtype=np.uint8)
+            for row, (blob, name) in enumerate(zip(blobs, names)):
+                if len(blob) < self.pixels or blob[:6] != b"\x93NUMPY":
+                    raise CorruptDataError(f"{name}: not a {self.shape} uint8 .npy member. Convert the source again.")
+                out[row] = np.frombuffer(blob, np.uint8, self.pixels, len(blob) - self.pixels).reshape(self.shape)
+            return out
+        pixels = []
+        for blob, name in zip(blobs, names):
+            try:
+                pixels.append(decode(blob, self.mode))
+            except Exception as exc:
+                raise CorruptDataError(f"{name}: cannot decode image ({exc}). Convert the source again.") from exc
+        return pixels
+
+
+def _member_name(path: Path, index: ShardIndex, sample: int) -> str:
+    return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
+
+
+# --- splitting across ranks and workers ----------------------------------------------------
+
+
+def shard_order(count: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The epoch's shard order, identical on every rank and worker."""
+    if not shuffle:
+        return np.arange(count)
+    return np.random.default_rng([seed, epoch, 0x7A5]).permutation(count)
+
+
+def split_pieces(
+    counts: np.ndarray,
+    order: np.ndarray,
+    *,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    even: bool = False,
+) -> tuple[list[tuple[int, int, int]], bool]:
+    """The ``(shard, start, stop)`` sample ranges one consumer reads, and whether shards were split.
+
+    Consumers are ``rank * num_workers + worker``. With at least as many shards as consumers,
+    each takes whole shards round-robin from ``order``. Otherwise (or with ``even``) the
+    samples, concatenated in ``order``, are cut into contiguous ranges: one per consumer, or
+    with ``even`` exactly ``N // world_size`` per rank, split alike on every rank.
+    """
+    consumers = world_size * num_workers
+    consumer = rank * num_workers + worker
+    if not even and len(counts) >= consumers:
+        return [(int(s), 0, int(counts[s])) for s in order[consumer::consumers]], False
+    total = int(counts.sum())
+    if even:
+        quota = total // world_size
+        start = rank * quota + quota * worker // num_workers
+        stop = rank * quota + quota * (worker + 1) // num_workers
+    else:
+        start, stop = total * consumer // consumers, total * (consumer + 1) // consumers
+    pieces, position = [], 0
+    for shard in order.tolist():
+        low, high = max(start, position), min(stop, position + int(counts[shard]))
+        if low < high:
+            pieces.append((shard, low - position, high - position))
+        position += int(counts[shard])
+    return pieces, not even
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if (rank is None) != (world_size is None):
+        raise InvalidOptionError("Pass both rank= and world_size=, or neither (then torch.distributed decides).")
+    if rank is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise InvalidOptionError(
+            f"Invalid rank={rank!r}, world_size={world_size!r}. Use integers with 0 <= rank < world_size."
+        )
+    return rank, world_size
+
+
+def _buffer_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
+    """webdataset-style shuffle: keep ``size`` items, emit a random one as each new one arrives."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        slot = int(rng.integers(size))
+        yield buffer[slot]
+        buffer[slot] = item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class _Formatter(MapDataset):
+    """Applies the map-style output contract (reader.py) to pixels that were already read."""
+
+    def format(self, pixels: Any, labels: np.ndarray) -> list[tuple[Any, Any]]:
+        self._pending, self.labels = pixels, labels
+        try:
+            return self._samples(np.arange(len(labels)))
+        finally:
+            self._pending = None
+
+    def _read(self, indices: np.ndarray) -> Any:
+        return self._pending
+
+
+# --- readers ----------------------------------------------------------------------------
+
+
+class TarDataset(IterableDataset):
+    """Iterable reader of the ``tar`` format: every sample exactly once per epoch.
+
+    Shards are split across distributed ranks (``rank``/``world_size``, or torch.distributed
+    when initialised) and DataLoader workers; with fewer shards than ranks x workers, samples
+    are split within shards. ``shuffle`` permutes the shard order per ``(seed, epoch)`` and
+    mixes samples through a ``shuffle_buffer``; call :meth:`set_epoch` each epoch.
+    ``even=True`` gives every rank exactly ``N // world_size`` samples, split alike across its
+    workers, so DDP ranks see the same number of batches (up to ``world_size - 1`` samples
+    are left out per epoch). Yields ``(image, label)`` like the map-style readers.
+
+    >>> loader = DataLoader(TarDataset("out/shards", seed=1), batch_size=256, num_workers=4)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: bool = False,
+        image_format: str = "tensor",
+    ):
+        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise InvalidOptionError(f"Invalid shuffle_buffer {shuffle_buffer!r}. Use 0 (none) or a positive count.")
+        self.formatter = _Formatter(transform=transform, target_transform=target_transform, image_format=image_format)
+        self.path, self.manifest, self.index = load_dataset(path)
+        self.decoder = _Decoder(self.manifest)
+        self.rank, self.world_size = _distributed(rank, world_size)
+        self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pick the epoch whose shuffle the next iteration uses (reaches non-persistent workers)."""
+        self.epoch = epoch
+
+    def pieces(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
+        """``(shard, start, stop)`` ranges one worker of this rank reads this epoch."""
+        order = shard_order(len(self.index.files), seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        pieces, split = split_pieces(
+            self.index.counts, order, rank=self.rank, world_size=self.world_size,
+            worker=worker, num_workers=num_workers, even=self.even,
+        )
+        key = (str(self.path), len(self.index.files), self.world_size * num_workers)
+        if split and worker == 0 and key not in _warned:
+            _warned.add(key)
+            # Each consumer reads only its own contiguous byte ranges (through the index), so
+            # splitting within shards costs no extra I/O: log it. Idle consumers do cost: warn.
+            message = (
+                f"{str(self.path)!r} has {key[1]} shard(s) for {self.world_size} rank(s) x {num_workers} "
+                f"worker(s): splitting samples within shards"
+            )
+            if len(self.index.labels) < key[2]:
+                warnings.warn(
+                    f"{message}, and {len(self.index.labels)} samples leave some workers idle. "
+                    f"Use fewer workers (at most {len(self.index.labels) // self.world_size} per rank).",
+                    ShardSplitWarning,
+                    stacklevel=3,
+                )
+            else:
+                logger.info("%s. Convert with --shard-samples for at least %d shards.", message, key[2])
+        return pieces
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch: all of them on one rank, ``N // world_size`` with
+        ``even``; otherwise it depends on the shard shuffle and the worker count (TypeError)."""
+        if self.world_size == 1:
+            return len(self.index.labels)
+        if self.even:
+            return len(self.index.labels) // self.world_size
+        raise TypeError(
+            "TarDataset has no fixed length per rank when world_size > 1 (whole shards go to each "
+            "rank); pass even=True for exactly N // world_size samples per rank."
+        )
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        info = get_worker_info()
+        return self.iter_worker(info.id if info else 0, info.num_workers if info else 1)
+
+    def iter_worker(self, worker: int, num_workers: int) -> Iterator[tuple[Any, Any]]:
+        """What DataLoader worker ``worker`` of ``num_workers`` yields (``__iter__`` calls this)."""
+        records = self._records(self.pieces(worker, num_workers))
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, num_workers])
+            records = _buffer_shuffle(records, self.shuffle_buffer, rng)
+        chunk: list[tuple[int, bytes]] = []
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == _CHUNK_SAMPLES:
+                yield from self._format(chunk)
+                chunk = []
+        if chunk:
+            yield from self._format(chunk)
+
+    def _format(self, chunk: list[tuple[int, bytes]]) -> list[tuple[Any, Any]]:
+        samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
+        pixels = self.decoder([blob for _, blob in chunk], _LazyNames(self.path, self.index, samples))
+        return self.formatter.format(pixels, self.index.labels[samples])
+
+    def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
+        """``(global sample index, image member bytes)`` of the pieces, in order, read in blocks."""
+        index, starts = self.index, self.index.starts
+        for shard, start, stop in pieces:
+            first = int(starts[shard])
+            descriptor = open_shard(self.path, index, shard)
+            try:
+                sample = first + start
+                while sample < first + stop:
+                    base = int(index.image_offset[sample]) - BLOCK
+                    limit = base + _READ_BYTES
+                    end = sample + 1 + int(np.searchsorted(index.sample_end[sample + 1 : first + stop], limit, "right"))
+                    block = read_exact(descriptor, int(index.sample_end[end - 1]) - base, base, self.path / index.files[shard])
+                    view = memoryview(block)
+                    for s in range(sample, end):
+                        offset = int(index.image_offset[s]) - base
+                        yield s, bytes(view[offset : offset + int(index.image_size[s])])
+                    sample = end
+            finally:
+                os.close(descriptor)
+
+
+class _LazyNames:
+    """Sample names for error messages, built only when one is needed."""
+
+    def __init__(self, path: Path, index: ShardIndex, samples: np.ndarray):
+        self.path, self.index, self.samples = path, index, samples
+
+    def __iter__(self) -> Iterator[str]:
+        return (_member_name(self.path, self.index, s) for s in self.samples.tolist())
+
+
+class TarIndexedDataset(MapDataset):
+    """Map-style reader of the ``tar`` format: random access by index through member offsets.
+
+    For samplers that need ``__getitem__`` (``shuffle=True`` DataLoaders, ``fastdata.loader``).
+
+    >>> ds = TarIndexedDataset("out/shards")
+    >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        image_format: str = "tensor",
+        batch_transform: Callable | None = None,
+    ):
+        super().__init__(
+            transform=transform, target_transform=target_transform,
+            image_format=image_format, batch_transform=batch_transform,
+        )
+        self.path, self.manifest, self.index = load_dataset(path)
+        self.labels = self.index.labels
+        self.decoder = _Decoder(self.manifest)
+
+    def _open(self) -> dict[int, int]:
+        return {}  # shard -> descriptor, opened on first use in this process
+
+    def _descriptor(self, shard: int) -> int:
+        descriptors = self.handles
+        if shard not in descriptors:
+            descriptors[shard] = open_shard(self.path, self.index, shard)
+        return descriptors[shard]
+
+    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        index, blobs = self.index, []
+        for sample in indices.tolist():
+            shard = int(index.shard_of[sample])
+            blobs.append(
+                read_exact(
+                    self._descriptor(shard), int(index.image_size[sample]), int(index.image_offset[sample]),
+                    self.path / index.files[shard],
+                )
+            )
+        return self.decoder(blobs, _LazyNames(self.path, index, indices))
