@@ -165,27 +165,43 @@ def run_conversion(
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + PARTIAL_SUFFIX)
     remove_path(partial)
-    job = _Job(src, None, options)
-    with _WorkerPool(job, options.workers, len(src)) as pool:
-        plan, skipped = _make_plan(src, options, pool)
-        job.plan = plan
-        writer = spec.writer(partial, plan, writer_options)
-        try:
-            written = 0
-            for batch in _batches(job, pool, skip=set(skipped)):
-                writer.write(batch)
-                written += len(batch)
-                skipped.update({i: s for i, s in batch.skipped})
-                if progress is not None:
-                    progress(len(batch) + len(batch.skipped), len(src))
-            manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
-            manifest = writer.close(manifest)
-        except BaseException:
-            writer.abort()
-            remove_path(partial)
-            raise
+    job = _plan_job(src, options)
+    try:
+        manifest = _write(job, partial, spec, writer_options, progress)
+    except _ModeConflict:
+        # auto mode planned grayscale from the first images, then met a colour one: redo as RGB
+        job = _plan_job(src, options, mode="RGB")
+        manifest = _write(job, partial, spec, writer_options, progress)
     _publish(partial, output, overwrite=options.overwrite)
     return manifest
+
+
+def _write(job: "_Job", partial: Path, spec: FormatSpec, writer_options: Any, progress) -> dict[str, Any]:
+    """Run the job through the format's writer into ``partial``; remove it on any failure."""
+    src, plan, options = job.src, job.plan, job.options
+    writer = spec.writer(partial, plan, writer_options)
+    reported = 0
+    try:
+        written = 0
+        skipped: dict[int, dict[str, str]] = {}
+        with _WorkerPool(job, options.workers, len(src)) as pool:
+            for batch in _batches(job, pool):
+                writer.write(batch)
+                written += len(batch)
+                skipped.update(dict(batch.skipped))
+                if progress is not None:
+                    progress(len(batch) + len(batch.skipped), len(src))
+                    reported += len(batch) + len(batch.skipped)
+        if written == 0:
+            raise BadSampleError(f"No sample could be converted; all {len(src)} were skipped as unreadable.")
+        manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
+        return writer.close(manifest)
+    except BaseException as exc:
+        writer.abort()
+        remove_path(partial)
+        if isinstance(exc, _ModeConflict) and progress is not None:
+            progress(-reported, len(src))
+        raise
 
 
 def _manifest(spec, plan, src, options, writer_options, written, skipped) -> dict[str, Any]:
@@ -243,36 +259,49 @@ def _publish(partial: Path, output: Path, *, overwrite: bool) -> None:
 # --- planning ---------------------------------------------------------------------------
 
 
-def _needs_scan(src: Source, options: ConvertOptions) -> bool:
+_PROBE_SAMPLES = 64
+
+
+def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, int, int]]]:
+    """Headers (mode, width, height) of the first readable samples (up to 64)."""
     if isinstance(src, ArraySource):
-        return options.mode == "auto" or options.store == "raw"
-    if options.mode == "auto":
-        return True
-    return options.store == "raw" and options.geometry.fixed_size is None
+        return [(0, src.header(0))]
+    found, first_error = [], None
+    for index in range(len(src)):
+        try:
+            found.append((index, src.header(index)))
+        except Exception as exc:
+            first_error = first_error or (index, exc)
+            if not options.skip_bad:
+                break
+        if len(found) >= _PROBE_SAMPLES:
+            break
+    if not found or (first_error and not options.skip_bad):
+        index, exc = first_error
+        error = _Job(src, None, options).fail(index, exc, "cannot read image")
+        raise error from exc
+    return found
 
 
-def _make_plan(src: Source, options: ConvertOptions, pool: "_WorkerPool") -> tuple[Plan, dict[int, dict]]:
-    skipped: dict[int, dict[str, str]] = {}
-    headers: dict[int, tuple[str, int, int]] = {}
-    if _needs_scan(src, options):
-        if isinstance(src, ArraySource):
-            headers = {0: src.header(0)}
-            mode_all = src.native_mode
-        else:
-            for index, header, failure in pool.scan():
-                if failure is not None:
-                    skipped[index] = failure
-                else:
-                    headers[index] = header
-            if not headers:
-                raise BadSampleError(f"No readable image in the source; all {len(src)} failed.")
-            mode_all = "L" if all(is_grayscale(h[0]) for h in headers.values()) else "RGB"
-    mode = mode_all if options.mode == "auto" else options.mode
+def _plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "_Job":
+    """Decide mode, shape and encoding from the first readable samples.
+
+    ``--mode auto`` gives RGB as soon as one probed image is in colour; when all probed
+    images are grayscale it plans L, and the workers report a later colour image
+    (:class:`_ModeConflict`), after which the conversion restarts as RGB.
+    """
+    probe = _probe(src, options)
+    reference, (_, width, height) = probe[0]
+    gray_guess = False
+    if mode is None and options.mode == "auto":
+        gray_guess = all(is_grayscale(header[0]) for _, header in probe)
+        mode = "L" if gray_guess else "RGB"
+    mode = mode or options.mode
     channels = CHANNELS[mode]
     shape = None
     if options.store == "raw":
-        fixed = options.geometry.fixed_size
-        shape = (*fixed, channels) if fixed else _uniform_shape(src, headers, options.geometry, channels)
+        out_width, out_height = options.geometry.output_size(width, height)
+        shape = (out_height, out_width, channels)
     encoding = "raw"
     if options.store == "encoded":
         keeps_files = isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
@@ -288,25 +317,7 @@ def _make_plan(src: Source, options: ConvertOptions, pool: "_WorkerPool") -> tup
         geometry=options.geometry,
         jpeg_quality=options.reencode[1] if options.reencode else None,
     )
-    return plan, skipped
-
-
-def _uniform_shape(src: Source, headers, geometry: Geometry, channels: int) -> tuple[int, int, int]:
-    if isinstance(src, ArraySource):
-        height, width = src.data.shape[1:3]
-        width, height = geometry.output_size(width, height)
-        return height, width, channels
-    first_index = min(headers)
-    first = geometry.output_size(*headers[first_index][1:])
-    for index in sorted(headers):
-        size = geometry.output_size(*headers[index][1:])
-        if size != first:
-            raise ShapeMismatchError(
-                f"{_name(src, index)} is {size[1]}x{size[0]} (HxW) but {_name(src, first_index)} is "
-                f"{first[1]}x{first[0]}; raw storage needs one image size. Use --resize HxW "
-                "(or --resize S --center-crop HxW), or --store encoded."
-            )
-    return first[1], first[0], channels
+    return _Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 
 def _name(src: Source, index: int) -> str:
@@ -329,46 +340,48 @@ def _reason(exc: BaseException) -> str:
     return text[:200]
 
 
+class _ModeConflict(Exception):
+    """Auto mode planned grayscale, but a colour image came up: the conversion restarts as RGB."""
+
+
 class _Job:
     """The per-sample work of one conversion; pickled once into each worker process."""
 
-    def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions):
+    def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions, *, reference: int = 0,
+                 gray_guess: bool = False):
         self.src = src
         self.plan = plan
         self.options = options
+        self.reference = reference  # the sample whose size raw storage adopted
+        self.gray_guess = gray_guess
 
     def fail(self, index: int, exc: BaseException, what: str) -> BadSampleError:
         return BadSampleError(
             f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
         )
 
-    def scan(self, indices: list[int]) -> list[tuple[int, tuple | None, dict | None]]:
-        results = []
-        for index in indices:
-            try:
-                results.append((index, self.src.header(index), None))
-            except Exception as exc:
-                error = self.fail(index, exc, "cannot read image")
-                if not self.options.skip_bad:
-                    raise error from exc
-                results.append((index, None, {"key": self.src.keys[index], "reason": _reason(exc)}))
-        return results
+    def _check_mode(self, image: Image.Image) -> None:
+        if self.gray_guess and not is_grayscale(image.mode):
+            raise _ModeConflict()
 
     def sample(self, index: int) -> tuple[int, Any]:
         plan = self.plan
         if plan.encoding == "original":
             data = self.src.file_bytes(index)
-            open_image(data)  # decode fully: a corrupt file fails here, not at training time
+            self._check_mode(open_image(data))  # decoded fully: a corrupt file fails now, not in training
             return int(self.src.labels[index]), data
         image, label = self.src.load(index)
+        self._check_mode(image)
         image = plan.geometry.apply(to_mode(image, plan.mode))
         if plan.store == "encoded":
             return label, encode(image, plan.encoding, plan.jpeg_quality)
         array = as_hwc(image)
         if array.shape != plan.shape:
+            height, width = plan.shape[:2]
             raise ShapeMismatchError(
-                f"{_name(self.src, index)} decodes to shape {array.shape}, expected {plan.shape} "
-                "like the other samples. Use --resize HxW, or --store encoded."
+                f"{_name(self.src, index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
+                f"{_name(self.src, self.reference)} is {height}x{width}; raw storage needs one image size. "
+                "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
             )
         return label, array
 
@@ -377,7 +390,7 @@ class _Job:
         for index in indices:
             try:
                 label, payload = self.sample(index)
-            except ShapeMismatchError:
+            except (ShapeMismatchError, _ModeConflict):
                 raise
             except Exception as exc:
                 if not self.options.skip_bad:
@@ -418,13 +431,7 @@ def _init_worker(job: _Job) -> None:
     _WORKER_JOB = job
 
 
-def _worker_scan(indices: list[int]) -> list[tuple[int, tuple | None, dict | None]]:
-    return _WORKER_JOB.scan(indices)
-
-
-def _worker_chunk(task: tuple[Plan, list[int]]) -> Batch:
-    # The pool starts before planning (it scans headers), so the plan travels with each chunk.
-    _WORKER_JOB.plan, indices = task
+def _worker_chunk(indices: list[int]) -> Batch:
     return _WORKER_JOB.chunk(indices)
 
 
@@ -447,18 +454,11 @@ class _WorkerPool:
             self.pool.terminate()
             self.pool.join()
 
-    def scan(self) -> Iterator[tuple[int, tuple | None, dict | None]]:
-        size = max(16, min(1024, self.count // (max(self.workers, 1) * 8)))
-        chunks = _split(list(range(self.count)), size)
-        results = self.pool.imap(_worker_scan, chunks) if self.pool else map(self.job.scan, chunks)
-        for chunk in results:
-            yield from chunk
-
     def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
         chunks = _split(indices, size)
         if self.pool is None:
             return map(self.job.chunk, chunks)
-        return self.pool.imap(_worker_chunk, [(self.job.plan, c) for c in chunks])
+        return self.pool.imap(_worker_chunk, chunks)
 
 
 def _split(indices: list[int], size: int) -> list[list[int]]:
@@ -472,7 +472,7 @@ def _chunk_size(plan: Plan, count: int, workers: int) -> int:
     return max(1, min(256, by_bytes, by_balance))
 
 
-def _batches(job: _Job, pool: _WorkerPool, *, skip: set[int]) -> Iterator[Batch]:
+def _batches(job: _Job, pool: _WorkerPool) -> Iterator[Batch]:
     plan, src = job.plan, job.src
     if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
         plan.mode == src.native_mode or src.native_mode == "L"
@@ -481,5 +481,5 @@ def _batches(job: _Job, pool: _WorkerPool, *, skip: set[int]) -> Iterator[Batch]
         for start in range(0, len(src), step):
             yield job.array_chunk(start, min(start + step, len(src)))
         return
-    indices = [i for i in range(len(src)) if i not in skip]
+    indices = list(range(len(src)))
     yield from pool.convert(indices, _chunk_size(plan, len(indices), pool.workers))

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.images import open_image, to_pil
+from fastdata.images import to_pil
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -151,6 +151,7 @@ class Source:
 class FolderSource(Source):
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        self._root = str(self.root)
         self.keys, labels, self.class_to_idx = scan_folder(self.root)
         self.labels = np.asarray(labels, dtype=np.int64)
 
@@ -165,7 +166,9 @@ class FolderSource(Source):
             return image.mode, image.width, image.height
 
     def load(self, index: int) -> tuple[Image.Image, int]:
-        return open_image(self.file_bytes(index)), int(self.labels[index])
+        image = Image.open(os.path.join(self._root, self.keys[index]))
+        image.load()  # decodes fully and closes the file
+        return image, int(self.labels[index])
 
 
 class DatasetSource(Source):

@@ -201,3 +201,17 @@ def test_option_errors_follow_the_style(uniform_folder: Path, tmp_path: Path) ->
         with pytest.raises(error, match=message):
             fastdata.convert(uniform_folder, tmp_path / "o.npy", **kwargs)
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_auto_mode_restarts_as_rgb_when_a_late_image_is_colour(tmp_path: Path) -> None:
+    root = tmp_path / "late"
+    for i in range(70):  # more than the planner's probe of the first 64 images
+        save(Image.fromarray(pattern(5, 5, i)[:, :, 0]), root / "a" / f"{i:03d}.png")
+    save(Image.fromarray(pattern(5, 5, 99)), root / "b" / "colour.png")
+    progress = []
+    manifest = fastdata.convert(root, tmp_path / "late.npy", workers=2, progress=lambda n, total: progress.append(n))
+    assert manifest["image"]["mode"] == "RGB" and manifest["count"] == 71
+    assert sum(progress) == 71  # the restart rewinds the progress it had reported
+    images = np.load(tmp_path / "late.npy" / "images.npy")
+    np.testing.assert_array_equal(images[3], np.repeat(pattern(5, 5, 3)[:, :, :1], 3, axis=2))
+    np.testing.assert_array_equal(images[70], pattern(5, 5, 99))
