@@ -39,7 +39,7 @@ LAYOUT_VERSION = 1
 FORMAT = "hdf5"
 MANIFEST_ATTR = "fastdata_manifest"
 CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
-DEFAULT_CACHE_BYTES = 32 << 20  # decompressed chunks kept per process by HDF5Dataset
+DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 _COPY_BYTES = 16 << 20
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _PLUGIN_CODECS = ("blosc", "lz4", "zstd")  # need the hdf5plugin package
@@ -360,11 +360,14 @@ class _ChunkCache:
             return cached
         start = number * self.rows
         stop = min(start + self.rows, self.dataset.shape[0])
-        array = np.empty((stop - start, *self.dataset.shape[1:]), dtype=np.uint8)
+        shape = (stop - start, *self.dataset.shape[1:])
+        array = None
+        if len(self.chunks) >= self.capacity:
+            _, array = self.chunks.popitem(last=False)  # reuse its memory: no fresh page faults
+        if array is None or array.shape != shape:
+            array = np.empty(shape, dtype=np.uint8)
         self.dataset.read_direct(array, np.s_[start:stop])
         self.chunks[number] = array
-        if len(self.chunks) > self.capacity:
-            self.chunks.popitem(last=False)
         return array
 
     def __getitem__(self, indices: np.ndarray) -> np.ndarray:
@@ -376,10 +379,28 @@ class _ChunkCache:
         return out
 
 
+class _RowReader:
+    """Contiguous data read through h5py (when it cannot be memory-mapped): one sorted,
+    de-duplicated selection per batch -- a slice when the rows are consecutive."""
+
+    def __init__(self, dataset: h5py.Dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+        unique, inverse = np.unique(indices, return_inverse=True)
+        if not len(unique):
+            return np.empty((0, *self.dataset.shape[1:]), dtype=np.uint8)
+        if unique[-1] - unique[0] + 1 == len(unique):
+            rows = self.dataset[int(unique[0]) : int(unique[-1]) + 1]
+        else:
+            rows = self.dataset[unique]
+        return rows[inverse.reshape(-1)]
+
+
 @dataclass
 class _Handles:
     file: h5py.File | None
-    data: Any  # np.memmap, _ChunkCache or h5py.Dataset
+    data: Any  # np.memmap, _ChunkCache, _RowReader or h5py.Dataset (encoded blob)
 
 
 class HDF5Dataset(MapDataset):
@@ -480,12 +501,15 @@ class HDF5Dataset(MapDataset):
                     f"{str(self.path)!r}: truncated or damaged ({exc}). Convert the source again."
                 ) from exc
             return _Handles(None, data)
-        row_bytes = int(np.prod(self.shape[1:])) if self.store == "raw" else 1
-        rows = self.chunk_images or max(1, CHUNK_TARGET_BYTES // max(row_bytes, 1))
-        file = _open_file(self.path, rdcc_nbytes=max(CHUNK_TARGET_BYTES, rows * row_bytes), rdcc_w0=1.0)
-        name = "images" if self.store == "raw" else "blob"
-        data = file[name]
-        return _Handles(file, _ChunkCache(data, rows, self.cache_bytes) if self.store == "raw" else data)
+        # Whole chunks are read and kept decompressed in _ChunkCache, so HDF5's own chunk cache
+        # would only add a copy: sized 0 (measured 4x faster whole-chunk reads than 1 chunk's worth).
+        file = _open_file(self.path, rdcc_nbytes=0)
+        if self.store == "encoded":
+            return _Handles(file, file["blob"])
+        data = file["images"]
+        if self.chunk_images is None:
+            return _Handles(file, _RowReader(data))
+        return _Handles(file, _ChunkCache(data, self.chunk_images, self.cache_bytes))
 
     def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
         data = self.handles.data
