@@ -23,7 +23,8 @@ import fastdata
 from fastdata.cli import main as cli_main
 from fastdata.errors import CorruptDataError, InvalidOptionError, VersionMismatchError
 from fastdata.formats.tar import TarOptions, member_header, parse_bytes
-from fastdata.formats.tar_reader import ShardSplitWarning, shard_order, split_pieces
+from fastdata.formats.tar_reader import ShardSplitWarning
+from fastdata.formats.tar_split import shard_order, split_pieces
 
 
 class Numbered:
@@ -234,6 +235,23 @@ def test_dataloader_batches_and_pickling(encoded):
     assert images.shape == (12, 3, 12, 10) and sorted(labels.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
 
 
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_batched_iteration_with_workers(uniform_folder, tmp_path, store):
+    out = tmp_path / store
+    fastdata.convert(uniform_folder, out, format="tar", store=store, shard_samples=3, workers=0)
+    reference = fastdata.TarIndexedDataset(out)
+    dataset = fastdata.TarDataset(out, batch_size=5, shuffle=False, batch_transform=lambda x: x.flip(-1))
+    batches = list(DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    # 4 shards of 3: worker 0 reads shards 0 and 2, worker 1 shards 1 and 3; batches alternate
+    assert [labels.tolist() for _, labels in batches] == [[0, 0, 0, 1, 1], [0, 1, 1, 2, 2], [2], [2]]
+    images = torch.cat([images for images, _ in batches])
+    assert images.dtype == torch.uint8 and images.shape == (12, 3, 12, 10)
+    for position, index in enumerate([0, 1, 2, 6, 7, 3, 4, 5, 9, 10, 8, 11]):
+        assert torch.equal(images[position], reference[index][0].flip(-1))
+    with pytest.raises(InvalidOptionError, match="Invalid batch_size 0. Use None"):
+        fastdata.TarDataset(out, batch_size=0)
+
+
 def test_same_seed_same_order_new_epoch_new_order(tmp_path):
     out = numbered(tmp_path, 60, shards=6)
 
@@ -361,6 +379,8 @@ def test_len_needs_even_on_several_ranks(encoded):
     with pytest.raises(TypeError, match="pass even=True"):
         len(fastdata.TarDataset(encoded, rank=0, world_size=2))
     assert len(fastdata.TarDataset(encoded, rank=1, world_size=5, even=True)) == 2
+    with pytest.raises(TypeError, match="A TarDataset with batch_size has no fixed len"):
+        len(fastdata.TarDataset(encoded, batch_size=4))
 
 
 # --- damaged data ---------------------------------------------------------------------------

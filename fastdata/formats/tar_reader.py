@@ -1,7 +1,7 @@
 """Readers of the ``tar`` format: :class:`TarDataset` (iterable) and :class:`TarIndexedDataset`.
 
 Both read members at the byte offsets recorded in the shard index (``index.json``), so no
-tar stream is parsed at read time. :func:`split_pieces` decides which samples one DataLoader
+tar stream is parsed at read time. :func:`fastdata.formats.tar_split.split_pieces` decides which samples one DataLoader
 worker of one distributed rank reads in an epoch; every sample goes to exactly one of them.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptDataError, InvalidOptionError, ManifestError
+from fastdata.formats.tar_split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
 from fastdata.images import decode
 from fastdata.manifest import MANIFEST_NAME, check_layout_version, read_manifest_file
 from fastdata.reader import MapDataset
@@ -152,100 +152,26 @@ class _Decoder:
         self.shape = tuple(manifest["image"]["shape"] or ())
         self.pixels = int(np.prod(self.shape)) if self.shape else 0
 
-    def __call__(self, blobs: list[bytes], names: list[str]) -> np.ndarray | list[np.ndarray]:
+    def __call__(self, blobs: list[bytes], name: Callable[[int], str]) -> np.ndarray | list[np.ndarray]:
+        """Pixels of ``blobs``; ``name(row)`` names a sample in error messages."""
         if self.store == "raw":
             out = np.empty((len(blobs), *self.shape), dtype=np.uint8)
-            for row, (blob, name) in enumerate(zip(blobs, names)):
+            for row, blob in enumerate(blobs):
                 if len(blob) < self.pixels or blob[:6] != b"\x93NUMPY":
-                    raise CorruptDataError(f"{name}: not a {self.shape} uint8 .npy member. Convert the source again.")
+                    raise CorruptDataError(f"{name(row)}: not a {self.shape} uint8 .npy member. Convert the source again.")
                 out[row] = np.frombuffer(blob, np.uint8, self.pixels, len(blob) - self.pixels).reshape(self.shape)
             return out
         pixels = []
-        for blob, name in zip(blobs, names):
+        for row, blob in enumerate(blobs):
             try:
                 pixels.append(decode(blob, self.mode))
             except Exception as exc:
-                raise CorruptDataError(f"{name}: cannot decode image ({exc}). Convert the source again.") from exc
+                raise CorruptDataError(f"{name(row)}: cannot decode image ({exc}). Convert the source again.") from exc
         return pixels
 
 
 def _member_name(path: Path, index: ShardIndex, sample: int) -> str:
     return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
-
-
-# --- splitting across ranks and workers ----------------------------------------------------
-
-
-def shard_order(count: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The epoch's shard order, identical on every rank and worker."""
-    if not shuffle:
-        return np.arange(count)
-    return np.random.default_rng([seed, epoch, 0x7A5]).permutation(count)
-
-
-def split_pieces(
-    counts: np.ndarray,
-    order: np.ndarray,
-    *,
-    rank: int,
-    world_size: int,
-    worker: int,
-    num_workers: int,
-    even: bool = False,
-) -> tuple[list[tuple[int, int, int]], bool]:
-    """The ``(shard, start, stop)`` sample ranges one consumer reads, and whether shards were split.
-
-    Consumers are ``rank * num_workers + worker``. With at least as many shards as consumers,
-    each takes whole shards round-robin from ``order``. Otherwise (or with ``even``) the
-    samples, concatenated in ``order``, are cut into contiguous ranges: one per consumer, or
-    with ``even`` exactly ``N // world_size`` per rank, split alike on every rank.
-    """
-    consumers = world_size * num_workers
-    consumer = rank * num_workers + worker
-    if not even and len(counts) >= consumers:
-        return [(int(s), 0, int(counts[s])) for s in order[consumer::consumers]], False
-    total = int(counts.sum())
-    if even:
-        quota = total // world_size
-        start = rank * quota + quota * worker // num_workers
-        stop = rank * quota + quota * (worker + 1) // num_workers
-    else:
-        start, stop = total * consumer // consumers, total * (consumer + 1) // consumers
-    pieces, position = [], 0
-    for shard in order.tolist():
-        low, high = max(start, position), min(stop, position + int(counts[shard]))
-        if low < high:
-            pieces.append((shard, low - position, high - position))
-        position += int(counts[shard])
-    return pieces, not even
-
-
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise InvalidOptionError("Pass both rank= and world_size=, or neither (then torch.distributed decides).")
-    if rank is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise InvalidOptionError(
-            f"Invalid rank={rank!r}, world_size={world_size!r}. Use integers with 0 <= rank < world_size."
-        )
-    return rank, world_size
-
-
-def _buffer_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
-    """webdataset-style shuffle: keep ``size`` items, emit a random one as each new one arrives."""
-    buffer: list[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        slot = int(rng.integers(size))
-        yield buffer[slot]
-        buffer[slot] = item
-    rng.shuffle(buffer)
-    yield from buffer
 
 
 class _Formatter(MapDataset):
@@ -255,6 +181,13 @@ class _Formatter(MapDataset):
         self._pending, self.labels = pixels, labels
         try:
             return self._samples(np.arange(len(labels)))
+        finally:
+            self._pending = None
+
+    def batch(self, pixels: Any, labels: np.ndarray) -> tuple[Any, Any]:
+        self._pending, self.labels = pixels, labels
+        try:
+            return self.get_batch(np.arange(len(labels)))
         finally:
             self._pending = None
 
@@ -274,9 +207,12 @@ class TarDataset(IterableDataset):
     mixes samples through a ``shuffle_buffer``; call :meth:`set_epoch` each epoch.
     ``even=True`` gives every rank exactly ``N // world_size`` samples, split alike across its
     workers, so DDP ranks see the same number of batches (up to ``world_size - 1`` samples
-    are left out per epoch). Yields ``(image, label)`` like the map-style readers.
+    are left out per epoch). Yields ``(image, label)`` like the map-style readers, or with
+    ``batch_size`` collated batches ``(uint8 [B, C, H, W], int64 [B])`` from one stacked read
+    (each worker's last batch may be short); use those with ``DataLoader(batch_size=None)``.
 
     >>> loader = DataLoader(TarDataset("out/shards", seed=1), batch_size=256, num_workers=4)
+    >>> loader = DataLoader(TarDataset("out/shards", batch_size=256), batch_size=None, num_workers=4)
     """
 
     def __init__(
@@ -291,14 +227,22 @@ class TarDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         even: bool = False,
+        batch_size: int | None = None,
         image_format: str = "tensor",
+        batch_transform: Callable | None = None,
     ):
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
             raise InvalidOptionError(f"Invalid shuffle_buffer {shuffle_buffer!r}. Use 0 (none) or a positive count.")
-        self.formatter = _Formatter(transform=transform, target_transform=target_transform, image_format=image_format)
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use None (single samples) or a positive integer.")
+        self.batch_size = batch_size
+        self.formatter = _Formatter(
+            transform=transform, target_transform=target_transform,
+            image_format=image_format, batch_transform=batch_transform,
+        )
         self.path, self.manifest, self.index = load_dataset(path)
         self.decoder = _Decoder(self.manifest)
-        self.rank, self.world_size = _distributed(rank, world_size)
+        self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
         self.epoch = 0
 
@@ -335,7 +279,12 @@ class TarDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch: all of them on one rank, ``N // world_size`` with
-        ``even``; otherwise it depends on the shard shuffle and the worker count (TypeError)."""
+        ``even``. Otherwise (and for batches) it depends on the shuffle or the worker count."""
+        if self.batch_size is not None:
+            raise TypeError(
+                "A TarDataset with batch_size has no fixed len(): each DataLoader worker's last batch "
+                "may be short. Use batch_size=None with DataLoader(batch_size=...) for a length."
+            )
         if self.world_size == 1:
             return len(self.index.labels)
         if self.even:
@@ -354,19 +303,22 @@ class TarDataset(IterableDataset):
         records = self._records(self.pieces(worker, num_workers))
         if self.shuffle and self.shuffle_buffer > 1:
             rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, num_workers])
-            records = _buffer_shuffle(records, self.shuffle_buffer, rng)
+            records = buffer_shuffle(records, self.shuffle_buffer, rng)
+        size = self.batch_size or _CHUNK_SAMPLES
         chunk: list[tuple[int, bytes]] = []
         for record in records:
             chunk.append(record)
-            if len(chunk) == _CHUNK_SAMPLES:
-                yield from self._format(chunk)
+            if len(chunk) == size:
+                yield from self._emit(chunk)
                 chunk = []
         if chunk:
-            yield from self._format(chunk)
+            yield from self._emit(chunk)
 
-    def _format(self, chunk: list[tuple[int, bytes]]) -> list[tuple[Any, Any]]:
+    def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
-        pixels = self.decoder([blob for _, blob in chunk], _LazyNames(self.path, self.index, samples))
+        pixels = self.decoder([blob for _, blob in chunk], lambda row: _member_name(self.path, self.index, int(samples[row])))
+        if self.batch_size:
+            return [self.formatter.batch(pixels, self.index.labels[samples])]
         return self.formatter.format(pixels, self.index.labels[samples])
 
     def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
@@ -389,16 +341,6 @@ class TarDataset(IterableDataset):
                     sample = end
             finally:
                 os.close(descriptor)
-
-
-class _LazyNames:
-    """Sample names for error messages, built only when one is needed."""
-
-    def __init__(self, path: Path, index: ShardIndex, samples: np.ndarray):
-        self.path, self.index, self.samples = path, index, samples
-
-    def __iter__(self) -> Iterator[str]:
-        return (_member_name(self.path, self.index, s) for s in self.samples.tolist())
 
 
 class TarIndexedDataset(MapDataset):
@@ -446,4 +388,4 @@ class TarIndexedDataset(MapDataset):
                     self.path / index.files[shard],
                 )
             )
-        return self.decoder(blobs, _LazyNames(self.path, index, indices))
+        return self.decoder(blobs, lambda row: _member_name(self.path, index, int(indices[row])))
