@@ -25,6 +25,7 @@ from fastdata.errors import CorruptDataError, InvalidOptionError, VersionMismatc
 from fastdata.formats.tar import TarOptions, member_header, parse_bytes
 from fastdata.formats.tar_reader import ShardSplitWarning
 from fastdata.formats.tar_split import shard_order, split_pieces
+from fastdata.sources import scan_folder
 
 
 class Numbered:
@@ -419,3 +420,28 @@ def test_unknown_layout_version_refused(encoded):
     for reader in (fastdata.TarDataset, fastdata.TarIndexedDataset):
         with pytest.raises(VersionMismatchError, match="'tar' layout version 99 is not supported; this fastdata reads layout version 1"):
             reader(encoded)
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_mixed_folder_keeps_original_bytes(mixed_folder, tmp_path):
+    out = tmp_path / "mixed-tar"
+    fastdata.convert(mixed_folder, out, format="tar", store="encoded", shard_samples=4, workers=0)
+    index = json.loads((out / "index.json").read_text())
+    keys = scan_folder(mixed_folder)[0]
+    expected = [Path(key).suffix.lower().lstrip(".").replace("jpeg", "jpg") for key in keys]
+    assert [e for s in index["shards"] for e in s["extension"]] == expected and "jpg" in expected
+    reference = fastdata.FolderDataset(mixed_folder, image_format="numpy")
+    ours = list(fastdata.TarDataset(out, shuffle=False, image_format="numpy"))
+    stock = list(wds.WebDataset(shard_files(out), shardshuffle=False).decode("rgb8").to_tuple("png;jpg", "cls"))
+    gc.collect()
+    for i, ((image, label), (stock_image, stock_label)) in enumerate(zip(ours, stock)):
+        np.testing.assert_array_equal(image, reference[i][0])
+        np.testing.assert_array_equal(stock_image, reference[i][0])
+        assert label == stock_label == reference[i][1]
+    position = keys.index("cat/B.JPG")
+    member = index["shards"][position // 4]
+    with open(out / member["file"], "rb") as handle:
+        handle.seek(member["image_offset"][position % 4])
+        assert handle.read(member["image_size"][position % 4]) == (mixed_folder / "cat" / "B.JPG").read_bytes()
+    with pytest.raises(fastdata.errors.ShapeMismatchError, match="different shapes"):
+        next(iter(fastdata.TarDataset(out, shuffle=False, batch_size=7)))
