@@ -45,6 +45,7 @@ __all__ = ["TarDataset", "TarIndexedDataset", "TarOptions", "TarWriter", "ShardS
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 TRAILER = bytes(2 * BLOCK)
+_ZEROS = bytes(BLOCK)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -106,7 +107,8 @@ def _header_template() -> bytearray:
     return block
 
 
-_TEMPLATE = _header_template()
+_TEMPLATE = bytes(_header_template())
+_TEMPLATE_SUM = sum(_TEMPLATE)
 
 
 def member_header(name: str, size: int) -> bytes:
@@ -114,11 +116,12 @@ def member_header(name: str, size: int) -> bytes:
     encoded = name.encode("ascii")
     if len(encoded) > 100 or size >= 8**11:
         raise InvalidOptionError(f"tar member {name!r} of {size} bytes does not fit a ustar header.")
-    block = bytearray(_TEMPLATE)
-    block[: len(encoded)] = encoded
-    block[124:136] = b"%011o\x00" % size
-    block[148:155] = b"%06o\x00" % sum(block)
-    return bytes(block)
+    size_field = b"%011o\x00" % size
+    checksum = _TEMPLATE_SUM + sum(encoded) + sum(size_field)
+    return b"".join((
+        encoded.ljust(100, b"\x00"), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
+        b"%06o\x00" % checksum, _TEMPLATE[155:],
+    ))
 
 
 def _npy_header(shape: tuple[int, ...]) -> bytes:
@@ -149,18 +152,19 @@ class _ShardFile:
         self.digest.update(data)
         self.position += len(data)
 
-    def _member(self, name: str, parts: list[bytes | memoryview]) -> tuple[int, int]:
+    def _member(self, name: str, parts: list[bytes | memoryview], out: list[bytes | memoryview]) -> tuple[int, int]:
         size = sum(len(part) for part in parts)
-        self._write(member_header(name, size))
-        offset = self.position
-        for part in parts:
-            self._write(part)
-        self._write(bytes(padded(size) - size))
+        out.append(member_header(name, size))
+        offset = self.position + sum(len(chunk) for chunk in out)
+        out.extend(parts)
+        out.append(_ZEROS[: padded(size) - size])
         return offset, size
 
     def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int) -> None:
-        image_offset, image_size = self._member(f"{key}.{extension}", parts)
-        cls_offset, cls_size = self._member(f"{key}.cls", [str(label).encode("ascii")])
+        out: list[bytes | memoryview] = []
+        image_offset, image_size = self._member(f"{key}.{extension}", parts, out)
+        cls_offset, cls_size = self._member(f"{key}.cls", [str(label).encode("ascii")], out)
+        self._write(b"".join(out))
         for name, value in zip(self.columns, (label, extension, image_offset, image_size, cls_offset, cls_size)):
             self.columns[name].append(value)
 
