@@ -3,8 +3,8 @@
 Grid: variant x num_workers (0, 1, 2); each cell is full epochs of a shuffled ``batch_size``
 DataLoader over the same demo workload (20k 32x32 PNGs by default), with a fresh dataset
 object per epoch (no reader cache carried over), one warm-up epoch, then the median of
-``--repeats`` epochs (more, up to 20, for cells faster than 1 s); with ``--rounds 2`` the fast
-cells are measured again in a second pass and keep their better median (the machine is shared). Rows go to JSON; the markdown table is rendered from them.
+``--repeats`` epochs (more, up to 20, for cells faster than 1 s). Timed epochs are interleaved
+round-robin across all cells, so load from other processes does not land on one variant. Rows go to JSON; the markdown table is rendered from them.
 
     python benchmarks/bench_hdf5.py                      # full run (about 3-5 minutes on 2 cores)
     python benchmarks/bench_hdf5.py --count 2000 --repeats 1   # quick look
@@ -117,26 +117,40 @@ def epoch(make_dataset: Callable, make_loader: Callable, num_workers: int) -> tu
     return time.perf_counter() - start, first or 0.0, seen
 
 
-def measure(name: str, make_dataset, make_loader, num_workers: int, repeats: int, batch_size: int) -> dict[str, Any]:
-    warm = epoch(make_dataset, make_loader, num_workers)
+def measure(grid: list[tuple], repeats: int, batch_size: int) -> list[dict[str, Any]]:
+    """Time every cell of ``grid`` with epochs interleaved across cells (round-robin), so load
+    from other processes on a shared machine spreads over all variants instead of a few."""
+    warm = []
+    for name, make_dataset, make_loader, num_workers in grid:
+        warm.append(epoch(make_dataset, make_loader, num_workers))
+        print(f"warm-up {name} nw={num_workers}: {warm[-1][0]:.3f} s", file=sys.stderr, flush=True)
     # fast cells get more epochs (at least ~1 s of timing, at most 20); a slow one (> 5 s, its
     # file already in the page cache from an earlier variant) is timed by its warm-up epoch alone
-    count = 0 if warm[0] > 5 else max(repeats, min(20, int(1.0 / max(warm[0], 1e-3))))
-    runs = [epoch(make_dataset, make_loader, num_workers) for _ in range(count)] or [warm]
-    seconds = statistics.median(r[0] for r in runs)
-    return {
-        "variant": name,
-        "num_workers": num_workers,
-        "batch_size": batch_size,
-        "samples": runs[0][2],
-        "epoch_s": round(seconds, 4),
-        "samples_per_s": round(runs[0][2] / seconds, 1),
-        "first_batch_s": round(statistics.median(r[1] for r in runs), 4),
-        "epochs_timed": len(runs),
-    }
+    needed = [0 if w[0] > 5 else max(repeats, min(20, int(1.0 / max(w[0], 1e-3)))) for w in warm]
+    runs: list[list[tuple[float, float, int]]] = [[] for _ in grid]
+    for repeat in range(max(needed, default=0)):
+        for position, (_, make_dataset, make_loader, num_workers) in enumerate(grid):
+            if repeat < needed[position]:
+                runs[position].append(epoch(make_dataset, make_loader, num_workers))
+    rows = []
+    for (name, _, _, num_workers), cell_runs, warm_run in zip(grid, runs, warm):
+        cell_runs = cell_runs or [warm_run]
+        seconds = statistics.median(r[0] for r in cell_runs)
+        rows.append({
+            "variant": name,
+            "num_workers": num_workers,
+            "batch_size": batch_size,
+            "samples": cell_runs[0][2],
+            "epoch_s": round(seconds, 4),
+            "samples_per_s": round(cell_runs[0][2] / seconds, 1),
+            "first_batch_s": round(statistics.median(r[1] for r in cell_runs), 4),
+            "epochs_timed": len(cell_runs),
+            "epoch_s_min_max": [round(min(r[0] for r in cell_runs), 4), round(max(r[0] for r in cell_runs), 4)],
+        })
+    return rows
 
 
-def encoded_layouts(paths: dict[str, Path], data: Path, batch_size: int) -> list[dict[str, Any]]:
+def encoded_layouts(paths: dict[str, Path], batch_size: int) -> list[dict[str, Any]]:
     """blob+offsets (kept) vs one variable-length uint8 dataset: bytes only and bytes + decode."""
     vlen_path = paths["hdf5-encoded"].with_name("encoded-vlen.h5")
     with h5py.File(paths["hdf5-encoded"], "r") as file:
@@ -204,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="passes over the fast cells; each keeps its best")
     parser.add_argument("--data", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "bench_hdf5.json")
     parser.add_argument("--only", help="comma-separated substrings of variant names to run")
@@ -220,21 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.only or any(part in name for part in args.only.split(","))
         for num_workers in workers
     ]
-    rows: list[dict[str, Any]] = []
-    for round_number in range(args.rounds):
-        # the machine is shared: later rounds re-measure the fast cells (< 1 s per epoch) and
-        # each cell keeps its best round (every round's figure stays in the JSON)
-        for position, (name, make_dataset, make_loader, num_workers) in enumerate(grid):
-            if round_number and rows[position]["epoch_s"] >= 1:
-                continue
-            row = measure(name, make_dataset, make_loader, num_workers, args.repeats, args.batch_size)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-            if not round_number:
-                rows.append({**row, "rounds": [row["samples_per_s"]]})
-            else:
-                kept = rows[position] if rows[position]["samples_per_s"] >= row["samples_per_s"] else row
-                rows[position] = {**kept, "rounds": rows[position]["rounds"] + [row["samples_per_s"]]}
-    layouts = encoded_layouts(paths, args.data, args.batch_size)
+    rows = measure(grid, args.repeats, args.batch_size)
+    layouts = encoded_layouts(paths, args.batch_size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"info": info, "rows": rows, "encoded_layouts": layouts}, indent=2))
     if not args.only:
