@@ -1,0 +1,152 @@
+"""``fastdata bench``: every format x store x read path x num_workers, measured on this machine.
+
+The grid is declared by :class:`BenchConfig`; :func:`run_bench` converts the source to each
+format (cached), runs each configuration in a fresh process, and writes ``results.json``,
+``results.csv`` and ``throughput.png``. Tables and verdicts are rendered from those rows.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fastdata.bench.config import BenchConfig, Case, auto_workers, parse_workers
+from fastdata.bench.report import plot, table, verdicts, write_results
+from fastdata.bench.runner import (
+    Prepared, baseline, fingerprint, make_row, parse_resize, prepare_conversion, read_paths, resolve,
+    run_isolated, select_formats,
+)
+from fastdata.formats import find_manifest, get_format
+
+__all__ = ["BenchConfig", "BenchResult", "auto_workers", "parse_workers", "run_bench"]
+
+TRANSFER_PROBE_BATCHES = 50
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict[str, Any]]
+    table: str
+    verdicts: list[str]
+    out: Path
+    plot: Path | None
+    conversions: list[dict[str, Any]]
+
+
+def machine_info() -> dict[str, Any]:
+    import h5py
+    import numpy
+    import psutil
+    import torch
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "h5py": h5py.__version__,
+    }
+
+
+def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: dict[str, Any],
+             progress: Callable[[str], None]) -> tuple[list[Prepared], str | None]:
+    existing = find_manifest(Path(source_arg)) if isinstance(source_arg, (str, os.PathLike)) and \
+        not str(source_arg).startswith("torchvision:") and Path(source_arg).exists() else None
+    source = resolve(source_arg, source_options)
+    prepared: list[Prepared] = []
+    base = baseline(source_arg, source, source_options)
+    if base is None and existing and existing.get("source", {}).get("type") == "folder" and \
+            Path(existing["source"]["path"]).is_dir():
+        base = baseline(existing["source"]["path"], resolve(existing["source"]["path"], {}), {})
+    if base is not None:
+        prepared.append(base)
+    source_key = fingerprint(source)
+    cache_dir = out / "datasets"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for name in select_formats(config.formats):
+        for store in config.stores:
+            if store not in get_format(name).stores:
+                continue
+            if existing and existing["format"] == name and existing["store"] == store:
+                from fastdata.bench.runner import disk_usage
+
+                prepared.append(Prepared(name, store, str(source_arg), disk_usage(Path(source_arg)),
+                                         image_size=parse_resize(config.resize)))
+                continue
+            prepared.append(prepare_conversion(source, source_key, name, store, config, cache_dir, progress))
+    reference = base.format if base else (f"{existing['format']}" if existing else None)
+    return prepared, reference
+
+
+def _probe_case(prepared: list[Prepared], config: BenchConfig) -> list[Case]:
+    """The transfer probe: a trivial dataset with the benchmark's batch shape, nw=0 and nw>0."""
+    size = parse_resize(config.resize) or next((p.image_size for p in prepared if p.image_size), None)
+    with_workers = [w for w in config.workers if w > 0]
+    if size is None or not with_workers:
+        return []
+    channels = 3
+    for item in prepared:
+        manifest = find_manifest(Path(item.path)) if item.format not in ("folder", "torchvision") else None
+        if manifest:
+            channels = manifest["image"]["channels"]
+            break
+    shape = [config.batch_size, channels, *size]
+    kwargs = {"batches": TRANSFER_PROBE_BATCHES, "shape": shape}
+    return [Case("probe", "-", "transfer", w, "", kwargs) for w in (0, min(with_workers))]
+
+
+def run_bench(
+    source: Any,
+    config: BenchConfig,
+    out: str | os.PathLike,
+    *,
+    source_options: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_case: Callable[[Case, int, int], None] | None = None,
+) -> BenchResult:
+    """Measure every configuration of ``config`` on ``source``; write results under ``out``."""
+    out = Path(out)
+    progress = progress or (lambda message: None)
+    prepared, reference = _prepare(source, config, out, source_options or {}, progress)
+    cases: list[tuple[Case, Prepared | None]] = []
+    failed_rows: list[dict[str, Any]] = []
+    for item in prepared:
+        for path in read_paths(item):
+            for workers in config.workers:
+                case = Case(item.format, item.store, path, workers, item.path, item.dataset_kwargs,
+                            item.files() if config.cache == "cold" else ())
+                if item.error:
+                    failed_rows.append(make_row(case, item, {"status": f"failed: {item.error}",
+                                                             "warmup": False}, config))
+                else:
+                    cases.append((case, item))
+    cases += [(case, None) for case in _probe_case(prepared, config)]
+    rows = list(failed_rows)
+    for number, (case, item) in enumerate(cases):
+        if on_case:
+            on_case(case, number, len(cases))
+        image_size = parse_resize(config.resize) or (item.image_size if item else None)
+        for result in run_isolated(case, config, image_size):
+            rows.append(make_row(case, item, result, config))
+    meta = {
+        "machine": machine_info(),
+        "config": config.to_dict(),
+        "source": str(source),
+        "baseline": reference,
+        "conversions": [
+            {"format": p.format, "store": p.store, "path": p.path, "disk_bytes": p.disk_bytes,
+             "conversion_s": p.conversion_s, "cached": p.cached, "error": p.error}
+            for p in prepared
+        ],
+    }
+    lines = verdicts(rows, reference)
+    meta["verdicts"] = lines
+    write_results(out, rows, meta)
+    title = f"fastdata bench on {meta['source']} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"
+    return BenchResult(rows, table(rows, reference), lines, out, plot(out, rows, title), meta["conversions"])

@@ -1,0 +1,99 @@
+"""The benchmark's declared grid: :class:`BenchConfig` and one :class:`Case` per measured run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fastdata.errors import InvalidOptionError
+
+TRANSFORMS = ("none", "normalize", "augment")
+START_METHODS = ("fork", "spawn", "forkserver")
+CACHE_MODES = ("warm", "cold")
+
+
+def _registered() -> list[str]:
+    from fastdata.formats import available_formats
+
+    return available_formats()
+
+
+def auto_workers(cpu_count: int | None = None) -> list[int]:
+    """0, 1, 2, 4, ... up to the core count, plus the core count itself."""
+    cores = cpu_count or os.cpu_count() or 1
+    counts, value = [0], 1
+    while value <= cores:
+        counts.append(value)
+        value *= 2
+    if counts[-1] != cores:
+        counts.append(cores)
+    return counts
+
+
+def parse_workers(text: str) -> list[int]:
+    if text.strip() == "auto":
+        return auto_workers()
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 0:
+        raise InvalidOptionError(f"Invalid --workers {text!r}. Use a list like '0,1,2,4' or 'auto'.")
+    return counts
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything one ``fastdata bench`` run measures (the grid) and how."""
+
+    formats: tuple[str, ...] = field(default_factory=lambda: tuple(_registered()))
+    stores: tuple[str, ...] = ("raw", "encoded")
+    workers: tuple[int, ...] = field(default_factory=lambda: tuple(auto_workers()))
+    resize: str | None = None
+    batch_size: int = 256
+    epochs: int = 3
+    warmup: int = 1
+    step_ms: float = 0.0
+    transform: str = "none"
+    start_method: str | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int = 2
+    cache: str = "warm"
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.transform in TRANSFORMS, f"Unknown --transform {self.transform!r}. Allowed: {', '.join(map(repr, TRANSFORMS))}."),
+            (self.start_method in (None, *START_METHODS), f"Unknown --start-method {self.start_method!r}. Allowed: {', '.join(map(repr, START_METHODS))}."),
+            (self.cache in CACHE_MODES, f"Unknown --cache {self.cache!r}. Allowed: 'warm', 'cold'."),
+            (self.batch_size > 0, f"Invalid --batch-size {self.batch_size!r}. Use a positive integer."),
+            (self.epochs > 0, f"Invalid --epochs {self.epochs!r}. Use 1 or more."),
+            (self.warmup >= 0, f"Invalid --warmup {self.warmup!r}. Use 0 or more."),
+            (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
+            (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidOptionError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: a dataset read one way with one num_workers."""
+
+    format: str
+    store: str
+    path: str  # fast | standard | stream
+    num_workers: int
+    dataset_path: str
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # evicted from the page cache before each epoch with --cache cold
+
+    @property
+    def label(self) -> str:
+        return " ".join(part for part in (self.format, self.store, self.path) if part and part != "-")

@@ -1,0 +1,261 @@
+"""Measuring one configuration (runs in its own process, forked from a clean parent).
+
+Per epoch: samples/s, time to first batch, the share of loop time spent waiting for data,
+CPU seconds of the main process and its DataLoader workers, and the peak USS/PSS (unique /
+proportional set size: RSS double-counts shared pages and memory maps) of all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from fastdata.bench.config import BenchConfig, Case
+from fastdata.errors import DependencyMissingError, InvalidOptionError
+
+# Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
+# from when the first batch arrives (workers are up), then every 0.1 s.
+MEMORY_INTERVAL_S = 0.1
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def make_transform(config: BenchConfig, size: tuple[int, int] | None, *, resize: bool) -> Callable | None:
+    """The per-sample torchvision.transforms.v2 pipeline for ``--transform`` (and ``--resize``)."""
+    if config.transform == "none" and not resize:
+        return None
+    try:
+        from torchvision.transforms import v2
+    except ImportError as exc:
+        raise DependencyMissingError(
+            "--transform and --resize on encoded data need torchvision: pip install 'fastdata[torchvision]'"
+        ) from exc
+    steps: list[Any] = []
+    if config.transform == "augment":
+        if size is None:
+            raise InvalidOptionError("--transform augment needs an image size: pass --resize HxW.")
+        steps += [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+    elif resize and size is not None:
+        steps.append(v2.Resize(size, antialias=True))
+    if config.transform in ("normalize", "augment"):
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    return v2.Compose(steps) if steps else None
+
+
+def evict_from_page_cache(files: tuple[str, ...]) -> None:
+    """``--cache cold``: drop these files' pages (fsync, then POSIX_FADV_DONTNEED); nothing else."""
+    if not hasattr(os, "posix_fadvise"):
+        raise InvalidOptionError(
+            "--cache cold needs os.posix_fadvise, which this OS does not have. Use --cache warm."
+        )
+    for name in files:
+        descriptor = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
+class MemoryPeak:
+    """Samples USS and PSS of this process plus all its children in a background thread.
+
+    Sampling starts at :meth:`start_sampling` (called when the first batch arrives)."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.peak_uss = self.peak_pss = 0
+        self._stop = threading.Event()
+        self._go = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start_sampling(self) -> None:
+        self._go.set()
+
+    def sample(self) -> None:
+        uss = pss = 0
+        for process in [self.process, *self.process.children(recursive=True)]:
+            try:
+                info = process.memory_full_info()
+            except (psutil.Error, OSError):
+                continue
+            uss += info.uss
+            pss += getattr(info, "pss", info.uss)
+        self.peak_uss, self.peak_pss = max(self.peak_uss, uss), max(self.peak_pss, pss)
+
+    def _run(self) -> None:
+        self._go.wait()
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(MEMORY_INTERVAL_S)
+
+    def __enter__(self) -> "MemoryPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if not self._go.is_set():  # no batch came: sample once now
+            self.sample()
+        self._go.set()
+        self._thread.join()
+
+
+class CpuClock:
+    """CPU seconds of this process and its children (live ones and those already reaped)."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+
+    def read(self) -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        live = 0.0
+        for child in self.process.children(recursive=True):
+            try:
+                times = child.cpu_times()
+                live += times.user + times.system
+            except psutil.Error:
+                continue
+        return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + live
+
+
+def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | None) -> Dataset:
+    from fastdata.formats import get_format
+    from fastdata.sources import torchvision_dataset
+
+    resize = config.resize is not None and (case.store != "raw")
+    transform = make_transform(config, image_size, resize=resize)
+    if case.format == "torchvision":
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        steps = [pil_to_tensor] + ([transform] if transform else [])
+        options = dict(case.dataset_kwargs)
+        return torchvision_dataset(options.pop("name"), transform=_Chain(steps), **options)
+    spec = get_format(case.format)
+    return spec.dataset(case.dataset_path, transform=transform, **case.dataset_kwargs)
+
+
+class _Chain:
+    """Picklable composition of callables (for spawn workers)."""
+
+    def __init__(self, steps: list[Callable]):
+        self.steps = steps
+
+    def __call__(self, value: Any) -> Any:
+        for step in self.steps:
+            value = step(value)
+        return value
+
+
+def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader:
+    import fastdata
+
+    kwargs: dict[str, Any] = {"num_workers": case.num_workers, "pin_memory": config.pin_memory}
+    if case.num_workers > 0:
+        kwargs["persistent_workers"] = config.persistent_workers
+        kwargs["prefetch_factor"] = config.prefetch_factor
+        if config.start_method:
+            kwargs["multiprocessing_context"] = config.start_method
+    if case.path == "fast":
+        return fastdata.loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, **kwargs)
+    if case.path == "stream" or isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=config.batch_size, **kwargs)
+    if case.path == "transfer":
+        return DataLoader(dataset, batch_size=None, **kwargs)
+    return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, **kwargs)
+
+
+class _NoMemory:
+    peak_uss = peak_pss = 0
+
+    def __enter__(self) -> "_NoMemory":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def start_sampling(self) -> None:
+        pass
+
+
+def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bool = False) -> dict[str, Any]:
+    """One full pass. Memory is sampled only when ``memory`` (its cost would distort timings)."""
+    if config.cache == "cold":
+        evict_from_page_cache(case.files)
+    clock = CpuClock()
+    step_s = config.step_ms / 1000
+    samples = batches = 0
+    first_batch_s = None
+    with MemoryPeak() if memory else _NoMemory() as memory:
+        cpu_start = clock.read()
+        start = time.perf_counter()
+        iterator = iter(loader)
+        waited = time.perf_counter() - start
+        while True:
+            before = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                waited += time.perf_counter() - before
+                break
+            now = time.perf_counter()
+            waited += now - before
+            if first_batch_s is None:
+                first_batch_s = now - start
+                memory.start_sampling()
+            samples += len(batch[1])
+            batches += 1
+            if step_s:
+                time.sleep(step_s)
+        elapsed = time.perf_counter() - start
+        del iterator
+        cpu_s = clock.read() - cpu_start
+    return {
+        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
+        "first_batch_s": first_batch_s if first_batch_s is not None else elapsed,
+        "wait_fraction": waited / elapsed if elapsed > 0 else 0.0,
+        "cpu_s": cpu_s,
+        "uss_mb": memory.peak_uss / 2**20,
+        "pss_mb": memory.peak_pss / 2**20,
+        "samples": samples,
+        "batches": batches,
+        "epoch_s": elapsed,
+    }
+
+
+def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """Warm-up epochs, then measured epochs: one row each."""
+    torch.manual_seed(0)
+    dataset = make_dataset(case, config, image_size) if case.path != "transfer" else TransferProbe(**case.dataset_kwargs)
+    loader = make_loader(dataset, case, config)
+    rows = []
+    for epoch in range(config.warmup + config.epochs):
+        row = run_epoch(loader, config, case)
+        rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row})
+    # peak memory comes from one more, untimed epoch: sampling smaps costs ~10 ms per process
+    sampled = run_epoch(loader, config, case, memory=True)
+    for row in rows:
+        row.update(uss_mb=sampled["uss_mb"], pss_mb=sampled["pss_mb"])
+    return rows
+
+
+class TransferProbe(Dataset):
+    """A trivial dataset returning one ready batch per index: what remains is pure transfer cost."""
+
+    def __init__(self, batches: int, shape: list[int]):
+        self.batches = batches
+        self.images = torch.zeros(shape, dtype=torch.uint8)
+        self.labels = torch.zeros(shape[0], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images, self.labels

@@ -1,0 +1,164 @@
+"""Rendering benchmark rows: summary per configuration, table, verdicts, JSON/CSV, plot.
+
+Everything here is derived from the rows (never the reverse).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from fastdata.bench.runner import ROW_FIELDS
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
+    """(format, store, path) -> num_workers -> median of the measured epochs (or the failure)."""
+    grouped: dict[tuple[str, str, str], dict[int, list[dict[str, Any]]]] = {}
+    for row in rows:
+        if row["format"] == "probe":
+            continue
+        key = (row["format"], row["store"], row["path"])
+        grouped.setdefault(key, {}).setdefault(row["num_workers"], []).append(row)
+    summary: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+    for key, by_workers in grouped.items():
+        for workers, group in by_workers.items():
+            measured = [r for r in group if r["status"] == "ok" and not r["warmup"]]
+            if not measured:
+                summary.setdefault(key, {})[workers] = {"status": group[0]["status"]}
+                continue
+            summary.setdefault(key, {})[workers] = {
+                "status": "ok",
+                **{name: statistics.median(r[name] for r in measured)
+                   for name in ("samples_per_s", "first_batch_s", "wait_fraction", "cpu_s", "uss_mb")},
+            }
+    return summary
+
+
+def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
+    ok = {w: s["samples_per_s"] for w, s in by_workers.items() if s["status"] == "ok"}
+    return max(ok, key=ok.__getitem__) if ok else None
+
+
+def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
+    """Per-batch cost of moving a batch from a worker: probe(num_workers>0) - probe(0)."""
+    summary = summarize([dict(r, format="p") for r in rows if r["format"] == "probe"])
+    probe = summary.get(("p", "-", "transfer"))
+    if not probe or 0 not in probe or len(probe) < 2:
+        return None
+    batch = next(r["batch_size"] for r in rows if r["format"] == "probe")
+    with_workers = min(w for w in probe if w > 0)
+    if probe[0]["status"] != "ok" or probe[with_workers]["status"] != "ok":
+        return None
+    per_batch = lambda w: batch / probe[w]["samples_per_s"] * 1000  # noqa: E731
+    return max(0.0, per_batch(with_workers) - per_batch(0))
+
+
+def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
+    summary = summarize(rows)
+    transfer = transfer_ms(rows)
+    batch = rows[0]["batch_size"] if rows else 0
+    reference = None
+    for key, by_workers in summary.items():
+        if key[0] == baseline and best_workers(by_workers) is not None:
+            reference = by_workers[best_workers(by_workers)]["samples_per_s"]
+    lines = []
+    for (fmt, store, path), by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+        label = " ".join(part for part in (fmt, store if store != "-" else "", path) if part)
+        best = best_workers(by_workers)
+        if best is None:
+            lines.append(f"{label}: every configuration failed ({next(iter(by_workers.values()))['status']})")
+            continue
+        rate = by_workers[best]["samples_per_s"]
+        ratio = f", {rate / reference:,.1f}x {baseline}" if reference and fmt != baseline else ""
+        read = by_workers[0]["samples_per_s"] if by_workers.get(0, {}).get("status") == "ok" else None
+        read_ms = batch / read * 1000 if read else None
+        cost = f"{transfer:.1f} ms/batch" if transfer is not None else "unmeasured"
+        if best == 0:
+            why = f"workers only add transfer cost ({cost}) to a {read_ms:.1f} ms/batch read"
+        else:
+            workers = f"{best} worker" + ("s" if best > 1 else "")
+            why = (f"a batch takes {read_ms:.1f} ms to read and decode in one process, so {workers} "
+                   f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
+            if best == max(by_workers):
+                why += "; still rising at the largest num_workers tried"
+        lines.append(f"{label}: best num_workers={best} ({rate:,.0f} samples/s{ratio}); {why}")
+    return lines
+
+
+def _order(key: tuple[str, str, str], baseline: str | None) -> tuple:
+    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2])
+
+
+def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
+    summary = summarize(rows)
+    workers = sorted({w for by_workers in summary.values() for w in by_workers})
+    head = ["format/store/path"] + [f"nw={w}" for w in workers]
+    body = []
+    for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+        best = best_workers(by_workers)
+        cells = []
+        for w in workers:
+            cell = by_workers.get(w)
+            if cell is None:
+                cells.append("")
+            elif cell["status"] != "ok":
+                cells.append("failed")
+            else:
+                cells.append(f"{cell['samples_per_s']:,.0f}" + ("*" if w == best else ""))
+        body.append([" ".join(p for p in key if p != "-")] + cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    render = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join([render(head), render(["-" * w for w in widths]), *map(render, body)]) + \
+        "\nsamples/s, median of the measured epochs; * = best num_workers of the row"
+
+
+def write_results(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+    extra = sorted({key for row in rows for key in row} - set(ROW_FIELDS))
+    with open(out / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*ROW_FIELDS, *extra])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(out: Path, rows: list[dict[str, Any]], title: str) -> Path | None:
+    """``throughput.png``: samples/s and data-wait fraction vs num_workers, one line per row."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    summary = summarize(rows)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    colours = plt.get_cmap("tab10")
+    formats = sorted({key[0] for key in summary})
+    for key, by_workers in sorted(summary.items()):
+        points = sorted((w, s) for w, s in by_workers.items() if s["status"] == "ok")
+        if not points:
+            continue
+        label = " ".join(p for p in key if p != "-")
+        style = {"color": colours(formats.index(key[0]) % 10), "label": label,
+                 "linestyle": "--" if key[1] == "encoded" else "-",
+                 "marker": "s" if key[2] == "standard" else "o"}
+        xs = [w for w, _ in points]
+        top.plot(xs, [s["samples_per_s"] for _, s in points], **style)
+        bottom.plot(xs, [s["wait_fraction"] for _, s in points], **style)
+    bottom.set_xticks(sorted({w for by_workers in summary.values() for w in by_workers}))
+    top.set_yscale("log")
+    top.set_ylabel("samples/s (log)")
+    top.set_title(title, fontsize=9)
+    top.legend(fontsize=7)
+    bottom.set_ylabel("data-wait fraction of loop time")
+    bottom.set_xlabel("DataLoader num_workers")
+    bottom.set_ylim(0, 1.05)
+    figure.tight_layout()
+    target = out / "throughput.png"
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target

@@ -1,0 +1,221 @@
+"""Running the benchmark grid: cached conversions, one fresh process per configuration.
+
+Each configuration runs in a process forked from this (clean) parent — or spawned where
+fork is unavailable — so no configuration warms or poisons another. A configuration that
+fails (a crashed worker, an exception, a timeout) becomes rows with ``status`` = the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from fastdata import __version__
+from fastdata.bench.config import BenchConfig, Case
+from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.formats import all_formats, find_manifest, get_format
+from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source, resolve_source
+
+ROW_FIELDS = (
+    "format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
+    "wait_fraction", "cpu_s", "uss_mb", "status",
+)
+
+
+@dataclass
+class Prepared:
+    """A dataset ready to be read: the source baseline or a (cached) conversion."""
+
+    format: str
+    store: str
+    path: str
+    disk_bytes: int
+    conversion_s: float | None = None
+    cached: bool = False
+    image_size: tuple[int, int] | None = None
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def files(self) -> tuple[str, ...]:
+        root = Path(self.path)
+        if root.is_file():
+            return (str(root),)
+        return tuple(sorted(str(p) for p in root.rglob("*") if p.is_file()))
+
+
+def disk_usage(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def fingerprint(source: Source) -> str:
+    """Changes when the source's files (names, sizes, mtimes) or description change."""
+    digest = hashlib.sha256(json.dumps(source.describe(), sort_keys=True).encode())
+    root = getattr(source, "root", None) or source.describe().get("root") or source.describe().get("path")
+    if root and Path(root).exists():
+        base = Path(root)
+        entries = [base] if base.is_file() else sorted(base.rglob("*"))
+        for entry in entries:
+            if entry.is_file():
+                stat = entry.stat()
+                digest.update(f"{entry.relative_to(base.parent)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def prepare_conversion(
+    source: Source, source_key: str, spec_name: str, store: str, config: BenchConfig, cache_dir: Path,
+    progress: Callable[[str], None],
+) -> Prepared:
+    """Convert (or reuse the cached conversion of) ``source`` to one format/store."""
+    from fastdata.convert import make_options, run_conversion
+
+    spec = get_format(spec_name, writable=True)
+    options = {"format": spec_name, "store": store, "resize": config.resize if store == "raw" else None}
+    key_text = json.dumps({"source": source_key, "options": options, "fastdata": __version__,
+                           "layout": spec.layout_version}, sort_keys=True)
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
+    output = cache_dir / f"{spec_name}-{store}-{key}{spec.suffix}"
+    record_path = cache_dir / f"{spec_name}-{store}-{key}.bench.json"
+    if output.exists() and record_path.exists() and find_manifest(output) is not None:
+        record = json.loads(record_path.read_text())
+        return Prepared(spec_name, store, str(output), disk_usage(output), record["conversion_s"], True,
+                        _image_size(output))
+    for stale in cache_dir.glob(f"{spec_name}-{store}-*"):  # an older conversion of changed options
+        from fastdata.convert import remove_path
+
+        remove_path(stale)
+    progress(f"converting to {spec_name} {store}")
+    start = time.perf_counter()
+    try:
+        run_conversion(source, output, spec, make_options(**options, overwrite=True), spec.make_options({}))
+    except FastdataError as exc:
+        return Prepared(spec_name, store, str(output), 0, error=f"conversion failed: {exc}")
+    elapsed = time.perf_counter() - start
+    record_path.write_text(json.dumps({"key": key_text, "conversion_s": elapsed}))
+    return Prepared(spec_name, store, str(output), disk_usage(output), elapsed, False, _image_size(output))
+
+
+def _image_size(path: Path) -> tuple[int, int] | None:
+    manifest = find_manifest(path)
+    shape = manifest and manifest["image"].get("shape")
+    return (shape[0], shape[1]) if shape else None
+
+
+def parse_resize(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    from fastdata.convert import parse_size
+
+    size = parse_size(text, flag="--resize", allow_single=False)
+    return size[0], size[1]
+
+
+def baseline(source_arg: Any, source: Source, options: dict[str, Any]) -> Prepared | None:
+    """The source read as it is: an image folder like ImageFolder, or the torchvision dataset."""
+    if isinstance(source, FolderSource):
+        return Prepared("folder", "-", str(source.root), disk_usage(source.root))
+    if isinstance(source_arg, str) and source_arg.startswith(TORCHVISION_PREFIX):
+        kwargs = {"name": source_arg[len(TORCHVISION_PREFIX):], **options}
+        root = options.get("root")
+        return Prepared("torchvision", "-", str(root or ""), disk_usage(Path(root)) if root else 0,
+                        dataset_kwargs=kwargs)
+    return None
+
+
+def read_paths(prepared: Prepared) -> list[str]:
+    """How a format is read: the fast batched path and the standard DataLoader, or a stream."""
+    if prepared.format in ("folder", "torchvision"):
+        return ["standard"]
+    from torch.utils.data import IterableDataset
+
+    dataset_class = get_format(prepared.format).dataset
+    return ["stream"] if issubclass(dataset_class, IterableDataset) else ["fast", "standard"]
+
+
+def select_formats(names: tuple[str, ...]) -> list[str]:
+    known = {spec.name for spec in all_formats()}
+    for name in names:
+        if name not in known:
+            get_format(name)  # raises the standard unknown-format error
+    return [name for name in names if name != "folder"]
+
+
+# --- one configuration per process ------------------------------------------------------
+
+
+def _child(case: Case, config: BenchConfig, image_size, connection) -> None:
+    try:
+        from fastdata.bench.measure import run_case
+
+        connection.send({"rows": run_case(case, config, image_size)})
+    except BaseException as exc:  # reported as the configuration's status, never raised
+        detail = f"{type(exc).__name__}: {exc}".strip()
+        connection.send({"error": detail.splitlines()[0][:300], "traceback": traceback.format_exc()})
+    finally:
+        connection.close()
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def run_isolated(case: Case, config: BenchConfig, image_size) -> list[dict[str, Any]]:
+    """Run one configuration in a fresh process; failures come back as a failed row."""
+    context = _context()
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(case, config, image_size, sender))
+    process.start()
+    sender.close()
+    message = None
+    if receiver.poll(config.timeout_s):
+        try:
+            message = receiver.recv()
+        except EOFError:
+            message = None
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        if message is None:
+            message = {"error": f"timed out after {config.timeout_s:.0f} s"}
+    if message is None:
+        message = {"error": f"process died with exit code {process.exitcode}"}
+    if "rows" in message:
+        return [dict(row, status="ok") for row in message["rows"]]
+    return [{"epoch": None, "warmup": False, "status": f"failed: {message['error']}"}]
+
+
+def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
+    row = {name: result.get(name) for name in ROW_FIELDS}
+    row.update(format=case.format, store=case.store, path=case.path, num_workers=case.num_workers)
+    extra = {key: value for key, value in result.items() if key not in row}
+    row.update(extra)
+    row.update(
+        batch_size=config.batch_size, step_ms=config.step_ms, transform=config.transform,
+        start_method=config.start_method or multiprocessing.get_start_method(), cache=config.cache,
+        pin_memory=config.pin_memory, persistent_workers=config.persistent_workers,
+        prefetch_factor=config.prefetch_factor, cpu_count=os.cpu_count(),
+        disk_bytes=prepared.disk_bytes if prepared else None,
+        conversion_s=prepared.conversion_s if prepared else None,
+    )
+    return row
+
+
+def check_source(source: Any) -> None:
+    if isinstance(source, (str, os.PathLike)) and not str(source).startswith(TORCHVISION_PREFIX):
+        if not Path(source).exists():
+            raise InvalidOptionError(f"Source {str(source)!r} does not exist.")
+
+
+def resolve(source: Any, options: dict[str, Any]) -> Source:
+    check_source(source)
+    return resolve_source(source, **options)
