@@ -26,6 +26,7 @@ from fastdata.errors import (
     DependencyMissingError,
     InvalidOptionError,
     ManifestError,
+    SourceNotFoundError,
     VersionMismatchError,
 )
 from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, default_chunk_images
@@ -215,6 +216,11 @@ def test_damaged_file_raises_an_error_naming_it(raw_h5, damage: str) -> None:
         HDF5Dataset(out)
     with pytest.raises(CorruptDataError, match=repr(str(out))):
         fastdata.open_dataset(out)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SourceNotFoundError, match=f"{str(tmp_path / 'nope.h5')!r} does not exist."):
+        HDF5Dataset(tmp_path / "nope.h5")
 
 
 def test_plain_hdf5_file_is_not_taken_for_a_dataset(tmp_path: Path) -> None:
