@@ -131,6 +131,14 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _files_line(files: dict[str, Any], shown: int = 4) -> str:
+    names = list(files)
+    line = ", ".join(f"{name} ({human_bytes(files[name]['bytes'])})" for name in names[:shown])
+    if len(names) > shown:
+        line += f", ... {len(names) - shown} more ({len(names)} files)"
+    return line
+
+
 def describe(path: Path, manifest: dict[str, Any]) -> str:
     image = manifest["image"]
     if image.get("shape"):
@@ -147,7 +155,7 @@ def describe(path: Path, manifest: dict[str, Any]) -> str:
         ("image", f"{shape}, mode {image['mode']}"),
         ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
         ("size", f"{human_bytes(disk_usage(path))} on disk"),
-        ("files", ", ".join(f"{name} ({human_bytes(info['bytes'])})" for name, info in files.items())),
+        ("files", _files_line(files)),
         ("source", " ".join(f"{k}={v}" for k, v in manifest.get("source", {}).items())),
         ("created", f"{manifest.get('created')} by fastdata {manifest.get('fastdata_version')}"),
         ("skipped", str(len(manifest.get("skipped", [])))),

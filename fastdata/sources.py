@@ -166,8 +166,8 @@ class FolderSource(Source):
             return image.mode, image.width, image.height
 
     def load(self, index: int) -> tuple[Image.Image, int]:
-        image = Image.open(os.path.join(self._root, self.keys[index]))
-        image.load()  # decodes fully and closes the file
+        with Image.open(os.path.join(self._root, self.keys[index])) as image:
+            image.load()  # decodes fully; leaving the block closes the file, even on failure
         return image, int(self.labels[index])
 
 

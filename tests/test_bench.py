@@ -149,3 +149,37 @@ def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> No
     assert bad.returncode == 1 and "fastdata: error: Unknown --transform 'blur'" in bad.stderr
     unknown = subprocess.run(command[:5] + ["--formats", "npy,zarr"], capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 1 and "Unknown format 'zarr'" in unknown.stderr
+
+
+def test_loader_options_spawn_cold_cache_transform_and_step(uniform_folder: Path, tmp_path: Path) -> None:
+    config = BenchConfig(formats=("folder", "npy"), stores=("raw",), workers=(1,), batch_size=4, epochs=1,
+                         warmup=0, resize="6x5", start_method="spawn", cache="cold", transform="normalize",
+                         step_ms=2.0, persistent_workers=True, prefetch_factor=3)
+    result = run_bench(uniform_folder, config, tmp_path / "out")
+    measured = [r for r in result.rows if r["format"] != "probe"]
+    assert len(measured) == 3 and all(r["status"] == "ok" for r in measured), [r["status"] for r in measured]
+    for row in measured:
+        assert (row["start_method"], row["cache"], row["transform"], row["step_ms"]) == ("spawn", "cold", "normalize", 2.0)
+        assert row["persistent_workers"] is True and row["prefetch_factor"] == 3
+        assert row["samples"] == 12 and row["batches"] == 3
+        assert row["epoch_s"] >= 3 * 0.002  # three simulated 2 ms steps are inside the loop time
+
+
+def test_cold_cache_needs_posix_fadvise(tmp_path: Path, monkeypatch) -> None:
+    from fastdata.bench.measure import evict_from_page_cache
+
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"x" * 4096)
+    evict_from_page_cache((str(target),))  # works where the OS has posix_fadvise
+    monkeypatch.delattr(os, "posix_fadvise")
+    with pytest.raises(InvalidOptionError, match="--cache cold needs os.posix_fadvise.*Use --cache warm"):
+        evict_from_page_cache((str(target),))
+
+
+def test_torchvision_source_is_the_baseline(tmp_path: Path) -> None:
+    config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0,), batch_size=8, epochs=1, warmup=0)
+    result = run_bench("torchvision:FakeData", config, tmp_path / "out",
+                       source_options={"source_options": {"size": 16, "image_size": (3, 6, 6)}})
+    statuses = {(r["format"], r["path"]): r["status"] for r in result.rows}
+    assert statuses == {("torchvision", "standard"): "ok", ("npy", "fast"): "ok", ("npy", "standard"): "ok"}
+    assert "x torchvision)" in result.verdicts[1]

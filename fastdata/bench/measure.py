@@ -137,7 +137,9 @@ def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | 
 
         steps = [pil_to_tensor] + ([transform] if transform else [])
         options = dict(case.dataset_kwargs)
-        return torchvision_dataset(options.pop("name"), transform=_Chain(steps), **options)
+        name = options.pop("name")
+        extra = dict(options.pop("options") or {}, transform=_Chain(steps))
+        return torchvision_dataset(name, options=extra, **options)
     spec = get_format(case.format)
     return spec.dataset(case.dataset_path, transform=transform, **case.dataset_kwargs)
 
