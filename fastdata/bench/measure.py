@@ -141,7 +141,10 @@ def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | 
         extra = dict(options.pop("options") or {}, transform=_Chain(steps))
         return torchvision_dataset(name, options=extra, **options)
     spec = get_format(case.format)
-    return spec.dataset(case.dataset_path, transform=transform, **case.dataset_kwargs)
+    kwargs = dict(case.dataset_kwargs)
+    if case.path == "fast" and issubclass(spec.dataset, IterableDataset):
+        kwargs["batch_size"] = config.batch_size  # the reader collates each batch itself
+    return spec.dataset(case.dataset_path, transform=transform, **kwargs)
 
 
 class _Chain:
@@ -165,6 +168,8 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
         kwargs["prefetch_factor"] = config.prefetch_factor
         if config.start_method:
             kwargs["multiprocessing_context"] = config.start_method
+    if case.path == "fast" and isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=None, **kwargs)
     if case.path == "fast":
         return fastdata.loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, **kwargs)
     if case.path == "stream" or isinstance(dataset, IterableDataset):

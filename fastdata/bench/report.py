@@ -33,6 +33,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int
                 "status": "ok",
                 **{name: statistics.median(r[name] for r in measured)
                    for name in ("samples_per_s", "first_batch_s", "wait_fraction", "cpu_s", "uss_mb")},
+                "samples": statistics.median(r.get("samples") or 0 for r in measured),
             }
     return summary
 
@@ -73,19 +74,35 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
             continue
         rate = by_workers[best]["samples_per_s"]
         ratio = f", {rate / reference:,.1f}x {baseline}" if reference and fmt != baseline else ""
-        read = by_workers[0]["samples_per_s"] if by_workers.get(0, {}).get("status") == "ok" else None
-        read_ms = batch / read * 1000 if read else None
-        cost = f"{transfer:.1f} ms/batch" if transfer is not None else "unmeasured"
-        if best == 0:
-            why = f"workers only add transfer cost ({cost}) to a {read_ms:.1f} ms/batch read"
-        else:
-            workers = f"{best} worker" + ("s" if best > 1 else "")
-            why = (f"a batch takes {read_ms:.1f} ms to read and decode in one process, so {workers} "
-                   f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
-            if best == max(by_workers):
-                why += "; still rising at the largest num_workers tried"
+        why = _why(by_workers, best, batch, transfer)
         lines.append(f"{label}: best num_workers={best} ({rate:,.0f} samples/s{ratio}); {why}")
     return lines
+
+
+def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer: float | None) -> str:
+    """Why ``best`` wins: read cost per batch at num_workers=0, transfer cost, worker start-up."""
+    serial = by_workers.get(0, {})
+    read_ms = batch / serial["samples_per_s"] * 1000 if serial.get("status") == "ok" else None
+    cost = f"{transfer:.1f} ms/batch" if transfer is not None else "unmeasured"
+    if best > 0:
+        workers = f"{best} worker" + ("s" if best > 1 else "")
+        why = (f"a batch takes {read_ms:.1f} ms to read and decode in one process, so {workers} "
+               f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
+        if best == max(by_workers):
+            why += "; still rising at the largest num_workers tried"
+        return why
+    parallel = sorted(w for w, s in by_workers.items() if w > 0 and s.get("status") == "ok")
+    if read_ms and parallel and (transfer is None or read_ms > 2 * transfer):
+        first = by_workers[parallel[0]]
+        startup = first["first_batch_s"] - serial["first_batch_s"]
+        epoch_s = serial["samples"] / serial["samples_per_s"]
+        if startup > 0.1 * epoch_s:
+            return (f"starting workers costs {startup:.2f} s per epoch (num_workers={parallel[0]}) against a "
+                    f"{epoch_s:.2f} s epoch in one process, more than overlapping a {read_ms:.1f} ms/batch read "
+                    "saves; longer epochs or persistent_workers=True change that")
+        return (f"a {read_ms:.1f} ms/batch read does not pay for workers here (transfer {cost}; "
+                "with few cores, workers compete with the main process)")
+    return f"workers only add transfer cost ({cost}) to a {read_ms:.1f} ms/batch read"
 
 
 def _order(key: tuple[str, str, str], baseline: str | None) -> tuple:

@@ -8,6 +8,7 @@ fails (a crashed worker, an exception, a timeout) becomes rows with ``status`` =
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -139,7 +140,10 @@ def read_paths(prepared: Prepared) -> list[str]:
     from torch.utils.data import IterableDataset
 
     dataset_class = get_format(prepared.format).dataset
-    return ["stream"] if issubclass(dataset_class, IterableDataset) else ["fast", "standard"]
+    if not issubclass(dataset_class, IterableDataset):
+        return ["fast", "standard"]
+    # an iterable reader that can collate whole batches itself has a fast path too
+    return ["fast", "standard"] if "batch_size" in inspect.signature(dataset_class).parameters else ["stream"]
 
 
 def select_formats(names: tuple[str, ...]) -> list[str]:
