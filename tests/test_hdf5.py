@@ -20,7 +20,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
 import fastdata
-from fastdata.cli import build_parser
+from fastdata.cli import build_parser, main
 from fastdata.errors import (
     CorruptDataError,
     DependencyMissingError,
@@ -194,14 +194,34 @@ def test_bad_options_are_refused_up_front(uniform_folder: Path, tmp_path: Path, 
 
 
 def test_compression_with_encoded_store_is_refused(uniform_folder: Path, tmp_path: Path) -> None:
-    with pytest.raises(InvalidOptionError, match="apply to --store raw only"):
+    with pytest.raises(InvalidOptionError, match=r"Option compression='gzip:4' applies to --store raw only"):
         fastdata.convert(uniform_folder, tmp_path / "x.h5", format="hdf5", store="encoded", compression="gzip", workers=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
 
 
 def test_cli_flags_come_from_the_options() -> None:
     args = build_parser().parse_args(["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"])
-    assert (args.format_option_compression, args.format_option_chunk_images) == ("gzip:4", 64)
+    assert (args.format_option_compression, args.format_option_chunk_images) == ("GZIP", 64)
+    assert HDF5Options(compression="GZIP", chunk_images=64) == HDF5Options(compression="gzip:4", chunk_images=64)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--compression", "zstd"], "compression 'zstd' needs the 'hdf5plugin' package"),
+        (["--compression", "zip"], "Unknown compression 'zip'"),
+        (["--chunk-images", "0"], "Invalid chunk_images 0"),
+        (["--store", "encoded", "--compression", "lzf"], "Option compression='lzf' applies to --store raw only"),
+    ],
+)
+def test_cli_reports_option_errors_without_traceback(
+    uniform_folder: Path, tmp_path: Path, monkeypatch, capsys, flags, message
+) -> None:
+    monkeypatch.setitem(sys.modules, "hdf5plugin", None)
+    code = main(["convert", str(uniform_folder), str(tmp_path / "x.h5"), "--format", "hdf5", "--workers", "0", "--quiet", *flags])
+    err = capsys.readouterr().err
+    assert code != 0 and err.startswith("fastdata: error: ") and message in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
 
 
 # --- errors when reading -------------------------------------------------------------------

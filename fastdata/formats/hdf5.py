@@ -91,13 +91,6 @@ def _import_hdf5plugin(what: str) -> Any:
     return hdf5plugin
 
 
-def _positive_int(value: Any) -> int:
-    number = int(value)
-    if number <= 0:
-        raise ValueError(f"expected a positive integer, got {value!r}")
-    return number
-
-
 @dataclass(frozen=True)
 class HDF5Options:
     """Options of ``--format hdf5``; ``compression`` applies to ``--store raw`` only."""
@@ -107,14 +100,14 @@ class HDF5Options:
         metadata={
             "help": "hdf5, raw store: none (default, contiguous), gzip[:LEVEL], lzf; with hdf5plugin "
             "blosc[:LEVEL], lz4, zstd[:LEVEL]",
-            "parse": parse_compression,
+            "parse": str,  # validated by HDF5Options, so the CLI reports it like any option error
         },
     )
     chunk_images: int | None = field(
         default=None,
         metadata={
             "help": "hdf5, raw store: images per chunk (default: about 1 MiB of pixels per chunk)",
-            "parse": _positive_int,
+            "parse": int,
         },
     )
 
@@ -173,10 +166,11 @@ class HDF5Writer(Writer):
     def __init__(self, path: Path, plan: Plan, options: HDF5Options | None):
         options = options or HDF5Options()
         super().__init__(path, plan, options)
-        if plan.store == "encoded" and (options.compression or options.chunk_images):
+        given = [f"{name}={value!r}" for name, value in vars(options).items() if value is not None]
+        if plan.store == "encoded" and given:
             raise InvalidOptionError(
-                f"compression={options.compression!r} and chunk_images={options.chunk_images!r} apply to "
-                "--store raw only (encoded images are already compressed). Drop them, or use --store raw."
+                f"Option {' and '.join(given)} applies to --store raw only (encoded images are already "
+                "compressed, and stored contiguous). Drop it, or use --store raw."
             )
         self.count = 0
         self.labels: list[np.ndarray] = []
