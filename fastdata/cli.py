@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, demo.
+"""The ``fastdata`` command line: convert, info, bench.
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130.
@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -179,22 +178,6 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_demo(args: argparse.Namespace) -> int:
-    from fastdata.convert import convert
-    from fastdata.demo import make_demo_folder
-
-    base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fastdata-demo-"))
-    folder = make_demo_folder(base / "images", small=args.images, large=args.large)
-    print(f"generated {args.images} PNGs and {args.large} JPEGs in {folder}")
-    for store in ("raw", "encoded"):
-        output = base / f"demo-{store}.npy"
-        kwargs = {"resize": "32x32"} if store == "raw" else {}
-        convert(folder, output, format="npy", store=store, overwrite=True, **kwargs)
-        print()
-        print(describe(output, find_manifest(output)))
-    return 0
-
-
 def _add_bench_parser(commands) -> None:
     parser = commands.add_parser(
         "bench",
@@ -302,7 +285,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastdata", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fastdata",
+        description="Convert image datasets once into fast formats, and measure which format and "
+        "DataLoader num_workers feed PyTorch fastest on this machine.",
+    )
     parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_convert_parser(commands)
@@ -310,14 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="show a converted dataset's manifest")
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    demo = commands.add_parser("demo", help="generate a demo image folder, convert it, show the result")
-    demo.add_argument("--out", help="folder for the demo files (default: a new temporary folder)")
-    demo.add_argument("--images", type=int, default=2000, help="small PNG images to generate")
-    demo.add_argument("--large", type=int, default=200, help="larger JPEG images to generate")
     return parser
 
 
-_COMMANDS = {"convert": _run_convert, "info": _run_info, "demo": _run_demo, "bench": _run_bench}
+_COMMANDS = {"convert": _run_convert, "info": _run_info, "bench": _run_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
