@@ -199,6 +199,16 @@ def test_compression_with_encoded_store_is_refused(uniform_folder: Path, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
 
 
+def test_failure_while_creating_the_file_leaves_nothing(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(h5py.File, "create_dataset", refuse)
+    with pytest.raises(OSError, match="no space left on device"):
+        fastdata.convert(uniform_folder, tmp_path / "x.h5", format="hdf5", compression="lzf", workers=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
+
+
 def test_cli_flags_come_from_the_options() -> None:
     args = build_parser().parse_args(["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"])
     assert (args.format_option_compression, args.format_option_chunk_images) == ("GZIP", 64)

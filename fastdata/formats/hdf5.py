@@ -172,30 +172,45 @@ class HDF5Writer(Writer):
                 f"Option {' and '.join(given)} applies to --store raw only (encoded images are already "
                 "compressed, and stored contiguous). Drop it, or use --store raw."
             )
-        self.count = 0
-        self.labels: list[np.ndarray] = []
-        self.hashes = {"labels": _ContentHash()}
-        self.file = h5py.File(path, "w")
-        self.blob_path = path.with_name(path.name + ".blob")
-        if plan.store == "encoded":
-            self.hashes.update(blob=_ContentHash(), offsets=_ContentHash())
-            self.blob = open(self.blob_path, "wb")
-            self.offsets = [np.zeros(1, dtype=np.int64)]
-            self.position = 0
-            return
-        self.hashes["images"] = _ContentHash()
         self.chunk_images = None
-        kwargs: dict[str, Any] = {}
-        if options.compression or options.chunk_images:
+        if plan.store == "raw" and (options.compression or options.chunk_images):
             self.chunk_images = options.chunk_images or default_chunk_images(plan.shape, plan.count)
             if self.chunk_images * int(np.prod(plan.shape)) >= 1 << 32:
                 raise InvalidOptionError(
                     f"chunk_images={self.chunk_images} makes chunks of 4 GiB or more (HDF5's limit). "
                     "Use a smaller --chunk-images."
                 )
-            kwargs = dict(chunks=(self.chunk_images, *plan.shape), maxshape=(None, *plan.shape),
-                          **_filter_kwargs(options.compression))
-        self.images = self.file.create_dataset("images", shape=(plan.count, *plan.shape), dtype=np.uint8, **kwargs)
+        self.count = 0
+        self.labels: list[np.ndarray] = []
+        self.hashes = {"labels": _ContentHash(), **{name: _ContentHash() for name in self._names()}}
+        self.blob_path = path.with_name(path.name + ".blob")
+        self.file: h5py.File | None = None
+        self.blob = None
+        # options are all checked; the engine only cleans up after a writer exists, so a failure
+        # while creating the files removes them here
+        try:
+            self._create_files()
+        except BaseException:
+            self.abort()
+            path.unlink(missing_ok=True)
+            raise
+
+    def _names(self) -> tuple[str, ...]:
+        return ("images",) if self.plan.store == "raw" else ("blob", "offsets")
+
+    def _create_files(self) -> None:
+        self.file = h5py.File(self.path, "w")
+        if self.plan.store == "encoded":
+            self.blob = open(self.blob_path, "wb")
+            self.offsets = [np.zeros(1, dtype=np.int64)]
+            self.position = 0
+            return
+        shape = self.plan.shape
+        kwargs: dict[str, Any] = {}
+        if self.chunk_images is not None:
+            kwargs = dict(chunks=(self.chunk_images, *shape), maxshape=(None, *shape),
+                          **_filter_kwargs(self.options.compression))
+        self.images = self.file.create_dataset("images", shape=(self.plan.count, *shape), dtype=np.uint8, **kwargs)
         self.pending: list[np.ndarray] = []  # chunked: images waiting for a whole chunk
         self.written = 0
 
@@ -245,8 +260,7 @@ class HDF5Writer(Writer):
         labels = np.concatenate(self.labels) if self.labels else np.empty(0, dtype=np.int64)
         self.hashes["labels"].update(labels)
         file.create_dataset("labels", data=labels)
-        names = ("images",) if self.plan.store == "raw" else ("blob", "offsets")
-        manifest["files"] = {name: self.hashes[name].describe(name) for name in (*names, "labels")}
+        manifest["files"] = {name: self.hashes[name].describe(name) for name in (*self._names(), "labels")}
         manifest["hdf5"] = self._layout(file)
         for name, entry in manifest["files"].items():
             file[name].attrs[CHECKSUM_ALGORITHM] = entry[CHECKSUM_ALGORITHM]
@@ -255,8 +269,12 @@ class HDF5Writer(Writer):
         file.attrs["fastdata_format"] = FORMAT
         file.attrs["layout_version"] = LAYOUT_VERSION
         file.attrs[MANIFEST_ATTR] = json.dumps(manifest, ensure_ascii=False)
-        file.flush()
         file.close()
+        descriptor = os.open(self.path, os.O_RDONLY)  # on disk before the engine renames it
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         return manifest
 
     def _write_blob(self, file: h5py.File) -> None:
@@ -298,9 +316,10 @@ class HDF5Writer(Writer):
 
     def abort(self) -> None:
         try:
-            self.file.close()
+            if self.file is not None:
+                self.file.close()
         finally:
-            if self.plan.store == "encoded":
+            if self.blob is not None:
                 self.blob.close()
             for leftover in (self.blob_path, self.path.with_name(self.path.name + ".compact")):
                 if leftover.exists():
