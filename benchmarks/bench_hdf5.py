@@ -4,9 +4,10 @@ Grid: variant x num_workers (0, 1, 2); each cell is full epochs of a shuffled ``
 DataLoader over the same demo workload (20k 32x32 PNGs by default), with a fresh dataset
 object per epoch (no reader cache carried over), one warm-up epoch, then the median of
 ``--repeats`` epochs (more, up to 20, for cells faster than 1 s). Timed epochs are interleaved
-round-robin across all cells, so load from other processes does not land on one variant. Rows go to JSON; the markdown table is rendered from them.
+round-robin across all cells, so load from other processes does not land on one variant.
+Rows go to JSON; the markdown table is rendered from them.
 
-    python benchmarks/bench_hdf5.py                      # full run (about 3-5 minutes on 2 cores)
+    python benchmarks/bench_hdf5.py            # full run: ~1.5 min on 2 shared cores, +1 min to make the data once
     python benchmarks/bench_hdf5.py --count 2000 --repeats 1   # quick look
 """
 
@@ -79,7 +80,8 @@ def prepare(data: Path, count: int, size: int) -> dict[str, Path]:
 
 def variants(paths: dict[str, Path], batch_size: int) -> dict[str, tuple[Callable, Callable, list[int]]]:
     """name -> (make a fresh dataset, make a loader for it and num_workers, the num_workers to run)."""
-    batched = lambda ds, nw: fastdata.loader(ds, batch_size=batch_size, shuffle=True, num_workers=nw, seed=0)  # noqa: E731
+    def batched(ds, nw):
+        return fastdata.loader(ds, batch_size=batch_size, shuffle=True, num_workers=nw, seed=0)
 
     def chunk_shuffled(ds, nw):
         sampler = ChunkShuffleSampler(ds, window_chunks=4, batch_size=batch_size, seed=0)
@@ -93,13 +95,17 @@ def variants(paths: dict[str, Path], batch_size: int) -> dict[str, tuple[Callabl
         "folder": (lambda: fastdata.FolderDataset(paths["folder"]), batched, all_workers),
         "npy raw": (lambda: fastdata.MemmapDataset(paths["npy-raw"]), batched, all_workers),
         "hdf5 raw (contiguous, memmap)": (lambda: HDF5Dataset(paths["hdf5-raw"]), batched, all_workers),
-        "hdf5 raw (contiguous, use_memmap=False: h5py reads)": (lambda: HDF5Dataset(paths["hdf5-raw"], use_memmap=False), batched, all_workers),
+        "hdf5 raw (contiguous, use_memmap=False: h5py reads)": (
+            lambda: HDF5Dataset(paths["hdf5-raw"], use_memmap=False), batched, all_workers
+        ),
         "hdf5 raw gzip + ChunkShuffleSampler": (lambda: HDF5Dataset(paths["hdf5-gzip"]), chunk_shuffled, all_workers),
         "hdf5 raw lzf + ChunkShuffleSampler": (lambda: HDF5Dataset(paths["hdf5-lzf"]), chunk_shuffled, all_workers),
         "hdf5 raw gzip, plain shuffle": (lambda: HDF5Dataset(paths["hdf5-gzip"]), batched, [0]),
         "hdf5 raw lzf, plain shuffle": (lambda: HDF5Dataset(paths["hdf5-lzf"]), batched, [0]),
         "hdf5 encoded (PNG)": (lambda: HDF5Dataset(paths["hdf5-encoded"]), batched, all_workers),
-        "per-sample h5py Dataset (hand-written)": (lambda: PerSampleH5Dataset(paths["hdf5-raw"]), per_sample, all_workers),
+        "per-sample h5py Dataset (hand-written)": (
+            lambda: PerSampleH5Dataset(paths["hdf5-raw"]), per_sample, all_workers
+        ),
     }
 
 

@@ -38,7 +38,9 @@ class ChunkShuffleSampler(Sampler):
         for name, value in (("chunk_images", chunk_images), ("window_chunks", window_chunks)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidOptionError(f"Invalid {name} {value!r}. Use a positive integer.")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+        ):
             raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer or None.")
         self.chunk_images = chunk_images
         self.window_chunks = window_chunks

@@ -173,7 +173,8 @@ def test_default_chunk_rule_is_about_one_mebibyte() -> None:
 
 def test_plugin_compression_without_hdf5plugin_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import fails as if not installed
-    with pytest.raises(DependencyMissingError, match="compression 'zstd' needs the 'hdf5plugin' package.*pip install hdf5plugin"):
+    message = "compression 'zstd' needs the 'hdf5plugin' package.*pip install hdf5plugin"
+    with pytest.raises(DependencyMissingError, match=message):
         HDF5Options(compression="zstd")
 
 
@@ -195,7 +196,9 @@ def test_bad_options_are_refused_up_front(uniform_folder: Path, tmp_path: Path, 
 
 def test_compression_with_encoded_store_is_refused(uniform_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError, match=r"Option compression='gzip:4' applies to --store raw only"):
-        fastdata.convert(uniform_folder, tmp_path / "x.h5", format="hdf5", store="encoded", compression="gzip", workers=0)
+        fastdata.convert(
+            uniform_folder, tmp_path / "x.h5", format="hdf5", store="encoded", compression="gzip", workers=0
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
 
 
@@ -210,7 +213,9 @@ def test_failure_while_creating_the_file_leaves_nothing(uniform_folder: Path, tm
 
 
 def test_cli_flags_come_from_the_options() -> None:
-    args = build_parser().parse_args(["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"])
+    args = build_parser().parse_args(
+        ["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"]
+    )
     assert (args.format_option_compression, args.format_option_chunk_images) == ("GZIP", 64)
     assert HDF5Options(compression="GZIP", chunk_images=64) == HDF5Options(compression="gzip:4", chunk_images=64)
 
@@ -228,7 +233,8 @@ def test_cli_reports_option_errors_without_traceback(
     uniform_folder: Path, tmp_path: Path, monkeypatch, capsys, flags, message
 ) -> None:
     monkeypatch.setitem(sys.modules, "hdf5plugin", None)
-    code = main(["convert", str(uniform_folder), str(tmp_path / "x.h5"), "--format", "hdf5", "--workers", "0", "--quiet", *flags])
+    out = str(tmp_path / "x.h5")
+    code = main(["convert", str(uniform_folder), out, "--format", "hdf5", "--workers", "0", "--quiet", *flags])
     err = capsys.readouterr().err
     assert code != 0 and err.startswith("fastdata: error: ") and message in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
@@ -241,7 +247,8 @@ def test_cli_reports_option_errors_without_traceback(
 def test_damaged_file_raises_an_error_naming_it(raw_h5, damage: str) -> None:
     out, _ = raw_h5
     data = out.read_bytes()
-    out.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\x89HDF\r\n\x1a\n" + os.urandom(64) + data[72:])
+    garbage_header = b"\x89HDF\r\n\x1a\n" + bytes(range(64)) + data[72:]  # signature kept, superblock not
+    out.write_bytes(data[: len(data) // 2] if damage == "truncate" else garbage_header)
     with pytest.raises(CorruptDataError, match=f"{str(out)!r}: cannot open as HDF5.*truncated or damaged"):
         HDF5Dataset(out)
     with pytest.raises(CorruptDataError, match=repr(str(out))):
@@ -268,7 +275,8 @@ def test_unknown_layout_version_is_refused(raw_h5) -> None:
     with h5py.File(out, "a") as file:
         manifest = json.loads(file.attrs["fastdata_manifest"])
         file.attrs["fastdata_manifest"] = json.dumps({**manifest, "layout_version": 99})
-    with pytest.raises(VersionMismatchError, match="layout version 99 is not supported; this fastdata reads layout version 1"):
+    message = "layout version 99 is not supported; this fastdata reads layout version 1"
+    with pytest.raises(VersionMismatchError, match=message):
         HDF5Dataset(out)
 
 
@@ -303,7 +311,8 @@ def _expected_records(folder: Path) -> list[tuple[bytes, int]]:
 @pytest.mark.parametrize("reader", ["gzip", "contiguous-via-h5py"])
 def test_parent_handle_is_never_shared_with_forked_workers(uniform_folder: Path, tmp_path: Path, reader: str) -> None:
     out = tmp_path / "f.h5"
-    fastdata.convert(uniform_folder, out, format="hdf5", workers=0, **({"compression": "gzip"} if reader == "gzip" else {}))
+    options = {"compression": "gzip"} if reader == "gzip" else {}
+    fastdata.convert(uniform_folder, out, format="hdf5", workers=0, **options)
     ds = HDF5Dataset(out, use_memmap=False)
     ds[3]  # the parent opens the file before the workers start: the classic failure setup
     parent_file = ds.handles.file
@@ -333,10 +342,11 @@ def test_chunk_shuffle_loader_yields_every_sample_once(uniform_folder: Path, tmp
     ds = HDF5Dataset(out)
     ds[0]
     batches = ChunkShuffleSampler(ds, window_chunks=2, batch_size=4, seed=1)
-    loader = DataLoader(ds, batch_size=None, sampler=batches, num_workers=num_workers, multiprocessing_context="fork" if num_workers else None)
+    context = "fork" if num_workers else None
+    loader = DataLoader(ds, batch_size=None, sampler=batches, num_workers=num_workers, multiprocessing_context=context)
     assert _epoch(ds, loader) == _expected_records(uniform_folder)
     samples = ChunkShuffleSampler(ds, window_chunks=1, seed=2)  # per-sample indices, standard collate
-    loader = DataLoader(ds, batch_size=3, sampler=samples, num_workers=num_workers, multiprocessing_context="fork" if num_workers else None)
+    loader = DataLoader(ds, batch_size=3, sampler=samples, num_workers=num_workers, multiprocessing_context=context)
     assert _epoch(ds, loader) == _expected_records(uniform_folder)
 
 
