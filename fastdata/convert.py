@@ -6,6 +6,8 @@ so a failed or interrupted conversion never leaves something that looks like a d
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import datetime as dt
 import multiprocessing
@@ -13,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,7 +24,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fastdata import __version__
-from fastdata.errors import BadSampleError, InvalidOptionError, OutputExistsError, ShapeMismatchError
+from fastdata.errors import (
+    BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError, ShapeMismatchError,
+)
 from fastdata.formats import FormatSpec, get_format
 from fastdata.images import CHANNELS, MODES, Geometry, as_hwc, encode, is_grayscale, open_image, to_mode
 from fastdata.plan import STORES, Batch, Plan
@@ -179,9 +184,10 @@ def run_conversion(
 def _write(job: "_Job", partial: Path, spec: FormatSpec, writer_options: Any, progress) -> dict[str, Any]:
     """Run the job through the format's writer into ``partial``; remove it on any failure."""
     src, plan, options = job.src, job.plan, job.options
-    writer = spec.writer(partial, plan, writer_options)
+    writer = None
     reported = 0
     try:
+        writer = spec.writer(partial, plan, writer_options)
         written = 0
         skipped: dict[int, dict[str, str]] = {}
         with _WorkerPool(job, options.workers, len(src)) as pool:
@@ -197,10 +203,19 @@ def _write(job: "_Job", partial: Path, spec: FormatSpec, writer_options: Any, pr
         manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
         return writer.close(manifest)
     except BaseException as exc:
-        writer.abort()
+        if writer is not None:
+            with contextlib.suppress(Exception):  # closing may fail the same way; report the first error
+                writer.abort()
         remove_path(partial)
         if isinstance(exc, _ModeConflict) and progress is not None:
             progress(-reported, len(src))
+        if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
+            output = partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)])
+            reason = exc.strerror or str(exc)
+            raise OutputWriteError(
+                f"Cannot write {str(output)!r}: {reason}. Free disk space (or raise the file-size "
+                "limit) and convert again; no partial output was left behind."
+            ) from exc
         raise
 
 
@@ -425,9 +440,22 @@ class _Job:
 _WORKER_JOB: _Job | None = None
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the conversion process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _init_worker(job: _Job) -> None:
     global _WORKER_JOB
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+    _die_with_parent()
     _WORKER_JOB = job
 
 

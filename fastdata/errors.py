@@ -39,6 +39,10 @@ class OutputExistsError(FastdataError, FileExistsError):
     """The output path exists and overwriting was not asked for."""
 
 
+class OutputWriteError(FastdataError, OSError):
+    """Writing the output failed (disk full, file-size limit, permissions)."""
+
+
 class ManifestError(FastdataError, ValueError):
     """A converted dataset's manifest is missing, unreadable or inconsistent."""
 

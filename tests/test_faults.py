@@ -1,0 +1,87 @@
+"""Faults during conversion: Ctrl-C, SIGKILL, a full disk. The final path is never half-written."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import fastdata
+
+SLOW_SOURCE = ["torchvision:FakeData", "--source-option", "size=100000", "--source-option", "image_size=(3, 16, 16)"]
+
+
+def start(out: Path, *extra: str, **popen) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fastdata", "convert", *SLOW_SOURCE, str(out), "--store", "encoded",
+               "--workers", "2", *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until the partial output holds data (the progress bar has advanced)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        data = partial / "data.bin"
+        if data.exists() and data.stat().st_size > 0:
+            return
+        if process.poll() is not None:
+            pytest.fail(f"conversion ended early: {process.communicate()}")
+        time.sleep(0.05)
+    pytest.fail("the conversion made no progress")
+
+
+def test_ctrl_c_exits_130_and_removes_partial_output(tmp_path: Path) -> None:
+    out = tmp_path / "fake.npy"
+    process = start(out, start_new_session=True)
+    wait_for_progress(tmp_path / "fake.npy.partial", process)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "fastdata: interrupted" and "Traceback" not in stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigkill_leaves_no_output_and_no_worker(tmp_path: Path) -> None:
+    out = tmp_path / "fake.npy"
+    process = start(out)
+    wait_for_progress(tmp_path / "fake.npy.partial", process)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert len(workers) == 2
+    process.kill()  # only the parent: its pool workers must not outlive it
+    process.communicate(timeout=30)
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == [] and len(gone) == 2
+    assert not out.exists() and (tmp_path / "fake.npy.partial").exists()
+    # a new conversion (without --resume) removes the stale partial output first
+    small = subprocess.run(
+        [sys.executable, "-m", "fastdata", "convert", "torchvision:FakeData", "--source-option", "size=20",
+         str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert small.returncode == 0, small.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.npy"]
+    assert fastdata.open_dataset(out).manifest["count"] == 20
+
+
+def limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit then fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+
+
+def test_file_size_limit_is_a_clear_error(uniform_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "u.npy"
+    result = subprocess.run(
+        [sys.executable, "-m", "fastdata", "convert", str(uniform_folder), str(out), "--workers", "0", "--quiet"],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"fastdata: error: Cannot write {str(out)!r}: File too large. Free disk space")
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
+    fastdata.convert(uniform_folder, out, workers=0)
+    assert fastdata.open_dataset(out).manifest["count"] == 12
