@@ -70,6 +70,8 @@ def _add_convert_parser(commands) -> None:
     parser.add_argument("--workers", type=int, help="decoding processes (default: all cores; 0 = in-process)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     parser.add_argument("--skip-bad", action="store_true", help="leave unreadable images out (listed in the manifest)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted conversion from its last checkpoint (a finished one is kept)")
     parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
     parser.add_argument("--split", default="train", help="torchvision sources: train or test")
     parser.add_argument("--download", action="store_true", help="torchvision sources: download if missing")
@@ -115,7 +117,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         manifest = convert(
             args.source, args.output, format=args.format, store=args.store, mode=args.mode,
             resize=args.resize, center_crop=args.center_crop, reencode=args.reencode,
-            workers=args.workers, overwrite=args.overwrite, skip_bad=args.skip_bad,
+            workers=args.workers, overwrite=args.overwrite, skip_bad=args.skip_bad, resume=args.resume,
             root=args.root, split=args.split, download=args.download,
             source_options=dict(args.source_option), progress=bar.update, **format_options,
         )

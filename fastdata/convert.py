@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,7 +28,8 @@ from fastdata import __version__
 from fastdata.errors import (
     BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError, ShapeMismatchError,
 )
-from fastdata.formats import FormatSpec, get_format
+from fastdata import journal
+from fastdata.formats import FormatSpec, find_manifest, get_format
 from fastdata.images import CHANNELS, MODES, Geometry, as_hwc, encode, is_grayscale, open_image, to_mode
 from fastdata.plan import STORES, Batch, Plan
 from fastdata.sources import ArraySource, FolderSource, Source, resolve_source
@@ -48,6 +50,7 @@ class ConvertOptions:
     workers: int = 0
     overwrite: bool = False
     skip_bad: bool = False
+    resume: bool = False
 
 
 def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
@@ -92,6 +95,7 @@ def make_options(
     workers: int | None = None,
     overwrite: bool = False,
     skip_bad: bool = False,
+    resume: bool = False,
 ) -> ConvertOptions:
     spec = get_format(format, writable=True)
     if store not in STORES or store not in spec.stores:
@@ -114,6 +118,7 @@ def make_options(
         workers=(os.cpu_count() or 1) if workers is None else workers,
         overwrite=overwrite,
         skip_bad=skip_bad,
+        resume=resume,
     )
 
 
@@ -130,6 +135,7 @@ def convert(
     workers: int | None = None,
     overwrite: bool = False,
     skip_bad: bool = False,
+    resume: bool = False,
     root: str | os.PathLike | None = None,
     split: str = "train",
     download: bool = False,
@@ -143,20 +149,41 @@ def convert(
     or a map-style dataset of ``(image, label)``. ``resize`` is ``"HxW"`` or ``S`` (shorter side),
     ``center_crop`` ``"HxW"``; ``mode`` is ``auto``, ``RGB`` or ``L``; ``reencode`` ``"jpeg:Q"``
     or ``"png"`` (encoded store). ``workers`` processes decode in parallel (default: all cores;
-    0 = in this process). ``progress(n, total)`` is called as each n more samples complete. Remaining keyword
+    0 = in this process). ``resume`` continues an interrupted conversion from its last checkpoint
+    (or returns a finished output's manifest untouched when source and options match).
+    ``progress(n, total)`` is called as each n more samples complete. Remaining keyword
     arguments are the format's own options (e.g. ``compression`` for hdf5).
     """
     options = make_options(
         format=format, store=store, mode=mode, resize=resize, center_crop=center_crop,
-        reencode=reencode, workers=workers, overwrite=overwrite, skip_bad=skip_bad,
+        reencode=reencode, workers=workers, overwrite=overwrite, skip_bad=skip_bad, resume=resume,
     )
     spec = get_format(format, writable=True)
     writer_options = spec.make_options(format_options)
     output = Path(output)
-    if output.exists() and not overwrite:
+    if output.exists() and not overwrite and not resume:
         raise OutputExistsError(f"Output {str(output)!r} already exists. Pass --overwrite to replace it.")
     src = resolve_source(source, root=root, split=split, download=download, source_options=source_options)
     return run_conversion(src, output, spec, options, writer_options, progress)
+
+
+@dataclass
+class _Target:
+    """Where and how one conversion writes: the format, its options, the journal key, progress."""
+
+    output: Path
+    spec: FormatSpec
+    writer_options: Any
+    key: str
+    progress: Callable[[int, int], None] | None
+
+    @property
+    def partial(self) -> Path:
+        return self.output.with_name(self.output.name + PARTIAL_SUFFIX)
+
+    def report(self, count: int, total: int) -> None:
+        if self.progress is not None and count:
+            self.progress(count, total)
 
 
 def run_conversion(
@@ -168,53 +195,102 @@ def run_conversion(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + PARTIAL_SUFFIX)
-    remove_path(partial)
-    job = _plan_job(src, options)
+    target = _Target(output, spec, writer_options, _key(spec, src, options, writer_options), progress)
+    state = None
+    if options.resume:
+        complete = _complete_output(target)
+        if complete is not None:
+            return complete
+        state = journal.load(output, target.key) if target.partial.exists() and spec.writer.supports_resume else None
+    if state is None:  # stale partial output of an earlier run is removed
+        remove_path(target.partial)
+        journal.remove(output)
+    job = _plan_job(src, options, mode=state["mode"] if state else None)
     try:
-        manifest = _write(job, partial, spec, writer_options, progress)
+        manifest = _write(job, target, state)
     except _ModeConflict:
         # auto mode planned grayscale from the first images, then met a colour one: redo as RGB
-        job = _plan_job(src, options, mode="RGB")
-        manifest = _write(job, partial, spec, writer_options, progress)
-    _publish(partial, output, overwrite=options.overwrite)
+        manifest = _write(_plan_job(src, options, mode="RGB"), target, None)
+    _publish(target.partial, output, overwrite=options.overwrite or options.resume)
+    journal.remove(output)
     return manifest
 
 
-def _write(job: "_Job", partial: Path, spec: FormatSpec, writer_options: Any, progress) -> dict[str, Any]:
-    """Run the job through the format's writer into ``partial``; remove it on any failure."""
-    src, plan, options = job.src, job.plan, job.options
+def _key(spec: FormatSpec, src: Source, options: ConvertOptions, writer_options: Any) -> str:
+    return journal.conversion_key({
+        "format": spec.name, "layout_version": spec.layout_version, "source": src.describe(),
+        "store": options.store, "mode": options.mode, "geometry": options.geometry.describe(),
+        "reencode": options.reencode, "skip_bad": options.skip_bad,
+        "format_options": dataclasses.asdict(writer_options) if writer_options else {},
+    })
+
+
+def _complete_output(target: _Target) -> dict[str, Any] | None:
+    """``--resume`` on a finished output: its manifest when written from the same source and options."""
+    if not target.output.exists():
+        return None
+    manifest = find_manifest(target.output)
+    if manifest is not None and manifest.get("conversion_key") == target.key:
+        return manifest
+    if manifest is None:
+        raise OutputExistsError(
+            f"Output {str(target.output)!r} exists and is not a fastdata dataset. Pass --overwrite to replace it."
+        )
+    raise OutputExistsError(
+        f"Output {str(target.output)!r} was converted from another source or with other options; "
+        "--resume does not replace it. Pass --overwrite to convert again."
+    )
+
+
+def _write(job: "_Job", target: _Target, state: dict[str, Any] | None) -> dict[str, Any]:
+    """Run the job through the format's writer into the partial output; remove it on any failure.
+
+    With a journal ``state``, the writer reopens the partial output at that checkpoint and the
+    samples before ``state["next_index"]`` are not converted again.
+    """
+    src, plan, options, spec = job.src, job.plan, job.options, target.spec
     writer = None
-    reported = 0
+    start = state["next_index"] if state else 0
+    written = state["written"] if state else 0
+    skipped = {int(i): entry for i, entry in state["skipped"].items()} if state else {}
+    target.report(start, len(src))
+    reported = start
+    last_checkpoint = time.monotonic()
     try:
-        writer = spec.writer(partial, plan, writer_options)
-        written = 0
-        skipped: dict[int, dict[str, str]] = {}
-        with _WorkerPool(job, options.workers, len(src)) as pool:
-            for batch in _batches(job, pool):
+        if state:
+            writer = spec.writer.resume(target.partial, plan, target.writer_options, state["writer"])
+        else:
+            writer = spec.writer(target.partial, plan, target.writer_options)
+        with _WorkerPool(job, options.workers, len(src) - start) as pool:
+            for batch, next_index in _batches(job, pool, start):
                 writer.write(batch)
                 written += len(batch)
                 skipped.update(dict(batch.skipped))
-                if progress is not None:
-                    progress(len(batch) + len(batch.skipped), len(src))
-                    reported += len(batch) + len(batch.skipped)
+                target.report(len(batch) + len(batch.skipped), len(src))
+                reported += len(batch) + len(batch.skipped)
+                if spec.writer.supports_resume and time.monotonic() - last_checkpoint > journal.CHECKPOINT_INTERVAL_S:
+                    journal.save(target.output, {
+                        "key": target.key, "mode": plan.mode, "next_index": next_index, "written": written,
+                        "skipped": skipped, "writer": writer.checkpoint(),
+                    })
+                    last_checkpoint = time.monotonic()
         if written == 0:
             raise BadSampleError(f"No sample could be converted; all {len(src)} were skipped as unreadable.")
-        manifest = _manifest(spec, plan, src, options, writer_options, written, skipped)
+        manifest = _manifest(spec, plan, src, options, target.writer_options, written, skipped)
+        manifest["conversion_key"] = target.key
         return writer.close(manifest)
     except BaseException as exc:
         if writer is not None:
             with contextlib.suppress(Exception):  # closing may fail the same way; report the first error
                 writer.abort()
-        remove_path(partial)
-        if isinstance(exc, _ModeConflict) and progress is not None:
-            progress(-reported, len(src))
+        remove_path(target.partial)
+        journal.remove(target.output)
+        if isinstance(exc, _ModeConflict):
+            target.report(-reported, len(src))
         if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
-            output = partial.with_name(partial.name[: -len(PARTIAL_SUFFIX)])
-            reason = exc.strerror or str(exc)
             raise OutputWriteError(
-                f"Cannot write {str(output)!r}: {reason}. Free disk space (or raise the file-size "
-                "limit) and convert again; no partial output was left behind."
+                f"Cannot write {str(target.output)!r}: {exc.strerror or exc}. Free disk space (or raise the "
+                "file-size limit) and convert again; no partial output was left behind."
             ) from exc
         raise
 
@@ -500,14 +576,18 @@ def _chunk_size(plan: Plan, count: int, workers: int) -> int:
     return max(1, min(256, by_bytes, by_balance))
 
 
-def _batches(job: _Job, pool: _WorkerPool) -> Iterator[Batch]:
+def _batches(job: _Job, pool: _WorkerPool, start: int = 0) -> Iterator[tuple[Batch, int]]:
+    """Converted batches in source order from index ``start``, each with the next index."""
     plan, src = job.plan, job.src
     if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
         plan.mode == src.native_mode or src.native_mode == "L"
     ):
         step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
-        for start in range(0, len(src), step):
-            yield job.array_chunk(start, min(start + step, len(src)))
+        for first in range(start, len(src), step):
+            stop = min(first + step, len(src))
+            yield job.array_chunk(first, stop), stop
         return
-    indices = list(range(len(src)))
-    yield from pool.convert(indices, _chunk_size(plan, len(indices), pool.workers))
+    indices = list(range(start, len(src)))
+    size = _chunk_size(plan, len(indices), pool.workers)
+    for number, batch in enumerate(pool.convert(indices, size)):
+        yield batch, min(start + (number + 1) * size, len(src))

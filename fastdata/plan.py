@@ -71,3 +71,16 @@ class Writer:
 
     def abort(self) -> None:
         """Release open handles after a failure (the engine removes the temporary output)."""
+
+    # --- optional: resumable writers (``fastdata convert --resume``) ---------------------
+
+    supports_resume = False
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Make everything written so far durable; return JSON-able state for :meth:`resume`."""
+        raise NotImplementedError
+
+    @classmethod
+    def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "Writer":
+        """Reopen a partial output at a checkpoint's ``state`` and continue after it."""
+        raise NotImplementedError

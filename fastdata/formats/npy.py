@@ -37,54 +37,88 @@ def _npy_header(shape: tuple[int, ...], length: int = 0) -> bytes:
 
 
 class MemmapWriter(Writer):
-    def __init__(self, path: Path, plan: Plan, options: Any):
+    """Appends samples to the data file; labels (and encoded offsets) go to side files as they
+    arrive, so a checkpoint is just file sizes and ``--resume`` can truncate back to it."""
+
+    supports_resume = True
+
+    def __init__(self, path: Path, plan: Plan, options: Any, *, state: dict[str, Any] | None = None):
         super().__init__(path, plan, options)
-        path.mkdir(parents=True)
-        self.count = 0
-        self.labels: list[np.ndarray] = []
-        if plan.store == "raw":
-            self.header = _npy_header((plan.count, *plan.shape))
-            self.data = open(path / "images.npy", "wb")
+        self.raw = plan.store == "raw"
+        self.header = _npy_header((plan.count, *plan.shape)) if self.raw else b""
+        self.sample_bytes = int(np.prod(plan.shape)) if self.raw else 0
+        data_name = "images.npy" if self.raw else "data.bin"
+        if state is None:
+            path.mkdir(parents=True)
+            self.count, self.position = 0, len(self.header)
+            self.data = open(path / data_name, "wb")
             self.data.write(self.header)
-        else:
-            self.data = open(path / "data.bin", "wb")
-            self.offsets = [np.zeros(1, dtype=np.int64)]
-            self.position = 0
+            self.labels = open(path / "labels.partial", "wb")
+            self.offsets = None if self.raw else open(path / "offsets.partial", "wb")
+            if self.offsets:
+                self.offsets.write(np.zeros(1, dtype=np.int64).tobytes())
+        else:  # reopen the checkpointed files, dropping whatever was written after the checkpoint
+            self.count, self.position = state["count"], state["data_bytes"]
+            self.data = _reopen(path / data_name, self.position)
+            self.labels = _reopen(path / "labels.partial", 8 * self.count)
+            self.offsets = None if self.raw else _reopen(path / "offsets.partial", 8 * (self.count + 1))
+
+    @classmethod
+    def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "MemmapWriter":
+        return cls(path, plan, options, state=state)
 
     def write(self, batch: Batch) -> None:
         if not len(batch):
             return
-        if self.plan.store == "raw":
+        if self.raw:
             self.data.write(memoryview(np.ascontiguousarray(batch.images)).cast("B"))
+            self.position += len(batch) * self.sample_bytes
         else:
             sizes = np.fromiter((len(b) for b in batch.blobs), dtype=np.int64, count=len(batch))
             self.data.write(b"".join(batch.blobs))
-            self.offsets.append(self.position + np.cumsum(sizes))
+            self.offsets.write((self.position + np.cumsum(sizes)).tobytes())
             self.position += int(sizes.sum())
-        self.labels.append(batch.labels)
+        self.labels.write(batch.labels.astype(np.int64, copy=False).tobytes())
         self.count += len(batch)
 
+    def _handles(self) -> list:
+        return [h for h in (self.data, self.labels, self.offsets) if h is not None]
+
+    def checkpoint(self) -> dict[str, Any]:
+        for handle in self._handles():
+            handle.flush()
+            os.fsync(handle.fileno())
+        return {"count": self.count, "data_bytes": self.position}
+
     def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        if self.plan.store == "raw" and self.count != self.plan.count:
+        if self.raw and self.count != self.plan.count:
             # samples were skipped: the header promised more rows than were written
             self.data.seek(0)
             self.data.write(_npy_header((self.count, *self.plan.shape), len(self.header)))
-        self.data.flush()
-        os.fsync(self.data.fileno())
-        self.data.close()
-        names = ["images.npy" if self.plan.store == "raw" else "data.bin"]
-        if self.plan.store == "encoded":
-            np.save(self.path / "offsets.npy", np.concatenate(self.offsets))
-            names.append("offsets.npy")
-        labels = np.concatenate(self.labels) if self.labels else np.empty(0, dtype=np.int64)
-        np.save(self.path / "labels.npy", labels.astype(np.int64, copy=False))
-        names.append("labels.npy")
+        self.checkpoint()
+        for handle in self._handles():
+            handle.close()
+        names = ["images.npy" if self.raw else "data.bin"]
+        side_files = ["labels.partial"] if self.raw else ["offsets.partial", "labels.partial"]
+        for side in side_files:
+            final = side.replace(".partial", ".npy")
+            np.save(self.path / final, np.fromfile(self.path / side, dtype=np.int64))
+            (self.path / side).unlink()
+            names.append(final)
         manifest["files"] = {name: describe_file(self.path / name) for name in names}
         write_manifest(self.path, manifest)
         return manifest
 
     def abort(self) -> None:
-        self.data.close()
+        for handle in self._handles():
+            handle.close()
+
+
+def _reopen(file: Path, size: int):
+    handle = open(file, "r+b")
+    handle.truncate(size)
+    handle.seek(size)
+    return handle
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
