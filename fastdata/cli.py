@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, bench.
+"""The ``fastdata`` command line: convert, info, verify, bench.
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130.
@@ -112,6 +112,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         for key, value in vars(args).items()
         if key.startswith("format_option_") and value is not None
     }
+    existed = Path(args.output).exists()
     bar = _LazyBar(disable=args.quiet, desc=f"convert -> {args.format}")
     try:
         manifest = convert(
@@ -123,6 +124,10 @@ def _run_convert(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
+    if existed and args.resume and not args.overwrite:
+        print(f"{args.output} is already complete ({manifest['count']:,} samples, same source and options); "
+              "nothing to do")
+        return 0
     skipped = manifest["skipped"]
     line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(disk_usage(Path(args.output)))})"
     if skipped:
@@ -178,6 +183,19 @@ def _run_info(args: argparse.Namespace) -> int:
     else:
         print(describe(path, manifest))
     return 0
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from fastdata.verify import verify
+
+    report = verify(args.path, deep=args.deep)
+    print(report.summary())
+    if report.ok:
+        return 0
+    for problem in report.problems:
+        print(f"  - {problem}")
+    print("The dataset is damaged: convert the source again (--overwrite), or restore it from a copy.")
+    return 1
 
 
 def _add_bench_parser(commands) -> None:
@@ -299,10 +317,17 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="show a converted dataset's manifest")
     info.add_argument("path")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    check = commands.add_parser(
+        "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
+        description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "
+        "label range and the manifest itself. Exit 0 when sound; otherwise list each problem and exit 1.",
+    )
+    check.add_argument("path")
+    check.add_argument("--deep", action="store_true", help="also decode every sample through the reader")
     return parser
 
 
-_COMMANDS = {"convert": _run_convert, "info": _run_info, "bench": _run_bench}
+_COMMANDS = {"convert": _run_convert, "info": _run_info, "bench": _run_bench, "verify": _run_verify}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

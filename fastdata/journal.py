@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 JOURNAL_SUFFIX = ".partial.json"
-CHECKPOINT_INTERVAL_S = 2.0
+# how often a checkpoint is made durable (fsync) and recorded; tests shorten it
+CHECKPOINT_INTERVAL_S = float(os.environ.get("FASTDATA_CHECKPOINT_INTERVAL_S", "2.0"))
 
 
 def journal_path(output: Path) -> Path:

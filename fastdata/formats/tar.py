@@ -45,6 +45,7 @@ __all__ = ["TarDataset", "TarIndexedDataset", "TarOptions", "TarWriter", "ShardS
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 TRAILER = bytes(2 * BLOCK)
+RECORD_SUFFIX = ".record.json"  # a finished shard's index record, until the index is written
 _ZEROS = bytes(BLOCK)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -173,24 +174,70 @@ class _ShardFile:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
+        record = {"file": self.name, "count": self.count, "first": self.first, "bytes": self.position,
+                  CHECKSUM_ALGORITHM: self.digest.hexdigest(), **self.columns}
+        # the shard's index record, kept beside it until the index is written (for --resume)
+        self.final.with_name(self.name + RECORD_SUFFIX).write_text(json.dumps(record))
         os.replace(self.temporary, self.final)
-        return {"file": self.name, "count": self.count, "first": self.first, "bytes": self.position,
-                CHECKSUM_ALGORITHM: self.digest.hexdigest(), **self.columns}
+        return record
+
+    def checkpoint(self) -> dict[str, Any]:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        return {"first": self.first, "position": self.position, "columns": self.columns}
+
+    @classmethod
+    def reopen(cls, directory: Path, number: int, state: dict[str, Any]) -> "_ShardFile":
+        """Continue a shard at a checkpoint: cut what came after it, re-hash what came before."""
+        shard = cls.__new__(cls)
+        shard.name = SHARD_PATTERN.format(number)
+        shard.final = directory / shard.name
+        shard.temporary = directory / (shard.name + ".partial")
+        if not shard.temporary.exists() and shard.final.exists():
+            os.replace(shard.final, shard.temporary)  # it was finished after the checkpoint
+        shard.handle = open(shard.temporary, "r+b", buffering=1024 * 1024)
+        shard.handle.truncate(state["position"])
+        shard.digest = hashlib.blake2b(digest_size=32)
+        for block in iter(lambda: shard.handle.read(1024 * 1024), b""):
+            shard.digest.update(block)
+        shard.first, shard.position, shard.columns = state["first"], state["position"], state["columns"]
+        return shard
 
 
 class TarWriter(Writer):
     """Streams samples into size-bounded shards; a background thread finishes (fsyncs and
     renames) each full shard while the next one is written; the index is written last."""
 
-    def __init__(self, path: Path, plan: Plan, options: TarOptions | None):
+    supports_resume = True
+
+    def __init__(self, path: Path, plan: Plan, options: TarOptions | None, *, state: dict[str, Any] | None = None):
         super().__init__(path, plan, options or TarOptions())
-        path.mkdir(parents=True)
+        if state is None:
+            path.mkdir(parents=True)
         self.key_width = max(9, len(str(max(plan.count - 1, 0))))
         self.npy_header = _npy_header(plan.shape) if plan.store == "raw" else b""
-        self.written = 0
+        self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
         self.finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-tar")
+        if state:
+            for number in range(state["shards"]):
+                done: Future = Future()
+                done.set_result(json.loads((path / (SHARD_PATTERN.format(number) + RECORD_SUFFIX)).read_text()))
+                self.finished.append(done)
+            if state["current"] is not None:
+                self.shard = _ShardFile.reopen(path, state["shards"], state["current"])
+
+    @classmethod
+    def resume(cls, path: Path, plan: Plan, options: TarOptions | None, state: dict[str, Any]) -> "TarWriter":
+        return cls(path, plan, options, state=state)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Finished shards are durable (their records lie beside them); the open one is fsynced."""
+        for future in self.finished:
+            future.result()
+        current = self.shard.checkpoint() if self.shard is not None else None
+        return {"written": self.written, "shards": len(self.finished), "current": current}
 
     def _sample_bytes(self, payload_size: int) -> int:
         return BLOCK + padded(payload_size) + 2 * BLOCK  # image member + .cls member
@@ -226,6 +273,8 @@ class TarWriter(Writer):
             self.shard = None
         shards = [future.result() for future in self.finished]
         self.finisher.shutdown()
+        for shard in shards:
+            (self.path / (shard["file"] + RECORD_SUFFIX)).unlink()
         index = {"format": "fastdata-tar-index", "layout_version": LAYOUT_VERSION, "count": self.written,
                  "key_width": self.key_width, "shards": shards}
         with open(self.path / INDEX_NAME, "w", encoding="utf-8") as handle:

@@ -1,0 +1,75 @@
+"""``--resume``: an interrupted conversion continues from its checkpoint to the same output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastdata.formats import all_formats
+
+SOURCE = ["torchvision:FakeData", "--source-option", "size=8000", "--source-option", "image_size=(3, 8, 8)"]
+RESUMABLE = [(spec.name, store) for spec in all_formats() if spec.writable and spec.writer.supports_resume
+             for store in spec.stores]
+ENV = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
+
+
+def convert(out: Path, fmt: str, store: str, *extra: str, **popen) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fastdata", "convert", *SOURCE, str(out), "--format", fmt, "--store", store,
+               "--workers", "2", "--quiet", *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, **popen)
+
+
+def finish(process: subprocess.Popen) -> int:
+    stdout, stderr = process.communicate(timeout=300)  # also closes the pipes
+    assert process.returncode == 0, stderr
+    return process.returncode
+
+
+def contents(path: Path) -> dict[str, bytes]:
+    files = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("created")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.mark.parametrize("fmt,store", RESUMABLE, ids=[f"{f}-{s}" for f, s in RESUMABLE])
+def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path: Path, fmt: str, store: str) -> None:
+    reference = tmp_path / "reference"
+    finish(convert(reference, fmt, store))
+    out = tmp_path / "out"
+    journal = tmp_path / "out.partial.json"
+    process = convert(out, fmt, store, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > 1000):
+        assert process.poll() is None, "the conversion ended before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    checkpoint = json.loads(journal.read_text())["next_index"]
+    assert not out.exists() and (tmp_path / "out.partial").exists() and 1000 < checkpoint < 8000
+    finish(convert(out, fmt, store, "--resume"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
+    assert contents(out) == contents(reference)
+
+
+def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp_path: Path) -> None:
+    out = tmp_path / "out.npy"
+    finish(convert(out, "npy", "raw", "--resume"))
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = convert(out, "npy", "raw", "--resume")
+    stdout, _ = again.communicate(timeout=300)
+    assert again.returncode == 0
+    assert stdout.startswith(f"{out} is already complete (8,000 samples, same source and options); nothing to do")
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    other = convert(out, "npy", "encoded", "--resume")
+    _, stderr = other.communicate(timeout=300)
+    assert other.returncode == 1 and "with other options; --resume does not replace it. Pass --overwrite" in stderr
