@@ -30,9 +30,12 @@ from fastdata.errors import (
 )
 from fastdata import journal
 from fastdata.formats import FormatSpec, find_manifest, get_format
-from fastdata.images import CHANNELS, MODES, Geometry, as_hwc, encode, is_grayscale, open_image, to_mode
+from fastdata.images import (
+    CHANNELS, DEFAULT_MAX_PIXELS, MODES, Geometry, TooManyPixelsError, as_hwc, encode, is_grayscale, open_image,
+    to_mode,
+)
 from fastdata.plan import STORES, Batch, Plan
-from fastdata.sources import ArraySource, FolderSource, Source, resolve_source
+from fastdata.sources import ArraySource, FolderSource, ReadOptions, Source, resolve_source
 
 PARTIAL_SUFFIX = ".partial"
 _CHUNK_BYTES = 16 * 1024 * 1024
@@ -51,6 +54,12 @@ class ConvertOptions:
     overwrite: bool = False
     skip_bad: bool = False
     resume: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    exif_transpose: bool = False
+
+    @property
+    def read(self) -> ReadOptions:
+        return ReadOptions(max_pixels=self.max_pixels, exif_transpose=self.exif_transpose)
 
 
 def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
@@ -96,6 +105,8 @@ def make_options(
     overwrite: bool = False,
     skip_bad: bool = False,
     resume: bool = False,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    exif_transpose: bool = False,
 ) -> ConvertOptions:
     spec = get_format(format, writable=True)
     if store not in STORES or store not in spec.stores:
@@ -103,6 +114,8 @@ def make_options(
         raise InvalidOptionError(f"Unknown store {store!r} for format {format!r}. Allowed: {allowed}.")
     if mode not in MODES:
         raise InvalidOptionError(f"Unknown mode {mode!r}. Allowed: {', '.join(map(repr, MODES))}.")
+    if max_pixels is not None and (not isinstance(max_pixels, int) or max_pixels <= 0):
+        raise InvalidOptionError(f"Invalid --max-pixels {max_pixels!r}. Use a positive pixel count.")
     if workers is not None and workers < 0:
         raise InvalidOptionError(f"Invalid workers {workers!r}. Use 0 (in-process) or a positive count.")
     geometry = Geometry(
@@ -119,6 +132,8 @@ def make_options(
         overwrite=overwrite,
         skip_bad=skip_bad,
         resume=resume,
+        max_pixels=max_pixels,
+        exif_transpose=exif_transpose,
     )
 
 
@@ -136,6 +151,8 @@ def convert(
     overwrite: bool = False,
     skip_bad: bool = False,
     resume: bool = False,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    exif_transpose: bool = False,
     root: str | os.PathLike | None = None,
     split: str = "train",
     download: bool = False,
@@ -151,12 +168,15 @@ def convert(
     or ``"png"`` (encoded store). ``workers`` processes decode in parallel (default: all cores;
     0 = in this process). ``resume`` continues an interrupted conversion from its last checkpoint
     (or returns a finished output's manifest untouched when source and options match).
+    ``max_pixels`` refuses larger images before decoding them (default: Pillow's limit; None: no
+    limit); ``exif_transpose`` applies EXIF orientation (off by default, like torchvision).
     ``progress(n, total)`` is called as each n more samples complete. Remaining keyword
     arguments are the format's own options (e.g. ``compression`` for hdf5).
     """
     options = make_options(
         format=format, store=store, mode=mode, resize=resize, center_crop=center_crop,
         reencode=reencode, workers=workers, overwrite=overwrite, skip_bad=skip_bad, resume=resume,
+        max_pixels=max_pixels, exif_transpose=exif_transpose,
     )
     spec = get_format(format, writable=True)
     writer_options = spec.make_options(format_options)
@@ -220,7 +240,8 @@ def _key(spec: FormatSpec, src: Source, options: ConvertOptions, writer_options:
     return journal.conversion_key({
         "format": spec.name, "layout_version": spec.layout_version, "source": src.describe(),
         "store": options.store, "mode": options.mode, "geometry": options.geometry.describe(),
-        "reencode": options.reencode, "skip_bad": options.skip_bad,
+        "reencode": options.reencode, "skip_bad": options.skip_bad, "max_pixels": options.max_pixels,
+        "exif_transpose": options.exif_transpose,
         "format_options": dataclasses.asdict(writer_options) if writer_options else {},
     })
 
@@ -360,7 +381,7 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
     found, first_error = [], None
     for index in range(len(src)):
         try:
-            found.append((index, src.header(index)))
+            found.append((index, src.header(index, options.read)))
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:
@@ -395,7 +416,8 @@ def _plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> 
         shape = (out_height, out_width, channels)
     encoding = "raw"
     if options.store == "encoded":
-        keeps_files = isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
+        keeps_files = (isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
+                       and not options.exif_transpose)
         encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
     plan = Plan(
         count=len(src),
@@ -413,8 +435,14 @@ def _plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> 
 
 def _name(src: Source, index: int) -> str:
     if isinstance(src, FolderSource):
-        return os.path.join(str(src.root), src.keys[index])
+        return printable(os.path.join(str(src.root), src.keys[index]))
     return f"sample {index}"
+
+
+def printable(path: str) -> str:
+    """A file name as text that can always be printed and stored in JSON: bytes that are not
+    UTF-8 (kept by Python as surrogates) appear as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 # --- per-sample work (runs in worker processes) -------------------------------------------
@@ -425,8 +453,8 @@ def _reason(exc: BaseException) -> str:
         return "not a recognised image file"
     if isinstance(exc, FileNotFoundError):
         return "file not found (broken symlink?)"
-    if isinstance(exc, Image.DecompressionBombError):
-        return f"image too large ({exc})"
+    if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
+        return str(exc)
     text = str(exc) or type(exc).__name__
     return text[:200]
 
@@ -459,9 +487,10 @@ class _Job:
         plan = self.plan
         if plan.encoding == "original":
             data = self.src.file_bytes(index)
-            self._check_mode(open_image(data))  # decoded fully: a corrupt file fails now, not in training
+            # decoded fully: a corrupt file fails now, not in training
+            self._check_mode(open_image(data, self.options.max_pixels))
             return int(self.src.labels[index]), data
-        image, label = self.src.load(index)
+        image, label = self.src.load(index, self.options.read)
         self._check_mode(image)
         image = plan.geometry.apply(to_mode(image, plan.mode))
         if plan.store == "encoded":
@@ -484,9 +513,10 @@ class _Job:
             except (ShapeMismatchError, _ModeConflict):
                 raise
             except Exception as exc:
+                what = "cannot decode image" if isinstance(self.src, FolderSource) else "cannot load sample"
                 if not self.options.skip_bad:
-                    raise self.fail(index, exc, "cannot decode image") from exc
-                skipped.append((index, {"key": self.src.keys[index], "reason": _reason(exc)}))
+                    raise self.fail(index, exc, what) from exc
+                skipped.append((index, {"key": printable(self.src.keys[index]), "reason": _reason(exc)}))
                 continue
             keys.append(self.src.keys[index])
             labels.append(label)

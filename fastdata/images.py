@@ -17,12 +17,13 @@ CMYK, YCbCr, LAB, HSV     no          ``Image.convert`` (Pillow's own formulas)
 
 from __future__ import annotations
 
+import contextlib
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 GRAYSCALE_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
@@ -34,8 +35,55 @@ def is_grayscale(mode: str) -> bool:
     return mode in GRAYSCALE_MODES
 
 
+DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS  # Pillow's limit: 89,478,485 pixels
+_EXIF_ORIENTATION = 0x0112
+
+
+class TooManyPixelsError(ValueError):
+    """An image over the pixel limit (the decompression-bomb guard)."""
+
+
+@contextlib.contextmanager
+def guarded_open(source: Any, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Iterator[Image.Image]:
+    """``Image.open`` with fastdata's pixel limit instead of Pillow's.
+
+    Pillow only warns between its limit and twice that; here any image with more than
+    ``max_pixels`` pixels is refused before it is decoded (None: no limit).
+    """
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(source) as image:
+            check_pixels(image, max_pixels)
+            yield image
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+
+
+def check_pixels(image: Image.Image, max_pixels: int | None) -> None:
+    pixels = image.width * image.height
+    if max_pixels is not None and pixels > max_pixels:
+        raise TooManyPixelsError(
+            f"{image.width}x{image.height} = {pixels:,} pixels, over the limit of {max_pixels:,} "
+            f"(a decompression-bomb guard); pass --max-pixels {pixels} to allow it"
+        )
+
+
+def oriented_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) after ``ImageOps.exif_transpose`` (read from the header, no decoding)."""
+    if image.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+        return image.height, image.width
+    return image.width, image.height
+
+
+def exif_transpose(image: Image.Image) -> Image.Image:
+    return ImageOps.exif_transpose(image)
+
+
 def to_mode(image: Image.Image, mode: str) -> Image.Image:
     """Convert a PIL image to ``L`` or ``RGB`` following the table in this module's docstring."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # same colours; avoids Pillow's palette-transparency warning
     if image.mode in _WIDE_MODES:
         wide = np.asarray(image).astype(np.uint32)
         image = Image.fromarray((wide >> 8).clip(0, 255).astype(np.uint8))
@@ -118,10 +166,10 @@ def _crop_start(size: int, crop: int) -> int:
     return int(round((size - crop) / 2.0))
 
 
-def open_image(data: bytes) -> Image.Image:
-    """Decode encoded image bytes fully (raises on truncated or invalid data)."""
-    image = Image.open(io.BytesIO(data))
-    image.load()
+def open_image(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Decode encoded image bytes fully (raises on truncated or invalid data, or too many pixels)."""
+    with guarded_open(io.BytesIO(data), max_pixels) as image:
+        image.load()
     return image
 
 

@@ -15,6 +15,7 @@ import difflib
 import inspect
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.images import to_pil
+from fastdata.images import DEFAULT_MAX_PIXELS, check_pixels, exif_transpose, guarded_open, oriented_size, to_pil
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -121,6 +122,14 @@ def scan_folder(root: str | os.PathLike) -> tuple[list[str], list[int], dict[str
     return paths, labels, {name: i for i, name in enumerate(classes)}
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How sources decode: the pixel limit (None: none) and whether EXIF orientation is applied."""
+
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    exif_transpose: bool = False
+
+
 class Source:
     """Base of all sources. Subclasses set the attributes below and implement ``image``."""
 
@@ -138,12 +147,12 @@ class Source:
         """The sample's original encoded bytes, or None when the source has no files."""
         return None
 
-    def header(self, index: int) -> tuple[str, int, int]:
+    def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         """(PIL mode, width, height) of a sample, as cheaply as the source allows."""
-        image, _ = self.load(index)
+        image, _ = self.load(index, read)
         return image.mode, image.width, image.height
 
-    def load(self, index: int) -> tuple[Image.Image, int]:
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         """The decoded PIL image (in its own mode) and label of one sample."""
         raise NotImplementedError
 
@@ -161,13 +170,18 @@ class FolderSource(Source):
     def file_bytes(self, index: int) -> bytes:
         return (self.root / self.keys[index]).read_bytes()
 
-    def header(self, index: int) -> tuple[str, int, int]:
-        with Image.open(self.root / self.keys[index]) as image:
-            return image.mode, image.width, image.height
+    def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
+        read = read or ReadOptions()
+        with guarded_open(os.path.join(self._root, self.keys[index]), read.max_pixels) as image:
+            width, height = oriented_size(image) if read.exif_transpose else image.size
+            return image.mode, width, height
 
-    def load(self, index: int) -> tuple[Image.Image, int]:
-        with Image.open(os.path.join(self._root, self.keys[index])) as image:
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        read = read or ReadOptions()
+        with guarded_open(os.path.join(self._root, self.keys[index]), read.max_pixels) as image:
             image.load()  # decodes fully; leaving the block closes the file, even on failure
+        if read.exif_transpose:
+            image = exif_transpose(image)
         return image, int(self.labels[index])
 
 
@@ -187,7 +201,8 @@ class DatasetSource(Source):
     def describe(self) -> dict[str, Any]:
         return dict(self._description, length=len(self.keys))
 
-    def load(self, index: int) -> tuple[Image.Image, int]:
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        read = read or ReadOptions()
         item = self.dataset[index]
         if not isinstance(item, (tuple, list)) or len(item) < 2:
             raise TypeError(f"expected an (image, label) pair, got {type(item).__name__}")
@@ -196,7 +211,9 @@ class DatasetSource(Source):
             label = label.item()
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
             raise TypeError(f"expected an integer label, got {type(label).__name__}")
-        return to_pil(image), int(label)
+        image = to_pil(image)
+        check_pixels(image, read.max_pixels)
+        return (exif_transpose(image) if read.exif_transpose else image), int(label)
 
 
 class ArraySource(DatasetSource):
@@ -210,10 +227,10 @@ class ArraySource(DatasetSource):
         self.labels = np.asarray(targets.numpy() if hasattr(targets, "numpy") else targets, dtype=np.int64)
         self.native_mode = "L" if self.data.ndim == 3 else "RGB"
 
-    def header(self, index: int) -> tuple[str, int, int]:
+    def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         return self.native_mode, self.data.shape[2], self.data.shape[1]
 
-    def load(self, index: int) -> tuple[Image.Image, int]:
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         return Image.fromarray(self.data[index]), int(self.labels[index])
 
 

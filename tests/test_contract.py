@@ -122,7 +122,7 @@ class FailsAt(torch.utils.data.Dataset):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_failure_mid_write_leaves_nothing(tmp_path: Path, name: str, store: str, workers: int) -> None:
     out = output_path(tmp_path, name)
-    with pytest.raises(BadSampleError, match="sample 250: cannot decode image \\(disk went away\\)"):
+    with pytest.raises(BadSampleError, match="sample 250: cannot load sample \\(disk went away\\)"):
         # mode and size are given, so no scan pass runs: the failure comes after batches were written
         fastdata.convert(FailsAt(250), out, format=name, store=store, workers=workers, mode="RGB", resize="4x4")
     assert list(tmp_path.iterdir()) == []

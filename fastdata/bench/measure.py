@@ -91,9 +91,10 @@ class MemoryPeak:
 
     def _run(self) -> None:
         self._go.wait()
-        while not self._stop.is_set():
+        while True:  # at least one sample once started, however short the epoch
             self.sample()
-            self._stop.wait(MEMORY_INTERVAL_S)
+            if self._stop.wait(MEMORY_INTERVAL_S):
+                break
 
     def __enter__(self) -> "MemoryPeak":
         self._thread.start()
@@ -227,7 +228,7 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bo
     return {
         "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
         "first_batch_s": first_batch_s if first_batch_s is not None else elapsed,
-        "wait_fraction": waited / elapsed if elapsed > 0 else 0.0,
+        "wait_fraction": min(1.0, waited / elapsed) if elapsed > 0 else 0.0,  # sums of intervals may round up
         "cpu_s": cpu_s,
         "uss_mb": memory.peak_uss / 2**20,
         "pss_mb": memory.peak_pss / 2**20,
