@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from fastdata import __version__
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.formats import all_formats, available_formats, find_manifest
+from fastdata.images import DEFAULT_MAX_PIXELS
 
 
 def human_bytes(count: float) -> str:
@@ -70,6 +71,10 @@ def _add_convert_parser(commands) -> None:
     parser.add_argument("--workers", type=int, help="decoding processes (default: all cores; 0 = in-process)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     parser.add_argument("--skip-bad", action="store_true", help="leave unreadable images out (listed in the manifest)")
+    parser.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                        help=f"refuse images with more pixels than this before decoding them (default {DEFAULT_MAX_PIXELS:,})")
+    parser.add_argument("--exif-transpose", action="store_true",
+                        help="apply EXIF orientation (off by default, like torchvision)")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted conversion from its last checkpoint (a finished one is kept)")
     parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
@@ -119,6 +124,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             args.source, args.output, format=args.format, store=args.store, mode=args.mode,
             resize=args.resize, center_crop=args.center_crop, reencode=args.reencode,
             workers=args.workers, overwrite=args.overwrite, skip_bad=args.skip_bad, resume=args.resume,
+            max_pixels=args.max_pixels, exif_transpose=args.exif_transpose,
             root=args.root, split=args.split, download=args.download,
             source_options=dict(args.source_option), progress=bar.update, **format_options,
         )
@@ -131,8 +137,9 @@ def _run_convert(args: argparse.Namespace) -> int:
     skipped = manifest["skipped"]
     line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(disk_usage(Path(args.output)))})"
     if skipped:
-        line += f"; skipped {len(skipped)}: " + "; ".join(f"{s['key']} ({s['reason']})" for s in skipped[:5])
-        line += " ..." if len(skipped) > 5 else ""
+        line += f"; skipped {len(skipped)}: " + "; ".join(f"{s['key']} ({s['reason']})" for s in skipped[:20])
+        if len(skipped) > 20:
+            line += f"; ... {len(skipped) - 20} more, every one listed in the manifest ('fastdata info --json')"
     print(line)
     return 0
 

@@ -390,7 +390,8 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
             break
     if not found or (first_error and not options.skip_bad):
         index, exc = first_error
-        error = _Job(src, None, options).fail(index, exc, "cannot read image")
+        what = "cannot read image" if isinstance(src, FolderSource) else "cannot load sample"
+        error = _Job(src, None, options).fail(index, exc, what)
         raise error from exc
     return found
 
@@ -456,6 +457,8 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
         return str(exc)
     text = str(exc) or type(exc).__name__
+    if "truncated" in text.lower():  # Pillow says this several ways ("Truncated File Read", ...)
+        return "image file is truncated"
     return text[:200]
 
 
