@@ -82,16 +82,21 @@ class MapDataset(Dataset):
             return np.arange(*index.indices(len(self)))
         if isinstance(index, torch.Tensor):
             index = index.numpy()
-        indices = np.asarray(index)
+        indices = index if isinstance(index, np.ndarray) else np.asarray(index)
         if indices.ndim != 1 or not (indices.dtype.kind in "iu" or indices.size == 0):
             raise TypeError(
                 f"indices must be an int, a slice or a 1-D sequence of ints, got {type(index).__name__}"
             )
-        indices = indices.astype(np.int64, copy=False)
-        if indices.size and (indices.min() < -len(self) or indices.max() >= len(self)):
-            bad = indices[(indices < -len(self)) | (indices >= len(self))][0]
-            raise IndexError(f"index {bad} is out of range for a dataset of {len(self)} samples")
-        return np.where(indices < 0, indices + len(self), indices)
+        if not indices.size:
+            return indices.astype(np.int64)
+        length = len(self.labels)
+        low, high = indices.min(), indices.max()
+        if low >= 0 and high < length:  # the common case: nothing to wrap or refuse
+            return indices
+        if low < -length or high >= length:
+            bad = indices[(indices < -length) | (indices >= length)][0]
+            raise IndexError(f"index {bad} is out of range for a dataset of {length} samples")
+        return np.where(indices < 0, indices + length, indices)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, (int, np.integer)) or (isinstance(index, torch.Tensor) and index.ndim == 0):
