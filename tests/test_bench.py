@@ -191,5 +191,5 @@ def test_verdict_names_worker_start_up_when_it_decides() -> None:
         row["samples"] = 1000
         row["first_batch_s"] = 0.01 if row["num_workers"] == 0 else 0.5
     (line,) = verdicts(rows, None)
-    assert line.startswith("npy raw fast: best num_workers=0 (1,015 samples/s); starting workers costs 0.49 s")
-    assert "against a 0.99 s epoch in one process" in line and "persistent_workers=True" in line
+    assert line.startswith("npy raw fast: best num_workers=0 (1,015 samples/s); starting workers costs 490 ms")
+    assert "against a 985 ms epoch in one process" in line and "persistent_workers=True" in line

@@ -34,6 +34,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int
                 **{name: statistics.median(r[name] for r in measured)
                    for name in ("samples_per_s", "first_batch_s", "wait_fraction", "cpu_s", "uss_mb")},
                 "samples": statistics.median(r.get("samples") or 0 for r in measured),
+                "batches": statistics.median(r.get("batches") or 0 for r in measured),
             }
     return summary
 
@@ -82,7 +83,10 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
 def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer: float | None) -> str:
     """Why ``best`` wins: read cost per batch at num_workers=0, transfer cost, worker start-up."""
     serial = by_workers.get(0, {})
-    read_ms = batch / serial["samples_per_s"] * 1000 if serial.get("status") == "ok" else None
+    read_ms = None
+    if serial.get("status") == "ok":  # per batch actually read (an epoch may be shorter than one batch)
+        samples_per_batch = serial["samples"] / serial["batches"] if serial.get("batches") else batch
+        read_ms = samples_per_batch / serial["samples_per_s"] * 1000
     cost = f"{transfer:.1f} ms/batch" if transfer is not None else "unmeasured"
     if best > 0:
         workers = f"{best} worker" + ("s" if best > 1 else "")
@@ -97,12 +101,16 @@ def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer:
         startup = first["first_batch_s"] - serial["first_batch_s"]
         epoch_s = serial["samples"] / serial["samples_per_s"]
         if startup > 0.1 * epoch_s:
-            return (f"starting workers costs {startup:.2f} s per epoch (num_workers={parallel[0]}) against a "
-                    f"{epoch_s:.2f} s epoch in one process, more than overlapping a {read_ms:.1f} ms/batch read "
-                    "saves; longer epochs or persistent_workers=True change that")
+            return (f"starting workers costs {_duration(startup)} per epoch (num_workers={parallel[0]}) against "
+                    f"a {_duration(epoch_s)} epoch in one process, more than overlapping a {read_ms:.1f} ms/batch "
+                    "read saves; longer epochs or persistent_workers=True change that")
         return (f"a {read_ms:.1f} ms/batch read does not pay for workers here (transfer {cost}; "
                 "with few cores, workers compete with the main process)")
     return f"workers only add transfer cost ({cost}) to a {read_ms:.1f} ms/batch read"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
 def _order(key: tuple[str, str, str], baseline: str | None) -> tuple:
