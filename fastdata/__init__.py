@@ -12,6 +12,7 @@ from fastdata.formats.npy import MemmapDataset  # noqa: E402
 from fastdata.formats.tar import TarDataset, TarIndexedDataset  # noqa: E402
 from fastdata.loader import BatchIndexSampler, loader  # noqa: E402
 from fastdata.samplers import ChunkShuffleSampler  # noqa: E402
+from fastdata.verify import VerifyReport, verify  # noqa: E402
 
 __all__ = [
     "BatchIndexSampler",
@@ -22,8 +23,10 @@ __all__ = [
     "MemmapDataset",
     "TarDataset",
     "TarIndexedDataset",
+    "VerifyReport",
     "__version__",
     "convert",
     "loader",
     "open_dataset",
+    "verify",
 ]

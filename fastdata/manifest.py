@@ -18,6 +18,7 @@ from fastdata.errors import ManifestError, VersionMismatchError
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "blake2b"
+MANIFEST_CHECKSUM_KEY = "manifest_blake2b"  # of the manifest's own content, so verify finds an edit
 _READ_BLOCK_BYTES = 8 * 1024 * 1024
 
 
@@ -40,8 +41,23 @@ def describe_file(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, CHECKSUM_ALGORITHM: file_checksum(path)}
 
 
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """The checksum of a manifest's content (compact JSON, sorted keys), leaving out its own."""
+    body = {key: value for key, value in manifest.items() if key != MANIFEST_CHECKSUM_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return bytes_checksum(text.encode("utf-8"))
+
+
+def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Record the manifest's own checksum in it (the last step before it is written)."""
+    manifest.pop(MANIFEST_CHECKSUM_KEY, None)
+    manifest[MANIFEST_CHECKSUM_KEY] = manifest_checksum(manifest)
+    return manifest
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` into a dataset directory (data files first, manifest last)."""
+    seal_manifest(manifest)
     target = directory / MANIFEST_NAME
     with open(target, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=2, sort_keys=False, ensure_ascii=False)
@@ -75,6 +91,11 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise ManifestError(
             f"{str(path)!r}: no manifest found. Is this a dataset written by 'fastdata convert'?"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{str(path)!r}: manifest is not valid UTF-8 (byte {exc.start}). "
+            "The dataset is damaged or was not written by fastdata; convert it again."
         ) from exc
     return parse_manifest(text, str(path))
 

@@ -27,6 +27,9 @@ class FormatSpec:
     dataclass of format-specific conversion options; each field's ``metadata`` may hold
     ``help`` and ``parse`` (str -> value) for the CLI. ``read_manifest(path)`` returns the
     manifest dict when ``path`` holds a dataset of this format, else None.
+    ``verify(path, manifest, *, deep)`` returns the problems (one message each, naming the
+    file and sample) that this format's own checks find, beyond what :func:`fastdata.verify`
+    checks for every format; when None, it is taken from the reader's ``verify_files``.
     """
 
     name: str
@@ -38,6 +41,11 @@ class FormatSpec:
     options: type | None = None
     read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
     description: str = ""
+    verify: Callable[..., list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.verify is None and callable(getattr(self.dataset, "verify_files", None)):
+            object.__setattr__(self, "verify", self.dataset.verify_files)
 
     @property
     def writable(self) -> bool:

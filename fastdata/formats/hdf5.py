@@ -37,17 +37,21 @@ from fastdata.errors import (
 )
 from fastdata.formats import FormatSpec, register
 from fastdata.images import decode
-from fastdata.manifest import CHECKSUM_ALGORITHM, check_layout_version, parse_manifest
+from fastdata.manifest import CHECKSUM_ALGORITHM, check_layout_version, parse_manifest, seal_manifest
 from fastdata.plan import Batch, Plan, Writer
 from fastdata.reader import MapDataset
 
 LAYOUT_VERSION = 1
 FORMAT = "hdf5"
 MANIFEST_ATTR = "fastdata_manifest"
+USERBLOCK_BYTES = 512  # before the HDF5 data: holds the checksum of everything after it
+_USERBLOCK_MAGIC = b"fastdata hdf5 blake2b "
 CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 _COPY_BYTES = 16 << 20
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# what h5py raises on damaged metadata, besides OSError (found by flipping every metadata byte)
+_H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError)
 _PLUGIN_CODECS = ("blosc", "lz4", "zstd")  # need the hdf5plugin package
 _LEVELS = {"gzip": (0, 9, 4), "blosc": (0, 9, 5), "zstd": (1, 22, 3)}  # min, max, default
 
@@ -199,7 +203,7 @@ class HDF5Writer(Writer):
         return ("images",) if self.plan.store == "raw" else ("blob", "offsets")
 
     def _create_files(self) -> None:
-        self.file = h5py.File(self.path, "w")
+        self.file = h5py.File(self.path, "w", userblock_size=USERBLOCK_BYTES)
         if self.plan.store == "encoded":
             self.blob = open(self.blob_path, "wb")
             self.offsets = [np.zeros(1, dtype=np.int64)]
@@ -268,13 +272,12 @@ class HDF5Writer(Writer):
         file.attrs.create("classes", np.array(classes, dtype=object), dtype=h5py.string_dtype())
         file.attrs["fastdata_format"] = FORMAT
         file.attrs["layout_version"] = LAYOUT_VERSION
-        file.attrs[MANIFEST_ATTR] = json.dumps(manifest, ensure_ascii=False)
+        file.attrs[MANIFEST_ATTR] = json.dumps(seal_manifest(manifest), ensure_ascii=False)
         file.close()
-        descriptor = os.open(self.path, os.O_RDONLY)  # on disk before the engine renames it
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        with open(self.path, "r+b") as handle:  # the whole-file checksum, in the user block
+            handle.write(userblock(_hash_after_userblock(handle)))
+            handle.flush()
+            os.fsync(handle.fileno())  # on disk before the engine renames it
         return manifest
 
     def _write_blob(self, file: h5py.File) -> None:
@@ -294,7 +297,7 @@ class HDF5Writer(Writer):
         """Samples were skipped: copy the written rows into a new file (a contiguous dataset
         cannot shrink, and a smaller copy inside the same file would leave dead space)."""
         compact_path = self.path.with_name(self.path.name + ".compact")
-        compact = h5py.File(compact_path, "w")
+        compact = h5py.File(compact_path, "w", userblock_size=USERBLOCK_BYTES)
         images = compact.create_dataset("images", shape=(self.count, *self.plan.shape), dtype=np.uint8)
         step = max(1, _COPY_BYTES // int(np.prod(self.plan.shape)))
         for start in range(0, self.count, step):
@@ -344,10 +347,17 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     with open(path, "rb") as handle:
-        if handle.read(len(_HDF5_SIGNATURE)) != _HDF5_SIGNATURE:
-            return None
+        head = handle.read(USERBLOCK_BYTES + len(_HDF5_SIGNATURE))
+    if _HDF5_SIGNATURE not in (head[: len(_HDF5_SIGNATURE)], head[USERBLOCK_BYTES:]):
+        return None
     with _open_file(path) as file:
-        text = file.attrs.get(MANIFEST_ATTR)
+        try:
+            text = file.attrs.get(MANIFEST_ATTR)
+        except _H5_ERRORS as exc:
+            raise CorruptDataError(
+                f"{str(path)!r}: cannot read the {MANIFEST_ATTR!r} attribute ({exc}). The file is damaged; "
+                "convert the source again."
+            ) from exc
     if text is None:
         return None
     manifest = parse_manifest(text.decode() if isinstance(text, bytes) else str(text), repr(str(path)))
@@ -470,21 +480,30 @@ class HDF5Dataset(MapDataset):
         self.chunk_images: int | None = None
         self._offset: int | None = None
         with _open_file(self.path) as file:
-            self.labels = self._load(file, "labels", np.int64)
-            name = "images" if self.store == "raw" else "blob"
-            data = self._dataset(file, name)
-            self.shape = tuple(data.shape)
-            self._offset = _memmap_offset(data) if use_memmap else None
-            if self.store == "raw":
-                self.chunk_images = data.chunks[0] if data.chunks else None
-                self._check_plugin()
-            else:
-                self.offsets = self._load(file, "offsets", np.int64)
+            try:
+                self._describe(file, use_memmap=use_memmap)
+            except _H5_ERRORS as exc:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: damaged HDF5 metadata ({type(exc).__name__}: {exc}). "
+                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                ) from exc
         if len(self.labels) != manifest["count"] or (self.store == "raw" and self.shape[0] != manifest["count"]):
             raise CorruptDataError(
                 f"{str(self.path)!r} holds {len(self.labels)} labels and {self.shape[0]} rows but the "
                 f"manifest says {manifest['count']} samples. Convert the source again."
             )
+
+    def _describe(self, file: h5py.File, *, use_memmap: bool) -> None:
+        self.labels = self._load(file, "labels", np.int64)
+        name = "images" if self.store == "raw" else "blob"
+        data = self._dataset(file, name)
+        self.shape = tuple(data.shape)
+        self._offset = _memmap_offset(data) if use_memmap else None
+        if self.store == "raw":
+            self.chunk_images = data.chunks[0] if data.chunks else None
+            self._check_plugin()
+        else:
+            self.offsets = self._load(file, "offsets", np.int64)
 
     def _dataset(self, file: h5py.File, name: str) -> h5py.Dataset:
         if name not in file:
@@ -495,11 +514,17 @@ class HDF5Dataset(MapDataset):
 
     def _load(self, file: h5py.File, name: str, dtype: type) -> np.ndarray:
         try:
-            return np.asarray(self._dataset(file, name)[()], dtype=dtype)
-        except (OSError, ValueError, KeyError) as exc:
+            array = np.asarray(self._dataset(file, name)[()], dtype=dtype)
+        except _H5_ERRORS as exc:
             raise CorruptDataError(
                 f"{str(self.path)!r}: cannot read dataset {name!r} ({exc}). Convert the source again."
             ) from exc
+        if array.ndim != 1:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: dataset {name!r} has shape {array.shape}, expected one dimension; "
+                "the file is damaged. Convert the source again."
+            )
+        return array
 
     def _check_plugin(self) -> None:
         compression = (self.manifest.get("hdf5") or {}).get("compression") or ""
@@ -555,6 +580,102 @@ class HDF5Dataset(MapDataset):
         return pixels
 
 
+# --- verify -----------------------------------------------------------------------------
+
+
+def userblock(digest: str) -> bytes:
+    """The user block: a magic line with the checksum of every byte after it, zero-padded."""
+    return (_USERBLOCK_MAGIC + digest.encode("ascii") + b"\n").ljust(USERBLOCK_BYTES, b"\x00")
+
+
+def _hash_after_userblock(handle) -> str:
+    digest = hashlib.blake2b(digest_size=32)
+    handle.seek(USERBLOCK_BYTES)
+    for block in iter(lambda: handle.read(_COPY_BYTES), b""):
+        digest.update(block)
+    handle.seek(0)
+    return digest.hexdigest()
+
+
+def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> list[str]:
+    """The ``hdf5`` checks of ``fastdata verify``: the whole-file checksum in the user block,
+    root attributes, every dataset's shape and content checksum (attribute and manifest), and
+    objects the manifest does not list."""
+    origin = repr(str(path))
+    with open(path, "rb") as handle:
+        recorded, digest = handle.read(USERBLOCK_BYTES), _hash_after_userblock(handle)
+    problems = []
+    if recorded != userblock(digest):
+        problems.append(f"{origin}: the file's {CHECKSUM_ALGORITHM} {digest[:16]}... does not match the one in "
+                        f"its user block ({recorded[len(_USERBLOCK_MAGIC):][:16]!r}...): the file is damaged.")
+    try:
+        with _open_file(path) as file:
+            problems += _check_attributes(file, manifest, origin)
+            listed = manifest["files"]
+            for name, entry in listed.items():
+                problems += _check_dataset(file, name, entry, origin)
+            problems += _check_shapes(file, manifest, origin)
+            extra: list[str] = []
+            file.visit(lambda name: extra.append(name) if name not in listed else None)
+            problems += [f"{origin}: object {name!r} is not listed in the manifest." for name in extra]
+    except CorruptDataError as exc:
+        problems.append(str(exc))
+    except _H5_ERRORS as exc:
+        problems.append(f"{origin}: damaged HDF5 metadata ({type(exc).__name__}: {exc}).")
+    return problems
+
+
+def _check_attributes(file: h5py.File, manifest: dict[str, Any], origin: str) -> list[str]:
+    problems = []
+    classes = [c.decode() if isinstance(c, bytes) else str(c) for c in file.attrs.get("classes", [])]
+    if classes != manifest["classes"]:
+        problems.append(f"{origin}: 'classes' attribute {classes!r} differs from the manifest's {manifest['classes']!r}.")
+    for name, expected in (("fastdata_format", FORMAT), ("layout_version", manifest["layout_version"])):
+        found = file.attrs.get(name)
+        found = found.decode() if isinstance(found, bytes) else found
+        if found != expected:
+            problems.append(f"{origin}: attribute {name!r} is {found!r}, expected {expected!r}.")
+    return problems
+
+
+def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: str) -> list[str]:
+    if not isinstance(file.get(name, getlink=True), h5py.HardLink) or not isinstance(file[name], h5py.Dataset):
+        return [f"{origin}: dataset {name!r} is listed in the manifest but missing."]
+    dataset = file[name]
+    attribute = dataset.attrs.get(CHECKSUM_ALGORITHM)
+    if attribute != entry[CHECKSUM_ALGORITHM]:
+        return [f"{origin}: dataset {name!r} has {CHECKSUM_ALGORITHM} attribute {attribute!r}, the manifest says "
+                f"{entry[CHECKSUM_ALGORITHM]!r}."]
+    content = _ContentHash()
+    rows = max(1, _COPY_BYTES // max(dataset.dtype.itemsize * int(np.prod(dataset.shape[1:])), 1))
+    try:
+        for start in range(0, dataset.shape[0] if dataset.shape else 0, rows):
+            content.update(dataset[start : start + rows])
+    except _H5_ERRORS as exc:
+        return [f"{origin}: dataset {name!r} cannot be read ({exc}); the file is truncated or damaged."]
+    digest = content.digest.hexdigest()
+    if content.bytes != entry["bytes"] or digest != entry[CHECKSUM_ALGORITHM]:
+        return [f"{origin}: dataset {name!r}: {CHECKSUM_ALGORITHM} {digest[:16]}... ({content.bytes} bytes) does "
+                f"not match the manifest's {entry[CHECKSUM_ALGORITHM][:16]}... ({entry['bytes']} bytes): damaged."]
+    return []
+
+
+def _check_shapes(file: h5py.File, manifest: dict[str, Any], origin: str) -> list[str]:
+    count = manifest["count"]
+    expected = {"labels": ((count,), np.int64)}
+    if manifest["store"] == "raw":
+        expected["images"] = ((count, *manifest["image"]["shape"]), np.uint8)
+    else:
+        expected["offsets"] = ((count + 1,), np.int64)
+    problems = []
+    for name, (shape, dtype) in expected.items():
+        dataset = file.get(name)
+        if isinstance(dataset, h5py.Dataset) and (dataset.shape != shape or dataset.dtype != dtype):
+            problems.append(f"{origin}: dataset {name!r} holds {dataset.dtype} {dataset.shape}, expected "
+                            f"{np.dtype(dtype)} {shape}.")
+    return problems
+
+
 register(
     FormatSpec(
         name=FORMAT,
@@ -565,5 +686,6 @@ register(
         options=HDF5Options,
         read_manifest=read_manifest,
         description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",
+        verify=verify_file,
     )
 )

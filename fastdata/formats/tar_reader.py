@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import CorruptDataError, InvalidOptionError, ManifestError
 from fastdata.formats.tar_split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
 from fastdata.images import decode
-from fastdata.manifest import MANIFEST_NAME, check_layout_version, read_manifest_file
+from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_NAME, check_layout_version, read_manifest_file
 from fastdata.reader import MapDataset
 
 FORMAT = "tar"
@@ -246,6 +246,16 @@ class TarDataset(IterableDataset):
         self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
         self.epoch = 0
 
+    @property
+    def labels(self) -> np.ndarray:
+        """Every sample's label, in index order (from the shard index)."""
+        return self.index.labels
+
+    @staticmethod
+    def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> list[str]:
+        """The ``tar`` checks of ``fastdata verify`` (see :func:`verify_shards`)."""
+        return verify_shards(path, manifest, deep=deep)
+
     def set_epoch(self, epoch: int) -> None:
         """Pick the epoch whose shuffle the next iteration uses (reaches non-persistent workers)."""
         self.epoch = epoch
@@ -389,3 +399,94 @@ class TarIndexedDataset(MapDataset):
                 )
             )
         return self.decoder(blobs, lambda row: _member_name(self.path, index, int(indices[row])))
+
+
+# --- verify -------------------------------------------------------------------------------
+
+_SHOWN_PER_SHARD = 5
+
+
+def verify_shards(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> list[str]:
+    """The ``tar`` checks of ``fastdata verify``: the shard index agrees with the manifest, and
+    every shard holds exactly the members the index lists, at their offsets (an extra member,
+    e.g. ``x.pyd`` or ``../evil.png``, is reported, never read). ``deep`` also compares each
+    ``.cls`` member with the index's label."""
+    try:
+        index = load_index(path)
+        document = json.loads((path / INDEX_NAME).read_text(encoding="utf-8"))
+    except (ManifestError, OSError, ValueError) as exc:
+        return [str(exc)]
+    origin = repr(str(path / INDEX_NAME))
+    problems = []
+    if len(index.labels) != manifest["count"]:
+        problems.append(f"{origin}: lists {len(index.labels)} samples but the manifest says {manifest['count']}.")
+    listed = {name: entry for name, entry in manifest["files"].items() if name != INDEX_NAME}
+    if list(listed) != index.files:
+        problems.append(f"{origin}: lists shards {index.files} but the manifest lists {list(listed)}.")
+    starts = index.starts
+    for number, shard in enumerate(document["shards"]):
+        entry = listed.get(shard["file"], {})
+        if (entry.get("bytes"), entry.get(CHECKSUM_ALGORITHM)) != (shard["bytes"], shard.get(CHECKSUM_ALGORITHM)):
+            problems.append(f"{origin}: size or checksum of {shard['file']!r} differs from the manifest's.")
+        file = path / shard["file"]
+        if file.is_file() and file.stat().st_size == shard["bytes"]:
+            expected = _expected_members(shard, int(starts[number]), document["key_width"])
+            problems += _check_members(file, expected, deep=deep)[:_SHOWN_PER_SHARD]
+    return problems
+
+
+def _expected_members(shard: dict[str, Any], first: int, key_width: int) -> dict[int, tuple[str, int, int | None]]:
+    """Header offset -> (member name, data size, label for ``.cls`` members) the index implies."""
+    expected: dict[int, tuple[str, int, int | None]] = {}
+    for row in range(shard["count"]):
+        key = f"{first + row:0{key_width}d}"
+        expected[shard["image_offset"][row] - BLOCK] = (f"{key}.{shard['extension'][row]}", shard["image_size"][row], None)
+        expected[shard["cls_offset"][row] - BLOCK] = (f"{key}.cls", shard["cls_size"][row], shard["label"][row])
+    expected[shard["bytes"] - 2 * BLOCK] = ("", 0, None)  # the end-of-archive blocks
+    return expected
+
+
+def _check_members(file: Path, expected: dict[int, tuple[str, int, int | None]], *, deep: bool) -> list[str]:
+    """Walk the shard's ustar headers (names are compared as text, never used as paths)."""
+    problems, offset, size = [], 0, file.stat().st_size
+    descriptor = os.open(file, os.O_RDONLY)
+    try:
+        while offset < size:
+            header = os.pread(descriptor, BLOCK, offset)
+            name, length = _parse_header(header)
+            want = expected.pop(offset, None)
+            if name is None:
+                problems.append(f"{str(file)!r}: damaged tar header at byte {offset}.")
+                break
+            if not name and not length:  # end of archive
+                if want is None or want[0] or header.count(0) != BLOCK:
+                    problems.append(f"{str(file)!r}: archive ends at byte {offset}, not where the index says.")
+                break
+            if want is None or (name, length) != want[:2]:
+                problems.append(f"{str(file)!r}: member {name!r} ({length} bytes) at byte {offset} is not in the index.")
+            elif deep and want[2] is not None:
+                text = os.pread(descriptor, length, offset + BLOCK)
+                if text.strip() != str(want[2]).encode("ascii"):
+                    problems.append(f"{str(file)!r}: member {name!r} holds label {text[:20]!r}, the index says {want[2]}.")
+            offset += BLOCK + padded(length)
+    finally:
+        os.close(descriptor)
+    for where, (name, _, _) in sorted(expected.items()):
+        problems.append(f"{str(file)!r}: member {name or 'end of archive'!r} expected at byte {where} is missing.")
+    return problems
+
+
+def _parse_header(header: bytes) -> tuple[str | None, int]:
+    """(name, size) of a ustar header; ("", 0) for a zero block; (None, 0) when it is damaged."""
+    if len(header) < BLOCK:
+        return None, 0
+    if not any(header):
+        return "", 0
+    try:
+        recorded = int(header[148:156].strip(b" \x00") or b"0", 8)
+        size = int(header[124:136].strip(b" \x00") or b"0", 8)
+    except ValueError:
+        return None, 0
+    if recorded != sum(header[:148]) + 8 * 32 + sum(header[156:]):
+        return None, 0
+    return header[:100].rstrip(b"\x00").decode("utf-8", "replace"), size

@@ -1,0 +1,231 @@
+"""``fastdata.verify``: check a converted dataset against its manifest.
+
+Every format: the manifest itself (fields, layout version, classes), the recorded checksum and
+size of every data file (directory formats), files the manifest does not list, the sample
+count and the label range (``0 <= label < len(classes)`` when classes are known). Each format
+adds its own checks through its :class:`~fastdata.formats.FormatSpec` ``verify`` hook (HDF5:
+per-dataset checksums and attributes; tar: the shard index and every member header).
+``deep=True`` also decodes every sample through the format's reader.
+
+Problems are collected, not raised: :func:`verify` returns a :class:`VerifyReport` listing one
+message per problem, each naming the file (and sample). It raises only when ``path`` does not
+exist or holds no dataset at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from fastdata.errors import FastdataError, ManifestError, SourceNotFoundError
+from fastdata.formats import find_manifest, get_format
+from fastdata.manifest import (
+    CHECKSUM_ALGORITHM,
+    MANIFEST_CHECKSUM_KEY,
+    MANIFEST_NAME,
+    file_checksum,
+    manifest_checksum,
+)
+
+_DEEP_BATCH = 64
+_LABELS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` found. ``ok`` is True when ``problems`` is empty."""
+
+    path: Path
+    format: str | None
+    count: int | None
+    deep: bool
+    checked: tuple[str, ...]  # files (or HDF5 datasets) whose checksums were recomputed
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """One line: what was checked and the verdict."""
+        count = "?" if self.count is None else f"{self.count:,}"
+        what = f"{self.format or 'unknown format'}, {count} samples"
+        checks = f"{len(self.checked)} checksums" + (", every sample decoded" if self.deep else "")
+        if self.ok:
+            return f"{self.path}: OK ({what}; {checks})"
+        found = len(self.problems)
+        return f"{self.path}: {found} problem{'s' if found > 1 else ''} ({what}; {checks})"
+
+
+def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
+    """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too."""
+    path = Path(path)
+    if not path.exists():
+        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
+    try:
+        manifest = find_manifest(path)
+    except FastdataError as exc:  # a manifest that cannot be read is a finding, not a crash
+        return VerifyReport(path, None, None, deep, (), (str(exc),))
+    if manifest is None:
+        raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
+    problems = list(check_manifest(path, manifest))
+    count = manifest.get("count") if isinstance(manifest.get("count"), int) else None
+    if problems:  # the rest would be judged against a manifest that is itself wrong
+        return VerifyReport(path, manifest.get("format"), count, deep, (), tuple(problems))
+    spec = get_format(manifest["format"])
+    checked: list[str] = []
+    if path.is_dir():
+        problems += check_files(path, manifest)
+        checked += list(manifest["files"])
+    else:
+        checked += [f"{path.name}:{name}" for name in manifest["files"]]
+    if spec.verify is not None:
+        problems += spec.verify(path, manifest, deep=deep)
+    problems += check_reader(path, manifest, spec, deep=deep)
+    unique = tuple(dict.fromkeys(problems))  # a damaged file may fail two checks alike
+    return VerifyReport(path, manifest["format"], count, deep, tuple(checked), unique)
+
+
+# --- the manifest -------------------------------------------------------------------------
+
+
+def check_manifest(path: Path, manifest: dict[str, Any]) -> Iterator[str]:
+    """Fields every manifest has, with the types and relations the readers rely on."""
+    origin = repr(str(path / MANIFEST_NAME) if path.is_dir() else str(path))
+    try:
+        spec = get_format(str(manifest.get("format")))
+    except FastdataError as exc:
+        yield f"{origin}: {exc}"
+        return
+    if manifest.get("layout_version") != spec.layout_version:
+        yield (f"{origin}: layout version {manifest.get('layout_version')!r} is not supported; this fastdata "
+               f"reads {spec.name!r} layout version {spec.layout_version}.")
+    count = manifest.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        yield f"{origin}: 'count' is {count!r}; expected a sample count >= 0."
+    if manifest.get("store") not in spec.stores:
+        yield f"{origin}: 'store' is {manifest.get('store')!r}; expected one of {list(spec.stores)}."
+    image = manifest.get("image")
+    if not isinstance(image, dict) or image.get("mode") not in ("RGB", "L"):
+        yield f"{origin}: 'image' is {image!r}; expected a mapping with 'mode' 'RGB' or 'L'."
+    elif manifest.get("store") == "raw":
+        shape = image.get("shape")
+        channels = 3 if image["mode"] == "RGB" else 1
+        if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == channels
+                and all(isinstance(v, int) and v > 0 for v in shape)):
+            yield f"{origin}: raw image shape is {shape!r}; expected [height, width, {channels}]."
+    recorded = manifest.get(MANIFEST_CHECKSUM_KEY)
+    if recorded != manifest_checksum(manifest):
+        yield (f"{origin}: the manifest's content does not match its {MANIFEST_CHECKSUM_KEY!r} {recorded!r} "
+               "(it was edited or damaged).")
+    yield from _check_classes(origin, manifest)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        yield f"{origin}: 'files' is {files!r}; expected the checksum of every data file."
+        return
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get(CHECKSUM_ALGORITHM), str) \
+                or not isinstance(entry.get("bytes"), int):
+            yield f"{origin}: files entry {name!r} is {entry!r}; expected 'bytes' and {CHECKSUM_ALGORITHM!r}."
+        elif path.is_dir() and (Path(name).is_absolute() or ".." in Path(name).parts):
+            yield f"{origin}: files entry {name!r} points outside the dataset directory."
+
+
+def _check_classes(origin: str, manifest: dict[str, Any]) -> Iterator[str]:
+    classes = manifest.get("classes")
+    class_to_idx = manifest.get("class_to_idx")
+    if not isinstance(classes, list) or not isinstance(class_to_idx, dict):
+        yield f"{origin}: 'classes' {classes!r} and 'class_to_idx' {class_to_idx!r} must be a list and a mapping."
+    elif class_to_idx != {name: i for i, name in enumerate(classes)}:
+        yield f"{origin}: 'class_to_idx' does not number 'classes' in order 0..{len(classes) - 1}."
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def check_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Size and checksum of every file the manifest lists; files it does not list."""
+    problems = []
+    files = manifest["files"]
+    for name, entry in files.items():
+        file = directory / name
+        if not file.is_file():
+            problems.append(f"{str(file)!r}: listed in the manifest but missing.")
+            continue
+        size, expected = file.stat().st_size, entry["bytes"]
+        if size != expected:
+            state = "truncated" if size < expected else "damaged: data was appended"
+            problems.append(f"{str(file)!r}: {size} bytes but the manifest says {expected} ({state}).")
+            continue
+        digest = file_checksum(file)
+        if digest != entry[CHECKSUM_ALGORITHM]:
+            problems.append(
+                f"{str(file)!r}: {CHECKSUM_ALGORITHM} {digest[:16]}... does not match the manifest's "
+                f"{entry[CHECKSUM_ALGORITHM][:16]}... (the file is damaged)."
+            )
+    listed = set(files) | {MANIFEST_NAME}
+    for file in sorted(directory.rglob("*")):
+        if not file.is_dir() and file.relative_to(directory).as_posix() not in listed:
+            problems.append(
+                f"{str(file)!r}: not listed in the manifest (left by an interrupted conversion, or added "
+                "later). Remove it if it is not yours."
+            )
+    return problems
+
+
+# --- through the reader -------------------------------------------------------------------
+
+
+def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool) -> list[str]:
+    """Open the format's reader: sample count, label range, and with ``deep`` every sample."""
+    try:
+        reader = spec.dataset(path, image_format="numpy")
+        labels = np.asarray(reader.labels)
+    except FastdataError as exc:
+        return [str(exc)]
+    problems = []
+    if len(labels) != manifest["count"]:
+        problems.append(f"{str(path)!r}: {len(labels)} labels but the manifest says {manifest['count']} samples.")
+    problems += check_label_range(path, labels, len(manifest["classes"]))
+    if deep:
+        problems += _decode_all(reader)
+    return problems
+
+
+def check_label_range(path: Path, labels: np.ndarray, classes: int) -> list[str]:
+    """Labels must index the manifest's classes (when it has any)."""
+    if not classes or not len(labels):
+        return []
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    shown = ", ".join(f"sample {i} has label {int(labels[i])}" for i in bad[:_LABELS_SHOWN])
+    more = f" (and {len(bad) - _LABELS_SHOWN} more)" if len(bad) > _LABELS_SHOWN else ""
+    if not len(bad):
+        return []
+    return [f"{str(path)!r}: {shown}{more}; the manifest lists {classes} classes, so labels are 0..{classes - 1}."]
+
+
+def _decode_all(reader: Any) -> list[str]:
+    """Decode every sample; batches first, one sample at a time where a batch fails."""
+    if not hasattr(reader, "__getitems__"):  # an iterable reader: stops at its first bad sample
+        try:
+            for _ in reader:
+                pass
+        except FastdataError as exc:
+            return [str(exc)]
+        return []
+    problems = []
+    for start in range(0, len(reader), _DEEP_BATCH):
+        indices = list(range(start, min(start + _DEEP_BATCH, len(reader))))
+        try:
+            reader.__getitems__(indices)
+        except FastdataError:
+            for index in indices:
+                try:
+                    reader.__getitems__([index])
+                except FastdataError as exc:
+                    problems.append(str(exc))
+    return problems
