@@ -498,12 +498,25 @@ class HDF5Dataset(MapDataset):
         name = "images" if self.store == "raw" else "blob"
         data = self._dataset(file, name)
         self.shape = tuple(data.shape)
+        image_shape = tuple(self.manifest["image"]["shape"] or ())
+        if self.store == "raw" and self.shape[1:] != image_shape or self.store == "encoded" and len(self.shape) != 1:
+            expected = f"(N, {', '.join(map(str, image_shape))})" if self.store == "raw" else "(bytes,)"
+            raise CorruptDataError(
+                f"{str(self.path)!r}: dataset {name!r} has shape {self.shape}, expected {expected}; the file "
+                f"is damaged. Run 'fastdata verify {self.path}' or convert the source again."
+            )
         self._offset = _memmap_offset(data) if use_memmap else None
         if self.store == "raw":
             self.chunk_images = data.chunks[0] if data.chunks else None
             self._check_plugin()
         else:
             self.offsets = self._load(file, "offsets", np.int64)
+            if len(self.offsets) != len(self.labels) + 1 or self.offsets[-1] != self.shape[0]:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: {len(self.offsets)} offsets ending at {int(self.offsets[-1])} do not fit "
+                    f"{len(self.labels)} samples in {self.shape[0]} bytes; the file is damaged. "
+                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                )
 
     def _dataset(self, file: h5py.File, name: str) -> h5py.Dataset:
         if name not in file:

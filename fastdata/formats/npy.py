@@ -4,7 +4,7 @@ raw:      images.npy (N, H, W, C) uint8, labels.npy (N,) int64, manifest.json
 encoded:  data.bin (concatenated original bytes), offsets.npy (N + 1,) int64, labels.npy,
           manifest.json
 
-Everything is readable without fastdata: ``np.load(path / "images.npy", mmap_mode="r")``;
+Everything is readable without fastdata: ``np.load(path / "images.npy", mmap_mode="r", allow_pickle=False)``;
 sample ``i`` of an encoded dataset is ``data[offsets[i]:offsets[i + 1]]``.
 """
 

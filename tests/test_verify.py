@@ -1,0 +1,429 @@
+"""``fastdata verify`` and the integrity of every format in the registry: flipped bytes,
+truncation, unlisted files, labels out of range, undecodable samples, and no unpickling."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata.errors import CorruptDataError, FastdataError, ManifestError, SourceNotFoundError
+from fastdata.formats import all_formats
+from fastdata.formats.hdf5 import USERBLOCK_BYTES, userblock
+from fastdata.formats.tar import TRAILER, member_header
+from fastdata.formats.tar_reader import BLOCK, padded
+from fastdata.manifest import MANIFEST_NAME, describe_file, file_checksum, write_manifest
+
+WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
+IDS = [f"{name}-{store}" for name, store in WRITABLE]
+ENCODED = [(name, store) for name, store in WRITABLE if store == "encoded"]
+
+
+def convert(folder: Path, tmp_path: Path, name: str, store: str) -> Path:
+    out = tmp_path / f"out-{name}-{store}{fastdata.formats.get_format(name).suffix}"
+    options = {"shard_samples": 5} if name == "tar" else {}  # several shards
+    fastdata.convert(folder, out, format=name, store=store, workers=0, **options)
+    return out
+
+
+@pytest.fixture(params=WRITABLE, ids=IDS)
+def converted(request, uniform_folder: Path, tmp_path: Path) -> Path:
+    return convert(uniform_folder, tmp_path, *request.param)
+
+
+def flip(file: Path, offset: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def manifest_of(out: Path) -> dict:
+    return fastdata.formats.find_manifest(out)
+
+
+def assert_caught(out: Path, name: str) -> None:
+    """verify reports a problem naming ``name`` (or refuses the path with an error naming it)."""
+    try:
+        report = fastdata.verify(out)
+    except FastdataError as exc:
+        assert str(out) in str(exc)
+        return
+    assert not report.ok, f"{name}: flip not caught"
+    assert any(name in problem for problem in report.problems), report.problems
+
+
+# --- resealing: damage that the recorded checksums agree with ------------------------------
+
+
+def reseal(out: Path) -> None:
+    """Recompute every checksum the dataset records, from its current content (as a writer would)."""
+    manifest = manifest_of(out)
+    if manifest["format"] == "hdf5":
+        return reseal_hdf5(out, manifest)
+    if manifest["format"] == "tar":
+        index = json.loads((out / "index.json").read_text())
+        for shard in index["shards"]:
+            shard["bytes"] = (out / shard["file"]).stat().st_size
+            shard["blake2b"] = file_checksum(out / shard["file"])
+        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
+    manifest["files"] = {name: describe_file(out / name) for name in manifest["files"]}
+    write_manifest(out, manifest)
+
+
+def reseal_hdf5(out: Path, manifest: dict) -> None:
+    from fastdata.manifest import seal_manifest
+
+    with h5py.File(out, "a") as file:
+        for name, entry in manifest["files"].items():
+            content = np.ascontiguousarray(file[name][()]).tobytes()
+            entry["blake2b"] = hashlib.blake2b(content, digest_size=32).hexdigest()
+            file[name].attrs["blake2b"] = entry["blake2b"]
+        file.attrs["fastdata_manifest"] = json.dumps(seal_manifest(manifest))
+    data = bytearray(out.read_bytes())
+    data[:USERBLOCK_BYTES] = userblock(hashlib.blake2b(data[USERBLOCK_BYTES:], digest_size=32).hexdigest())
+    out.write_bytes(bytes(data))
+
+
+def set_label(out: Path, sample: int, label: int) -> None:
+    fmt = manifest_of(out)["format"]
+    if fmt == "npy":
+        labels = np.load(out / "labels.npy")
+        labels[sample] = label
+        np.save(out / "labels.npy", labels)
+    elif fmt == "hdf5":
+        with h5py.File(out, "a") as file:
+            file["labels"][sample] = label
+    else:  # the index holds the labels the readers use
+        index = json.loads((out / "index.json").read_text())
+        index["shards"][0]["label"][sample] = label
+        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
+    reseal(out)
+
+
+def garble_sample(out: Path, sample: int) -> None:
+    """Overwrite one encoded sample's bytes (same length), keeping offsets."""
+    fmt = manifest_of(out)["format"]
+    if fmt == "npy":
+        start, stop = np.load(out / "offsets.npy")[sample : sample + 2]
+        with open(out / "data.bin", "r+b") as handle:
+            handle.seek(int(start))
+            handle.write(b"x" * int(stop - start))
+    elif fmt == "hdf5":
+        with h5py.File(out, "a") as file:
+            start, stop = file["offsets"][sample : sample + 2]
+            file["blob"][start:stop] = np.frombuffer(b"x" * int(stop - start), np.uint8)
+    else:
+        shard = json.loads((out / "index.json").read_text())["shards"][0]
+        with open(out / shard["file"], "r+b") as handle:
+            handle.seek(shard["image_offset"][sample])
+            handle.write(b"x" * shard["image_size"][sample])
+    reseal(out)
+
+
+# --- sound datasets ---------------------------------------------------------------------------
+
+
+def test_sound_dataset_verifies_shallow_and_deep(converted: Path) -> None:
+    manifest = manifest_of(converted)
+    for deep in (False, True):
+        report = fastdata.verify(converted, deep=deep)
+        assert report.problems == () and report.ok
+        assert (report.format, report.count, report.deep) == (manifest["format"], 12, deep)
+        assert len(report.checked) == len(manifest["files"])
+    assert report.summary() == f"{converted}: OK ({manifest['format']}, 12 samples; {len(manifest['files'])} checksums, every sample decoded)"
+    assert "manifest_blake2b" in manifest
+
+
+# --- one flipped byte, anywhere ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,store", [w for w in WRITABLE if w[0] != "hdf5"], ids=[i for i in IDS if "hdf5" not in i])
+def test_a_flipped_byte_in_any_file_is_caught_and_named(uniform_folder: Path, tmp_path: Path, name: str, store: str) -> None:
+    pristine = convert(uniform_folder, tmp_path, name, store)
+    files = sorted(p.name for p in pristine.iterdir())
+    assert MANIFEST_NAME in files and len(files) >= 3
+    for file in files:
+        size = (pristine / file).stat().st_size
+        for offset in sorted({0, 1, size // 3, size // 2, size - 2, size - 1}):
+            out = tmp_path / "damaged"
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(pristine, out)
+            flip(out / file, offset)
+            assert_caught(out, str(out / file))
+
+
+def _heap_object_headers(data: bytes) -> set[int]:
+    """Byte offsets of the global heap's object headers (a flip there can make libhdf5 spin)."""
+    skip: set[int] = set()
+    start = data.find(b"GCOL")
+    while start >= 0:
+        end, position = start + struct.unpack("<Q", data[start + 8 : start + 16])[0], start + 16
+        while position + 16 <= end:
+            index, _, _, size = struct.unpack("<HHIQ", data[position : position + 16])
+            skip |= set(range(position, position + 16))
+            if index == 0:
+                break
+            position += 16 + padded8(size)
+        start = data.find(b"GCOL", end)
+    return skip
+
+
+def padded8(size: int) -> int:
+    return -(-size // 8) * 8
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_hdf5_a_flipped_byte_in_data_or_metadata_is_caught(uniform_folder: Path, tmp_path: Path, store: str) -> None:
+    out = convert(uniform_folder, tmp_path, "hdf5", store)
+    pristine = out.read_bytes()
+    regions = {}
+    with h5py.File(out) as file:
+        for name in manifest_of(out)["files"]:
+            regions[name] = (file[name].id.get_offset(), file[name].id.get_storage_size())
+    data_bytes = {o for start, size in regions.values() for o in range(start, start + size)}
+    for name, (start, size) in regions.items():  # inside each dataset's data: named by the dataset
+        for offset in (start, start + size // 2, start + size - 1):
+            flip(out, offset)
+            report = fastdata.verify(out)
+            assert f"{str(out)!r}: dataset {name!r}: blake2b " in "\n".join(report.problems), (name, report.problems)
+            out.write_bytes(pristine)
+    skip = data_bytes | _heap_object_headers(pristine)
+    metadata = [o for o in range(len(pristine)) if o not in skip]
+    assert len(metadata) > 4000
+    for offset in metadata[::23] + [0, 40, USERBLOCK_BYTES - 1, USERBLOCK_BYTES, USERBLOCK_BYTES + 8]:
+        flip(out, offset)
+        assert_caught(out, str(out))
+        out.write_bytes(pristine)
+    assert fastdata.verify(out).ok
+
+
+def test_manifest_edit_that_stays_valid_json_is_caught(converted: Path) -> None:
+    manifest = manifest_of(converted)
+    if converted.is_dir():
+        text = (converted / MANIFEST_NAME).read_text()
+        (converted / MANIFEST_NAME).write_text(text.replace('"created": "2', '"created": "1', 1))
+        origin = repr(str(converted / MANIFEST_NAME))
+    else:
+        with h5py.File(converted, "a") as file:
+            file.attrs["fastdata_manifest"] = file.attrs["fastdata_manifest"].replace('"created": "2', '"created": "1', 1)
+        origin = repr(str(converted))
+    report = fastdata.verify(converted)
+    assert report.problems == (
+        f"{origin}: the manifest's content does not match its 'manifest_blake2b' {manifest['manifest_blake2b']!r} "
+        "(it was edited or damaged).",
+    )
+
+
+# --- truncation, extra files ------------------------------------------------------------------
+
+
+def test_truncated_file_is_named(converted: Path) -> None:
+    manifest = manifest_of(converted)
+    if converted.is_file():
+        converted.write_bytes(converted.read_bytes()[:-700])
+        report = fastdata.verify(converted)
+        assert any(p.startswith(f"{str(converted)!r}: ") for p in report.problems), report.problems
+        assert not report.ok
+        return
+    for name, entry in manifest["files"].items():
+        out = converted.with_name("cut")
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(converted, out)
+        (out / name).write_bytes((out / name).read_bytes()[:-7])
+        report = fastdata.verify(out)
+        expected = f"{str(out / name)!r}: {entry['bytes'] - 7} bytes but the manifest says {entry['bytes']} (truncated)."
+        assert report.problems[0] == expected, report.problems
+
+
+def test_files_the_manifest_does_not_list_are_reported(converted: Path) -> None:
+    if converted.is_file():
+        with h5py.File(converted, "a") as file:
+            file["extra"] = np.zeros(3)
+        problems = fastdata.verify(converted).problems
+        assert f"{str(converted)!r}: object 'extra' is not listed in the manifest." in problems
+        return
+    (converted / "stray.partial").write_bytes(b"leftover")
+    (converted / "sub").mkdir()
+    (converted / "sub" / "x.txt").write_text("x")
+    problems = fastdata.verify(converted).problems
+    assert problems == tuple(
+        f"{str(converted / name)!r}: not listed in the manifest (left by an interrupted conversion, or added later). "
+        "Remove it if it is not yours."
+        for name in ("stray.partial", "sub/x.txt")
+    )
+
+
+# --- what only the range check, or only decoding, can catch --------------------------------------
+
+
+def test_label_out_of_range_with_matching_checksums(converted: Path) -> None:
+    set_label(converted, 3, 7)
+    report = fastdata.verify(converted)
+    assert report.problems == (
+        f"{str(converted)!r}: sample 3 has label 7; the manifest lists 3 classes, so labels are 0..2.",
+    )
+    set_label(converted, 3, -1)
+    assert fastdata.verify(converted).problems[0].startswith(f"{str(converted)!r}: sample 3 has label -1;")
+
+
+@pytest.mark.parametrize("name,store", ENCODED, ids=[f"{f}-{s}" for f, s in ENCODED])
+def test_deep_decodes_a_sample_whose_checksum_was_made_to_match(uniform_folder: Path, tmp_path: Path, name: str, store: str) -> None:
+    out = convert(uniform_folder, tmp_path, name, store)
+    garble_sample(out, 4)
+    assert fastdata.verify(out).ok  # the checksums agree with the damage
+    problems = fastdata.verify(out, deep=True).problems
+    assert len(problems) == 1, problems
+    assert re.search(r"sample 4:? cannot (be )?decode", problems[0]), problems
+    where = {"npy": out / "data.bin", "hdf5": out, "tar": out / "shard-000000.tar"}[name]
+    assert problems[0].startswith(repr(str(where))), problems
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def run_cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> None:
+    out = convert(uniform_folder, tmp_path, "npy", "raw")
+    sound = run_cli("verify", out, "--deep")
+    assert (sound.returncode, sound.stdout, sound.stderr) == (
+        0, f"{out}: OK (npy, 12 samples; 2 checksums, every sample decoded)\n", ""
+    )
+    flip(out / "images.npy", 500)
+    (out / "junk").write_bytes(b"")
+    bad = run_cli("verify", out)
+    assert bad.returncode == 1 and bad.stderr == ""
+    assert bad.stdout.splitlines() == [
+        f"{out}: 2 problems (npy, 12 samples; 2 checksums)",
+        f"  - {str(out / 'images.npy')!r}: blake2b " + bad.stdout.split("blake2b ")[1].split("\n")[0],
+        f"  - {str(out / 'junk')!r}: not listed in the manifest (left by an interrupted conversion, or added later). "
+        "Remove it if it is not yours.",
+        "The dataset is damaged: convert the source again (--overwrite), or restore it from a copy.",
+    ]
+    assert "does not match the manifest's" in bad.stdout and "(the file is damaged)." in bad.stdout
+    for args, message in [
+        ((tmp_path / "nope",), f"fastdata: error: {str(tmp_path / 'nope')!r} does not exist.\n"),
+        ((uniform_folder,), f"fastdata: error: {str(uniform_folder)!r} is not a dataset written by 'fastdata convert' (no manifest found).\n"),
+    ]:
+        result = run_cli("verify", *args)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", message)
+
+
+def test_library_errors_for_paths_that_hold_no_dataset(uniform_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(SourceNotFoundError, match="does not exist"):
+        fastdata.verify(tmp_path / "nope")
+    with pytest.raises(ManifestError, match="no manifest found"):
+        fastdata.verify(uniform_folder)
+    out = convert(uniform_folder, tmp_path, "npy", "raw")
+    (out / MANIFEST_NAME).write_bytes(b"\xff\xfe{}")
+    report = fastdata.verify(out)
+    assert report.problems == (f"{str(out / MANIFEST_NAME)!r}: manifest is not valid UTF-8 (byte 0). "
+                               "The dataset is damaged or was not written by fastdata; convert it again.",)
+
+
+# --- readers given damaged files ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,store", WRITABLE, ids=IDS)
+def test_readers_given_a_truncated_data_file_name_it(uniform_folder: Path, tmp_path: Path, name: str, store: str) -> None:
+    out = convert(uniform_folder, tmp_path, name, store)
+    data_files = [out] if out.is_file() else [out / n for n in manifest_of(out)["files"] if n != "index.json"]
+    pristine = {file: file.read_bytes() for file in data_files}
+    for file in data_files:
+        file.write_bytes(pristine[file][: len(pristine[file]) * 2 // 3])
+        with pytest.raises(CorruptDataError) as caught:
+            ds = fastdata.open_dataset(out, image_format="numpy")
+            list(ds) if not hasattr(ds, "__getitems__") else ds.__getitems__(list(range(len(ds))))
+        assert str(file) in str(caught.value)
+        file.write_bytes(pristine[file])
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_hdf5_reader_given_damaged_metadata_raises_corrupt_data_error_or_reads(uniform_folder: Path, tmp_path: Path, store: str) -> None:
+    """h5py raises RuntimeError, KeyError, TypeError... on damaged metadata: the reader names the file."""
+    out = convert(uniform_folder, tmp_path, "hdf5", store)
+    pristine = out.read_bytes()
+    with h5py.File(out) as file:
+        start = min(file[n].id.get_offset() for n in file)
+    skip = _heap_object_headers(pristine)
+    raised = 0
+    for offset in range(USERBLOCK_BYTES, start, 5):
+        if offset in skip:
+            continue
+        flip(out, offset)
+        try:
+            ds = fastdata.open_dataset(out, image_format="numpy")
+            ds.__getitems__(list(range(len(ds))))
+        except FastdataError as exc:
+            assert str(out) in str(exc), exc
+            raised += 1
+        out.write_bytes(pristine)
+    assert raised > 50
+
+
+# --- security: no pickle, tar member names are never paths --------------------------------------
+
+
+def test_no_code_path_unpickles() -> None:
+    root = Path(fastdata.__file__).parent
+    for source in sorted(root.rglob("*.py")):
+        text = source.read_text()
+        assert not re.search(r"pickle\.loads?\(|torch\.load\(|allow_pickle=True|Unpickler", text), source
+        for call in re.findall(r"np\.load\([^)]*\)", text):
+            assert "allow_pickle=False" in call, (source, call)
+
+
+class WritesMarker:
+    """Unpickling this creates ``path`` (what a loaded ``.pyd`` member would do)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def add_member(out: Path, shard_name: str, member: str, data: bytes) -> None:
+    """Append a member the index does not list to a shard, and reseal the checksums."""
+    shard = out / shard_name
+    body = shard.read_bytes()[: -len(TRAILER)]
+    shard.write_bytes(body + member_header(member, len(data)) + data + bytes(padded(len(data)) - len(data)) + TRAILER)
+    reseal(out)
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_tar_readers_never_unpickle_or_use_member_names_as_paths(uniform_folder: Path, tmp_path: Path, store: str) -> None:
+    out = convert(uniform_folder, tmp_path, "tar", store)
+    marker = tmp_path / "unpickled"
+    evil_target = (out / "../../evil.png").resolve()
+    payload, fake_png = pickle.dumps(WritesMarker(marker)), b"\x89PNG\r\n\x1a\nnot an image"
+    shards = [f"shard-{n:06d}.tar" for n in range(3)]
+    ends = [(out / shard).stat().st_size - len(TRAILER) for shard in shards]  # where each new member goes
+    add_member(out, shards[0], "000000003.pyd", payload)
+    add_member(out, shards[1], "../../evil.png", fake_png)
+    add_member(out, shards[2], "000000011.pickle", payload)
+    before = sorted(tmp_path.parent.rglob("*"))
+    labels = sorted(int(label) for _, label in fastdata.TarDataset(out))
+    indexed = fastdata.TarIndexedDataset(out)
+    assert labels == sorted(int(indexed[i][1]) for i in range(12)) == [0] * 4 + [1] * 4 + [2] * 4
+    report = fastdata.verify(out, deep=True)
+    assert report.problems == (
+        f"{str(out / shards[0])!r}: member '000000003.pyd' ({len(payload)} bytes) at byte {ends[0]} is not in the index.",
+        f"{str(out / shards[1])!r}: member '../../evil.png' ({len(fake_png)} bytes) at byte {ends[1]} is not in the index.",
+        f"{str(out / shards[2])!r}: member '000000011.pickle' ({len(payload)} bytes) at byte {ends[2]} is not in the index.",
+    )
+    assert not marker.exists() and not evil_target.exists()
+    assert sorted(tmp_path.parent.rglob("*")) == before
