@@ -54,11 +54,12 @@ class VerifyReport:
         """One line: what was checked and the verdict."""
         count = "?" if self.count is None else f"{self.count:,}"
         what = f"{self.format or 'unknown format'}, {count} samples"
-        checks = f"{len(self.checked)} checksums" + (", every sample decoded" if self.deep else "")
         if self.ok:
-            return f"{self.path}: OK ({what}; {checks})"
+            decoded = ", every sample decodes" if self.deep else ""
+            return f"{self.path}: OK ({what}; {len(self.checked)} checksums match{decoded})"
         found = len(self.problems)
-        return f"{self.path}: {found} problem{'s' if found > 1 else ''} ({what}; {checks})"
+        decoded = ", every sample decoded" if self.deep else ""
+        return f"{self.path}: {found} problem{'s' if found > 1 else ''} ({what}; {len(self.checked)} checksums checked{decoded})"
 
 
 def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:

@@ -141,7 +141,7 @@ def test_sound_dataset_verifies_shallow_and_deep(converted: Path) -> None:
         assert report.problems == () and report.ok
         assert (report.format, report.count, report.deep) == (manifest["format"], 12, deep)
         assert len(report.checked) == len(manifest["files"])
-    assert report.summary() == f"{converted}: OK ({manifest['format']}, 12 samples; {len(manifest['files'])} checksums, every sample decoded)"
+    assert report.summary() == f"{converted}: OK ({manifest['format']}, 12 samples; {len(manifest['files'])} checksums match, every sample decodes)"
     assert "manifest_blake2b" in manifest
 
 
@@ -300,14 +300,14 @@ def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> No
     out = convert(uniform_folder, tmp_path, "npy", "raw")
     sound = run_cli("verify", out, "--deep")
     assert (sound.returncode, sound.stdout, sound.stderr) == (
-        0, f"{out}: OK (npy, 12 samples; 2 checksums, every sample decoded)\n", ""
+        0, f"{out}: OK (npy, 12 samples; 2 checksums match, every sample decodes)\n", ""
     )
     flip(out / "images.npy", 500)
     (out / "junk").write_bytes(b"")
     bad = run_cli("verify", out)
     assert bad.returncode == 1 and bad.stderr == ""
     assert bad.stdout.splitlines() == [
-        f"{out}: 2 problems (npy, 12 samples; 2 checksums)",
+        f"{out}: 2 problems (npy, 12 samples; 2 checksums checked)",
         f"  - {str(out / 'images.npy')!r}: blake2b " + bad.stdout.split("blake2b ")[1].split("\n")[0],
         f"  - {str(out / 'junk')!r}: not listed in the manifest (left by an interrupted conversion, or added later). "
         "Remove it if it is not yours.",
@@ -427,3 +427,16 @@ def test_tar_readers_never_unpickle_or_use_member_names_as_paths(uniform_folder:
     )
     assert not marker.exists() and not evil_target.exists()
     assert sorted(tmp_path.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_tar_damaged_member_header_names_the_member(uniform_folder: Path, tmp_path: Path, store: str) -> None:
+    out = convert(uniform_folder, tmp_path, "tar", store)
+    flip(out / "shard-000001.tar", 10)  # the name field of sample 5's image member header
+    problems = fastdata.verify(out).problems
+    extension = "npy" if store == "raw" else "png"
+    assert problems[1:] == (
+        f"{str(out / 'shard-000001.tar')!r}: damaged tar header at byte 0 (member '000000005.{extension}'); "
+        "the rest of the shard was not walked.",
+    )
+    assert problems[0].startswith(f"{str(out / 'shard-000001.tar')!r}: blake2b ")

@@ -456,8 +456,10 @@ def _check_members(file: Path, expected: dict[int, tuple[str, int, int | None]],
             name, length = _parse_header(header)
             want = expected.pop(offset, None)
             if name is None:
-                problems.append(f"{str(file)!r}: damaged tar header at byte {offset}.")
-                break
+                member = f" (member {want[0]!r})" if want and want[0] else ""
+                problems.append(f"{str(file)!r}: damaged tar header at byte {offset}{member}; the rest of the "
+                                "shard was not walked.")
+                return problems
             if not name and not length:  # end of archive
                 if want is None or want[0] or header.count(0) != BLOCK:
                     problems.append(f"{str(file)!r}: archive ends at byte {offset}, not where the index says.")
