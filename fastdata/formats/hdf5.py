@@ -619,8 +619,9 @@ def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> 
         recorded, digest = handle.read(USERBLOCK_BYTES), _hash_after_userblock(handle)
     problems = []
     if recorded != userblock(digest):
+        stored = recorded[len(_USERBLOCK_MAGIC) :][:16].decode("ascii", "replace")
         problems.append(f"{origin}: the file's {CHECKSUM_ALGORITHM} {digest[:16]}... does not match the one in "
-                        f"its user block ({recorded[len(_USERBLOCK_MAGIC):][:16]!r}...): the file is damaged.")
+                        f"its user block ({stored}...): the file is damaged.")
     try:
         with _open_file(path) as file:
             problems += _check_attributes(file, manifest, origin)
