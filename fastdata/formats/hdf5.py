@@ -6,7 +6,9 @@ encoded:  ``blob`` (total bytes,) uint8 -- every sample's encoded bytes, concate
           ``offsets`` (N + 1,) int64 -- sample ``i`` is ``blob[offsets[i]:offsets[i + 1]]``
 both:     ``labels`` (N,) int64; root attributes ``classes`` (class names, index = label) and
           ``fastdata_manifest`` (the manifest, JSON). Every dataset carries a ``blake2b``
-          attribute: the checksum of its contents (a file cannot hold its own file checksum).
+          attribute: the checksum of its contents. The file starts with a 512-byte HDF5 user block
+          (skipped by h5py and every HDF5 tool) holding the checksum of every byte after it, so
+          ``fastdata verify`` finds a flipped byte anywhere, metadata included.
 
 Reading: contiguous, unfiltered datasets are memory-mapped at their file offset (as fast as
 ``npy``); chunked ones are read a whole chunk at a time, decompressed once and kept in a small
