@@ -77,6 +77,11 @@ def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
     count = manifest.get("count") if isinstance(manifest.get("count"), int) else None
     if problems:  # the rest would be judged against a manifest that is itself wrong
         return VerifyReport(path, manifest.get("format"), count, deep, (), tuple(problems))
+    recorded = manifest.get(MANIFEST_CHECKSUM_KEY)
+    if recorded != manifest_checksum(manifest):  # well-formed but edited: the files are still worth checking
+        origin = repr(str(path / MANIFEST_NAME) if path.is_dir() else str(path))
+        problems.append(f"{origin}: the manifest's content does not match its {MANIFEST_CHECKSUM_KEY!r} "
+                        f"{recorded!r} (it was edited or damaged).")
     spec = get_format(manifest["format"])
     checked: list[str] = []
     if path.is_dir():
@@ -119,10 +124,6 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> Iterator[str]:
         if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == channels
                 and all(isinstance(v, int) and v > 0 for v in shape)):
             yield f"{origin}: raw image shape is {shape!r}; expected [height, width, {channels}]."
-    recorded = manifest.get(MANIFEST_CHECKSUM_KEY)
-    if recorded != manifest_checksum(manifest):
-        yield (f"{origin}: the manifest's content does not match its {MANIFEST_CHECKSUM_KEY!r} {recorded!r} "
-               "(it was edited or damaged).")
     yield from _check_classes(origin, manifest)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
