@@ -70,8 +70,6 @@ def plain_ceiling(path) -> float:
 
 def conversion_ratio(folder, workers: int) -> tuple[float, float]:
     """(fastdata convert samples/s, PIL decode-only samples/s) on ``workers`` processes."""
-    from PIL import Image
-
     from fastdata.sources import scan_folder
 
     keys, _, _ = scan_folder(folder)

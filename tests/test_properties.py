@@ -8,7 +8,6 @@ back with plain numpy, h5py or tarfile) and decode to what PIL decodes from the 
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 import tempfile

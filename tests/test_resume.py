@@ -36,6 +36,7 @@ def contents(path: Path) -> dict[str, bytes]:
     files = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
     manifest = json.loads(files.pop("manifest.json"))
     manifest.pop("created")
+    manifest.pop("manifest_blake2b")  # seals the manifest, "created" included
     files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
     return files
 

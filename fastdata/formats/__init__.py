@@ -29,7 +29,7 @@ class FormatSpec:
     manifest dict when ``path`` holds a dataset of this format, else None.
     ``verify(path, manifest, *, deep)`` returns the problems (one message each, naming the
     file and sample) that this format's own checks find, beyond what :func:`fastdata.verify`
-    checks for every format; when None, it is taken from the reader's ``verify_files``.
+    checks for every format.
     """
 
     name: str
@@ -42,10 +42,6 @@ class FormatSpec:
     read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
     description: str = ""
     verify: Callable[..., list[str]] | None = None
-
-    def __post_init__(self) -> None:
-        if self.verify is None and callable(getattr(self.dataset, "verify_files", None)):
-            object.__setattr__(self, "verify", self.dataset.verify_files)
 
     @property
     def writable(self) -> bool:

@@ -20,7 +20,9 @@ import numpy as np
 from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats import FormatSpec, register
 from fastdata.images import decode
-from fastdata.manifest import MANIFEST_NAME, check_layout_version, describe_file, read_manifest_file, write_manifest
+from fastdata.manifest import (
+    MANIFEST_NAME, check_layout_version, describe_file, read_directory_manifest, read_manifest_file, write_manifest,
+)
 from fastdata.plan import Batch, Plan, Writer
 from fastdata.reader import MapDataset
 
@@ -122,11 +124,7 @@ def _reopen(file: Path, size: int):
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    candidate = path / MANIFEST_NAME
-    if not path.is_dir() or not candidate.is_file():
-        return None
-    manifest = read_manifest_file(candidate)
-    return manifest if manifest.get("format") == FORMAT else None
+    return read_directory_manifest(path, FORMAT)
 
 
 class MemmapDataset(MapDataset):

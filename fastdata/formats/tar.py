@@ -36,9 +36,10 @@ from fastdata.formats.tar_reader import (
     TarDataset,
     TarIndexedDataset,
     padded,
+    verify_shards,
 )
 from fastdata.images import sniff_extension
-from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_NAME, describe_file, read_manifest_file, write_manifest
+from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, read_directory_manifest, write_manifest
 from fastdata.plan import Batch, Plan, Writer
 
 __all__ = ["TarDataset", "TarIndexedDataset", "TarOptions", "TarWriter", "ShardSplitWarning", "parse_bytes"]
@@ -296,11 +297,7 @@ class TarWriter(Writer):
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    candidate = path / MANIFEST_NAME
-    if not path.is_dir() or not candidate.is_file():
-        return None
-    manifest = read_manifest_file(candidate)
-    return manifest if manifest.get("format") == FORMAT else None
+    return read_directory_manifest(path, FORMAT)
 
 
 register(
@@ -311,6 +308,7 @@ register(
         layout_version=LAYOUT_VERSION,
         options=TarOptions,
         read_manifest=read_manifest,
+        verify=verify_shards,
         description="WebDataset-compatible tar shards with a JSON shard index",
     )
 )

@@ -251,11 +251,6 @@ class TarDataset(IterableDataset):
         """Every sample's label, in index order (from the shard index)."""
         return self.index.labels
 
-    @staticmethod
-    def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> list[str]:
-        """The ``tar`` checks of ``fastdata verify`` (see :func:`verify_shards`)."""
-        return verify_shards(path, manifest, deep=deep)
-
     def set_epoch(self, epoch: int) -> None:
         """Pick the epoch whose shuffle the next iteration uses (reaches non-persistent workers)."""
         self.epoch = epoch
