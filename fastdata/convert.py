@@ -31,7 +31,7 @@ from fastdata.errors import (
 from fastdata import journal
 from fastdata.formats import FormatSpec, find_manifest, get_format
 from fastdata.images import (
-    CHANNELS, DEFAULT_MAX_PIXELS, MODES, Geometry, TooManyPixelsError, as_hwc, encode, is_grayscale, open_image,
+    CHANNELS, DEFAULT_MAX_PIXELS, MODES, Geometry, TooManyPixelsError, encode, is_grayscale, open_image, pixels,
     to_mode,
 )
 from fastdata.plan import STORES, Batch, Plan
@@ -498,7 +498,7 @@ class _Job:
         image = plan.geometry.apply(to_mode(image, plan.mode))
         if plan.store == "encoded":
             return label, encode(image, plan.encoding, plan.jpeg_quality)
-        array = as_hwc(image)
+        array = pixels(image)
         if array.shape != plan.shape:
             height, width = plan.shape[:2]
             raise ShapeMismatchError(
@@ -510,6 +510,8 @@ class _Job:
 
     def chunk(self, indices: list[int]) -> Batch:
         keys, labels, payloads, skipped = [], [], [], []
+        raw = self.plan.store == "raw"
+        images = np.empty((len(indices), *self.plan.shape), dtype=np.uint8) if raw else None
         for index in indices:
             try:
                 label, payload = self.sample(index)
@@ -521,13 +523,15 @@ class _Job:
                     raise self.fail(index, exc, what) from exc
                 skipped.append((index, {"key": printable(self.src.keys[index]), "reason": _reason(exc)}))
                 continue
+            if raw:
+                images[len(keys)] = payload  # straight into the batch: no list, no stack
+            else:
+                payloads.append(payload)
             keys.append(self.src.keys[index])
             labels.append(label)
-            payloads.append(payload)
         batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped)
-        if self.plan.store == "raw":
-            shape = (0, *self.plan.shape)
-            batch.images = np.stack(payloads) if payloads else np.empty(shape, dtype=np.uint8)
+        if raw:
+            batch.images = images[: len(keys)]
         else:
             batch.blobs = payloads
         return batch

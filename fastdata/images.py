@@ -178,6 +178,12 @@ def decode(data: bytes, mode: str) -> np.ndarray:
     return as_hwc(to_mode(open_image(data), mode))
 
 
+def pixels(image: Image.Image) -> np.ndarray:
+    """PIL image (L, RGB, ...) -> read-only uint8 (H, W, C) view of its bytes (no extra copy)."""
+    data = np.frombuffer(image.tobytes(), dtype=np.uint8)
+    return data.reshape(image.height, image.width, len(image.getbands()))
+
+
 def as_hwc(image: Image.Image) -> np.ndarray:
     """PIL image -> writable uint8 (H, W, C) array."""
     array = np.array(image, dtype=np.uint8)

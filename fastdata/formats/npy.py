@@ -10,6 +10,7 @@ sample ``i`` of an encoded dataset is ``data[offsets[i]:offsets[i + 1]]``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from pathlib import Path
@@ -21,7 +22,7 @@ from fastdata.errors import CorruptDataError, ManifestError
 from fastdata.formats import FormatSpec, register
 from fastdata.images import decode
 from fastdata.manifest import (
-    MANIFEST_NAME, check_layout_version, describe_file, read_directory_manifest, read_manifest_file, write_manifest,
+    CHECKSUM_ALGORITHM, MANIFEST_NAME, check_layout_version, describe_file, read_directory_manifest, read_manifest_file, write_manifest,
 )
 from fastdata.plan import Batch, Plan, Writer
 from fastdata.reader import MapDataset
@@ -55,12 +56,16 @@ class MemmapWriter(Writer):
             self.count, self.position = 0, len(self.header)
             self.data = open(path / data_name, "wb")
             self.data.write(self.header)
+            # the data file's checksum, kept while writing (the main process waits on the
+            # decoders anyway) instead of re-reading gigabytes at the end
+            self.digest = hashlib.blake2b(self.header, digest_size=32)
             self.labels = open(path / "labels.partial", "wb")
             self.offsets = None if self.raw else open(path / "offsets.partial", "wb")
             if self.offsets:
                 self.offsets.write(np.zeros(1, dtype=np.int64).tobytes())
         else:  # reopen the checkpointed files, dropping whatever was written after the checkpoint
             self.count, self.position = state["count"], state["data_bytes"]
+            self.digest = None  # what came before the checkpoint is re-read at the end
             self.data = _reopen(path / data_name, self.position)
             self.labels = _reopen(path / "labels.partial", 8 * self.count)
             self.offsets = None if self.raw else _reopen(path / "offsets.partial", 8 * (self.count + 1))
@@ -73,13 +78,16 @@ class MemmapWriter(Writer):
         if not len(batch):
             return
         if self.raw:
-            self.data.write(memoryview(np.ascontiguousarray(batch.images)).cast("B"))
+            data = memoryview(np.ascontiguousarray(batch.images)).cast("B")
             self.position += len(batch) * self.sample_bytes
         else:
             sizes = np.fromiter((len(b) for b in batch.blobs), dtype=np.int64, count=len(batch))
-            self.data.write(b"".join(batch.blobs))
+            data = b"".join(batch.blobs)
             self.offsets.write((self.position + np.cumsum(sizes)).tobytes())
             self.position += int(sizes.sum())
+        self.data.write(data)
+        if self.digest is not None:
+            self.digest.update(data)
         self.labels.write(batch.labels.astype(np.int64, copy=False).tobytes())
         self.count += len(batch)
 
@@ -97,6 +105,7 @@ class MemmapWriter(Writer):
             # samples were skipped: the header promised more rows than were written
             self.data.seek(0)
             self.data.write(_npy_header((self.count, *self.plan.shape), len(self.header)))
+            self.digest = None
         self.checkpoint()
         for handle in self._handles():
             handle.close()
@@ -107,7 +116,13 @@ class MemmapWriter(Writer):
             np.save(self.path / final, np.fromfile(self.path / side, dtype=np.int64))
             (self.path / side).unlink()
             names.append(final)
-        manifest["files"] = {name: describe_file(self.path / name) for name in names}
+        manifest["files"] = {name: describe_file(self.path / name) for name in names[1:]}
+        data_file = self.path / names[0]
+        manifest["files"][names[0]] = (
+            {"bytes": self.position, CHECKSUM_ALGORITHM: self.digest.hexdigest()}
+            if self.digest is not None else describe_file(data_file)
+        )
+        manifest["files"] = {name: manifest["files"][name] for name in names}  # data file first
         write_manifest(self.path, manifest)
         return manifest
 
