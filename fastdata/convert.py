@@ -7,59 +7,25 @@ so a failed or interrupted conversion never leaves something that looks like a d
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import datetime as dt
-import multiprocessing
 import os
 import re
 import shutil
-import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import numpy as np
-from PIL import Image, UnidentifiedImageError
-
-from fastdata import __version__
-from fastdata.errors import (
-    BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError, ShapeMismatchError,
-)
-from fastdata import journal
+from fastdata import __version__, journal
+from fastdata.errors import BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
 from fastdata.formats import FormatSpec, find_manifest, get_format
-from fastdata.images import (
-    CHANNELS, DEFAULT_MAX_PIXELS, MODES, Geometry, TooManyPixelsError, encode, is_grayscale, open_image, pixels,
-    to_mode,
-)
-from fastdata.plan import STORES, Batch, Plan
-from fastdata.sources import ArraySource, FolderSource, ReadOptions, Source, resolve_source
+from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry
+from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
+from fastdata.plan import STORES, ConvertOptions
+from fastdata.sources import Source, resolve_source
 
 PARTIAL_SUFFIX = ".partial"
-_CHUNK_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """Validated options of one conversion (see :func:`convert` for their meaning)."""
-
-    format: str = "npy"
-    store: str = "raw"
-    mode: str = "auto"
-    geometry: Geometry = Geometry()
-    reencode: tuple[str, int | None] | None = None
-    workers: int = 0
-    overwrite: bool = False
-    skip_bad: bool = False
-    resume: bool = False
-    max_pixels: int | None = DEFAULT_MAX_PIXELS
-    exif_transpose: bool = False
-
-    @property
-    def read(self) -> ReadOptions:
-        return ReadOptions(max_pixels=self.max_pixels, exif_transpose=self.exif_transpose)
 
 
 def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
@@ -225,12 +191,12 @@ def run_conversion(
     if state is None:  # stale partial output of an earlier run is removed
         remove_path(target.partial)
         journal.remove(output)
-    job = _plan_job(src, options, mode=state["mode"] if state else None)
+    job = plan_job(src, options, mode=state["mode"] if state else None)
     try:
         manifest = _write(job, target, state)
-    except _ModeConflict:
+    except ModeConflict:
         # auto mode planned grayscale from the first images, then met a colour one: redo as RGB
-        manifest = _write(_plan_job(src, options, mode="RGB"), target, None)
+        manifest = _write(plan_job(src, options, mode="RGB"), target, None)
     _publish(target.partial, output, overwrite=options.overwrite or options.resume)
     journal.remove(output)
     return manifest
@@ -263,7 +229,7 @@ def _complete_output(target: _Target) -> dict[str, Any] | None:
     )
 
 
-def _write(job: "_Job", target: _Target, state: dict[str, Any] | None) -> dict[str, Any]:
+def _write(job: "Job", target: _Target, state: dict[str, Any] | None) -> dict[str, Any]:
     """Run the job through the format's writer into the partial output; remove it on any failure.
 
     With a journal ``state``, the writer reopens the partial output at that checkpoint and the
@@ -282,8 +248,8 @@ def _write(job: "_Job", target: _Target, state: dict[str, Any] | None) -> dict[s
             writer = spec.writer.resume(target.partial, plan, target.writer_options, state["writer"])
         else:
             writer = spec.writer(target.partial, plan, target.writer_options)
-        with _WorkerPool(job, options.workers, len(src) - start) as pool:
-            for batch, next_index in _batches(job, pool, start):
+        with WorkerPool(job, options.workers, len(src) - start) as pool:
+            for batch, next_index in batches(job, pool, start):
                 writer.write(batch)
                 written += len(batch)
                 skipped.update(dict(batch.skipped))
@@ -306,7 +272,7 @@ def _write(job: "_Job", target: _Target, state: dict[str, Any] | None) -> dict[s
                 writer.abort()
         remove_path(target.partial)
         journal.remove(target.output)
-        if isinstance(exc, _ModeConflict):
+        if isinstance(exc, ModeConflict):
             target.report(-reported, len(src))
         if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
             raise OutputWriteError(
@@ -366,265 +332,3 @@ def _publish(partial: Path, output: Path, *, overwrite: bool) -> None:
         remove_path(old)
     else:
         os.replace(partial, output)
-
-
-# --- planning ---------------------------------------------------------------------------
-
-
-_PROBE_SAMPLES = 64
-
-
-def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, int, int]]]:
-    """Headers (mode, width, height) of the first readable samples (up to 64)."""
-    if isinstance(src, ArraySource):
-        return [(0, src.header(0))]
-    found, first_error = [], None
-    for index in range(len(src)):
-        try:
-            found.append((index, src.header(index, options.read)))
-        except Exception as exc:
-            first_error = first_error or (index, exc)
-            if not options.skip_bad:
-                break
-        if len(found) >= _PROBE_SAMPLES:
-            break
-    if not found or (first_error and not options.skip_bad):
-        index, exc = first_error
-        what = "cannot read image" if isinstance(src, FolderSource) else "cannot load sample"
-        error = _Job(src, None, options).fail(index, exc, what)
-        raise error from exc
-    return found
-
-
-def _plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "_Job":
-    """Decide mode, shape and encoding from the first readable samples.
-
-    ``--mode auto`` gives RGB as soon as one probed image is in colour; when all probed
-    images are grayscale it plans L, and the workers report a later colour image
-    (:class:`_ModeConflict`), after which the conversion restarts as RGB.
-    """
-    probe = _probe(src, options)
-    reference, (_, width, height) = probe[0]
-    gray_guess = False
-    if mode is None and options.mode == "auto":
-        gray_guess = all(is_grayscale(header[0]) for _, header in probe)
-        mode = "L" if gray_guess else "RGB"
-    mode = mode or options.mode
-    channels = CHANNELS[mode]
-    shape = None
-    if options.store == "raw":
-        out_width, out_height = options.geometry.output_size(width, height)
-        shape = (out_height, out_width, channels)
-    encoding = "raw"
-    if options.store == "encoded":
-        keeps_files = (isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
-                       and not options.exif_transpose)
-        encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
-    plan = Plan(
-        count=len(src),
-        store=options.store,
-        mode=mode,
-        channels=channels,
-        shape=shape,
-        encoding=encoding,
-        class_to_idx=src.class_to_idx,
-        geometry=options.geometry,
-        jpeg_quality=options.reencode[1] if options.reencode else None,
-    )
-    return _Job(src, plan, options, reference=reference, gray_guess=gray_guess)
-
-
-def _name(src: Source, index: int) -> str:
-    if isinstance(src, FolderSource):
-        return printable(os.path.join(str(src.root), src.keys[index]))
-    return f"sample {index}"
-
-
-def printable(path: str) -> str:
-    """A file name as text that can always be printed and stored in JSON: bytes that are not
-    UTF-8 (kept by Python as surrogates) appear as ``\\xNN``."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-# --- per-sample work (runs in worker processes) -------------------------------------------
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, UnidentifiedImageError):
-        return "not a recognised image file"
-    if isinstance(exc, FileNotFoundError):
-        return "file not found (broken symlink?)"
-    if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
-        return str(exc)
-    text = str(exc) or type(exc).__name__
-    if "truncated" in text.lower():  # Pillow says this several ways ("Truncated File Read", ...)
-        return "image file is truncated"
-    return text[:200]
-
-
-class _ModeConflict(Exception):
-    """Auto mode planned grayscale, but a colour image came up: the conversion restarts as RGB."""
-
-
-class _Job:
-    """The per-sample work of one conversion; pickled once into each worker process."""
-
-    def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions, *, reference: int = 0,
-                 gray_guess: bool = False):
-        self.src = src
-        self.plan = plan
-        self.options = options
-        self.reference = reference  # the sample whose size raw storage adopted
-        self.gray_guess = gray_guess
-
-    def fail(self, index: int, exc: BaseException, what: str) -> BadSampleError:
-        return BadSampleError(
-            f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
-        )
-
-    def _check_mode(self, image: Image.Image) -> None:
-        if self.gray_guess and not is_grayscale(image.mode):
-            raise _ModeConflict()
-
-    def sample(self, index: int) -> tuple[int, Any]:
-        plan = self.plan
-        if plan.encoding == "original":
-            data = self.src.file_bytes(index)
-            # decoded fully: a corrupt file fails now, not in training
-            self._check_mode(open_image(data, self.options.max_pixels))
-            return int(self.src.labels[index]), data
-        image, label = self.src.load(index, self.options.read)
-        self._check_mode(image)
-        image = plan.geometry.apply(to_mode(image, plan.mode))
-        if plan.store == "encoded":
-            return label, encode(image, plan.encoding, plan.jpeg_quality)
-        array = pixels(image)
-        if array.shape != plan.shape:
-            height, width = plan.shape[:2]
-            raise ShapeMismatchError(
-                f"{_name(self.src, index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
-                f"{_name(self.src, self.reference)} is {height}x{width}; raw storage needs one image size. "
-                "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
-            )
-        return label, array
-
-    def chunk(self, indices: list[int]) -> Batch:
-        keys, labels, payloads, skipped = [], [], [], []
-        raw = self.plan.store == "raw"
-        images = np.empty((len(indices), *self.plan.shape), dtype=np.uint8) if raw else None
-        for index in indices:
-            try:
-                label, payload = self.sample(index)
-            except (ShapeMismatchError, _ModeConflict):
-                raise
-            except Exception as exc:
-                what = "cannot decode image" if isinstance(self.src, FolderSource) else "cannot load sample"
-                if not self.options.skip_bad:
-                    raise self.fail(index, exc, what) from exc
-                skipped.append((index, {"key": printable(self.src.keys[index]), "reason": _reason(exc)}))
-                continue
-            if raw:
-                images[len(keys)] = payload  # straight into the batch: no list, no stack
-            else:
-                payloads.append(payload)
-            keys.append(self.src.keys[index])
-            labels.append(label)
-        batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped)
-        if raw:
-            batch.images = images[: len(keys)]
-        else:
-            batch.blobs = payloads
-        return batch
-
-    def array_chunk(self, start: int, stop: int) -> Batch:
-        """Vectorised raw read of ``.data`` rows for array sources (no PIL, no pool)."""
-        images = self.src.data[start:stop]
-        if images.ndim == 3:
-            images = images[:, :, :, None]
-        if images.shape[3] != self.plan.channels:
-            images = np.repeat(images, self.plan.channels, axis=3)
-        return Batch(
-            keys=self.src.keys[start:stop],
-            labels=self.src.labels[start:stop].copy(),
-            images=np.ascontiguousarray(images),
-        )
-
-
-_WORKER_JOB: _Job | None = None
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill this worker when the conversion process dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _init_worker(job: _Job) -> None:
-    global _WORKER_JOB
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
-    _die_with_parent()
-    _WORKER_JOB = job
-
-
-def _worker_chunk(indices: list[int]) -> Batch:
-    return _WORKER_JOB.chunk(indices)
-
-
-class _WorkerPool:
-    """A process pool running one conversion's job, or the job in-process when workers <= 1."""
-
-    def __init__(self, job: _Job, workers: int, count: int):
-        self.job = job
-        self.count = count
-        self.workers = workers
-        self.pool = None
-
-    def __enter__(self) -> "_WorkerPool":
-        if self.workers > 1 and self.count > 64:
-            self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
-        chunks = _split(indices, size)
-        if self.pool is None:
-            return map(self.job.chunk, chunks)
-        return self.pool.imap(_worker_chunk, chunks)
-
-
-def _split(indices: list[int], size: int) -> list[list[int]]:
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
-
-
-def _chunk_size(plan: Plan, count: int, workers: int) -> int:
-    per_image = int(np.prod(plan.shape)) if plan.shape else 64 * 1024
-    by_bytes = max(1, _CHUNK_BYTES // per_image)
-    by_balance = max(1, count // (max(workers, 1) * 8))
-    return max(1, min(256, by_bytes, by_balance))
-
-
-def _batches(job: _Job, pool: _WorkerPool, start: int = 0) -> Iterator[tuple[Batch, int]]:
-    """Converted batches in source order from index ``start``, each with the next index."""
-    plan, src = job.plan, job.src
-    if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
-        plan.mode == src.native_mode or src.native_mode == "L"
-    ):
-        step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
-        for first in range(start, len(src), step):
-            stop = min(first + step, len(src))
-            yield job.array_chunk(first, stop), stop
-        return
-    indices = list(range(start, len(src)))
-    size = _chunk_size(plan, len(indices), pool.workers)
-    for number, batch in enumerate(pool.convert(indices, size)):
-        yield batch, min(start + (number + 1) * size, len(src))

@@ -13,9 +13,31 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.images import Geometry
+from fastdata.images import DEFAULT_MAX_PIXELS, Geometry
+from fastdata.sources import ReadOptions
 
 STORES = ("raw", "encoded")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Validated options of one conversion (see :func:`convert` for their meaning)."""
+
+    format: str = "npy"
+    store: str = "raw"
+    mode: str = "auto"
+    geometry: Geometry = Geometry()
+    reencode: tuple[str, int | None] | None = None
+    workers: int = 0
+    overwrite: bool = False
+    skip_bad: bool = False
+    resume: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    exif_transpose: bool = False
+
+    @property
+    def read(self) -> ReadOptions:
+        return ReadOptions(max_pixels=self.max_pixels, exif_transpose=self.exif_transpose)
 
 
 @dataclass(frozen=True)

@@ -255,15 +255,16 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
 
 
 class TransferProbe(Dataset):
-    """A trivial dataset returning one ready batch per index: what remains is pure transfer cost."""
+    """A trivial dataset returning a new, unfilled batch per index: what remains is the cost of
+    moving a batch out of a worker (a new tensor each time, as a real batch is: one tensor sent
+    twice would already sit in shared memory and cost nothing the second time)."""
 
     def __init__(self, batches: int, shape: list[int]):
         self.batches = batches
-        self.images = torch.zeros(shape, dtype=torch.uint8)
-        self.labels = torch.zeros(shape[0], dtype=torch.int64)
+        self.shape = tuple(shape)
 
     def __len__(self) -> int:
         return self.batches
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images, self.labels
+        return torch.empty(self.shape, dtype=torch.uint8), torch.empty(self.shape[0], dtype=torch.int64)

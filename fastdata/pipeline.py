@@ -1,0 +1,286 @@
+"""The conversion pipeline: planning from the first samples, then per-sample decode, convert,
+resize and encode in a process pool, yielding batches in source order.
+
+:mod:`fastdata.convert` drives it and hands the batches to the format's writer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from fastdata.errors import BadSampleError, ShapeMismatchError
+from fastdata.images import CHANNELS, TooManyPixelsError, encode, is_grayscale, open_image, pixels, to_mode
+from fastdata.plan import Batch, ConvertOptions, Plan
+from fastdata.sources import ArraySource, FolderSource, Source
+
+_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+# --- planning ---------------------------------------------------------------------------
+
+
+_PROBE_SAMPLES = 64
+
+
+def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, int, int]]]:
+    """Headers (mode, width, height) of the first readable samples (up to 64)."""
+    if isinstance(src, ArraySource):
+        return [(0, src.header(0))]
+    found, first_error = [], None
+    for index in range(len(src)):
+        try:
+            found.append((index, src.header(index, options.read)))
+        except Exception as exc:
+            first_error = first_error or (index, exc)
+            if not options.skip_bad:
+                break
+        if len(found) >= _PROBE_SAMPLES:
+            break
+    if not found or (first_error and not options.skip_bad):
+        index, exc = first_error
+        what = "cannot read image" if isinstance(src, FolderSource) else "cannot load sample"
+        error = Job(src, None, options).fail(index, exc, what)
+        raise error from exc
+    return found
+
+
+def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "Job":
+    """Decide mode, shape and encoding from the first readable samples.
+
+    ``--mode auto`` gives RGB as soon as one probed image is in colour; when all probed
+    images are grayscale it plans L, and the workers report a later colour image
+    (:class:`ModeConflict`), after which the conversion restarts as RGB.
+    """
+    probe = _probe(src, options)
+    reference, (_, width, height) = probe[0]
+    gray_guess = False
+    if mode is None and options.mode == "auto":
+        gray_guess = all(is_grayscale(header[0]) for _, header in probe)
+        mode = "L" if gray_guess else "RGB"
+    mode = mode or options.mode
+    channels = CHANNELS[mode]
+    shape = None
+    if options.store == "raw":
+        out_width, out_height = options.geometry.output_size(width, height)
+        shape = (out_height, out_width, channels)
+    encoding = "raw"
+    if options.store == "encoded":
+        keeps_files = (isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
+                       and not options.exif_transpose)
+        encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
+    plan = Plan(
+        count=len(src),
+        store=options.store,
+        mode=mode,
+        channels=channels,
+        shape=shape,
+        encoding=encoding,
+        class_to_idx=src.class_to_idx,
+        geometry=options.geometry,
+        jpeg_quality=options.reencode[1] if options.reencode else None,
+    )
+    return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
+
+
+def _name(src: Source, index: int) -> str:
+    if isinstance(src, FolderSource):
+        return printable(os.path.join(str(src.root), src.keys[index]))
+    return f"sample {index}"
+
+
+def printable(path: str) -> str:
+    """A file name as text that can always be printed and stored in JSON: bytes that are not
+    UTF-8 (kept by Python as surrogates) appear as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+# --- per-sample work (runs in worker processes) -------------------------------------------
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a recognised image file"
+    if isinstance(exc, FileNotFoundError):
+        return "file not found (broken symlink?)"
+    if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
+        return str(exc)
+    text = str(exc) or type(exc).__name__
+    if "truncated" in text.lower():  # Pillow says this several ways ("Truncated File Read", ...)
+        return "image file is truncated"
+    return text[:200]
+
+
+class ModeConflict(Exception):
+    """Auto mode planned grayscale, but a colour image came up: the conversion restarts as RGB."""
+
+
+class Job:
+    """The per-sample work of one conversion; pickled once into each worker process."""
+
+    def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions, *, reference: int = 0,
+                 gray_guess: bool = False):
+        self.src = src
+        self.plan = plan
+        self.options = options
+        self.reference = reference  # the sample whose size raw storage adopted
+        self.gray_guess = gray_guess
+
+    def fail(self, index: int, exc: BaseException, what: str) -> BadSampleError:
+        return BadSampleError(
+            f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
+        )
+
+    def _check_mode(self, image: Image.Image) -> None:
+        if self.gray_guess and not is_grayscale(image.mode):
+            raise ModeConflict()
+
+    def sample(self, index: int) -> tuple[int, Any]:
+        plan = self.plan
+        if plan.encoding == "original":
+            data = self.src.file_bytes(index)
+            # decoded fully: a corrupt file fails now, not in training
+            self._check_mode(open_image(data, self.options.max_pixels))
+            return int(self.src.labels[index]), data
+        image, label = self.src.load(index, self.options.read)
+        self._check_mode(image)
+        image = plan.geometry.apply(to_mode(image, plan.mode))
+        if plan.store == "encoded":
+            return label, encode(image, plan.encoding, plan.jpeg_quality)
+        array = pixels(image)
+        if array.shape != plan.shape:
+            height, width = plan.shape[:2]
+            raise ShapeMismatchError(
+                f"{_name(self.src, index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
+                f"{_name(self.src, self.reference)} is {height}x{width}; raw storage needs one image size. "
+                "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+            )
+        return label, array
+
+    def chunk(self, indices: list[int]) -> Batch:
+        keys, labels, payloads, skipped = [], [], [], []
+        raw = self.plan.store == "raw"
+        images = np.empty((len(indices), *self.plan.shape), dtype=np.uint8) if raw else None
+        for index in indices:
+            try:
+                label, payload = self.sample(index)
+            except (ShapeMismatchError, ModeConflict):
+                raise
+            except Exception as exc:
+                what = "cannot decode image" if isinstance(self.src, FolderSource) else "cannot load sample"
+                if not self.options.skip_bad:
+                    raise self.fail(index, exc, what) from exc
+                skipped.append((index, {"key": printable(self.src.keys[index]), "reason": _reason(exc)}))
+                continue
+            if raw:
+                images[len(keys)] = payload  # straight into the batch: no list, no stack
+            else:
+                payloads.append(payload)
+            keys.append(self.src.keys[index])
+            labels.append(label)
+        batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped)
+        if raw:
+            batch.images = images[: len(keys)]
+        else:
+            batch.blobs = payloads
+        return batch
+
+    def array_chunk(self, start: int, stop: int) -> Batch:
+        """Vectorised raw read of ``.data`` rows for array sources (no PIL, no pool)."""
+        images = self.src.data[start:stop]
+        if images.ndim == 3:
+            images = images[:, :, :, None]
+        if images.shape[3] != self.plan.channels:
+            images = np.repeat(images, self.plan.channels, axis=3)
+        return Batch(
+            keys=self.src.keys[start:stop],
+            labels=self.src.labels[start:stop].copy(),
+            images=np.ascontiguousarray(images),
+        )
+
+
+_WORKER_JOB: Job | None = None
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the conversion process dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_worker(job: Job) -> None:
+    global _WORKER_JOB
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+    _die_with_parent()
+    _WORKER_JOB = job
+
+
+def _worker_chunk(indices: list[int]) -> Batch:
+    return _WORKER_JOB.chunk(indices)
+
+
+class WorkerPool:
+    """A process pool running one conversion's job, or the job in-process when workers <= 1."""
+
+    def __init__(self, job: Job, workers: int, count: int):
+        self.job = job
+        self.count = count
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self) -> "WorkerPool":
+        if self.workers > 1 and self.count > 64:
+            self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
+        chunks = _split(indices, size)
+        if self.pool is None:
+            return map(self.job.chunk, chunks)
+        return self.pool.imap(_worker_chunk, chunks)
+
+
+def _split(indices: list[int], size: int) -> list[list[int]]:
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def _chunk_size(plan: Plan, count: int, workers: int) -> int:
+    per_image = int(np.prod(plan.shape)) if plan.shape else 64 * 1024
+    by_bytes = max(1, _CHUNK_BYTES // per_image)
+    by_balance = max(1, count // (max(workers, 1) * 8))
+    return max(1, min(256, by_bytes, by_balance))
+
+
+def batches(job: Job, pool: WorkerPool, start: int = 0) -> Iterator[tuple[Batch, int]]:
+    """Converted batches in source order from index ``start``, each with the next index."""
+    plan, src = job.plan, job.src
+    if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
+        plan.mode == src.native_mode or src.native_mode == "L"
+    ):
+        step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
+        for first in range(start, len(src), step):
+            stop = min(first + step, len(src))
+            yield job.array_chunk(first, stop), stop
+        return
+    indices = list(range(start, len(src)))
+    size = _chunk_size(plan, len(indices), pool.workers)
+    for number, batch in enumerate(pool.convert(indices, size)):
+        yield batch, min(start + (number + 1) * size, len(src))
