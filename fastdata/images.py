@@ -43,21 +43,45 @@ class TooManyPixelsError(ValueError):
     """An image over the pixel limit (the decompression-bomb guard)."""
 
 
-@contextlib.contextmanager
-def guarded_open(source: Any, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Iterator[Image.Image]:
+_pillow_limit_off = False  # True in conversion worker processes, which own their Pillow state
+
+
+def disable_pillow_limit() -> None:
+    """For worker processes: turn Pillow's own limit off once (fastdata checks every image)."""
+    global _pillow_limit_off
+    Image.MAX_IMAGE_PIXELS = None
+    _pillow_limit_off = True
+
+
+def open_checked(source: Any, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
     """``Image.open`` with fastdata's pixel limit instead of Pillow's.
 
     Pillow only warns between its limit and twice that; here any image with more than
-    ``max_pixels`` pixels is refused before it is decoded (None: no limit).
+    ``max_pixels`` pixels is refused before it is decoded (None: no limit). In the calling
+    process Pillow's own limit is switched off only while the header is read.
     """
-    previous = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
+    if _pillow_limit_off:
+        image = Image.open(source)
+    else:
+        previous = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            image = Image.open(source)
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
     try:
-        with Image.open(source) as image:
-            check_pixels(image, max_pixels)
-            yield image
-    finally:
-        Image.MAX_IMAGE_PIXELS = previous
+        check_pixels(image, max_pixels)
+    except BaseException:
+        image.close()
+        raise
+    return image
+
+
+@contextlib.contextmanager
+def guarded_open(source: Any, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Iterator[Image.Image]:
+    """:func:`open_checked` as a context manager (the file is closed on leaving it)."""
+    with open_checked(source, max_pixels) as image:
+        yield image
 
 
 def check_pixels(image: Image.Image, max_pixels: int | None) -> None:

@@ -17,7 +17,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fastdata.errors import BadSampleError, ShapeMismatchError
-from fastdata.images import CHANNELS, TooManyPixelsError, encode, is_grayscale, open_image, pixels, to_mode
+from fastdata.images import (
+    CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
+)
 from fastdata.plan import Batch, ConvertOptions, Plan
 from fastdata.sources import ArraySource, FolderSource, Source
 
@@ -225,6 +227,7 @@ def _init_worker(job: Job) -> None:
     global _WORKER_JOB
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     _die_with_parent()
+    disable_pillow_limit()
     _WORKER_JOB = job
 
 

@@ -23,7 +23,9 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.images import DEFAULT_MAX_PIXELS, check_pixels, exif_transpose, guarded_open, oriented_size, to_pil
+from fastdata.images import (
+    DEFAULT_MAX_PIXELS, check_pixels, exif_transpose, guarded_open, open_checked, oriented_size, to_pil,
+)
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -178,7 +180,8 @@ class FolderSource(Source):
 
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         read = read or ReadOptions()
-        with guarded_open(os.path.join(self._root, self.keys[index]), read.max_pixels) as image:
+        image = open_checked(os.path.join(self._root, self.keys[index]), read.max_pixels)
+        with image:
             image.load()  # decodes fully; leaving the block closes the file, even on failure
         if read.exif_transpose:
             image = exif_transpose(image)
