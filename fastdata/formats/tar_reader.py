@@ -133,9 +133,12 @@ def open_shard(path: Path, index: ShardIndex, shard: int) -> int:
     return descriptor
 
 
-def read_exact(descriptor: int, size: int, offset: int, file: Path) -> bytes:
+def read_exact(descriptor: int, size: int, offset: int, file: Path | Callable[[], Path]) -> bytes:
+    """``size`` bytes at ``offset``; ``file`` (or a callable giving it, built only on failure) names
+    the shard in the error."""
     data = os.pread(descriptor, size, offset)
     if len(data) != size:
+        file = file() if callable(file) else file
         raise CorruptDataError(
             f"{str(file)!r}: shard ends at byte {offset + len(data)}, expected data up to {offset + size} "
             f"(truncated). Run 'fastdata verify {file.parent}' or convert the source again."
@@ -390,7 +393,7 @@ class TarIndexedDataset(MapDataset):
             blobs.append(
                 read_exact(
                     self._descriptor(shard), int(index.image_size[sample]), int(index.image_offset[sample]),
-                    self.path / index.files[shard],
+                    lambda: self.path / index.files[shard],  # no Path per sample in workers' memory
                 )
             )
         return self.decoder(blobs, lambda row: _member_name(self.path, index, int(indices[row])))
