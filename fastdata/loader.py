@@ -7,22 +7,21 @@ per-sample fetch, no per-sample collate, no Python int per sample from the sampl
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from fastdata.errors import InvalidOptionError
+from fastdata.samplers import EpochSampler
 
 
-class BatchIndexSampler(Sampler[np.ndarray]):
-    """Yields batches of indices: slices of one seeded permutation per epoch, each sorted.
+class BatchIndexSampler(EpochSampler):
+    """Yields batches of indices: slices of one seeded permutation per epoch, each sorted
+    (or ``0..N-1`` in order without ``shuffle``).
 
-    Every index appears exactly once per epoch (the last batch is short unless ``drop_last``).
-    The order depends only on ``(seed, epoch)``; the epoch advances after each full pass, or is
-    set with :meth:`set_epoch`. Sorting within a batch changes no batch's contents but makes
-    reads from disk sequential.
+    Every index appears exactly once per epoch (the last batch is short unless ``drop_last``);
+    see :class:`fastdata.samplers.EpochSampler` for seeding and epochs.
     """
 
     def __init__(
@@ -34,33 +33,15 @@ class BatchIndexSampler(Sampler[np.ndarray]):
         drop_last: bool = False,
         seed: int | None = None,
     ):
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer.")
-        self.length = length
-        self.batch_size = batch_size
+        if batch_size is None:
+            raise InvalidOptionError("Invalid batch_size None. Use a positive integer.")
+        super().__init__(length, batch_size=batch_size, drop_last=drop_last, seed=seed)
         self.shuffle = shuffle
-        self.drop_last = drop_last
-        # like RandomSampler: without a seed, draw one from torch's generator (torch.manual_seed works)
-        self.seed = int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None else seed
-        self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        if self.drop_last:
-            return self.length // self.batch_size
-        return -(-self.length // self.batch_size)
-
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def order(self, epoch: int) -> np.ndarray:
         if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.length)
-        else:
-            order = np.arange(self.length)
-        self.epoch += 1
-        for batch in range(len(self)):
-            indices = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            yield np.sort(indices) if self.shuffle else indices
+            return np.random.default_rng([self.seed, epoch]).permutation(self.length)
+        return np.arange(self.length)
 
 
 def loader(

@@ -11,7 +11,50 @@ from torch.utils.data import Sampler
 from fastdata.errors import InvalidOptionError
 
 
-class ChunkShuffleSampler(Sampler):
+class EpochSampler(Sampler):
+    """Base of fastdata's samplers: one permutation per epoch from :meth:`order`, yielded as
+    ints, or (with ``batch_size``) as sorted index arrays, one per batch.
+
+    The order depends only on ``(seed, epoch)``; the epoch advances after each full pass, or is
+    set with :meth:`set_epoch`. Without a seed, one is drawn from torch's generator, like
+    ``RandomSampler`` (so ``torch.manual_seed`` makes it reproducible). Sorting within a batch
+    changes no batch's contents but makes reads from disk sequential.
+    """
+
+    def __init__(self, length: int, *, batch_size: int | None, drop_last: bool, seed: int | None):
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+        ):
+            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer.")
+        self.length = length
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.seed = int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None else seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The permutation of one epoch."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        if self.batch_size is None:
+            return self.length
+        return self.length // self.batch_size if self.drop_last else -(-self.length // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        order = self.order(self.epoch)
+        self.epoch += 1
+        if self.batch_size is None:
+            yield from order.tolist()
+            return
+        for batch in range(len(self)):
+            yield np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size])
+
+
+class ChunkShuffleSampler(EpochSampler):
     """Shuffles chunk order, then samples within a window of ``window_chunks`` chunks.
 
     For compressed HDF5 files, where a random single-image read decompresses a whole chunk:
@@ -33,29 +76,14 @@ class ChunkShuffleSampler(Sampler):
         drop_last: bool = False,
         seed: int | None = None,
     ):
-        self.length = data_source if isinstance(data_source, int) else len(data_source)
+        length = data_source if isinstance(data_source, int) else len(data_source)
+        super().__init__(length, batch_size=batch_size, drop_last=drop_last, seed=seed)
         chunk_images = chunk_images or getattr(data_source, "chunk_images", None) or max(self.length, 1)
         for name, value in (("chunk_images", chunk_images), ("window_chunks", window_chunks)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidOptionError(f"Invalid {name} {value!r}. Use a positive integer.")
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
-        ):
-            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer or None.")
         self.chunk_images = chunk_images
         self.window_chunks = window_chunks
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.seed = int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None else seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        if self.batch_size is None:
-            return self.length
-        return self.length // self.batch_size if self.drop_last else -(-self.length // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
         """The permutation of one epoch."""
@@ -69,12 +97,3 @@ class ChunkShuffleSampler(Sampler):
             ])
             pieces.append(rng.permutation(window))
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-
-    def __iter__(self) -> Iterator[Any]:
-        order = self.order(self.epoch)
-        self.epoch += 1
-        if self.batch_size is None:
-            yield from order.tolist()
-            return
-        for batch in range(len(self)):
-            yield np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size])
