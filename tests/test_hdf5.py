@@ -171,6 +171,21 @@ def test_default_chunk_rule_is_about_one_mebibyte() -> None:
     assert default_chunk_images((1024, 1024, 3), 50) == 1  # at least one image
 
 
+@pytest.mark.parametrize("compression", ["blosc", "blosc:9", "lz4", "zstd:3"])
+def test_plugin_codecs_round_trip_with_hdf5plugin(uniform_folder: Path, tmp_path: Path, compression: str) -> None:
+    hdf5plugin = pytest.importorskip("hdf5plugin")  # in the test extra; the real filters run
+    out = tmp_path / "plugin.h5"
+    fastdata.convert(uniform_folder, out, format="hdf5", compression=compression, chunk_images=5, workers=0)
+    images, labels = expected_pixels(uniform_folder)
+    got, got_labels = fastdata.open_dataset(out, image_format="numpy")[np.arange(12)]
+    np.testing.assert_array_equal(got, images)
+    assert got_labels.tolist() == labels.tolist()
+    with h5py.File(out) as handle:  # plain h5py reads it once hdf5plugin is imported
+        assert hdf5plugin is not None and handle["images"].chunks == (5, 12, 10, 3)
+        np.testing.assert_array_equal(handle["images"][:], images)
+    assert fastdata.verify(out).ok
+
+
 def test_plugin_compression_without_hdf5plugin_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import fails as if not installed
     message = "compression 'zstd' needs the 'hdf5plugin' package.*pip install hdf5plugin"
