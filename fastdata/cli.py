@@ -19,6 +19,7 @@ from fastdata import __version__
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.formats import all_formats, available_formats, find_manifest
 from fastdata.images import DEFAULT_MAX_PIXELS
+from fastdata.manifest import disk_usage
 
 
 def human_bytes(count: float) -> str:
@@ -27,12 +28,6 @@ def human_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count} B"
-
-
-def disk_usage(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _source_option(text: str) -> tuple[str, Any]:

@@ -55,6 +55,13 @@ def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def disk_usage(path: Path) -> int:
+    """Bytes on disk of a dataset: the file, or every file under the directory."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` into a dataset directory (data files first, manifest last)."""
     seal_manifest(manifest)

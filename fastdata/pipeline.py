@@ -48,8 +48,7 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
             break
     if not found or (first_error and not options.skip_bad):
         index, exc = first_error
-        what = "cannot read image" if isinstance(src, FolderSource) else "cannot load sample"
-        error = Job(src, None, options).fail(index, exc, what)
+        error = Job(src, None, options).fail(index, exc, "read")
         raise error from exc
     return found
 
@@ -135,7 +134,10 @@ class Job:
         self.reference = reference  # the sample whose size raw storage adopted
         self.gray_guess = gray_guess
 
-    def fail(self, index: int, exc: BaseException, what: str) -> BadSampleError:
+    def fail(self, index: int, exc: BaseException, stage: str) -> BadSampleError:
+        """The error for a sample that failed while reading its header (``stage="read"``) or
+        decoding it (``"decode"``); dataset sources fail while loading the sample either way."""
+        what = f"cannot {stage} image" if isinstance(self.src, FolderSource) else "cannot load sample"
         return BadSampleError(
             f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
         )
@@ -176,9 +178,8 @@ class Job:
             except (ShapeMismatchError, ModeConflict):
                 raise
             except Exception as exc:
-                what = "cannot decode image" if isinstance(self.src, FolderSource) else "cannot load sample"
                 if not self.options.skip_bad:
-                    raise self.fail(index, exc, what) from exc
+                    raise self.fail(index, exc, "decode") from exc
                 skipped.append((index, {"key": printable(self.src.keys[index]), "reason": _reason(exc)}))
                 continue
             if raw:

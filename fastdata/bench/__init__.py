@@ -21,6 +21,7 @@ from fastdata.bench.runner import (
     run_isolated, select_formats,
 )
 from fastdata.formats import find_manifest, get_format
+from fastdata.manifest import disk_usage
 
 __all__ = ["BenchConfig", "BenchResult", "auto_workers", "parse_workers", "run_bench"]
 
@@ -74,8 +75,6 @@ def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: di
             if store not in get_format(name).stores:
                 continue
             if existing and existing["format"] == name and existing["store"] == store:
-                from fastdata.bench.runner import disk_usage
-
                 prepared.append(Prepared(name, store, str(source_arg), disk_usage(Path(source_arg)),
                                          image_size=parse_resize(config.resize)))
                 continue

@@ -22,6 +22,7 @@ from fastdata import __version__
 from fastdata.bench.config import BenchConfig, Case
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.formats import all_formats, find_manifest, get_format
+from fastdata.manifest import disk_usage
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source, resolve_source
 
 ROW_FIELDS = (
@@ -49,12 +50,6 @@ class Prepared:
         if root.is_file():
             return (str(root),)
         return tuple(sorted(str(p) for p in root.rglob("*") if p.is_file()))
-
-
-def disk_usage(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def fingerprint(source: Source) -> str:
