@@ -1,32 +1,49 @@
 """fastdata: convert image datasets once into fast formats, read them back with worker-safe
-torch Datasets, and measure which format and ``num_workers`` feed a training loop fastest."""
+torch Datasets, and measure which format and ``num_workers`` feed a training loop fastest.
 
-__version__ = "0.1.0"
+The public names below are imported on first use (PEP 562), so ``import fastdata`` is cheap and
+the command line can start, and answer Ctrl-C, before torch is loaded.
+"""
 
-from fastdata.api import open_dataset  # noqa: E402
-from fastdata.convert import convert  # noqa: E402
-from fastdata.errors import FastdataError  # noqa: E402
-from fastdata.formats.folder import FolderDataset  # noqa: E402
-from fastdata.formats.hdf5 import HDF5Dataset  # noqa: E402
-from fastdata.formats.npy import MemmapDataset  # noqa: E402
-from fastdata.formats.tar import TarDataset, TarIndexedDataset  # noqa: E402
-from fastdata.loader import BatchIndexSampler, loader  # noqa: E402
-from fastdata.samplers import ChunkShuffleSampler  # noqa: E402
-from fastdata.verify import VerifyReport, verify  # noqa: E402
+from __future__ import annotations
 
-__all__ = [
-    "BatchIndexSampler",
-    "ChunkShuffleSampler",
-    "FastdataError",
-    "FolderDataset",
-    "HDF5Dataset",
-    "MemmapDataset",
-    "TarDataset",
-    "TarIndexedDataset",
-    "VerifyReport",
-    "__version__",
-    "convert",
-    "loader",
-    "open_dataset",
-    "verify",
-]
+import importlib
+from typing import Any
+
+from fastdata._version import __version__
+
+_EXPORTS = {
+    "BatchIndexSampler": "fastdata.samplers",
+    "ChunkShuffleSampler": "fastdata.samplers",
+    "FastdataError": "fastdata.errors",
+    "FolderDataset": "fastdata.formats.folder",
+    "HDF5Dataset": "fastdata.formats.hdf5",
+    "MemmapDataset": "fastdata.formats.npy",
+    "TarDataset": "fastdata.formats.tar",
+    "TarIndexedDataset": "fastdata.formats.tar",
+    "VerifyReport": "fastdata.verify",
+    "convert": "fastdata.convert",
+    "loader": "fastdata.loading",
+    "open_dataset": "fastdata.api",
+    "verify": "fastdata.verify",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule, e.g. fastdata.formats after a plain "import fastdata"
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'fastdata' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

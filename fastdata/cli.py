@@ -1,7 +1,10 @@
 """The ``fastdata`` command line: convert, info, verify, bench.
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
-without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130.
+without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
+143, each with one line, after the same clean-up (at any moment: this module imports nothing
+heavy, so the handlers are in place before torch loads). Notes from the library (the
+``fastdata`` logger, e.g. a capped ``--workers``) print as ``fastdata: <message>``.
 """
 
 from __future__ import annotations
@@ -10,16 +13,26 @@ import argparse
 import ast
 import dataclasses
 import json
+import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from fastdata import __version__
+from fastdata._version import __version__
 from fastdata.errors import FastdataError, InvalidOptionError
-from fastdata.formats import all_formats, available_formats, find_manifest
-from fastdata.images import DEFAULT_MAX_PIXELS
-from fastdata.manifest import disk_usage
+
+def disk_usage(path: Path) -> int:
+    from fastdata.manifest import disk_usage as usage
+
+    return usage(path)
+
+
+def find_manifest(path: Path) -> dict[str, Any] | None:
+    from fastdata.formats import find_manifest as find
+
+    return find(path)
 
 
 def human_bytes(count: float) -> str:
@@ -41,6 +54,8 @@ def _source_option(text: str) -> tuple[str, Any]:
 
 
 def _format_option_fields() -> dict[str, dataclasses.Field]:
+    from fastdata.formats import all_formats
+
     fields: dict[str, dataclasses.Field] = {}
     for spec in all_formats():
         if spec.options is not None:
@@ -50,6 +65,9 @@ def _format_option_fields() -> dict[str, dataclasses.Field]:
 
 
 def _add_convert_parser(commands) -> None:
+    from fastdata.formats import available_formats
+    from fastdata.images import DEFAULT_MAX_PIXELS
+
     parser = commands.add_parser(
         "convert",
         help="convert an image folder or torchvision dataset into a fast format",
@@ -112,7 +130,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         for key, value in vars(args).items()
         if key.startswith("format_option_") and value is not None
     }
-    existed = Path(args.output).exists()
+    before = _manifest_digest(Path(args.output)) if args.resume else None
     bar = _LazyBar(disable=args.quiet, desc=f"convert -> {args.format}")
     try:
         manifest = convert(
@@ -125,7 +143,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    if existed and args.resume and not args.overwrite:
+    if before is not None and before == manifest.get("manifest_blake2b"):
         print(f"{args.output} is already complete ({manifest['count']:,} samples, same source and options); "
               "nothing to do")
         return 0
@@ -137,6 +155,15 @@ def _run_convert(args: argparse.Namespace) -> int:
             line += f"; ... {len(skipped) - 20} more, every one listed in the manifest ('fastdata info --json')"
     print(line)
     return 0
+
+
+def _manifest_digest(output: Path) -> str | None:
+    """The sealed manifest checksum of an existing dataset at ``output`` (None if there is none)."""
+    try:
+        manifest = find_manifest(output) if output.exists() else None
+    except FastdataError:
+        return None
+    return manifest.get("manifest_blake2b") if manifest else None
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -201,6 +228,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _add_bench_parser(commands) -> None:
+    from fastdata.formats import available_formats
+
     parser = commands.add_parser(
         "bench",
         help="measure every format x num_workers on this machine, and say why the best wins",
@@ -330,21 +359,78 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = {"convert": _run_convert, "info": _run_info, "bench": _run_bench, "verify": _run_verify}
+_SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+_received: list[int] = []
+_main_pid: list[int] = []
+_caught: list[bool] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT and SIGTERM unwind the command as KeyboardInterrupt, so its clean-up runs.
+
+    Until :func:`main` has caught one, every signal raises again: Python drops an exception
+    raised where it cannot propagate (a ``__del__``, an at-fork hook), and a lost SIGTERM would
+    let the command run on. A child process that inherited this handler (a pool or DataLoader
+    worker) gets the default behaviour back instead: its parent does the clean-up."""
+    if _main_pid and os.getpid() != _main_pid[0]:
+        if signum == signal.SIGTERM:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        return
+    _received.append(signum)
+    if not _caught:
+        raise KeyboardInterrupt
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    _received.clear()
+    _caught.clear()
+    _main_pid[:] = [os.getpid()]
+    try:
+        return {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
+    except ValueError:  # not the main thread (main() called from a thread): leave them alone
+        return {}
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("fastdata")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fastdata: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    previous = _install_signal_handlers()
     try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _caught.append(True)
+        signum = _received[0] if _received else signal.SIGINT
+        print(f"fastdata: {_SIGNAL_WORDS[signum]}", file=sys.stderr)
+        return 128 + signum
+    except BrokenPipeError:  # e.g. 'fastdata info ... | head': the reader left; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    _configure_logging()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return _COMMANDS[args.command](args)
     except FastdataError as exc:
         if os.environ.get("FASTDATA_TRACEBACK"):
             raise
         print(f"fastdata: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("fastdata: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

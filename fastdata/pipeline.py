@@ -6,11 +6,13 @@ resize and encode in a process pool, yielding batches in source order.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 from typing import Any, Iterator
 
 import numpy as np
@@ -224,9 +226,30 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while worker processes fork: a handler that raises during the fork
+    (inside an at-fork hook) would have its exception dropped, and the signal lost. They are
+    delivered, in the normal way, as soon as the block ends."""
+    blockable = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blockable:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        if blockable:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
 def _init_worker(job: Job) -> None:
     global _WORKER_JOB
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how the pool stops its workers
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # forked while the parent held them
     _die_with_parent()
     disable_pillow_limit()
     _WORKER_JOB = job
@@ -247,7 +270,8 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         if self.workers > 1 and self.count > 64:
-            self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
+            with _stop_signals_held():
+                self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
         return self
 
     def __exit__(self, *exc_info) -> None:

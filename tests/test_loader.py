@@ -8,7 +8,7 @@ import torch
 
 import fastdata
 from fastdata.errors import InvalidOptionError
-from fastdata.loader import BatchIndexSampler
+from fastdata import BatchIndexSampler
 
 
 def epoch(sampler) -> list[np.ndarray]:

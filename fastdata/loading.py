@@ -9,39 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from torch.utils.data import DataLoader
 
 from fastdata.errors import InvalidOptionError
-from fastdata.samplers import EpochSampler
-
-
-class BatchIndexSampler(EpochSampler):
-    """Yields batches of indices: slices of one seeded permutation per epoch, each sorted
-    (or ``0..N-1`` in order without ``shuffle``).
-
-    Every index appears exactly once per epoch (the last batch is short unless ``drop_last``);
-    see :class:`fastdata.samplers.EpochSampler` for seeding and epochs.
-    """
-
-    def __init__(
-        self,
-        length: int,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        seed: int | None = None,
-    ):
-        if batch_size is None:
-            raise InvalidOptionError("Invalid batch_size None. Use a positive integer.")
-        super().__init__(length, batch_size=batch_size, drop_last=drop_last, seed=seed)
-        self.shuffle = shuffle
-
-    def order(self, epoch: int) -> np.ndarray:
-        if self.shuffle:
-            return np.random.default_rng([self.seed, epoch]).permutation(self.length)
-        return np.arange(self.length)
+from fastdata.samplers import BatchIndexSampler
 
 
 def loader(
