@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import ManifestError, SourceNotFoundError
+from fastdata.errors import (
+    CorruptManifestError, ManifestError, SourceNotFoundError, UnknownDatasetFormatError, UnknownFormatError,
+)
 from fastdata.formats import find_manifest, get_format
 
 
@@ -22,4 +24,15 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
             f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found). "
             "Convert it first, or read an image folder with fastdata.FolderDataset."
         )
-    return get_format(manifest["format"]).dataset(path, **kwargs)
+    name = manifest.get("format")
+    if not isinstance(name, str):
+        raise CorruptManifestError(
+            f"{str(path)!r}: the manifest's 'format' is {name!r}, not a format name. Run 'fastdata verify {path}'."
+        )
+    try:
+        spec = get_format(name)
+    except UnknownFormatError as exc:
+        raise UnknownDatasetFormatError(
+            f"{exc} {str(path)!r} was written by a fastdata that knows it; install that one to read it."
+        ) from None
+    return spec.dataset(path, **kwargs)

@@ -9,23 +9,32 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from fastdata import __version__, journal
-from fastdata.errors import BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
-from fastdata.formats import FormatSpec, find_manifest, get_format
+from fastdata.errors import (
+    BadSampleError, FastdataError, InvalidOptionError, OutputExistsError, SourceChangedError,
+)
+from fastdata.fingerprint import describe_changes
+from fastdata.formats import FormatSpec, get_format
 from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry
+from fastdata.machine import usable_cores
+from fastdata.outputs import (
+    PARTIAL_SUFFIX, ConversionLock, check_existing, check_not_source, check_output_path, partial_path, publish,
+    remove_path, write_error,
+)
 from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.plan import STORES, ConvertOptions
 from fastdata.sources import Source, resolve_source
 
-PARTIAL_SUFFIX = ".partial"
+__all__ = ["PARTIAL_SUFFIX", "convert", "make_options", "parse_reencode", "parse_size", "remove_path", "run_conversion"]
+logger = logging.getLogger("fastdata")
 
 
 def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
@@ -94,7 +103,7 @@ def make_options(
         mode=mode,
         geometry=geometry,
         reencode=parse_reencode(reencode),
-        workers=(os.cpu_count() or 1) if workers is None else workers,
+        workers=usable_cores() if workers is None else workers,
         overwrite=overwrite,
         skip_bad=skip_bad,
         resume=resume,
@@ -147,8 +156,7 @@ def convert(
     spec = get_format(format, writable=True)
     writer_options = spec.make_options(format_options)
     output = Path(output)
-    if output.exists() and not overwrite and not resume:
-        raise OutputExistsError(f"Output {str(output)!r} already exists. Pass --overwrite to replace it.")
+    check_output_path(output)
     src = resolve_source(source, root=root, split=split, download=download, source_options=source_options)
     return run_conversion(src, output, spec, options, writer_options, progress)
 
@@ -165,7 +173,7 @@ class _Target:
 
     @property
     def partial(self) -> Path:
-        return self.output.with_name(self.output.name + PARTIAL_SUFFIX)
+        return partial_path(self.output)
 
     def report(self, count: int, total: int) -> None:
         if self.progress is not None and count:
@@ -180,56 +188,143 @@ def run_conversion(
     writer_options: Any,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    target = _Target(output, spec, writer_options, _key(spec, src, options, writer_options), progress)
-    state = None
-    if options.resume:
-        complete = _complete_output(target)
-        if complete is not None:
-            return complete
-        state = journal.load(output, target.key) if target.partial.exists() and spec.writer.supports_resume else None
-    if state is None:  # stale partial output of an earlier run is removed
-        remove_path(target.partial)
-        journal.remove(output)
-    job = plan_job(src, options, mode=state["mode"] if state else None)
+    """Convert ``src`` into ``output`` under the output rules of :mod:`fastdata.outputs`."""
+    check_output_path(output)
+    check_not_source(output, src.protected())
+    if not (options.overwrite or options.resume):  # refuse at once, before fingerprinting the source
+        check_existing(output, overwrite=False, resume=False)
     try:
-        manifest = _write(job, target, state)
-    except ModeConflict:
-        # auto mode planned grayscale from the first images, then met a colour one: redo as RGB
-        manifest = _write(plan_job(src, options, mode="RGB"), target, None)
-    _publish(target.partial, output, overwrite=options.overwrite or options.resume)
-    journal.remove(output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(output, exc) from exc
+    fields = _key_fields(spec, src, options, writer_options)
+    target = _Target(output, spec, writer_options, journal.conversion_key(fields), progress)
+    options = dataclasses.replace(options, workers=_cap_workers(options.workers, len(src)))
+    fingerprint = src.fingerprint()
+    with ConversionLock(output):
+        existing = check_existing(output, overwrite=options.overwrite, resume=options.resume)
+        if options.resume and existing is not None:
+            kept = _keep_complete(output, existing, target.key, fingerprint, overwrite=options.overwrite)
+            if kept is not None:
+                return kept
+        state = _claim_partial(target, fields, fingerprint, options)
+        try:
+            if state is None:
+                journal.start(output, key=target.key, fields=fields, fingerprint=fingerprint)
+            job = plan_job(src, options, mode=state["mode"] if state else None)
+            try:
+                manifest = _write(job, target, state, fingerprint)
+            except ModeConflict:
+                # auto mode planned grayscale from the first images, then met a colour one: redo as RGB
+                journal.start(output, key=target.key, fields=fields, fingerprint=fingerprint)
+                manifest = _write(plan_job(src, options, mode="RGB"), target, None, fingerprint)
+            publish(target.partial, output, replace=existing is not None)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                remove_path(target.partial)  # ours: the lock is held and the journal names it
+            journal.remove(output)
+            if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
+                raise write_error(output, exc) from exc
+            raise
+        journal.remove(output)
     return manifest
 
 
-def _key(spec: FormatSpec, src: Source, options: ConvertOptions, writer_options: Any) -> str:
-    return journal.conversion_key({
-        "format": spec.name, "layout_version": spec.layout_version, "source": src.describe(),
+def _cap_workers(requested: int, count: int) -> int:
+    """Conversion processes: at most the cores this process may use and the sample count."""
+    cores = usable_cores()
+    capped = max(0, min(requested, cores, count))
+    if capped < requested and requested > 1:
+        limit = "the usable cores" if capped == cores else "the sample count"
+        logger.warning("--workers %d capped at %d (%s)", requested, capped, limit)
+    return capped
+
+
+def _key_fields(spec: FormatSpec, src: Source, options: ConvertOptions, writer_options: Any) -> dict[str, Any]:
+    """What determines the output's bytes: the journal's and the manifest's conversion key."""
+    source = {key: value for key, value in src.describe().items() if key != "length"}  # the fingerprint's part
+    return {
+        "format": spec.name, "layout_version": spec.layout_version, "source": source,
         "store": options.store, "mode": options.mode, "geometry": options.geometry.describe(),
         "reencode": options.reencode, "skip_bad": options.skip_bad, "max_pixels": options.max_pixels,
         "exif_transpose": options.exif_transpose,
         "format_options": dataclasses.asdict(writer_options) if writer_options else {},
-    })
+    }
 
 
-def _complete_output(target: _Target) -> dict[str, Any] | None:
-    """``--resume`` on a finished output: its manifest when written from the same source and options."""
-    if not target.output.exists():
-        return None
-    manifest = find_manifest(target.output)
-    if manifest is not None and manifest.get("conversion_key") == target.key:
-        return manifest
-    if manifest is None:
+def _keep_complete(output: Path, manifest: dict[str, Any], key: str, fingerprint: dict[str, Any], *,
+                   overwrite: bool) -> dict[str, Any] | None:
+    """``--resume`` on a finished output: its manifest when written from the same, unchanged
+    source with the same options; None to convert again (``--overwrite`` given); else a refusal."""
+    if manifest.get("conversion_key") != key:
+        if overwrite:
+            return None
         raise OutputExistsError(
-            f"Output {str(target.output)!r} exists and is not a fastdata dataset. Pass --overwrite to replace it."
+            f"Output {str(output)!r} was converted from another source or with other options; "
+            "--resume does not replace it. Pass --overwrite to convert again."
         )
-    raise OutputExistsError(
-        f"Output {str(target.output)!r} was converted from another source or with other options; "
-        "--resume does not replace it. Pass --overwrite to convert again."
+    changes = describe_changes(manifest.get("source_fingerprint"), fingerprint)
+    if changes is None:
+        return manifest
+    if overwrite:
+        return None
+    raise SourceChangedError(
+        f"Output {str(output)!r} is complete, but its source changed since it was converted: {changes}. "
+        "--resume keeps an output only when its source is unchanged; pass --overwrite to convert again."
     )
 
 
-def _write(job: "Job", target: _Target, state: dict[str, Any] | None) -> dict[str, Any]:
+def _claim_partial(target: _Target, fields: dict[str, Any], fingerprint: dict[str, Any],
+                   options: ConvertOptions) -> dict[str, Any] | None:
+    """The checkpoint to resume from, or None after removing a stale partial output of ours.
+
+    A partial output that fastdata has no journal for is refused, never removed; with
+    ``--resume``, one made from other options or a changed source is refused too.
+    """
+    output, partial = target.output, target.partial
+    if not (partial.exists() or partial.is_symlink()):
+        journal.remove(output)
+        return None
+    record = journal.read(output)
+    if record is None or partial.is_symlink():
+        raise OutputExistsError(
+            f"{str(partial)!r} exists, but fastdata has no record of writing it (no journal "
+            f"{journal.journal_path(output).name!r}); it is not removed. Move it away, or choose another output path."
+        )
+    if options.resume and not options.overwrite:
+        shown = str(output)
+        if record.get("version") != journal.JOURNAL_VERSION or "fields" not in record:
+            raise OutputExistsError(
+                f"Cannot resume {shown!r}: its partial output was written by another fastdata version. "
+                "Convert again without --resume to start over (the partial output is replaced)."
+            )
+        if record["key"] != target.key:
+            raise InvalidOptionError(
+                f"Cannot resume {shown!r}: its partial conversion was started with {_field_changes(record['fields'], fields)}. "
+                "Resume with the same source and options, or convert without --resume to start over."
+            )
+        changes = describe_changes(record.get("source_fingerprint"), fingerprint)
+        if changes is not None:
+            raise SourceChangedError(
+                f"Cannot resume {shown!r}: the source changed since the conversion began: {changes}. Resuming "
+                "would mix samples and labels of both. Convert without --resume (--overwrite if the output "
+                "exists) to start over."
+            )
+        if target.spec.writer.supports_resume and record.get("writer") is not None:
+            return record
+    remove_path(partial)
+    journal.remove(output)
+    return None
+
+
+def _field_changes(before: dict[str, Any], now: dict[str, Any]) -> str:
+    names = sorted(name for name in set(before) | set(now) if before.get(name) != now.get(name))
+    if "source" in names:
+        return f"another source ({before.get('source')!r}, now {now.get('source')!r})"
+    return "other options (" + ", ".join(f"{name} {before.get(name)!r}, now {now.get(name)!r}" for name in names) + ")"
+
+
+def _write(job: "Job", target: _Target, state: dict[str, Any] | None, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """Run the job through the format's writer into the partial output; remove it on any failure.
 
     With a journal ``state``, the writer reopens the partial output at that checkpoint and the
@@ -240,6 +335,7 @@ def _write(job: "Job", target: _Target, state: dict[str, Any] | None) -> dict[st
     start = state["next_index"] if state else 0
     written = state["written"] if state else 0
     skipped = {int(i): entry for i, entry in state["skipped"].items()} if state else {}
+    record = journal.read(target.output)
     target.report(start, len(src))
     reported = start
     last_checkpoint = time.monotonic()
@@ -256,29 +352,23 @@ def _write(job: "Job", target: _Target, state: dict[str, Any] | None) -> dict[st
                 target.report(len(batch) + len(batch.skipped), len(src))
                 reported += len(batch) + len(batch.skipped)
                 if spec.writer.supports_resume and time.monotonic() - last_checkpoint > journal.CHECKPOINT_INTERVAL_S:
-                    journal.save(target.output, {
-                        "key": target.key, "mode": plan.mode, "next_index": next_index, "written": written,
-                        "skipped": skipped, "writer": writer.checkpoint(),
-                    })
+                    record.update(mode=plan.mode, next_index=next_index, written=written, skipped=skipped,
+                                  writer=writer.checkpoint())
+                    journal.save(target.output, record)
                     last_checkpoint = time.monotonic()
         if written == 0:
             raise BadSampleError(f"No sample could be converted; all {len(src)} were skipped as unreadable.")
         manifest = _manifest(spec, plan, src, options, target.writer_options, written, skipped)
         manifest["conversion_key"] = target.key
+        manifest["source_fingerprint"] = fingerprint
         return writer.close(manifest)
     except BaseException as exc:
         if writer is not None:
             with contextlib.suppress(Exception):  # closing may fail the same way; report the first error
                 writer.abort()
         remove_path(target.partial)
-        journal.remove(target.output)
         if isinstance(exc, ModeConflict):
             target.report(-reported, len(src))
-        if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
-            raise OutputWriteError(
-                f"Cannot write {str(target.output)!r}: {exc.strerror or exc}. Free disk space (or raise the "
-                "file-size limit) and convert again; no partial output was left behind."
-            ) from exc
         raise
 
 
@@ -310,25 +400,3 @@ def _manifest(spec, plan, src, options, writer_options, written, skipped) -> dic
         },
         "skipped": [skipped[i] for i in sorted(skipped)],
     }
-
-
-def remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _publish(partial: Path, output: Path, *, overwrite: bool) -> None:
-    """Rename the complete temporary output into place (replacing the old one if asked)."""
-    if output.exists() or output.is_symlink():
-        if not overwrite:
-            remove_path(partial)
-            raise OutputExistsError(f"Output {str(output)!r} appeared during conversion; not replaced.")
-        old = output.with_name(output.name + ".old")
-        remove_path(old)
-        os.replace(output, old)
-        os.replace(partial, output)
-        remove_path(old)
-    else:
-        os.replace(partial, output)

@@ -57,3 +57,19 @@ class CorruptDataError(FastdataError, OSError):
 
 class DependencyMissingError(FastdataError, ImportError):
     """An optional package that the requested feature needs is not installed."""
+
+
+class OutputLockedError(FastdataError, BlockingIOError):
+    """Another conversion is writing the same output right now."""
+
+
+class CorruptManifestError(ManifestError, CorruptDataError):
+    """A manifest or shard index holds a value that does not fit the files beside it."""
+
+
+class SourceChangedError(FastdataError, ValueError):
+    """The source changed since a partial or finished output was made from it."""
+
+
+class UnknownDatasetFormatError(UnknownFormatError, ManifestError):
+    """A dataset's manifest names a format this fastdata does not know."""

@@ -7,7 +7,8 @@ input mode                grayscale?  converted with
 ========================  ==========  ==============================================
 1, L                      yes         ``Image.convert``
 LA, La                    yes         ``Image.convert`` (alpha dropped)
-I;16, I;16B/L/N, I        yes         value >> 8 to 8 bits (never clipped), then L
+I;16, I;16B/L/N           yes         value >> 8 to 8 bits, then L
+I (32-bit signed)         yes         clipped to 0..65535, then >> 8, then L
 F                         yes         clipped to 0..255, then L
 RGB, RGBA, RGBX, RGBa     no          ``Image.convert`` (alpha dropped, no blending)
 P, PA                     no          ``Image.convert`` through the palette (transparency dropped)
@@ -40,7 +41,7 @@ _EXIF_ORIENTATION = 0x0112
 
 
 class TooManyPixelsError(ValueError):
-    """An image over the pixel limit (the decompression-bomb guard)."""
+    """An image over the pixel limit (the decompression-bomb guard), or with no pixels at all."""
 
 
 _pillow_limit_off = False  # True in conversion worker processes, which own their Pillow state
@@ -85,7 +86,10 @@ def guarded_open(source: Any, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> It
 
 
 def check_pixels(image: Image.Image, max_pixels: int | None) -> None:
+    """Refuse an image without pixels, or with more than ``max_pixels`` (None: no limit)."""
     pixels = image.width * image.height
+    if pixels == 0:
+        raise TooManyPixelsError(f"the image is empty ({image.width}x{image.height} pixels)")
     if max_pixels is not None and pixels > max_pixels:
         raise TooManyPixelsError(
             f"{image.width}x{image.height} = {pixels:,} pixels, over the limit of {max_pixels:,} "
@@ -109,8 +113,10 @@ def to_mode(image: Image.Image, mode: str) -> Image.Image:
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")  # same colours; avoids Pillow's palette-transparency warning
     if image.mode in _WIDE_MODES:
-        wide = np.asarray(image).astype(np.uint32)
-        image = Image.fromarray((wide >> 8).clip(0, 255).astype(np.uint8))
+        # 16-bit values (0..65535) keep their top 8 bits; 32-bit "I" values outside that range are
+        # clipped to it first (a negative value is black, never wrapped around to white)
+        wide = np.asarray(image).astype(np.int64).clip(0, 65535)
+        image = Image.fromarray((wide >> 8).astype(np.uint8))
     elif image.mode == "F":
         image = Image.fromarray(np.asarray(image).clip(0, 255).astype(np.uint8))
     if image.mode == mode:

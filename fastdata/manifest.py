@@ -11,15 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import ManifestError, VersionMismatchError
+from fastdata.errors import (
+    CorruptDataError, CorruptManifestError, FastdataError, ManifestError, SourceNotFoundError, VersionMismatchError,
+)
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "blake2b"
 MANIFEST_CHECKSUM_KEY = "manifest_blake2b"  # of the manifest's own content, so verify finds an edit
 _READ_BLOCK_BYTES = 8 * 1024 * 1024
+_MAX_COUNT = 2**40  # samples; anything larger is a damaged or crafted manifest
+_MAX_SIDE = 2**20  # pixels per image side
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def file_checksum(path: str | os.PathLike) -> str:
@@ -79,12 +85,12 @@ def parse_manifest(text: str, origin: str) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ManifestError(
+        raise CorruptManifestError(
             f"{origin}: manifest is not valid JSON ({exc.msg} at line {exc.lineno}). "
             "The dataset is damaged or was not written by fastdata; convert it again."
         ) from exc
     if not isinstance(manifest, dict) or "format" not in manifest:
-        raise ManifestError(
+        raise CorruptManifestError(
             f"{origin}: manifest has no 'format' field. "
             "The dataset was not written by fastdata; convert it again."
         )
@@ -109,7 +115,7 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
             f"{str(path)!r}: no manifest found. Is this a dataset written by 'fastdata convert'?"
         ) from exc
     except UnicodeDecodeError as exc:
-        raise ManifestError(
+        raise CorruptManifestError(
             f"{str(path)!r}: manifest is not valid UTF-8 (byte {exc.start}). "
             "The dataset is damaged or was not written by fastdata; convert it again."
         ) from exc
@@ -125,3 +131,151 @@ def check_layout_version(manifest: dict[str, Any], supported: int, origin: str) 
             f"this fastdata reads layout version {supported}. "
             "Convert the source again with this fastdata, or install the fastdata that wrote it."
         )
+
+
+def is_plain_name(name: Any) -> bool:
+    """A file name that stays inside its folder: no separator, not '.' or '..', printable."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\x00" not in name and len(name) <= 255)
+
+
+def _is_count(value: Any, limit: int = _MAX_COUNT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit
+
+
+def manifest_problems(path: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every field the readers rely on, with its type, range and relations (one message per
+    problem; empty when the manifest is sound). ``fastdata verify`` reports them; readers refuse
+    the dataset with the first one."""
+    from fastdata.formats import get_format
+
+    origin = repr(str(path / MANIFEST_NAME) if path.is_dir() else str(path))
+    try:
+        spec = get_format(str(manifest.get("format")))
+    except FastdataError as exc:
+        return [f"{origin}: {exc}"]
+    problems = []
+    if manifest.get("layout_version") != spec.layout_version:
+        problems.append(f"{origin}: layout version {manifest.get('layout_version')!r} is not supported; this "
+                        f"fastdata reads {spec.name!r} layout version {spec.layout_version}.")
+    count = manifest.get("count")
+    if not _is_count(count):
+        problems.append(f"{origin}: 'count' is {count!r}; expected a sample count from 0 to {_MAX_COUNT}.")
+    if manifest.get("store") not in spec.stores:
+        problems.append(f"{origin}: 'store' is {manifest.get('store')!r}; expected one of {list(spec.stores)}.")
+    problems += _image_problems(origin, manifest)
+    problems += _class_problems(origin, manifest)
+    problems += _files_problems(origin, manifest, directory=path.is_dir())
+    return problems
+
+
+def _image_problems(origin: str, manifest: dict[str, Any]) -> list[str]:
+    image = manifest.get("image")
+    if not isinstance(image, dict) or image.get("mode") not in ("RGB", "L"):
+        return [f"{origin}: 'image' is {image!r}; expected a mapping with 'mode' 'RGB' or 'L'."]
+    channels = 3 if image["mode"] == "RGB" else 1
+    if image.get("channels") != channels or not isinstance(image.get("encoding"), str):
+        return [f"{origin}: 'image' is {image!r}; expected 'channels' {channels} and an 'encoding' name."]
+    if manifest.get("store") != "raw":
+        if image.get("shape") is not None:
+            return [f"{origin}: encoded images have no fixed shape, but 'image' says {image.get('shape')!r}."]
+        return []
+    shape = image.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == channels
+            and all(_is_count(v, _MAX_SIDE) and v > 0 for v in shape)):
+        return [f"{origin}: raw image shape is {shape!r}; expected [height, width, {channels}] "
+                f"with sides from 1 to {_MAX_SIDE}."]
+    return []
+
+
+def _class_problems(origin: str, manifest: dict[str, Any]) -> list[str]:
+    classes = manifest.get("classes")
+    class_to_idx = manifest.get("class_to_idx")
+    if not isinstance(classes, list) or not isinstance(class_to_idx, dict) or \
+            not all(isinstance(name, str) for name in classes):
+        return [f"{origin}: 'classes' {classes!r} and 'class_to_idx' {class_to_idx!r} must be a list of names "
+                "and a mapping."]
+    if class_to_idx != {name: i for i, name in enumerate(classes)}:
+        return [f"{origin}: 'class_to_idx' does not number 'classes' in order 0..{len(classes) - 1}."]
+    return []
+
+
+def _files_problems(origin: str, manifest: dict[str, Any], *, directory: bool) -> list[str]:
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return [f"{origin}: 'files' is {files!r}; expected the checksum of every data file."]
+    problems = []
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get(CHECKSUM_ALGORITHM), str) \
+                or not _HEX_DIGEST.fullmatch(entry[CHECKSUM_ALGORITHM]) or not _is_count(entry.get("bytes"), 2**62):
+            problems.append(f"{origin}: files entry {name!r} is {entry!r}; expected 'bytes' and a "
+                            f"{CHECKSUM_ALGORITHM!r} digest.")
+        elif directory and not all(is_plain_name(part) for part in name.split("/")):
+            problems.append(f"{origin}: files entry {name!r} points outside the dataset directory.")
+    return problems
+
+
+def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
+    """The manifest of the ``format_name`` dataset at ``path``, checked before a reader uses any
+    of its values: the format, the layout version, and every field (:func:`manifest_problems`)."""
+    from fastdata.formats import find_manifest, get_format
+
+    path = Path(path)
+    if not path.exists():
+        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
+    manifest = find_manifest(path)
+    if manifest is None:
+        raise ManifestError(
+            f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found). "
+            "Convert it first, or read an image folder with fastdata.FolderDataset."
+        )
+    if manifest.get("format") != format_name:
+        raise ManifestError(
+            f"{str(path)!r} holds format {manifest.get('format')!r}, not {format_name!r}. "
+            "Use fastdata.open_dataset(path) to pick the right reader."
+        )
+    check_layout_version(manifest, get_format(format_name).layout_version, str(path))
+    problems = manifest_problems(path, manifest)
+    if problems:
+        raise CorruptManifestError(f"{problems[0]} Run 'fastdata verify {path}' or convert the source again.")
+    return manifest
+
+
+def check_file_sizes(directory: Path, manifest: dict[str, Any]) -> None:
+    """Every data file of a directory dataset has the size its manifest records (a reader's
+    check at open: a truncated memory-mapped file would otherwise crash the process with SIGBUS)."""
+    for name, entry in manifest["files"].items():
+        file = directory / name
+        try:
+            size = file.stat().st_size
+        except OSError as exc:
+            raise CorruptDataError(
+                f"{str(file)!r}: cannot read ({exc.strerror}). Run 'fastdata verify {directory}' or convert the "
+                "source again."
+            ) from exc
+        if size != entry["bytes"]:
+            state = "truncated" if size < entry["bytes"] else "damaged: data was appended"
+            raise CorruptDataError(
+                f"{str(file)!r} is {size} bytes but the manifest says {entry['bytes']} ({state}). "
+                f"Run 'fastdata verify {directory}' or convert the source again."
+            )
+
+
+def load_small_array(file: Path, *, dtype: Any, length: int | None = None) -> Any:
+    """A small .npy array (labels, offsets) read into memory, its declared shape checked against
+    the file's size first (``np.load`` would try to allocate whatever a damaged header says)."""
+    import numpy as np
+
+    try:
+        mapped = np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CorruptDataError(
+            f"{str(file)!r}: cannot read ({exc}). Run 'fastdata verify {file.parent}' or convert the source again."
+        ) from exc
+    if mapped.ndim != 1 or mapped.dtype != np.dtype(dtype) or (length is not None and len(mapped) != length):
+        expected = f"{np.dtype(dtype)} ({length if length is not None else 'N'},)"
+        raise CorruptDataError(
+            f"{str(file)!r} holds {mapped.dtype} {mapped.shape}, expected {expected}. "
+            f"Run 'fastdata verify {file.parent}' or convert the source again."
+        )
+    return np.array(mapped)

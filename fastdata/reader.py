@@ -31,6 +31,8 @@ class MapDataset(Dataset):
     """
 
     labels: np.ndarray
+    classes: list[str] = []
+    class_to_idx: dict[str, int] = {}
 
     def __init__(
         self,
@@ -49,6 +51,11 @@ class MapDataset(Dataset):
         self.batch_transform = batch_transform
         self._handles: Any = None
         self._pid: int | None = None
+
+    def _set_classes(self, manifest: dict[str, Any]) -> None:
+        """Class names (index = label) and their mapping, like torchvision's ImageFolder."""
+        self.classes = list(manifest.get("classes") or [])
+        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
 
     # --- per-process resources ---------------------------------------------------------
 

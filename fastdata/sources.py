@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata import fingerprint
+from fastdata.errors import EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError
 from fastdata.images import (
     DEFAULT_MAX_PIXELS, check_pixels, exif_transpose, guarded_open, open_checked, oriented_size, to_pil,
 )
+from fastdata.outputs import Protected
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -145,6 +147,14 @@ class Source:
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.fingerprint`)."""
+        raise NotImplementedError
+
+    def protected(self) -> list[Protected]:
+        """Paths this source reads, which the output may not be, lie in, or contain."""
+        return []
+
     def file_bytes(self, index: int) -> bytes | None:
         """The sample's original encoded bytes, or None when the source has no files."""
         return None
@@ -168,6 +178,12 @@ class FolderSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {"type": "folder", "path": str(self.root.resolve())}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_files(self._root, self.keys, self.class_to_idx)
+
+    def protected(self) -> list[Protected]:
+        return [Protected(self.root, "source folder")]
 
     def file_bytes(self, index: int) -> bytes:
         return (self.root / self.keys[index]).read_bytes()
@@ -204,6 +220,22 @@ class DatasetSource(Source):
     def describe(self) -> dict[str, Any]:
         return dict(self._description, length=len(self.keys))
 
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_items(len(self), self._item_digest)
+
+    def _item_digest(self, index: int) -> bytes:
+        try:
+            image, label = self.load(index)
+        except Exception as exc:  # noqa: BLE001 - a bad item is part of what the source is
+            return f"error {type(exc).__name__}: {exc}".encode()
+        return f"{image.mode} {image.size} {label}\n".encode() + image.tobytes()
+
+    def protected(self) -> list[Protected]:
+        root = getattr(self.dataset, "root", None)
+        if isinstance(root, (str, os.PathLike)) and str(root) and Path(root).exists():
+            return [Protected(Path(root), "dataset root folder", inside_ok=True)]
+        return []
+
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         read = read or ReadOptions()
         item = self.dataset[index]
@@ -233,8 +265,32 @@ class ArraySource(DatasetSource):
     def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         return self.native_mode, self.data.shape[2], self.data.shape[1]
 
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_arrays(self.data, self.labels)
+
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         return Image.fromarray(self.data[index]), int(self.labels[index])
+
+
+class FastdataSource(DatasetSource):
+    """A dataset written by ``fastdata convert``, read through its format's map-style reader as
+    PIL images (so any format converts to any other), with its class names."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        from fastdata.formats import get_format
+        from fastdata.manifest import manifest_checksum
+
+        self.path = Path(path)
+        self.manifest = manifest
+        reader = get_format(manifest["format"]).map_dataset
+        super().__init__(reader(self.path, image_format="pil"), {"type": "fastdata", "path": str(self.path.resolve())})
+        self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_manifest(self.manifest, self._manifest_digest)
+
+    def protected(self) -> list[Protected]:
+        return [Protected(self.path, "source dataset")]
 
 
 def has_array_fast_path(dataset: Any) -> bool:
@@ -288,6 +344,13 @@ def torchvision_dataset(
     if split not in ("train", "test"):
         raise InvalidOptionError(f"Unknown split {split!r}. Allowed: 'train', 'test'.")
     params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = sorted(set(options or {}) - set(params))
+    if unknown and not takes_any:
+        allowed = ", ".join(n for n in params if n not in ("self", "root", "train", "split", "download")) or "none"
+        raise InvalidOptionError(
+            f"torchvision:{name} does not take option {unknown[0]!r} (--source-option). Its options: {allowed}."
+        )
     kwargs: dict[str, Any] = {}
     if "root" in params:
         if root is None:
@@ -301,14 +364,40 @@ def torchvision_dataset(
         kwargs["download"] = download
     kwargs.update(options or {})
     try:
-        return cls(**kwargs)
+        dataset = cls(**kwargs)
     except RuntimeError as exc:
         if "not found" in str(exc).lower():
             raise SourceNotFoundError(
                 f"torchvision:{name} not found under root {str(root)!r} ({exc}). "
                 "Pass --download to fetch it, or point --root at the folder that holds it."
             ) from exc
+        raise _rejected(name, options, exc) from exc
+    except FastdataError:
         raise
+    except Exception as exc:  # noqa: BLE001 - whatever the dataset's constructor raises for bad options
+        raise _rejected(name, options, exc) from exc
+    dataset_length(dataset, f"torchvision:{name}")
+    return dataset
+
+
+def _rejected(name: str, options: dict[str, Any] | None, exc: Exception) -> InvalidOptionError:
+    given = ", ".join(f"{k}={v!r}" for k, v in sorted((options or {}).items())) or "no options"
+    return InvalidOptionError(
+        f"torchvision:{name} cannot be created with {given} ({type(exc).__name__}: {exc}). "
+        "Check the --source-option values against the dataset's documentation."
+    )
+
+
+def dataset_length(dataset: Any, name: str) -> int:
+    """``len(dataset)``, or a clear error when it has none or an invalid one."""
+    try:
+        length = len(dataset)
+    except Exception as exc:  # noqa: BLE001 - a user's __len__ may raise anything
+        raise InvalidOptionError(
+            f"{name} has no valid length ({type(exc).__name__}: {exc}). A source must be a map-style "
+            "dataset with __len__ and __getitem__; check its options."
+        ) from exc
+    return length
 
 
 def resolve_source(
@@ -333,11 +422,9 @@ def resolve_source(
         path = Path(source)
         from fastdata.formats import find_manifest
 
-        if path.exists() and find_manifest(path) is not None:
-            from fastdata.api import open_dataset
-
-            dataset = open_dataset(path, image_format="pil")
-            return DatasetSource(dataset, {"type": "fastdata", "path": str(path.resolve())})
+        manifest = find_manifest(path) if path.exists() else None
+        if manifest is not None:
+            return FastdataSource(path, manifest)
         return FolderSource(path)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         return make_dataset_source(source)
@@ -348,7 +435,7 @@ def resolve_source(
 
 
 def make_dataset_source(dataset: Any, description: dict[str, Any] | None = None) -> DatasetSource:
-    if len(dataset) == 0:
+    if dataset_length(dataset, f"Dataset {type(dataset).__name__}") == 0:
         raise EmptySourceError(f"Dataset {type(dataset).__name__} is empty.")
     if has_array_fast_path(dataset):
         return ArraySource(dataset, description)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from fastdata.manifest import (
     MANIFEST_NAME,
     file_checksum,
     manifest_checksum,
+    manifest_problems,
 )
 
 _DEEP_BATCH = 64
@@ -73,7 +74,7 @@ def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
         return VerifyReport(path, None, None, deep, (), (str(exc),))
     if manifest is None:
         raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
-    problems = list(check_manifest(path, manifest))
+    problems = manifest_problems(path, manifest)
     count = manifest.get("count") if isinstance(manifest.get("count"), int) else None
     if problems:  # the rest would be judged against a manifest that is itself wrong
         return VerifyReport(path, manifest.get("format"), count, deep, (), tuple(problems))
@@ -94,56 +95,6 @@ def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
     problems += check_reader(path, manifest, spec, deep=deep)
     unique = tuple(dict.fromkeys(problems))  # a damaged file may fail two checks alike
     return VerifyReport(path, manifest["format"], count, deep, tuple(checked), unique)
-
-
-# --- the manifest -------------------------------------------------------------------------
-
-
-def check_manifest(path: Path, manifest: dict[str, Any]) -> Iterator[str]:
-    """Fields every manifest has, with the types and relations the readers rely on."""
-    origin = repr(str(path / MANIFEST_NAME) if path.is_dir() else str(path))
-    try:
-        spec = get_format(str(manifest.get("format")))
-    except FastdataError as exc:
-        yield f"{origin}: {exc}"
-        return
-    if manifest.get("layout_version") != spec.layout_version:
-        yield (f"{origin}: layout version {manifest.get('layout_version')!r} is not supported; this fastdata "
-               f"reads {spec.name!r} layout version {spec.layout_version}.")
-    count = manifest.get("count")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        yield f"{origin}: 'count' is {count!r}; expected a sample count >= 0."
-    if manifest.get("store") not in spec.stores:
-        yield f"{origin}: 'store' is {manifest.get('store')!r}; expected one of {list(spec.stores)}."
-    image = manifest.get("image")
-    if not isinstance(image, dict) or image.get("mode") not in ("RGB", "L"):
-        yield f"{origin}: 'image' is {image!r}; expected a mapping with 'mode' 'RGB' or 'L'."
-    elif manifest.get("store") == "raw":
-        shape = image.get("shape")
-        channels = 3 if image["mode"] == "RGB" else 1
-        if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == channels
-                and all(isinstance(v, int) and v > 0 for v in shape)):
-            yield f"{origin}: raw image shape is {shape!r}; expected [height, width, {channels}]."
-    yield from _check_classes(origin, manifest)
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        yield f"{origin}: 'files' is {files!r}; expected the checksum of every data file."
-        return
-    for name, entry in files.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get(CHECKSUM_ALGORITHM), str) \
-                or not isinstance(entry.get("bytes"), int):
-            yield f"{origin}: files entry {name!r} is {entry!r}; expected 'bytes' and {CHECKSUM_ALGORITHM!r}."
-        elif path.is_dir() and (Path(name).is_absolute() or ".." in Path(name).parts):
-            yield f"{origin}: files entry {name!r} points outside the dataset directory."
-
-
-def _check_classes(origin: str, manifest: dict[str, Any]) -> Iterator[str]:
-    classes = manifest.get("classes")
-    class_to_idx = manifest.get("class_to_idx")
-    if not isinstance(classes, list) or not isinstance(class_to_idx, dict):
-        yield f"{origin}: 'classes' {classes!r} and 'class_to_idx' {class_to_idx!r} must be a list and a mapping."
-    elif class_to_idx != {name: i for i, name in enumerate(classes)}:
-        yield f"{origin}: 'class_to_idx' does not number 'classes' in order 0..{len(classes) - 1}."
 
 
 # --- files --------------------------------------------------------------------------------

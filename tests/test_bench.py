@@ -18,7 +18,7 @@ from fastdata.bench.report import best_workers, summarize, verdicts
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.errors import InvalidOptionError
 from fastdata.formats import FormatSpec, _REGISTRY
-from fastdata.formats.npy import MemmapDataset, MemmapWriter, read_manifest
+from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.reader import MapDataset
 
 TINY = dict(batch_size=4, epochs=2, warmup=1, resize="6x5")
@@ -121,8 +121,7 @@ class CrashingDataset(MapDataset):
 
 
 def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
-    spec = FormatSpec(name="crashing", dataset=CrashingDataset, writer=CrashingWriter, stores=("raw",),
-                      read_manifest=read_manifest)
+    spec = FormatSpec(name="crashing", dataset=CrashingDataset, writer=CrashingWriter, stores=("raw",))
     monkeypatch.setitem(_REGISTRY, "crashing", spec)
     config = BenchConfig(formats=("crashing", "npy"), stores=("raw",), workers=(0, 1), **TINY)
     result = run_bench(uniform_folder, config, tmp_path / "out")

@@ -80,7 +80,11 @@ def test_file_size_limit_is_a_clear_error(uniform_folder: Path, tmp_path: Path) 
         capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size,
     )
     assert result.returncode == 1
-    assert result.stderr.startswith(f"fastdata: error: Cannot write {str(out)!r}: File too large. Free disk space")
+    assert result.stderr == (
+        f"fastdata: error: Cannot write {str(out)!r}: file too large for the file-size limit ('ulimit -f') or the file "
+        "system. Raise the limit, or use --format tar, which splits the output into shards; no partial output was "
+        "left behind.\n"
+    )
     assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["uniform"]
     fastdata.convert(uniform_folder, out, workers=0)

@@ -42,10 +42,20 @@ class FormatSpec:
     read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
     description: str = ""
     verify: Callable[..., list[str]] | None = None
+    map_reader: type | None = None  # when ``dataset`` is iterable: its random-access counterpart
 
     @property
     def writable(self) -> bool:
         return self.writer is not None
+
+    @property
+    def map_dataset(self) -> type:
+        """The map-style (random access) reader: ``dataset`` itself unless it is iterable."""
+        from torch.utils.data import IterableDataset
+
+        if self.map_reader is not None or issubclass(self.dataset, IterableDataset):
+            return self.map_reader
+        return self.dataset
 
     def make_options(self, values: dict[str, Any]) -> Any:
         """Build this format's options dataclass, refusing options it does not know."""
@@ -83,7 +93,7 @@ def available_formats(*, writable: bool = False) -> list[str]:
 def get_format(name: str, *, writable: bool = False) -> FormatSpec:
     """Look a format up by name, with an error that lists the available ones."""
     _load_builtin()
-    spec = _REGISTRY.get(name)
+    spec = _REGISTRY.get(name) if isinstance(name, str) else None
     if spec is None or (writable and not spec.writable):
         names = ", ".join(repr(n) for n in available_formats(writable=writable))
         kind = "output format" if writable and spec is not None else "format"
@@ -97,15 +107,17 @@ def all_formats() -> list[FormatSpec]:
 
 
 def find_manifest(path: str | Path) -> dict[str, Any] | None:
-    """The manifest of the converted dataset at ``path``, asking each format; None if none is."""
+    """The manifest of the converted dataset at ``path`` (read once), or None if it holds none:
+    a directory's ``manifest.json``, or what a single-file format finds in a file."""
+    from fastdata.manifest import MANIFEST_NAME, read_manifest_file
+
     path = Path(path)
+    if path.is_dir():
+        candidate = path / MANIFEST_NAME
+        return read_manifest_file(candidate) if candidate.is_file() else None
     for spec in all_formats():
         if spec.read_manifest is not None:
             manifest = spec.read_manifest(path)
             if manifest is not None:
                 return manifest
-    from fastdata.manifest import MANIFEST_NAME, read_manifest_file
-
-    if (path / MANIFEST_NAME).is_file():  # a dataset of a format this fastdata does not know
-        return read_manifest_file(path / MANIFEST_NAME)
     return None

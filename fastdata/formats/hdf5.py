@@ -32,14 +32,17 @@ import numpy as np
 
 from fastdata.errors import (
     CorruptDataError,
+    CorruptManifestError,
     DependencyMissingError,
+    FastdataError,
     InvalidOptionError,
     ManifestError,
     SourceNotFoundError,
 )
 from fastdata.formats import FormatSpec, register
 from fastdata.images import decode
-from fastdata.manifest import CHECKSUM_ALGORITHM, check_layout_version, parse_manifest, seal_manifest
+from fastdata.manifest import CHECKSUM_ALGORITHM, open_manifest, parse_manifest, seal_manifest
+from fastdata.outputs import unique_sibling
 from fastdata.plan import Batch, Plan, Writer
 from fastdata.reader import MapDataset
 
@@ -189,7 +192,10 @@ class HDF5Writer(Writer):
         self.count = 0
         self.labels: list[np.ndarray] = []
         self.hashes = {"labels": _ContentHash(), **{name: _ContentHash() for name in self._names()}}
-        self.blob_path = path.with_name(path.name + ".blob")
+        # temporary files beside the partial output, under names no one else uses; only the
+        # ones this writer created are ever removed
+        self.blob_path = unique_sibling(path, ".blob-")
+        self.temporary: list[Path] = []
         self.file: h5py.File | None = None
         self.blob = None
         # options are all checked; the engine only cleans up after a writer exists, so a failure
@@ -207,7 +213,8 @@ class HDF5Writer(Writer):
     def _create_files(self) -> None:
         self.file = h5py.File(self.path, "w", userblock_size=USERBLOCK_BYTES)
         if self.plan.store == "encoded":
-            self.blob = open(self.blob_path, "wb")
+            self.blob = open(self.blob_path, "xb")
+            self.temporary.append(self.blob_path)
             self.offsets = [np.zeros(1, dtype=np.int64)]
             self.position = 0
             return
@@ -298,8 +305,9 @@ class HDF5Writer(Writer):
     def _compact(self) -> h5py.File:
         """Samples were skipped: copy the written rows into a new file (a contiguous dataset
         cannot shrink, and a smaller copy inside the same file would leave dead space)."""
-        compact_path = self.path.with_name(self.path.name + ".compact")
-        compact = h5py.File(compact_path, "w", userblock_size=USERBLOCK_BYTES)
+        compact_path = unique_sibling(self.path, ".compact-")
+        compact = h5py.File(compact_path, "w-", userblock_size=USERBLOCK_BYTES)
+        self.temporary.append(compact_path)
         images = compact.create_dataset("images", shape=(self.count, *self.plan.shape), dtype=np.uint8)
         step = max(1, _COPY_BYTES // int(np.prod(self.plan.shape)))
         for start in range(0, self.count, step):
@@ -326,7 +334,7 @@ class HDF5Writer(Writer):
         finally:
             if self.blob is not None:
                 self.blob.close()
-            for leftover in (self.blob_path, self.path.with_name(self.path.name + ".compact")):
+            for leftover in self.temporary:
                 if leftover.exists():
                     leftover.unlink()
 
@@ -355,15 +363,84 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     with _open_file(path) as file:
         try:
             text = file.attrs.get(MANIFEST_ATTR)
-        except _H5_ERRORS as exc:
-            raise CorruptDataError(
-                f"{str(path)!r}: cannot read the {MANIFEST_ATTR!r} attribute ({exc}). The file is damaged; "
-                "convert the source again."
+            if text is not None:
+                text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+                text.encode("utf-8")  # a damaged attribute may decode to unpaired surrogates
+        except (*_H5_ERRORS, UnicodeError) as exc:
+            raise CorruptManifestError(
+                f"{str(path)!r}: cannot read the {MANIFEST_ATTR!r} attribute ({type(exc).__name__}: {exc}). The "
+                "file is damaged; convert the source again."
             ) from exc
     if text is None:
         return None
-    manifest = parse_manifest(text.decode() if isinstance(text, bytes) else str(text), repr(str(path)))
+    manifest = parse_manifest(text, repr(str(path)))
     return manifest if manifest.get("format") == FORMAT else None
+
+
+# filters fastdata writes (and HDF5's own checksum filters); any other is refused
+KNOWN_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf", 32001: "blosc", 32004: "lz4", 32015: "zstd"}
+_MAX_CHUNK_BYTES = (1 << 32) - 1  # HDF5's own limit on one chunk
+
+
+def checked_dataset(file: h5py.File, name: str, origin: str, file_size: int, *, shape: tuple[int, ...] | None,
+                    contiguous: bool = False) -> h5py.Dataset:
+    """``file[name]`` when it is a dataset fastdata could have written, else CorruptDataError.
+
+    It must be a hard link to a dataset stored inside this file: not a soft or external link,
+    not a virtual dataset, no external storage (which can name any file on the machine), only
+    filters fastdata knows, contiguous data lying within the file (or every chunk written), and
+    the shape the manifest implies. So nothing is read from another file, and nothing is
+    allocated that the file's size does not bound.
+    """
+    def corrupt(what: str) -> CorruptDataError:
+        return CorruptDataError(f"{origin!r}: {what}; fastdata reads only data stored inside the file itself. "
+                                "Run 'fastdata verify' on it, or convert the source again.")
+
+    link = file.get(name, getlink=True)
+    if link is None:
+        raise CorruptDataError(f"{origin!r} has no {name!r} dataset; it is damaged. Convert the source again.")
+    if not isinstance(link, h5py.HardLink):
+        target = getattr(link, "filename", None) or getattr(link, "path", "")
+        raise corrupt(f"{name!r} is a {type(link).__name__} (to {target!r}), not a dataset in the file")
+    dataset = file[name]
+    if not isinstance(dataset, h5py.Dataset):
+        raise corrupt(f"{name!r} is a {type(dataset).__name__}, not a dataset")
+    if dataset.is_virtual:
+        raise corrupt(f"dataset {name!r} is a virtual dataset (its data lives in other files)")
+    if dataset.external:
+        raise corrupt(f"dataset {name!r} uses external storage ({dataset.external[0][0]!r})")
+    plist = dataset.id.get_create_plist()
+    for number in range(plist.get_nfilters()):
+        code = plist.get_filter(number)[0]
+        if code not in KNOWN_FILTERS:
+            raise corrupt(f"dataset {name!r} uses HDF5 filter {code}, which fastdata does not know")
+    if dataset.dtype.kind not in "iu" or (shape is not None and dataset.shape != shape):
+        expected = f"shape {shape}" if shape is not None else "integers"
+        raise CorruptDataError(f"{origin!r}: dataset {name!r} holds {dataset.dtype} {dataset.shape}, expected "
+                               f"{expected}; the file is damaged. Convert the source again.")
+    layout = plist.get_layout()
+    if layout == h5py.h5d.CHUNKED and not contiguous:
+        chunk_bytes = int(np.prod(dataset.chunks)) * dataset.dtype.itemsize
+        expected_chunks = int(np.prod([-(-n // c) for n, c in zip(dataset.shape, dataset.chunks)]))
+        if chunk_bytes > _MAX_CHUNK_BYTES or dataset.id.get_num_chunks() != expected_chunks:
+            raise corrupt(f"dataset {name!r} has {dataset.id.get_num_chunks()} of {expected_chunks} chunks written "
+                          f"({chunk_bytes} bytes each)")
+        return dataset
+    if layout != h5py.h5d.CONTIGUOUS:
+        raise corrupt(f"dataset {name!r} has a storage layout fastdata does not write ({layout})")
+    offset, stored = dataset.id.get_offset(), dataset.id.get_storage_size()
+    if dataset.nbytes and (offset is None or stored != dataset.nbytes or offset + stored > file_size):
+        raise corrupt(f"dataset {name!r} claims {dataset.nbytes} bytes at offset {offset}, {stored} stored, in a "
+                      f"{file_size}-byte file")
+    return dataset
+
+
+def _read_small(dataset: h5py.Dataset) -> np.ndarray:
+    """A checked, contiguous 1-D dataset (labels, offsets) as int64."""
+    if dataset.ndim != 1:
+        raise CorruptDataError(f"dataset {dataset.name!r} has shape {dataset.shape}, expected one dimension; "
+                               "the file is damaged. Convert the source again.")
+    return np.asarray(dataset[()], dtype=np.int64)
 
 
 def _memmap_offset(dataset: h5py.Dataset) -> int | None:
@@ -465,81 +542,53 @@ class HDF5Dataset(MapDataset):
             raise InvalidOptionError(f"Invalid cache_bytes {cache_bytes!r}. Use a byte count >= 0.")
         self.path = Path(path)
         self.cache_bytes = cache_bytes
-        if not self.path.exists():
-            raise SourceNotFoundError(f"{str(self.path)!r} does not exist.")
-        manifest = read_manifest(self.path) if self.path.is_file() else None
-        if manifest is None:
+        if self.path.is_file() and read_manifest(self.path) is None:
             _open_file(self.path).close()  # a damaged file fails here with CorruptDataError
             raise ManifestError(
                 f"{str(self.path)!r} is not an HDF5 dataset written by 'fastdata convert' (no "
                 f"{MANIFEST_ATTR!r} attribute of format {FORMAT!r}). Use fastdata.open_dataset(path)."
             )
-        check_layout_version(manifest, LAYOUT_VERSION, str(self.path))
+        manifest = open_manifest(self.path, FORMAT)
         self.manifest = manifest
         self.store = manifest["store"]
         self.mode = manifest["image"]["mode"]
-        self.classes = list(manifest["classes"])
+        self._set_classes(manifest)
         self.chunk_images: int | None = None
         self._offset: int | None = None
         with _open_file(self.path) as file:
             try:
                 self._describe(file, use_memmap=use_memmap)
+            except FastdataError:
+                raise
             except _H5_ERRORS as exc:
                 raise CorruptDataError(
                     f"{str(self.path)!r}: damaged HDF5 metadata ({type(exc).__name__}: {exc}). "
                     f"Run 'fastdata verify {self.path}' or convert the source again."
                 ) from exc
-        if len(self.labels) != manifest["count"] or (self.store == "raw" and self.shape[0] != manifest["count"]):
-            raise CorruptDataError(
-                f"{str(self.path)!r} holds {len(self.labels)} labels and {self.shape[0]} rows but the "
-                f"manifest says {manifest['count']} samples. Convert the source again."
-            )
 
     def _describe(self, file: h5py.File, *, use_memmap: bool) -> None:
-        self.labels = self._load(file, "labels", np.int64)
-        name = "images" if self.store == "raw" else "blob"
-        data = self._dataset(file, name)
-        self.shape = tuple(data.shape)
-        image_shape = tuple(self.manifest["image"]["shape"] or ())
-        if self.store == "raw" and self.shape[1:] != image_shape or self.store == "encoded" and len(self.shape) != 1:
-            expected = f"(N, {', '.join(map(str, image_shape))})" if self.store == "raw" else "(bytes,)"
-            raise CorruptDataError(
-                f"{str(self.path)!r}: dataset {name!r} has shape {self.shape}, expected {expected}; the file "
-                f"is damaged. Run 'fastdata verify {self.path}' or convert the source again."
-            )
-        self._offset = _memmap_offset(data) if use_memmap else None
+        """Every dataset is checked (:func:`checked_dataset`) and its shape compared with the
+        manifest before anything is read from it."""
+        count, origin, size = self.manifest["count"], str(self.path), self.path.stat().st_size
+        self.labels = _read_small(checked_dataset(file, "labels", origin, size, shape=(count,), contiguous=True))
         if self.store == "raw":
+            shape = (count, *self.manifest["image"]["shape"])
+            data = checked_dataset(file, "images", origin, size, shape=shape)
             self.chunk_images = data.chunks[0] if data.chunks else None
             self._check_plugin()
         else:
-            self.offsets = self._load(file, "offsets", np.int64)
-            if len(self.offsets) != len(self.labels) + 1 or self.offsets[-1] != self.shape[0]:
+            offsets = checked_dataset(file, "offsets", origin, size, shape=(count + 1,), contiguous=True)
+            self.offsets = _read_small(offsets)
+            data = checked_dataset(file, "blob", origin, size, shape=None, contiguous=True)
+            if len(data.shape) != 1 or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0) \
+                    or self.offsets[-1] != data.shape[0]:
                 raise CorruptDataError(
-                    f"{str(self.path)!r}: {len(self.offsets)} offsets ending at {int(self.offsets[-1])} do not fit "
-                    f"{len(self.labels)} samples in {self.shape[0]} bytes; the file is damaged. "
-                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                    f"{origin!r}: offsets must rise from 0 to the blob's size ({data.shape}); they run from "
+                    f"{int(self.offsets[0])} to {int(self.offsets[-1])}. The file is damaged; "
+                    f"run 'fastdata verify {self.path}' or convert the source again."
                 )
-
-    def _dataset(self, file: h5py.File, name: str) -> h5py.Dataset:
-        if name not in file:
-            raise CorruptDataError(
-                f"{str(self.path)!r} has no {name!r} dataset; it is damaged. Convert the source again."
-            )
-        return file[name]
-
-    def _load(self, file: h5py.File, name: str, dtype: type) -> np.ndarray:
-        try:
-            array = np.asarray(self._dataset(file, name)[()], dtype=dtype)
-        except _H5_ERRORS as exc:
-            raise CorruptDataError(
-                f"{str(self.path)!r}: cannot read dataset {name!r} ({exc}). Convert the source again."
-            ) from exc
-        if array.ndim != 1:
-            raise CorruptDataError(
-                f"{str(self.path)!r}: dataset {name!r} has shape {array.shape}, expected one dimension; "
-                "the file is damaged. Convert the source again."
-            )
-        return array
+        self.shape = tuple(data.shape)
+        self._offset = _memmap_offset(data) if use_memmap else None
 
     def _check_plugin(self) -> None:
         compression = (self.manifest.get("hdf5") or {}).get("compression") or ""
@@ -626,15 +675,16 @@ def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> 
                         f"its user block ({stored}...): the file is damaged.")
     try:
         with _open_file(path) as file:
+            problems += _foreign_links(file, origin)
             problems += _check_attributes(file, manifest, origin)
             listed = manifest["files"]
             for name, entry in listed.items():
-                problems += _check_dataset(file, name, entry, origin)
+                problems += _check_dataset(file, name, entry, origin, path.stat().st_size)
             problems += _check_shapes(file, manifest, origin)
             extra: list[str] = []
             file.visit(lambda name: extra.append(name) if name not in listed else None)
             problems += [f"{origin}: object {name!r} is not listed in the manifest." for name in extra]
-    except CorruptDataError as exc:
+    except FastdataError as exc:
         problems.append(str(exc))
     except _H5_ERRORS as exc:
         problems.append(f"{origin}: damaged HDF5 metadata ({type(exc).__name__}: {exc}).")
@@ -654,10 +704,34 @@ def _check_attributes(file: h5py.File, manifest: dict[str, Any], origin: str) ->
     return problems
 
 
-def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: str) -> list[str]:
-    if not isinstance(file.get(name, getlink=True), h5py.HardLink) or not isinstance(file[name], h5py.Dataset):
+def _foreign_links(file: h5py.File, origin: str, limit: int = 10_000) -> list[str]:
+    """Links that lead out of the file (external) or elsewhere in it (soft): fastdata writes
+    neither. Walked without following them; at most ``limit`` entries (a crafted file may loop)."""
+    problems, pending, seen = [], [(file, "")], 0
+    while pending and seen < limit:
+        group, prefix = pending.pop()
+        for key in group:
+            seen += 1
+            link = group.get(key, getlink=True)
+            if not isinstance(link, h5py.HardLink):
+                target = getattr(link, "filename", None) or getattr(link, "path", "")
+                problems.append(f"{origin}: {prefix + key!r} is a {type(link).__name__} (to {target!r}); fastdata "
+                                "reads only data stored inside the file itself.")
+                continue
+            child = group.get(key)
+            if isinstance(child, h5py.Group) and prefix.count("/") < 32:
+                pending.append((child, f"{prefix}{key}/"))
+    return problems
+
+
+def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: str, file_size: int) -> list[str]:
+    if file.get(name, getlink=True) is None:
         return [f"{origin}: dataset {name!r} is listed in the manifest but missing."]
-    dataset = file[name]
+    try:
+        dataset = checked_dataset(file, name, str(origin).strip("'"), file_size, shape=None,
+                                  contiguous=name != "images")
+    except CorruptDataError as exc:
+        return [str(exc)]
     attribute = dataset.attrs.get(CHECKSUM_ALGORITHM)
     if attribute != entry[CHECKSUM_ALGORITHM]:
         return [f"{origin}: dataset {name!r} has {CHECKSUM_ALGORITHM} attribute {attribute!r}, the manifest says "

@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastdata.errors import CorruptDataError, ManifestError
+from fastdata.errors import CorruptDataError, CorruptManifestError
 from fastdata.formats import FormatSpec, register
 from fastdata.images import decode
 from fastdata.manifest import (
-    CHECKSUM_ALGORITHM, MANIFEST_NAME, check_layout_version, describe_file, read_directory_manifest, read_manifest_file, write_manifest,
+    CHECKSUM_ALGORITHM, check_file_sizes, describe_file, load_small_array, open_manifest, write_manifest,
 )
 from fastdata.plan import Batch, Plan, Writer
 from fastdata.reader import MapDataset
@@ -138,10 +138,6 @@ def _reopen(file: Path, size: int):
     return handle
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    return read_directory_manifest(path, FORMAT)
-
-
 class MemmapDataset(MapDataset):
     """Reader of the ``npy`` format (map-style; random access; batched reads).
 
@@ -164,37 +160,36 @@ class MemmapDataset(MapDataset):
             image_format=image_format, batch_transform=batch_transform,
         )
         self.path = Path(path)
-        manifest = read_manifest_file(self.path / MANIFEST_NAME)
-        if manifest.get("format") != FORMAT:
-            raise ManifestError(
-                f"{str(self.path)!r} holds format {manifest.get('format')!r}, not {FORMAT!r}. "
-                "Use fastdata.open_dataset(path) to pick the right reader."
+        manifest = open_manifest(self.path, FORMAT)
+        required = ["images.npy", "labels.npy"] if manifest["store"] == "raw" else ["data.bin", "offsets.npy", "labels.npy"]
+        missing = [name for name in required if name not in manifest["files"]]
+        if missing:
+            raise CorruptManifestError(
+                f"{str(self.path / 'manifest.json')!r} does not list {missing[0]!r}, which an npy "
+                f"{manifest['store']} dataset needs. Run 'fastdata verify {self.path}' or convert the source again."
             )
-        check_layout_version(manifest, LAYOUT_VERSION, str(self.path))
+        check_file_sizes(self.path, manifest)
         self.manifest = manifest
         self.store = manifest["store"]
         self.mode = manifest["image"]["mode"]
-        self.labels = self._load_array("labels.npy")
-        self.offsets = self._load_array("offsets.npy") if self.store == "encoded" else None
-        if len(self.labels) != manifest["count"]:
-            raise CorruptDataError(
-                f"{str(self.path / 'labels.npy')!r} has {len(self.labels)} labels but the manifest "
-                f"says {manifest['count']} samples. Run 'fastdata verify {self.path}'."
-            )
-
-    def _load_array(self, name: str) -> np.ndarray:
-        file = self.path / name
-        try:
-            return np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CorruptDataError(
-                f"{str(file)!r}: cannot read ({exc}). Run 'fastdata verify {self.path}' "
-                "or convert the source again."
-            ) from exc
+        self._set_classes(manifest)
+        count = manifest["count"]
+        self.labels = load_small_array(self.path / "labels.npy", dtype=np.int64, length=count)
+        self.offsets = None
+        if self.store == "encoded":
+            self.offsets = load_small_array(self.path / "offsets.npy", dtype=np.int64, length=count + 1)
+            size = manifest["files"]["data.bin"]["bytes"]
+            if self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0) or self.offsets[-1] != size:
+                raise CorruptDataError(
+                    f"{str(self.path / 'offsets.npy')!r}: offsets must rise from 0 to the size of data.bin "
+                    f"({size}); they run from {int(self.offsets[0])} to {int(self.offsets[-1])}. "
+                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                )
 
     def _open(self) -> np.ndarray:
         name = "images.npy" if self.store == "raw" else "data.bin"
         file = self.path / name
+        check_file_sizes(self.path, {"files": {name: self.manifest["files"][name]}})  # again, in this process
         try:
             if self.store == "raw":
                 array = np.load(file, mmap_mode="r", allow_pickle=False)
@@ -207,9 +202,9 @@ class MemmapDataset(MapDataset):
                 f"{str(file)!r}: truncated or damaged ({exc}). Run 'fastdata verify {self.path}' "
                 "or convert the source again."
             ) from exc
-        if tuple(array.shape) != tuple(expected):
+        if tuple(array.shape) != tuple(expected) or array.dtype != np.uint8:
             raise CorruptDataError(
-                f"{str(file)!r} holds shape {tuple(array.shape)} but the manifest says {tuple(expected)}. "
+                f"{str(file)!r} holds {array.dtype} {tuple(array.shape)} but the manifest says uint8 {tuple(expected)}. "
                 f"Run 'fastdata verify {self.path}' or convert the source again."
             )
         return array
@@ -266,7 +261,6 @@ register(
         writer=MemmapWriter,
         suffix=".npy",
         layout_version=LAYOUT_VERSION,
-        read_manifest=read_manifest,
         description="memory-mapped numpy arrays in a directory",
         verify=verify_files,
     )

@@ -39,7 +39,7 @@ from fastdata.formats.tar_reader import (
     verify_shards,
 )
 from fastdata.images import sniff_extension
-from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, read_directory_manifest, write_manifest
+from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
 from fastdata.plan import Batch, Plan, Writer
 
 __all__ = ["TarDataset", "TarIndexedDataset", "TarOptions", "TarWriter", "ShardSplitWarning", "parse_bytes"]
@@ -296,10 +296,6 @@ class TarWriter(Writer):
         self.finisher.shutdown(wait=True, cancel_futures=True)
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    return read_directory_manifest(path, FORMAT)
-
-
 register(
     FormatSpec(
         name=FORMAT,
@@ -307,8 +303,8 @@ register(
         writer=TarWriter,
         layout_version=LAYOUT_VERSION,
         options=TarOptions,
-        read_manifest=read_manifest,
         verify=verify_shards,
+        map_reader=TarIndexedDataset,
         description="WebDataset-compatible tar shards with a JSON shard index",
     )
 )

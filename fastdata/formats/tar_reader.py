@@ -7,27 +7,28 @@ worker of one distributed rank reads in an epoch; every sample goes to exactly o
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.errors import CorruptDataError, InvalidOptionError, ManifestError
+from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError, ManifestError
+from fastdata.formats.tar_index import (
+    BLOCK, INDEX_NAME, ShardIndex, load_index, open_shard, padded, read_exact,
+)
 from fastdata.formats.tar_split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
 from fastdata.images import decode
-from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_NAME, check_layout_version, read_manifest_file
+from fastdata.manifest import CHECKSUM_ALGORITHM, open_manifest
 from fastdata.reader import MapDataset
 
 FORMAT = "tar"
 LAYOUT_VERSION = 1
-INDEX_NAME = "index.json"
-BLOCK = 512  # tar block; every member is one 512-byte ustar header + data padded to 512
 _READ_BYTES = 4 * 1024 * 1024
 _CHUNK_SAMPLES = 64
 _warned: set[tuple[str, int, int]] = set()
@@ -38,112 +39,33 @@ class ShardSplitWarning(UserWarning):
     """More ranks x workers than samples: some DataLoader workers have nothing to read."""
 
 
-def padded(size: np.ndarray | int) -> np.ndarray | int:
-    return -(-size // BLOCK) * BLOCK
-
-
-# --- the shard index ---------------------------------------------------------------------
-
-
-@dataclass
-class ShardIndex:
-    """``index.json`` as numpy arrays (per shard, and per sample in global order)."""
-
-    files: list[str]
-    counts: np.ndarray  # (S,) samples per shard
-    sizes: np.ndarray  # (S,) bytes per shard file
-    labels: np.ndarray  # (N,) int64
-    shard_of: np.ndarray  # (N,) int64
-    image_offset: np.ndarray  # (N,) byte offset of the image member's data
-    image_size: np.ndarray
-    sample_end: np.ndarray  # (N,) byte offset just after the sample's last member
-
-    @property
-    def starts(self) -> np.ndarray:
-        """Global index of each shard's first sample."""
-        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
-
-
-def load_index(directory: Path) -> ShardIndex:
-    file = directory / INDEX_NAME
-    try:
-        document = json.loads(file.read_text(encoding="utf-8"))
-        shards = document["shards"]
-        columns = {
-            name: np.asarray([v for s in shards for v in s[name]], dtype=np.int64)
-            for name in ("label", "image_offset", "image_size", "cls_offset", "cls_size")
-        }
-        counts = np.asarray([s["count"] for s in shards], dtype=np.int64)
-        index = ShardIndex(
-            files=[s["file"] for s in shards],
-            counts=counts,
-            sizes=np.asarray([s["bytes"] for s in shards], dtype=np.int64),
-            labels=columns["label"],
-            shard_of=np.repeat(np.arange(len(shards), dtype=np.int64), counts),
-            image_offset=columns["image_offset"],
-            image_size=columns["image_size"],
-            sample_end=columns["cls_offset"] + padded(columns["cls_size"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(
-            f"{str(file)!r}: cannot read the shard index ({type(exc).__name__}: {exc}). "
-            "Convert the source again."
-        ) from exc
-    if any(len(column) != int(counts.sum()) for column in columns.values()) or any(
-        len(s[name]) != s["count"] for s in shards for name in columns
-    ):
-        raise ManifestError(f"{str(file)!r}: per-sample columns disagree with the shard counts. Convert again.")
-    return index
+def npy_header_bytes(shape: tuple[int, ...]) -> int:
+    """Length of the ``.npy`` header fastdata writes before a raw sample's pixels."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
+    return len(buffer.getvalue())
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
     """Check the manifest and load the shard index of a tar dataset directory."""
     path = Path(path)
-    manifest = read_manifest_file(path / MANIFEST_NAME)
-    if manifest.get("format") != FORMAT:
-        raise ManifestError(
-            f"{str(path)!r} holds format {manifest.get('format')!r}, not {FORMAT!r}. "
-            "Use fastdata.open_dataset(path) to pick the right reader."
-        )
-    check_layout_version(manifest, LAYOUT_VERSION, str(path))
+    manifest = open_manifest(path, FORMAT)
     index = load_index(path)
     if len(index.labels) != manifest["count"]:
-        raise CorruptDataError(
+        raise CorruptManifestError(
             f"{str(path / INDEX_NAME)!r} lists {len(index.labels)} samples but the manifest says "
             f"{manifest['count']}. Convert the source again."
         )
+    if manifest["store"] == "raw":
+        shape = tuple(manifest["image"]["shape"])
+        expected = npy_header_bytes(shape) + int(np.prod(shape))
+        bad = np.flatnonzero(index.image_size != expected)
+        if len(bad):
+            raise CorruptManifestError(
+                f"{str(path / INDEX_NAME)!r}: sample {int(bad[0])} is {int(index.image_size[bad[0]])} bytes, but a "
+                f"raw {shape} sample is {expected}. Run 'fastdata verify {path}' or convert the source again."
+            )
     return path, manifest, index
-
-
-def open_shard(path: Path, index: ShardIndex, shard: int) -> int:
-    """Open one shard read-only, refusing a file whose size differs from the index."""
-    file = path / index.files[shard]
-    try:
-        descriptor = os.open(file, os.O_RDONLY)
-    except OSError as exc:
-        raise CorruptDataError(f"{str(file)!r}: cannot open shard ({exc.strerror}). Convert the source again.") from exc
-    size = os.fstat(descriptor).st_size
-    if size != index.sizes[shard]:
-        os.close(descriptor)
-        raise CorruptDataError(
-            f"{str(file)!r}: shard is {size} bytes but the index says {int(index.sizes[shard])} "
-            f"({'truncated' if size < index.sizes[shard] else 'damaged'}). "
-            f"Run 'fastdata verify {path}' or convert the source again."
-        )
-    return descriptor
-
-
-def read_exact(descriptor: int, size: int, offset: int, file: Path | Callable[[], Path]) -> bytes:
-    """``size`` bytes at ``offset``; ``file`` (or a callable giving it, built only on failure) names
-    the shard in the error."""
-    data = os.pread(descriptor, size, offset)
-    if len(data) != size:
-        file = file() if callable(file) else file
-        raise CorruptDataError(
-            f"{str(file)!r}: shard ends at byte {offset + len(data)}, expected data up to {offset + size} "
-            f"(truncated). Run 'fastdata verify {file.parent}' or convert the source again."
-        )
-    return data
 
 
 class _Decoder:
@@ -244,6 +166,8 @@ class TarDataset(IterableDataset):
             image_format=image_format, batch_transform=batch_transform,
         )
         self.path, self.manifest, self.index = load_dataset(path)
+        self.formatter._set_classes(self.manifest)
+        self.classes, self.class_to_idx = self.formatter.classes, self.formatter.class_to_idx
         self.decoder = _Decoder(self.manifest)
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
@@ -375,6 +299,7 @@ class TarIndexedDataset(MapDataset):
         )
         self.path, self.manifest, self.index = load_dataset(path)
         self.labels = self.index.labels
+        self._set_classes(self.manifest)
         self.decoder = _Decoder(self.manifest)
 
     def _open(self) -> dict[int, int]:

@@ -1,0 +1,87 @@
+"""What this process may use of the machine: cores (affinity and cgroup quota), memory.
+
+``os.cpu_count()`` counts the machine's cores; a container, a SLURM job or ``taskset`` may give
+this process fewer. :func:`usable_cores` is what conversion pools and ``fastdata tune`` size
+themselves by; results report both.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def affinity_cores() -> int:
+    """Cores this process may run on (``sched_getaffinity``; ``os.cpu_count()`` where unknown)."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except OSError:
+            pass
+    return os.cpu_count() or 1
+
+
+def cgroup_cpu_quota(root: Path = _CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 ``cpu.max`` or v1
+    ``cpu.cfs_quota_us``/``cpu.cfs_period_us``), or None when there is none."""
+    for quota_file, period_file in (
+        (root / "cpu.max", None),
+        (root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us"),
+        (root / "cpu,cpuacct" / "cpu.cfs_quota_us", root / "cpu,cpuacct" / "cpu.cfs_period_us"),
+    ):
+        try:
+            text = quota_file.read_text().split()
+            if period_file is None:
+                quota, period = text[0], text[1] if len(text) > 1 else "100000"
+            else:
+                quota, period = text[0], period_file.read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        if quota in ("max", "-1"):
+            return None
+        try:
+            cores = int(quota) / int(period)
+        except (ValueError, ZeroDivisionError):
+            continue
+        return cores if cores > 0 else None
+    return None
+
+
+def usable_cores() -> int:
+    """Cores this process can keep busy: the affinity mask, lowered to the cgroup quota
+    (rounded up: a quota of 1.5 cores still runs two processes part of the time)."""
+    cores = affinity_cores()
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return cores
+
+
+def machine_info() -> dict[str, Any]:
+    """What every benchmark result reports about the machine it ran on."""
+    import numpy
+    import psutil
+    import torch
+
+    info = {
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
+    try:
+        import h5py
+
+        info["h5py"] = h5py.__version__
+    except ImportError:  # pragma: no cover - h5py is a dependency
+        pass
+    return info

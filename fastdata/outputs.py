@@ -1,0 +1,398 @@
+"""Where a conversion writes, and the rules that keep it from touching anything else.
+
+* ``OUTPUT`` is written under ``OUTPUT.partial`` and renamed into place only when complete.
+  ``OUTPUT.partial.json`` (the journal) records that fastdata made that partial output, and
+  ``OUTPUT.partial.lock`` lets one conversion at a time write it (an ``flock``, released by
+  the kernel when its process dies, so a stale lock is simply taken over).
+* An OUTPUT equal to a source, inside it or containing it is refused before anything happens,
+  with or without ``--overwrite``.
+* ``--overwrite`` replaces only a dataset fastdata wrote: a manifest it can read, and no file
+  that manifest does not list. The old dataset is moved aside under a unique name and removed
+  only after the new one is in place.
+* A partial output without a journal of ours is refused, never removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError
+
+PARTIAL_SUFFIX = ".partial"
+LOCK_SUFFIX = ".partial.lock"
+_OLD_INFIX = ".fastdata-old-"
+# room for the longest name fastdata puts next to OUTPUT (e.g. OUTPUT.partial.json.1a2b3c4d.tmp)
+_LONGEST_SUFFIX = 32
+_LOCK_MARK = "fastdata conversion lock"
+
+try:  # POSIX
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: an exclusive lock file instead
+    fcntl = None
+
+
+def _os_error(cls: type, code: int, message: str) -> OSError:
+    """``cls(message)`` carrying ``errno`` (``OSError(code, message)`` would prefix "[Errno N]")."""
+    error = cls(message)
+    error.errno = code
+    return error
+
+
+def partial_path(output: Path) -> Path:
+    return output.with_name(output.name + PARTIAL_SUFFIX)
+
+
+# --- the output path ----------------------------------------------------------------------
+
+
+def check_output_path(output: Path) -> None:
+    """Refuse an output path that cannot be a new dataset, before anything is written."""
+    shown = str(output)
+    if output.name in ("", ".", ".."):
+        raise InvalidOptionError(
+            f"Invalid output {shown!r}: give the path of the dataset to create, e.g. 'out/data.npy'."
+        )
+    if output.is_symlink():
+        target = os.readlink(output)
+        raise OutputExistsError(
+            f"Output {shown!r} is a symbolic link (to {target!r}); fastdata does not write through or "
+            "replace links. Give the real path, or another output path."
+        )
+    ancestor = output.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        if ancestor.is_symlink():  # a dangling link among the parents
+            raise InvalidOptionError(
+                f"Cannot create output {shown!r}: {str(ancestor)!r} is a broken symbolic link. "
+                "Fix the link or choose another output path."
+            )
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InvalidOptionError(
+            f"Cannot create output {shown!r}: {str(ancestor)!r} is a file, not a folder. "
+            "Choose an output path in a folder."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise _os_error(
+            OutputWriteError, errno.EACCES, f"Cannot create output {shown!r}: no permission to write in folder "
+            f"{str(ancestor)!r}. Choose a folder you can write to."
+        )
+    limit = _name_max(ancestor)
+    if len(os.fsencode(output.name)) + _LONGEST_SUFFIX > limit:
+        raise InvalidOptionError(
+            f"Output name {output.name[:40]!r}... is {len(os.fsencode(output.name))} bytes long; this "
+            f"file system allows {limit}, and fastdata adds up to {_LONGEST_SUFFIX} for its temporary "
+            f"names. Use a name of at most {limit - _LONGEST_SUFFIX} bytes."
+        )
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A path the conversion reads from: OUTPUT may not be it, be inside it (unless
+    ``inside_ok``: a torchvision root may hold the output beside the dataset's files) or contain it."""
+
+    path: Path
+    what: str
+    inside_ok: bool = False
+
+
+def check_not_source(output: Path, protected: list[Protected]) -> None:
+    """Refuse an OUTPUT that is a source, lies inside one, or contains one."""
+    out = output.resolve()
+    for item in protected:
+        source = item.path.resolve()
+        shown = (str(output), str(item.path))
+        if out == source:
+            raise InvalidOptionError(
+                f"Output {shown[0]!r} is the {item.what} itself; fastdata never writes over what it reads. "
+                "Choose an output path outside it."
+            )
+        if source in out.parents and not item.inside_ok:
+            raise InvalidOptionError(
+                f"Output {shown[0]!r} is inside the {item.what} {shown[1]!r}; it would be read as part of "
+                "the source next time. Choose an output path outside it."
+            )
+        if out in source.parents:
+            raise InvalidOptionError(
+                f"Output {shown[0]!r} contains the {item.what} {shown[1]!r}; replacing it would delete the "
+                "source. Choose an output path outside it."
+            )
+
+
+def unlisted_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Entries of a dataset directory that its manifest does not list (someone else's files)."""
+    from fastdata.manifest import MANIFEST_NAME
+
+    listed = set(manifest.get("files") or {}) | {MANIFEST_NAME}
+    found = []
+    for entry in sorted(directory.rglob("*")):
+        relative = entry.relative_to(directory).as_posix()
+        if entry.is_dir() and not entry.is_symlink():
+            if not any(name.startswith(relative + "/") for name in listed):
+                found.append(relative + "/")
+        elif relative not in listed:
+            found.append(relative)
+    return found
+
+
+def replaceable_manifest(output: Path) -> dict[str, Any]:
+    """The manifest of the fastdata dataset at ``output``, which ``--overwrite`` may replace;
+    anything else is refused with a message that suggests no destructive flag."""
+    from fastdata.formats import find_manifest
+
+    shown = str(output)
+    try:
+        manifest = find_manifest(output)
+    except FastdataError as exc:
+        raise OutputExistsError(
+            f"Output {shown!r} already exists and fastdata cannot read its manifest ({exc}); fastdata "
+            "replaces only datasets it can identify. Move it away yourself, or choose another output path."
+        ) from exc
+    if manifest is None:
+        raise OutputExistsError(
+            f"Output {shown!r} already exists and is not a fastdata dataset; fastdata never replaces it. "
+            "Choose another output path (or move it away yourself)."
+        )
+    if output.is_dir():
+        extra = unlisted_files(output, manifest)
+        if extra:
+            names = ", ".join(repr(name) for name in extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
+            raise OutputExistsError(
+                f"Output {shown!r} is a fastdata dataset but also holds {names}, which its manifest does not "
+                "list; fastdata replaces only what it wrote. Move those out, or choose another output path."
+            )
+    return manifest
+
+
+def check_existing(output: Path, *, overwrite: bool, resume: bool) -> dict[str, Any] | None:
+    """None when OUTPUT does not exist; the manifest of a fastdata dataset that ``--overwrite``
+    may replace (or ``--resume`` may keep); otherwise a refusal."""
+    if not (output.exists() or output.is_symlink()):
+        return None
+    if not (overwrite or resume):
+        replaceable_manifest(output)  # says so when it is not a fastdata dataset
+        raise OutputExistsError(f"Output {str(output)!r} already exists. Pass --overwrite to replace it.")
+    return replaceable_manifest(output)
+
+
+# --- one writer per output ------------------------------------------------------------------
+
+
+class ConversionLock:
+    """An exclusive lock on ``OUTPUT.partial.lock`` for the whole conversion.
+
+    A second conversion of the same output is refused at once, naming the process that holds
+    the lock. The lock is an ``flock``: when its holder dies (even by SIGKILL) the kernel
+    releases it and the next conversion takes it over. The file is removed on release.
+    """
+
+    def __init__(self, output: Path):
+        self.output = output
+        self.path = output.with_name(output.name + LOCK_SUFFIX)
+        self.descriptor: int | None = None
+
+    def __enter__(self) -> "ConversionLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        for _ in range(20):
+            if self._try_once():
+                return
+        raise _os_error(  # pragma: no cover - the lock file kept changing under us
+            OutputLockedError, errno.EAGAIN, f"Cannot lock {str(self.path)!r}: it keeps being replaced. Is another program using it?"
+        )
+
+    def _try_once(self) -> bool:
+        if fcntl is None:  # pragma: no cover
+            return self._try_exclusive_create()
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(descriptor)
+            os.close(descriptor)
+            raise _os_error(
+                OutputLockedError, errno.EAGAIN, f"Another conversion is writing {str(self.output)!r} ({holder}). Wait for it to "
+                "finish, or stop it; two conversions of one output would corrupt it."
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if not same:  # the previous holder removed the file as we opened it: lock the new one
+            os.close(descriptor)
+            return False
+        text = os.pread(descriptor, 4096, 0)
+        if text and _LOCK_MARK.encode() not in text:
+            os.close(descriptor)
+            raise OutputExistsError(
+                f"{str(self.path)!r} exists and was not written by fastdata; it is not replaced. "
+                "Move it away, or choose another output path."
+            )
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+        self.descriptor = descriptor
+        return True
+
+    def _try_exclusive_create(self) -> bool:  # pragma: no cover - platforms without flock
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            record = _parse_holder(self.path.read_bytes())
+            if record and not _alive(record):
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                return False
+            raise _os_error(
+                OutputLockedError, errno.EAGAIN, f"Another conversion is writing {str(self.output)!r} ({_describe(record)})."
+            ) from None
+        os.write(descriptor, json.dumps(_holder_record()).encode())
+        self.descriptor = descriptor
+        return True
+
+    def release(self) -> None:
+        if self.descriptor is None:
+            return
+        try:
+            if os.path.samestat(os.fstat(self.descriptor), os.stat(self.path)):
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.descriptor)  # releases the flock
+            self.descriptor = None
+
+
+def _holder_record() -> dict[str, Any]:
+    return {"lock": _LOCK_MARK, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:300]}
+
+
+def _parse_holder(text: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("lock") == _LOCK_MARK else None
+
+
+def _read_holder(descriptor: int) -> str:
+    return _describe(_parse_holder(os.pread(descriptor, 4096, 0)))
+
+
+def _describe(record: dict[str, Any] | None) -> str:
+    if not record:
+        return "process unknown"
+    return f"process {record.get('pid')} on {record.get('host')}, started {record.get('started')}"
+
+
+def _alive(record: dict[str, Any]) -> bool:  # pragma: no cover - platforms without flock
+    if record.get("host") != socket.gethostname():
+        return True  # cannot tell: assume it is
+    import psutil
+
+    return psutil.pid_exists(int(record.get("pid", -1)))
+
+
+# --- the partial output ---------------------------------------------------------------------
+
+
+def remove_path(path: Path) -> None:
+    """Remove a file or directory tree that fastdata wrote (callers check that first)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def unique_sibling(path: Path, infix: str) -> Path:
+    """A name next to ``path`` that does not exist yet (random, so never a user's file)."""
+    while True:
+        candidate = path.with_name(f"{path.name}{infix}{secrets.token_hex(4)}")
+        if not (candidate.exists() or candidate.is_symlink()):
+            return candidate
+
+
+def publish(partial: Path, output: Path, *, replace: bool) -> None:
+    """Rename the complete partial output into place.
+
+    With ``replace``, an existing fastdata dataset at OUTPUT is moved aside under a unique name,
+    and removed only once the new one is in place (on failure it is moved back). An output that
+    appeared during the conversion and that fastdata may not replace is left alone.
+    """
+    if output.exists() or output.is_symlink():
+        if not replace:
+            remove_path(partial)
+            raise OutputExistsError(f"Output {str(output)!r} appeared during conversion; not replaced.")
+        replaceable_manifest(output)  # it may have changed since the conversion began
+        old = unique_sibling(output, _OLD_INFIX)
+        os.rename(output, old)
+        try:
+            os.rename(partial, output)
+        except BaseException:
+            os.rename(old, output)
+            raise
+        _sync_folder(output.parent)
+        remove_path(old)
+    else:
+        os.rename(partial, output)
+    _sync_folder(output.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX: fsync the directory)."""
+    with contextlib.suppress(OSError):
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+# --- write errors ---------------------------------------------------------------------------
+
+_CAUSES = {
+    errno.ENOSPC: "no space left on the device. Free disk space and convert again",
+    errno.EDQUOT: "disk quota exceeded. Free space within your quota and convert again",
+    errno.EFBIG: "file too large for the file-size limit ('ulimit -f') or the file system. Raise the limit, "
+                 "or use --format tar, which splits the output into shards",
+    errno.EACCES: "permission denied. Check that you can write to that folder",
+    errno.EPERM: "operation not permitted. Check that you can write to that folder",
+    errno.EROFS: "the file system is read-only. Choose an output path on a writable disk",
+    errno.ENOENT: "a folder disappeared during the conversion (was it moved or deleted?). Convert again",
+    errno.EEXIST: "a path that fastdata creates already exists. Move it away and convert again",
+    errno.ENAMETOOLONG: "a file name is too long for this file system. Use a shorter output name",
+    errno.ENOTDIR: "a part of the output path is a file, not a folder. Choose another output path",
+    errno.EIO: "an input/output error on the device. Check the disk, then convert again",
+}
+
+
+def write_error(output: Path, exc: OSError) -> OutputWriteError:
+    """A one-line error naming the real cause of a failed write (and that nothing was left)."""
+    cause = _CAUSES.get(exc.errno)
+    where = f" ({exc.filename})" if exc.filename and exc.errno in (errno.ENOENT, errno.EEXIST, errno.EACCES) else ""
+    if cause is None:
+        cause = f"{exc.strerror or exc}. Check the output folder and convert again"
+    return _os_error(
+        OutputWriteError, exc.errno, f"Cannot write {str(output)!r}: {cause}{where}; no partial output was left behind."
+    )
