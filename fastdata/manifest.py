@@ -247,8 +247,15 @@ def check_file_sizes(directory: Path, manifest: dict[str, Any]) -> None:
     for name, entry in manifest["files"].items():
         file = directory / name
         try:
+            if file.is_symlink():
+                raise CorruptDataError(
+                    f"{str(file)!r} is a symbolic link (to {os.readlink(file)!r}); fastdata reads only files stored "
+                    f"inside the dataset directory. Run 'fastdata verify {directory}'."
+                )
             size = file.stat().st_size
         except OSError as exc:
+            if isinstance(exc, CorruptDataError):
+                raise
             raise CorruptDataError(
                 f"{str(file)!r}: cannot read ({exc.strerror}). Run 'fastdata verify {directory}' or convert the "
                 "source again."

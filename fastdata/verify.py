@@ -106,6 +106,10 @@ def check_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
     files = manifest["files"]
     for name, entry in files.items():
         file = directory / name
+        if file.is_symlink():
+            problems.append(f"{str(file)!r} is a symbolic link (to {os.readlink(file)!r}); a dataset's files must be "
+                            "stored inside its directory.")
+            continue
         if not file.is_file():
             problems.append(f"{str(file)!r}: listed in the manifest but missing.")
             continue

@@ -338,3 +338,20 @@ def test_any_mutated_field_is_a_data_error_or_a_finding(converted_all, key, data
                 continue  # no manifest at all ('format' replaced): refused with the reason
             if mutated != docs[name] and not forged:
                 assert not report.ok  # an edit is always found, whatever it did to the readers
+
+
+@pytest.mark.parametrize("name,store,member", [("npy", "raw", "images.npy"), ("npy", "encoded", "data.bin"),
+                                               ("tar", "raw", "shard-000000.tar")])
+def test_a_data_file_that_is_a_symlink_is_refused(uniform_folder: Path, tmp_path: Path, name: str, store: str,
+                                                 member: str) -> None:
+    out = tmp_path / "ds"
+    fastdata.convert(uniform_folder, out, format=name, store=store, workers=0)
+    outside = tmp_path / "outside.bin"
+    (out / member).rename(outside)
+    (out / member).symlink_to(outside)  # same bytes, same size, same checksum: only the place differs
+    with pytest.raises(CorruptDataError, match=rf"{member}' is a symbolic link"):
+        reader = get_format(name).map_dataset(out)
+        reader[0]
+    report = fastdata.verify(out)
+    assert (f"{str(out / member)!r} is a symbolic link (to {str(outside)!r}); a dataset's files must be stored "
+            "inside its directory.") in report.problems

@@ -180,8 +180,11 @@ def open_shard(path: Path, index: ShardIndex, shard: int) -> int:
     """Open one shard read-only, refusing a file whose size differs from the index."""
     file = path / index.files[shard]
     try:
-        descriptor = os.open(file, os.O_RDONLY)
+        descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
+        if file.is_symlink():
+            raise CorruptDataError(f"{str(file)!r} is a symbolic link; fastdata reads only files stored inside the "
+                                   "dataset directory.") from exc
         raise CorruptDataError(f"{str(file)!r}: cannot open shard ({exc.strerror}). Convert the source again.") from exc
     size = os.fstat(descriptor).st_size
     if size != index.sizes[shard]:
