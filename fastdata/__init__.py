@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from fastdata._version import __version__
+from fastdata._version import __version__  # noqa: F401 - public
 
 _EXPORTS = {
     "BatchIndexSampler": "fastdata.samplers",

@@ -40,6 +40,14 @@ DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS  # Pillow's limit: 89,478,485 pixels
 _EXIF_ORIENTATION = 0x0112
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How sources decode: the pixel limit (None: none) and whether EXIF orientation is applied."""
+
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    exif_transpose: bool = False
+
+
 class TooManyPixelsError(ValueError):
     """An image over the pixel limit (the decompression-bomb guard), or with no pixels at all."""
 

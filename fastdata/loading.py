@@ -31,8 +31,27 @@ def loader(
     ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...).
     Reshuffle per epoch happens automatically; ``loader.sampler.set_epoch(e)`` pins it.
     """
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        suggestion = _map_reader_of(dataset)
+        raise InvalidOptionError(
+            f"fastdata.loader needs a map-style dataset (random access by index), but got the iterable "
+            f"{type(dataset).__name__}.{suggestion} Or iterate it with a plain DataLoader."
+        )
     for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
         if name in dataloader_kwargs:
             raise InvalidOptionError(f"loader() sets {name!r} itself; pass batch_size/shuffle/drop_last directly.")
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
     return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, **dataloader_kwargs)
+
+
+def _map_reader_of(dataset: Any) -> str:
+    """" Use X(path) instead." when ``dataset`` is a fastdata reader with a map-style counterpart."""
+    from fastdata.formats import all_formats
+
+    for spec in all_formats():
+        if type(dataset) is spec.dataset and spec.map_dataset is not None:
+            path = getattr(dataset, "path", "PATH")
+            return f" Use fastdata.{spec.map_dataset.__name__}({str(path)!r}) for the same data, map-style."
+    return ""

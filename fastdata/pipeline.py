@@ -22,7 +22,8 @@ from fastdata.errors import BadSampleError, ShapeMismatchError
 from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
 )
-from fastdata.plan import Batch, ConvertOptions, Plan
+from fastdata.formats.base import Batch, Plan
+from fastdata.options import ConvertOptions
 from fastdata.sources import ArraySource, FolderSource, Source
 
 _CHUNK_BYTES = 16 * 1024 * 1024

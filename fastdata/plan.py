@@ -1,108 +1,16 @@
-"""What a conversion will produce (:class:`Plan`) and the unit writers receive (:class:`Batch`).
+"""Deprecated: the writer interface moved to :mod:`fastdata.formats.base` and
+:class:`ConvertOptions` to :mod:`fastdata.options`."""
 
-Format writers implement the :class:`Writer` interface: they are created with the path to
-write (a temporary name; the engine renames it when complete), the plan and the format's
-options, receive batches in sample order, and finally write their manifest.
-"""
+import warnings
 
-from __future__ import annotations
+from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.options import STORES, ConvertOptions
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+warnings.warn(
+    "fastdata.plan is deprecated: import Plan, Batch and Writer from fastdata.formats.base, and "
+    "ConvertOptions from fastdata.options.",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
-import numpy as np
-
-from fastdata.images import DEFAULT_MAX_PIXELS, Geometry
-from fastdata.sources import ReadOptions
-
-STORES = ("raw", "encoded")
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """Validated options of one conversion (see :func:`convert` for their meaning)."""
-
-    format: str = "npy"
-    store: str = "raw"
-    mode: str = "auto"
-    geometry: Geometry = Geometry()
-    reencode: tuple[str, int | None] | None = None
-    workers: int = 0
-    overwrite: bool = False
-    skip_bad: bool = False
-    resume: bool = False
-    max_pixels: int | None = DEFAULT_MAX_PIXELS
-    exif_transpose: bool = False
-
-    @property
-    def read(self) -> ReadOptions:
-        return ReadOptions(max_pixels=self.max_pixels, exif_transpose=self.exif_transpose)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a writer needs to know before the first batch arrives.
-
-    ``count`` is the number of samples attempted; with ``skip_bad`` fewer may arrive.
-    ``shape`` is (H, W, C) for raw storage, None for encoded. ``encoding`` is ``"raw"``,
-    ``"original"`` (source file bytes kept as they are), ``"png"`` or ``"jpeg"``.
-    """
-
-    count: int
-    store: str
-    mode: str
-    channels: int
-    shape: tuple[int, int, int] | None
-    encoding: str
-    class_to_idx: dict[str, int]
-    geometry: Geometry = Geometry()
-    jpeg_quality: int | None = None
-
-
-@dataclass
-class Batch:
-    """Consecutive converted samples: raw pixels in ``images`` or encoded bytes in ``blobs``."""
-
-    keys: list[str]
-    labels: np.ndarray
-    images: np.ndarray | None = None  # (B, H, W, C) uint8
-    blobs: list[bytes] | None = None
-    skipped: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (index, {key, reason})
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
-class Writer:
-    """Interface of a format writer (subclass it in ``fastdata/formats/<name>.py``)."""
-
-    def __init__(self, path: Path, plan: Plan, options: Any):
-        self.path = path
-        self.plan = plan
-        self.options = options
-
-    def write(self, batch: Batch) -> None:
-        """Append a batch (samples arrive in order; ``batch`` may be empty)."""
-        raise NotImplementedError
-
-    def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Finish the files, add ``files`` (checksums) and layout details to ``manifest``,
-        store it, and return it. Called once, after the last batch."""
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        """Release open handles after a failure (the engine removes the temporary output)."""
-
-    # --- optional: resumable writers (``fastdata convert --resume``) ---------------------
-
-    supports_resume = False
-
-    def checkpoint(self) -> dict[str, Any]:
-        """Make everything written so far durable; return JSON-able state for :meth:`resume`."""
-        raise NotImplementedError
-
-    @classmethod
-    def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "Writer":
-        """Reopen a partial output at a checkpoint's ``state`` and continue after it."""
-        raise NotImplementedError
+__all__ = ["STORES", "Batch", "ConvertOptions", "Plan", "Writer"]

@@ -1,28 +1,151 @@
-"""The output contract shared by every map-style reader.
+"""The output contract shared by every reader, and the map-style reader base.
 
 A reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
 storage, so its memory format is channels-last), an HWC ndarray with ``image_format="numpy"``
 or a PIL image with ``"pil"``; the label an ``int``. Indexing with a list/array of indices
 returns a collated batch from one vectorised read; ``__getitems__`` serves torch's standard
 batched fetch. Files are opened lazily in each process, never inherited across fork.
+
+:class:`OutputSpec` is that contract as one small immutable object: it turns pixels and labels
+into samples or a collated batch, for map-style and iterable readers alike.
+:func:`decode_all` is the one decode loop (encoded bytes -> pixels, or a
+:class:`~fastdata.errors.CorruptDataError` naming the sample).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from fastdata.errors import InvalidOptionError, ShapeMismatchError
+from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError, ShapeMismatchError
+from fastdata.images import decode
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
 
-class MapDataset(Dataset):
+@dataclass(frozen=True)
+class OutputSpec:
+    """What a reader hands out: the image format and the optional transforms.
+
+    ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
+    a list of (H, W, C) arrays when sizes may differ.
+    """
+
+    transform: Callable | None = None
+    target_transform: Callable | None = None
+    image_format: str = "tensor"
+    batch_transform: Callable | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_format not in IMAGE_FORMATS:
+            allowed = ", ".join(map(repr, IMAGE_FORMATS))
+            raise InvalidOptionError(f"Unknown image_format {self.image_format!r}. Allowed: {allowed}.")
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether a batch must be built sample by sample (a transform, or PIL images)."""
+        return self.transform is not None or self.target_transform is not None or self.image_format == "pil"
+
+    def samples(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray) -> list[tuple[Any, Any]]:
+        """One ``(image, label)`` per row, transformed."""
+        if self.image_format == "tensor":
+            if isinstance(pixels, list):
+                images = [torch.from_numpy(p).permute(2, 0, 1) for p in pixels]
+            else:
+                images = torch.from_numpy(pixels).permute(0, 3, 1, 2).unbind(0)
+        elif self.image_format == "numpy":
+            images = list(pixels)
+        else:
+            images = [Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p) for p in pixels]
+        targets = labels.tolist()
+        if self.transform is not None:
+            images = [self.transform(image) for image in images]
+        if self.target_transform is not None:
+            targets = [self.target_transform(label) for label in targets]
+        return list(zip(images, targets))
+
+    def batch(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray) -> tuple[Any, Any]:
+        """A collated batch: ``(uint8 [B, C, H, W], int64 [B])`` from one stacked array, or, with
+        transforms, the transformed samples collated like torch's ``default_collate`` (PIL images
+        that stay PIL images come back as a list)."""
+        if self.per_sample:
+            samples = self.samples(pixels, labels)
+            if samples and all(isinstance(image, Image.Image) for image, _ in samples):
+                return [image for image, _ in samples], default_collate([label for _, label in samples])
+            return default_collate(samples)
+        if isinstance(pixels, list):
+            pixels = stack(pixels)
+        targets = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+        if self.image_format == "numpy":
+            return pixels, targets.numpy()
+        images = torch.from_numpy(pixels).permute(0, 3, 1, 2)
+        if self.batch_transform is not None:
+            images = self.batch_transform(images)
+        return images, targets
+
+
+def stack(pixels: list[np.ndarray]) -> np.ndarray:
+    """HWC arrays of one shape as one (B, H, W, C) array, or a clear error."""
+    shapes = {p.shape for p in pixels}
+    if len(shapes) > 1:
+        raise ShapeMismatchError(
+            f"Samples of this batch have different shapes {sorted(shapes)[:3]}; a collated batch "
+            "needs one. Pass a transform that resizes (e.g. transforms.v2.Resize), or convert "
+            "with --resize HxW."
+        )
+    return np.stack(pixels) if pixels else np.empty((0, 0, 0, 0), dtype=np.uint8)
+
+
+def decode_all(blobs: Iterable[bytes | memoryview], mode: str, where: Callable[[int], str], dataset: Path) -> list[np.ndarray]:
+    """Decode encoded images to uint8 HWC pixels in ``mode``; a sample that does not decode is a
+    CorruptDataError naming it (``where(row)``, e.g. ``'x/data.bin' sample 4``)."""
+    pixels = []
+    for row, blob in enumerate(blobs):
+        try:
+            pixels.append(decode(bytes(blob), mode))
+        except Exception as exc:
+            raise CorruptDataError(
+                f"{where(row)}: cannot decode image ({exc}). Run 'fastdata verify {dataset}', or convert the "
+                "source again."
+            ) from exc
+    return pixels
+
+
+class ReaderOutput:
+    """What every reader stores of its output: ``transform``, ``target_transform``,
+    ``image_format``, ``batch_transform`` (changeable after construction, like torchvision
+    datasets' ``transform``), the classes, and the :class:`OutputSpec` they make."""
+
+    classes: list[str] = []
+    class_to_idx: dict[str, int] = {}
+
+    def _init_output(self, transform: Callable | None, target_transform: Callable | None, image_format: str,
+                     batch_transform: Callable | None) -> None:
+        OutputSpec(transform, target_transform, image_format, batch_transform)  # validates
+        self.transform = transform
+        self.target_transform = target_transform
+        self.image_format = image_format
+        self.batch_transform = batch_transform
+
+    @property
+    def output(self) -> OutputSpec:
+        """The output contract with this reader's current options."""
+        return OutputSpec(self.transform, self.target_transform, self.image_format, self.batch_transform)
+
+    def _set_classes(self, manifest: dict[str, Any]) -> None:
+        """Class names (index = label) and their mapping, like torchvision's ImageFolder."""
+        self.classes = list(manifest.get("classes") or [])
+        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
+
+
+class MapDataset(ReaderOutput, Dataset):
     """Base of map-style readers. Subclasses set ``labels`` and implement ``_open``/``_read``.
 
     ``_open()`` returns this process's handles (stored in ``self._handles``); ``_read(indices)``
@@ -31,8 +154,6 @@ class MapDataset(Dataset):
     """
 
     labels: np.ndarray
-    classes: list[str] = []
-    class_to_idx: dict[str, int] = {}
 
     def __init__(
         self,
@@ -42,20 +163,9 @@ class MapDataset(Dataset):
         image_format: str = "tensor",
         batch_transform: Callable | None = None,
     ):
-        if image_format not in IMAGE_FORMATS:
-            allowed = ", ".join(map(repr, IMAGE_FORMATS))
-            raise InvalidOptionError(f"Unknown image_format {image_format!r}. Allowed: {allowed}.")
-        self.transform = transform
-        self.target_transform = target_transform
-        self.image_format = image_format
-        self.batch_transform = batch_transform
+        self._init_output(transform, target_transform, image_format, batch_transform)
         self._handles: Any = None
         self._pid: int | None = None
-
-    def _set_classes(self, manifest: dict[str, Any]) -> None:
-        """Class names (index = label) and their mapping, like torchvision's ImageFolder."""
-        self.classes = list(manifest.get("classes") or [])
-        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
 
     # --- per-process resources ---------------------------------------------------------
 
@@ -110,57 +220,53 @@ class MapDataset(Dataset):
             position = int(index)
             if not -len(self) <= position < len(self):
                 raise IndexError(f"index {position} is out of range for a dataset of {len(self)} samples")
-            return self._samples(np.array([position % len(self)]))[0]
+            indices = np.array([position % len(self)])
+            return self.output.samples(self._read(indices), self.labels[indices])[0]
         return self.get_batch(self._indices(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """torch's batched fetch: the samples of ``indices`` from one read, as views."""
-        return self._samples(self._indices(indices))
+        indices = self._indices(indices)
+        return self.output.samples(self._read(indices), self.labels[indices])
 
     def get_batch(self, indices: np.ndarray) -> tuple[Any, Any]:
         """A collated batch ``(uint8 [B,C,H,W], int64 [B])`` from one vectorised read."""
-        if self.transform is not None or self.target_transform is not None or self.image_format == "pil":
-            return default_collate(self._samples(indices)) if self.image_format != "pil" else self._pil_batch(indices)
-        pixels = self._read(indices)
-        if isinstance(pixels, list):
-            pixels = _stack(pixels)
-        labels = torch.from_numpy(self.labels[indices])
-        if self.image_format == "numpy":
-            return pixels, labels.numpy()
-        images = torch.from_numpy(pixels).permute(0, 3, 1, 2)
-        if self.batch_transform is not None:
-            images = self.batch_transform(images)
-        return images, labels
-
-    def _pil_batch(self, indices: np.ndarray) -> tuple[list, torch.Tensor]:
-        samples = self._samples(indices)
-        return [image for image, _ in samples], default_collate([label for _, label in samples])
-
-    def _samples(self, indices: np.ndarray) -> list[tuple[Any, Any]]:
-        pixels = self._read(indices)
-        if self.image_format == "tensor":
-            if isinstance(pixels, list):
-                images = [torch.from_numpy(p).permute(2, 0, 1) for p in pixels]
-            else:
-                images = torch.from_numpy(pixels).permute(0, 3, 1, 2).unbind(0)
-        elif self.image_format == "numpy":
-            images = list(pixels)
-        else:
-            images = [Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p) for p in pixels]
-        labels = self.labels[indices].tolist()
-        if self.transform is not None:
-            images = [self.transform(image) for image in images]
-        if self.target_transform is not None:
-            labels = [self.target_transform(label) for label in labels]
-        return list(zip(images, labels))
+        return self.output.batch(self._read(indices), self.labels[indices])
 
 
-def _stack(pixels: list[np.ndarray]) -> np.ndarray:
-    shapes = {p.shape for p in pixels}
-    if len(shapes) > 1:
-        raise ShapeMismatchError(
-            f"Samples of this batch have different shapes {sorted(shapes)[:3]}; a collated batch "
-            "needs one. Pass a transform that resizes (e.g. transforms.v2.Resize), or convert "
-            "with --resize HxW."
-        )
-    return np.stack(pixels) if pixels else np.empty((0, 0, 0, 0), dtype=np.uint8)
+class StoredDataset(MapDataset):
+    """Base of the readers of converted datasets: opens and checks the manifest
+    (:func:`fastdata.manifest.open_manifest`), takes the classes from it, then calls the
+    subclass's :meth:`_load` to check and load its own files."""
+
+    format_name = ""
+    required_files: dict[str, tuple[str, ...]] = {}  # store -> names the manifest's "files" must list
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        image_format: str = "tensor",
+        batch_transform: Callable | None = None,
+    ):
+        from fastdata.manifest import open_manifest
+
+        super().__init__(transform=transform, target_transform=target_transform, image_format=image_format,
+                         batch_transform=batch_transform)
+        self.path = Path(path)
+        self.manifest = open_manifest(self.path, self.format_name)
+        self.store = self.manifest["store"]
+        self.mode = self.manifest["image"]["mode"]
+        missing = [name for name in self.required_files.get(self.store, ()) if name not in self.manifest["files"]]
+        if missing:
+            raise CorruptManifestError(
+                f"{str(self.path)!r}: the manifest does not list {missing[0]!r}, which a {self.format_name} "
+                f"{self.store} dataset needs. Run 'fastdata verify {self.path}' or convert the source again."
+            )
+        self._set_classes(self.manifest)
+        self._load()
+
+    def _load(self) -> None:
+        """Check and load this format's own files (labels, offsets, ...)."""

@@ -23,8 +23,8 @@ import fastdata
 from fastdata.cli import main as cli_main
 from fastdata.errors import CorruptDataError, InvalidOptionError, VersionMismatchError
 from fastdata.formats.tar import TarOptions, member_header, parse_bytes
-from fastdata.formats.tar_reader import ShardSplitWarning
-from fastdata.formats.tar_split import shard_order, split_pieces
+from fastdata.formats.tar import ShardSplitWarning
+from fastdata.formats.tar.split import shard_order, split_pieces
 from fastdata.sources import scan_folder
 
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import fastdata
 from conftest import pattern, save
-from fastdata.errors import CorruptDataError, CorruptManifestError, FastdataError, ManifestError
+from fastdata.errors import CorruptDataError, CorruptManifestError, ManifestError
 from fastdata.formats import all_formats, get_format
 from fastdata.formats.hdf5 import MANIFEST_ATTR, USERBLOCK_BYTES, userblock
 from fastdata.manifest import MANIFEST_NAME, seal_manifest

@@ -22,7 +22,7 @@ from fastdata.errors import CorruptDataError, FastdataError, ManifestError, Sour
 from fastdata.formats import all_formats
 from fastdata.formats.hdf5 import USERBLOCK_BYTES, userblock
 from fastdata.formats.tar import TRAILER, member_header
-from fastdata.formats.tar_reader import padded
+from fastdata.formats.tar import padded
 from fastdata.manifest import MANIFEST_NAME, describe_file, file_checksum, write_manifest
 
 WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]

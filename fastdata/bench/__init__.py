@@ -8,8 +8,6 @@ format (cached), runs each configuration in a fresh process, and writes ``result
 from __future__ import annotations
 
 import os
-import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,9 +19,10 @@ from fastdata.bench.runner import (
     run_isolated, select_formats,
 )
 from fastdata.formats import find_manifest, get_format
+from fastdata.machine import machine_info
 from fastdata.manifest import disk_usage
 
-__all__ = ["BenchConfig", "BenchResult", "auto_workers", "parse_workers", "run_bench"]
+__all__ = ["BenchConfig", "BenchResult", "auto_workers", "machine_info", "parse_workers", "run_bench"]
 
 TRANSFER_PROBE_BATCHES = 50
 
@@ -36,23 +35,6 @@ class BenchResult:
     out: Path
     plot: Path | None
     conversions: list[dict[str, Any]]
-
-
-def machine_info() -> dict[str, Any]:
-    import h5py
-    import numpy
-    import psutil
-    import torch
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "h5py": h5py.__version__,
-    }
 
 
 def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: dict[str, Any],
@@ -91,7 +73,7 @@ def _probe_case(prepared: list[Prepared], config: BenchConfig) -> list[Case]:
         return []
     channels = 3
     for item in prepared:
-        manifest = find_manifest(Path(item.path)) if item.format not in ("folder", "torchvision") else None
+        manifest = find_manifest(Path(item.path)) if not item.baseline else None
         if manifest:
             channels = manifest["image"]["channels"]
             break

@@ -8,7 +8,6 @@ fails (a crashed worker, an exception, a timeout) becomes rows with ``status`` =
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import multiprocessing
 import os
@@ -23,7 +22,9 @@ from fastdata.bench.config import BenchConfig, Case
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
-from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source, resolve_source
+from fastdata.options import parse_size
+from fastdata.outputs import remove_path
+from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (
     "format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
@@ -44,6 +45,7 @@ class Prepared:
     image_size: tuple[int, int] | None = None
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    baseline: bool = False  # the source read as it is (image folder, torchvision dataset)
 
     def files(self) -> tuple[str, ...]:
         root = Path(self.path)
@@ -53,17 +55,10 @@ class Prepared:
 
 
 def fingerprint(source: Source) -> str:
-    """Changes when the source's files (names, sizes, mtimes) or description change."""
-    digest = hashlib.sha256(json.dumps(source.describe(), sort_keys=True).encode())
-    root = getattr(source, "root", None) or source.describe().get("root") or source.describe().get("path")
-    if root and Path(root).exists():
-        base = Path(root)
-        entries = [base] if base.is_file() else sorted(base.rglob("*"))
-        for entry in entries:
-            if entry.is_file():
-                stat = entry.stat()
-                digest.update(f"{entry.relative_to(base.parent)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+    """Changes when the source's description or contents change (its :meth:`~Source.fingerprint`:
+    file names, sizes and times of a folder; sampled items of a dataset)."""
+    text = json.dumps({"source": source.describe(), "fingerprint": source.fingerprint()}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def prepare_conversion(
@@ -71,7 +66,7 @@ def prepare_conversion(
     progress: Callable[[str], None],
 ) -> Prepared:
     """Convert (or reuse the cached conversion of) ``source`` to one format/store."""
-    from fastdata.convert import make_options, run_conversion
+    from fastdata.convert import convert
 
     spec = get_format(spec_name, writable=True)
     options = {"format": spec_name, "store": store, "resize": config.resize if store == "raw" else None}
@@ -85,13 +80,11 @@ def prepare_conversion(
         return Prepared(spec_name, store, str(output), disk_usage(output), record["conversion_s"], True,
                         _image_size(output))
     for stale in cache_dir.glob(f"{spec_name}-{store}-*"):  # an older conversion of changed options
-        from fastdata.convert import remove_path
-
-        remove_path(stale)
+        remove_path(stale)  # the bench's own cache: only it writes there
     progress(f"converting to {spec_name} {store}")
     start = time.perf_counter()
     try:
-        run_conversion(source, output, spec, make_options(**options, overwrite=True), spec.make_options({}))
+        convert(source, output, overwrite=True, **options)
     except FastdataError as exc:
         return Prepared(spec_name, store, str(output), 0, error=f"conversion failed: {exc}")
     elapsed = time.perf_counter() - start
@@ -106,10 +99,10 @@ def _image_size(path: Path) -> tuple[int, int] | None:
 
 
 def parse_resize(text: str | None) -> tuple[int, int] | None:
+    """``--resize`` of the bench: HxW only (encoded and folder reads resize each image to one size,
+    so batches can be collated), parsed as ``fastdata convert`` parses it."""
     if text is None:
         return None
-    from fastdata.convert import parse_size
-
     size = parse_size(text, flag="--resize", allow_single=False)
     return size[0], size[1]
 
@@ -117,28 +110,25 @@ def parse_resize(text: str | None) -> tuple[int, int] | None:
 def baseline(source_arg: Any, source: Source, options: dict[str, Any]) -> Prepared | None:
     """The source read as it is: an image folder like ImageFolder, or the torchvision dataset."""
     if isinstance(source, FolderSource):
-        return Prepared("folder", "-", str(source.root), disk_usage(source.root))
+        folder = next(spec.name for spec in all_formats() if spec.baseline)
+        return Prepared(folder, "-", str(source.root), disk_usage(source.root), baseline=True)
     if isinstance(source_arg, str) and source_arg.startswith(TORCHVISION_PREFIX):
         kwargs = {"name": source_arg[len(TORCHVISION_PREFIX):], "root": options.get("root"),
                   "split": options.get("split", "train"), "download": options.get("download", False),
                   "options": options.get("source_options")}
         root = options.get("root")
         return Prepared("torchvision", "-", str(root or ""), disk_usage(Path(root)) if root else 0,
-                        dataset_kwargs=kwargs)
+                        dataset_kwargs=kwargs, baseline=True)
     return None
 
 
 def read_paths(prepared: Prepared) -> list[str]:
     """How a format is read: the fast batched path and the standard DataLoader, or a stream."""
-    if prepared.format in ("folder", "torchvision"):
+    if prepared.baseline:
         return ["standard"]
-    from torch.utils.data import IterableDataset
-
-    dataset_class = get_format(prepared.format).dataset
-    if not issubclass(dataset_class, IterableDataset):
-        return ["fast", "standard"]
+    spec = get_format(prepared.format)
     # an iterable reader that can collate whole batches itself has a fast path too
-    return ["fast", "standard"] if "batch_size" in inspect.signature(dataset_class).parameters else ["stream"]
+    return ["fast", "standard"] if not spec.iterable or spec.self_batching else ["stream"]
 
 
 def select_formats(names: tuple[str, ...]) -> list[str]:
@@ -146,7 +136,7 @@ def select_formats(names: tuple[str, ...]) -> list[str]:
     for name in names:
         if name not in known:
             get_format(name)  # raises the standard unknown-format error
-    return [name for name in names if name != "folder"]
+    return [name for name in names if not get_format(name).baseline]
 
 
 # --- one configuration per process ------------------------------------------------------
@@ -218,5 +208,8 @@ def check_source(source: Any) -> None:
 
 
 def resolve(source: Any, options: dict[str, Any]) -> Source:
+    from fastdata.convert import open_source
+    from fastdata.options import ConvertOptions
+
     check_source(source)
-    return resolve_source(source, **options)
+    return open_source(source, ConvertOptions(**options))

@@ -6,11 +6,12 @@ iterate this registry, so a new format touches one module (and one test file).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fastdata.errors import InvalidOptionError, UnknownFormatError
 
@@ -23,13 +24,17 @@ _loaded = False
 class FormatSpec:
     """What the rest of fastdata needs to know about one storage format.
 
-    ``writer`` is None for read-only formats (the folder baseline). ``options`` is a frozen
-    dataclass of format-specific conversion options; each field's ``metadata`` may hold
-    ``help`` and ``parse`` (str -> value) for the CLI. ``read_manifest(path)`` returns the
-    manifest dict when ``path`` holds a dataset of this format, else None.
-    ``verify(path, manifest, *, deep)`` returns the problems (one message each, naming the
-    file and sample) that this format's own checks find, beyond what :func:`fastdata.verify`
-    checks for every format.
+    ``dataset`` is the reader :func:`fastdata.open_dataset` returns; when it is iterable,
+    ``map_reader`` is its random-access counterpart (what ``fastdata.loader``, a shuffling
+    DataLoader and a conversion from this format use), and ``self_batching`` says that it can
+    collate whole batches itself (``dataset(path, batch_size=...)``). ``writer`` is None for
+    read-only formats; ``baseline`` marks what the bench compares against (the source as it
+    is). ``options`` is a frozen dataclass of format-specific conversion options; each field's
+    ``metadata`` may hold ``help`` and ``metavar`` for the CLI. ``read_manifest(path)`` (single-file
+    formats only; directories carry ``manifest.json``) returns the manifest dict when the file
+    holds a dataset of this format, else None. ``verify(path, manifest, *, deep)`` returns the
+    problems (one message each, naming the file and sample) that this format's own checks
+    find, beyond what :func:`fastdata.verify` checks for every format.
     """
 
     name: str
@@ -42,20 +47,25 @@ class FormatSpec:
     read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
     description: str = ""
     verify: Callable[..., list[str]] | None = None
-    map_reader: type | None = None  # when ``dataset`` is iterable: its random-access counterpart
+    map_reader: type | None = None
+    self_batching: bool = False
+    baseline: bool = False
 
     @property
     def writable(self) -> bool:
         return self.writer is not None
 
     @property
-    def map_dataset(self) -> type:
-        """The map-style (random access) reader: ``dataset`` itself unless it is iterable."""
+    def iterable(self) -> bool:
+        """Whether ``dataset`` is an iterable (streaming) reader."""
         from torch.utils.data import IterableDataset
 
-        if self.map_reader is not None or issubclass(self.dataset, IterableDataset):
-            return self.map_reader
-        return self.dataset
+        return issubclass(self.dataset, IterableDataset)
+
+    @property
+    def map_dataset(self) -> type | None:
+        """The map-style (random access) reader: ``dataset`` itself unless it is iterable."""
+        return self.map_reader if self.iterable else self.dataset
 
     def make_options(self, values: dict[str, Any]) -> Any:
         """Build this format's options dataclass, refusing options it does not know."""
@@ -71,9 +81,36 @@ class FormatSpec:
 
 
 def register(spec: FormatSpec) -> FormatSpec:
-    """Add a format to the registry (called at the end of each format module)."""
+    """Add a format to the registry (called at the end of each format's package). A name that
+    is taken is refused: two formats cannot share one."""
+    existing = _REGISTRY.get(spec.name)
+    if existing is not None and existing != spec:
+        raise InvalidOptionError(
+            f"Format {spec.name!r} is already registered (reader {existing.dataset.__qualname__}). Give the new "
+            "format another name; tests can swap one in with fastdata.formats.registered(spec)."
+        )
     _REGISTRY[spec.name] = spec
     return spec
+
+
+@contextlib.contextmanager
+def registered(spec: FormatSpec) -> Iterator[FormatSpec]:
+    """Register ``spec`` for the duration of a ``with`` block (replacing a format of the same
+    name), then restore the registry: for tests and experiments.
+
+    >>> with registered(FormatSpec(name="mine", dataset=MyDataset, writer=MyWriter)):   # doctest: +SKIP
+    ...     fastdata.convert(folder, "out", format="mine")
+    """
+    _load_builtin()
+    previous = _REGISTRY.get(spec.name)
+    _REGISTRY[spec.name] = spec
+    try:
+        yield spec
+    finally:
+        if previous is None:
+            _REGISTRY.pop(spec.name, None)
+        else:
+            _REGISTRY[spec.name] = previous
 
 
 def _load_builtin() -> None:

@@ -1,87 +1,10 @@
-"""Which samples each DataLoader worker of each distributed rank reads in one epoch.
+"""Deprecated: moved to :mod:`fastdata.formats.tar.split`."""
 
-Pure functions of the shard sample counts, ``(seed, epoch)``, the rank and the worker, so
-every process computes its share without communicating, and every sample of the epoch goes
-to exactly one ``(rank, worker)``.
-"""
+import warnings
 
-from __future__ import annotations
+from fastdata.formats.tar.split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
 
-from typing import Any, Iterator
+warnings.warn("fastdata.formats.tar_split is deprecated: import from fastdata.formats.tar.split instead.",
+              DeprecationWarning, stacklevel=2)
 
-import numpy as np
-import torch
-
-from fastdata.errors import InvalidOptionError
-
-
-def shard_order(count: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The epoch's shard order, identical on every rank and worker."""
-    if not shuffle:
-        return np.arange(count)
-    return np.random.default_rng([seed, epoch, 0x7A5]).permutation(count)
-
-
-def split_pieces(
-    counts: np.ndarray,
-    order: np.ndarray,
-    *,
-    rank: int,
-    world_size: int,
-    worker: int,
-    num_workers: int,
-    even: bool = False,
-) -> tuple[list[tuple[int, int, int]], bool]:
-    """The ``(shard, start, stop)`` sample ranges one consumer reads, and whether shards were split.
-
-    Consumers are ``rank * num_workers + worker``. With at least as many shards as consumers,
-    each takes whole shards round-robin from ``order``. Otherwise (or with ``even``) the
-    samples, concatenated in ``order``, are cut into contiguous ranges: one per consumer, or
-    with ``even`` exactly ``N // world_size`` per rank, split alike on every rank.
-    """
-    consumers = world_size * num_workers
-    consumer = rank * num_workers + worker
-    if not even and len(counts) >= consumers:
-        return [(int(s), 0, int(counts[s])) for s in order[consumer::consumers] if counts[s]], False
-    total = int(counts.sum())
-    if even:
-        quota = total // world_size
-        start = rank * quota + quota * worker // num_workers
-        stop = rank * quota + quota * (worker + 1) // num_workers
-    else:
-        start, stop = total * consumer // consumers, total * (consumer + 1) // consumers
-    pieces, position = [], 0
-    for shard in order.tolist():
-        low, high = max(start, position), min(stop, position + int(counts[shard]))
-        if low < high:
-            pieces.append((shard, low - position, high - position))
-        position += int(counts[shard])
-    return pieces, not even
-
-
-def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise InvalidOptionError("Pass both rank= and world_size=, or neither (then torch.distributed decides).")
-    if rank is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise InvalidOptionError(
-            f"Invalid rank={rank!r}, world_size={world_size!r}. Use integers with 0 <= rank < world_size."
-        )
-    return rank, world_size
-
-
-def buffer_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
-    """webdataset-style shuffle: keep ``size`` items, emit a random one as each new one arrives."""
-    buffer: list[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        slot = int(rng.integers(size))
-        yield buffer[slot]
-        buffer[slot] = item
-    rng.shuffle(buffer)
-    yield from buffer
+__all__ = ["buffer_shuffle", "resolve_distributed", "shard_order", "split_pieces"]

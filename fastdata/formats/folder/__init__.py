@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from fastdata.errors import CorruptDataError, InvalidOptionError
 from fastdata.formats import FormatSpec, register
 from fastdata.images import as_hwc, open_image, to_mode
 from fastdata.reader import MapDataset
-from fastdata.sources import scan_folder
+from fastdata.folders import scan_folder
 
 
 class FolderDataset(MapDataset):
@@ -32,14 +32,11 @@ class FolderDataset(MapDataset):
         transform: Callable | None = None,
         target_transform: Callable | None = None,
         *,
-        image_format: str = "tensor",
         mode: str = "RGB",
-        batch_transform: Callable | None = None,
+        **output: Any,
     ):
-        super().__init__(
-            transform=transform, target_transform=target_transform,
-            image_format=image_format, batch_transform=batch_transform,
-        )
+        """``output``: ``image_format`` and ``batch_transform``, as for every reader."""
+        super().__init__(transform=transform, target_transform=target_transform, **output)
         if mode not in ("RGB", "L"):
             raise InvalidOptionError(f"Unknown mode {mode!r}. Allowed: 'RGB', 'L'.")
         self.root = Path(root)
@@ -68,6 +65,7 @@ register(
         name="folder",
         dataset=FolderDataset,
         writer=None,
+        baseline=True,
         description="the source image folder, read like torchvision's ImageFolder (baseline)",
     )
 )

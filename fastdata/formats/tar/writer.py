@@ -1,23 +1,11 @@
-"""The ``tar`` format: WebDataset-compatible shards plus a JSON shard index.
-
-A directory holding ``shard-000000.tar``, ``shard-000001.tar``, ... (bounded by
-``shard_samples`` and ``shard_bytes``), ``index.json`` and ``manifest.json``. Sample ``i`` is the
-members ``<key>.<ext>`` (the image: original bytes ``.jpg``/``.png``/... for ``--store encoded``,
-a uint8 HWC ``.npy`` for ``--store raw``) and ``<key>.cls`` (the label as decimal text), where
-``key`` is ``i`` zero-padded to ``key_width`` digits. Every member is one 512-byte ustar header
-(mode 0644, uid/gid 0, mtime 0) and its data padded to 512 bytes; a shard ends with two zero
-blocks. The same input gives byte-identical shards and index. Stock ``webdataset.WebDataset``
-and GNU tar read the shards; the index records, per sample, the data offset and size of both
-members, which the readers (``tar_reader.py``) use to read without parsing tar streams.
-"""
+"""The ``tar`` writer: size-bounded shards written one after another; a background thread
+finishes (fsyncs and renames) each full shard while the next one is written; the index last."""
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,58 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.errors import InvalidOptionError
-from fastdata.formats import FormatSpec, register
-from fastdata.formats.tar_reader import (
-    BLOCK,
-    FORMAT,
-    INDEX_NAME,
-    LAYOUT_VERSION,
-    ShardSplitWarning,
-    TarDataset,
-    TarIndexedDataset,
+from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.npyfile import npy_header
+from fastdata.formats.tar.layout import (
+    BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,
     padded,
-    verify_shards,
 )
 from fastdata.images import sniff_extension
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
-from fastdata.plan import Batch, Plan, Writer
-
-__all__ = ["TarDataset", "TarIndexedDataset", "TarOptions", "TarWriter", "ShardSplitWarning", "parse_bytes"]
-
-SHARD_PATTERN = "shard-{:06d}.tar"
-TRAILER = bytes(2 * BLOCK)
-RECORD_SUFFIX = ".record.json"  # a finished shard's index record, until the index is written
-_ZEROS = bytes(BLOCK)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(value: Any) -> int:
-    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"4096"`` or 4096 -> 4096."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-        unit = match.group(2).lower() if match else None
-        if unit not in _UNITS:
-            raise InvalidOptionError(
-                f"Invalid size {value!r}. Use bytes or a number with kB, MB, GB, KiB, MiB or GiB (e.g. '256MB')."
-            )
-        number = int(float(match.group(1)) * _UNITS[unit])
-    if number <= 0:
-        raise InvalidOptionError(f"Invalid size {value!r}. Use a positive size such as '256MB'.")
-    return number
-
-
-def parse_count(value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number <= 0 or isinstance(value, bool):
-        raise InvalidOptionError(f"Invalid --shard-samples {value!r}. Use a positive integer.")
-    return number
+from fastdata.options import parse_bytes, parse_count
 
 
 @dataclass(frozen=True)
@@ -85,51 +30,16 @@ class TarOptions:
     ``shard_bytes``, since samples are never split)."""
 
     shard_samples: int = field(
-        default=1000, metadata={"help": "tar: most samples per shard (default 1000)", "parse": parse_count}
+        default=1000, metadata={"help": "tar: most samples per shard (default 1000)", "metavar": "N"}
     )
     shard_bytes: int = field(
         default=256 * 10**6,
-        metadata={"help": "tar: most bytes per shard file, e.g. 256MB, 1GiB (default 256MB)", "parse": parse_bytes},
+        metadata={"help": "tar: most bytes per shard file, e.g. 256MB, 1GiB (default 256MB)", "metavar": "SIZE"},
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shard_samples", parse_count(self.shard_samples))
+        object.__setattr__(self, "shard_samples", parse_count(self.shard_samples, flag="--shard-samples"))
         object.__setattr__(self, "shard_bytes", parse_bytes(self.shard_bytes))
-
-
-def _header_template() -> bytearray:
-    block = bytearray(BLOCK)
-    block[100:108] = b"0000644\x00"  # mode
-    block[108:116] = b"0000000\x00"  # uid
-    block[116:124] = b"0000000\x00"  # gid
-    block[136:148] = b"00000000000\x00"  # mtime
-    block[148:156] = b" " * 8  # checksum placeholder
-    block[156:157] = b"0"  # regular file
-    block[257:265] = b"ustar\x0000"
-    return block
-
-
-_TEMPLATE = bytes(_header_template())
-_TEMPLATE_SUM = sum(_TEMPLATE)
-
-
-def member_header(name: str, size: int) -> bytes:
-    """The ustar header ``tarfile`` writes for a regular file with fixed metadata."""
-    encoded = name.encode("ascii")
-    if len(encoded) > 100 or size >= 8**11:
-        raise InvalidOptionError(f"tar member {name!r} of {size} bytes does not fit a ustar header.")
-    size_field = b"%011o\x00" % size
-    checksum = _TEMPLATE_SUM + sum(encoded) + sum(size_field)
-    return b"".join((
-        encoded.ljust(100, b"\x00"), _TEMPLATE[100:124], size_field, _TEMPLATE[136:148],
-        b"%06o\x00" % checksum, _TEMPLATE[155:],
-    ))
-
-
-def _npy_header(shape: tuple[int, ...]) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
-    return buffer.getvalue()
 
 
 class _ShardFile:
@@ -159,7 +69,7 @@ class _ShardFile:
         out.append(member_header(name, size))
         offset = self.position + sum(len(chunk) for chunk in out)
         out.extend(parts)
-        out.append(_ZEROS[: padded(size) - size])
+        out.append(ZEROS[: padded(size) - size])
         return offset, size
 
     def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int) -> None:
@@ -216,7 +126,7 @@ class TarWriter(Writer):
         if state is None:
             path.mkdir(parents=True)
         self.key_width = max(9, len(str(max(plan.count - 1, 0))))
-        self.npy_header = _npy_header(plan.shape) if plan.store == "raw" else b""
+        self.npy_header = npy_header(plan.shape) if plan.store == "raw" else b""
         self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
@@ -276,7 +186,7 @@ class TarWriter(Writer):
         self.finisher.shutdown()
         for shard in shards:
             (self.path / (shard["file"] + RECORD_SUFFIX)).unlink()
-        index = {"format": "fastdata-tar-index", "layout_version": LAYOUT_VERSION, "count": self.written,
+        index = {"format": INDEX_FORMAT, "layout_version": LAYOUT_VERSION, "count": self.written,
                  "key_width": self.key_width, "shards": shards}
         with open(self.path / INDEX_NAME, "w", encoding="utf-8") as handle:
             json.dump(index, handle, separators=(",", ":"))
@@ -294,17 +204,3 @@ class TarWriter(Writer):
         if self.shard is not None:
             self.shard.handle.close()
         self.finisher.shutdown(wait=True, cancel_futures=True)
-
-
-register(
-    FormatSpec(
-        name=FORMAT,
-        dataset=TarDataset,
-        writer=TarWriter,
-        layout_version=LAYOUT_VERSION,
-        options=TarOptions,
-        verify=verify_shards,
-        map_reader=TarIndexedDataset,
-        description="WebDataset-compatible tar shards with a JSON shard index",
-    )
-)

@@ -22,18 +22,12 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import is_plain_name
 
-INDEX_NAME = "index.json"
-INDEX_FORMAT = "fastdata-tar-index"
-BLOCK = 512  # tar block; every member is one 512-byte ustar header + data padded to 512
 SAMPLE_COLUMNS = ("label", "image_offset", "image_size", "cls_offset", "cls_size")
 _EXTENSION = re.compile(r"[A-Za-z0-9]{1,16}")
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-def padded(size: np.ndarray | int) -> np.ndarray | int:
-    return -(-size // BLOCK) * BLOCK
 
 
 @dataclass

@@ -1,0 +1,113 @@
+"""The ``fastdata`` command line: convert, info, verify, bench (one module per command).
+
+Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
+without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
+143, each with one line, after the same clean-up (at any moment: this module imports nothing
+heavy, so the handlers are in place before torch loads). Notes from the library (the
+``fastdata`` logger, e.g. a capped ``--workers``) print as ``fastdata: <message>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Any, Sequence
+
+from fastdata._version import __version__
+from fastdata.errors import FastdataError
+
+def build_parser() -> argparse.ArgumentParser:
+    from fastdata.cli import bench, convert, inspect
+
+    parser = argparse.ArgumentParser(
+        prog="fastdata",
+        description="Convert image datasets once into fast formats, and measure which format and "
+        "DataLoader num_workers feed PyTorch fastest on this machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    convert.add_parser(commands)
+    bench.add_parser(commands)
+    inspect.add_parsers(commands)
+    return parser
+
+
+_SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+_received: list[int] = []
+_main_pid: list[int] = []
+_caught: list[bool] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT and SIGTERM unwind the command as KeyboardInterrupt, so its clean-up runs.
+
+    Until :func:`main` has caught one, every signal raises again: Python drops an exception
+    raised where it cannot propagate (a ``__del__``, an at-fork hook), and a lost SIGTERM would
+    let the command run on. A child process that inherited this handler (a pool or DataLoader
+    worker) gets the default behaviour back instead: its parent does the clean-up."""
+    if _main_pid and os.getpid() != _main_pid[0]:
+        if signum == signal.SIGTERM:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        return
+    _received.append(signum)
+    if not _caught:
+        raise KeyboardInterrupt
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    _received.clear()
+    _caught.clear()
+    _main_pid[:] = [os.getpid()]
+    try:
+        return {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
+    except ValueError:  # not the main thread (main() called from a thread): leave them alone
+        return {}
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("fastdata")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fastdata: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    previous = _install_signal_handlers()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _caught.append(True)
+        signum = _received[0] if _received else signal.SIGINT
+        print(f"fastdata: {_SIGNAL_WORDS[signum]}", file=sys.stderr)
+        return 128 + signum
+    except BrokenPipeError:  # e.g. 'fastdata info ... | head': the reader left; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    _configure_logging()
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except FastdataError as exc:
+        if os.environ.get("FASTDATA_TRACEBACK"):
+            raise
+        print(f"fastdata: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""``fastdata bench``: every format x num_workers on this machine, and why the best wins."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fastdata.cli.common import human_bytes
+from fastdata.errors import InvalidOptionError
+from fastdata.options import parse_source_option
+
+
+def add_parser(commands) -> None:
+    from fastdata.formats import available_formats
+
+    parser = commands.add_parser(
+        "bench",
+        help="measure every format x num_workers on this machine, and say why the best wins",
+        description="Convert SOURCE to every format (cached under --out), read each one with every "
+        "num_workers in a fresh process, and print a table plus one verdict per format.",
+    )
+    parser.add_argument("source", nargs="?", help="image folder, torchvision:NAME or a converted dataset")
+    parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
+    parser.add_argument("--formats", default=",".join(available_formats()),
+                        help=f"comma-separated formats (default: all: {','.join(available_formats())})")
+    parser.add_argument("--store", default="raw,encoded", help="stores of the converted formats (default: raw,encoded)")
+    parser.add_argument("--resize", help="HxW: raw conversions store this size; encoded/folder reads resize to it")
+    parser.add_argument("--workers", default="auto", help="num_workers list, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=3, help="measured epochs per configuration (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured epochs first")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch (sleep)")
+    parser.add_argument("--transform", default="none", help="none, normalize or augment (torchvision.transforms.v2)")
+    parser.add_argument("--start-method", help="DataLoader worker start method: fork, spawn or forkserver")
+    parser.add_argument("--pin-memory", action="store_true")
+    parser.add_argument("--persistent-workers", action="store_true")
+    parser.add_argument("--prefetch-factor", type=int, default=2)
+    parser.add_argument("--cache", default="warm", help="warm, or cold: evict the dataset's files from the page cache each epoch")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per configuration")
+    parser.add_argument("--out", default="bench-out", help="results and cached conversions (default: ./bench-out)")
+    parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
+    parser.add_argument("--split", default="train", help="torchvision sources: train or test")
+    parser.add_argument("--download", action="store_true", help="torchvision sources: download if missing")
+    parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra keyword for the torchvision dataset, e.g. size=1000 (repeatable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(run=run_bench)
+
+
+DEMO = {"small": 3000, "large": 150, "resize": "32x32"}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fastdata.bench import BenchConfig, parse_workers, run_bench
+
+    out = Path(args.out)
+    source = args.source
+    resize = args.resize
+    if args.demo:
+        from fastdata.demo import make_demo_folder
+
+        folder = out / "demo-images"
+        if not (folder / ".complete").exists():
+            make_demo_folder(folder, small=DEMO["small"], large=DEMO["large"])
+            (folder / ".complete").touch()
+        source, resize = str(folder), resize or DEMO["resize"]
+    elif source is None:
+        raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), or --demo.")
+    config = BenchConfig(
+        formats=tuple(f for f in args.formats.split(",") if f),
+        stores=tuple(s for s in args.store.split(",") if s),
+        workers=tuple(parse_workers(args.workers)),
+        resize=resize, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
+        step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
+        pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
+        prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
+    )
+    source_options = {"root": args.root, "split": args.split, "download": args.download}
+    if args.source_option:
+        source_options["source_options"] = dict(parse_source_option(text) for text in args.source_option)
+    bar = None
+
+    def on_case(case, number, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="config", disable=args.quiet, file=sys.stderr)
+        bar.set_description(f"{case.label} nw={case.num_workers}")
+        bar.update(1 if number else 0)
+
+    def progress(message):
+        if not args.quiet:
+            print(message, file=sys.stderr)
+
+    try:
+        result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
+    finally:
+        if bar is not None:
+            bar.update(bar.total - bar.n)
+            bar.close()
+    from fastdata.bench import machine_info
+
+    info = machine_info()
+    print(f"fastdata bench: {source}, batch {config.batch_size}, os.cpu_count()={info['cpu_count']}, "
+          f"{info['ram_gb']} GiB RAM, torch {info['torch']}")
+    for item in result.conversions:
+        if item["conversion_s"] is not None:
+            state = "cached" if item["cached"] else "converted"
+            print(f"  {item['format']} {item['store']}: {human_bytes(item['disk_bytes'])}, "
+                  f"{state} in {item['conversion_s']:.1f} s")
+    print()
+    print(result.table)
+    print()
+    print("\n".join(result.verdicts))
+    written = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
+    print(f"\nwrote {', '.join(str(out / name) for name in written)}")
+    if result.plot is None:
+        print("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
+    return 0

@@ -1,0 +1,118 @@
+"""``fastdata convert``: its flags come from :class:`~fastdata.options.ConvertOptions` (and the
+format options of every registered format), so a new option is one dataclass field."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from fastdata.cli.common import LazyBar, disk_usage, find_manifest, human_bytes
+from fastdata.errors import FastdataError
+
+_GROUPS = {"conversion": "conversion options", "run": "running", "source": "torchvision sources"}
+
+
+def _flag(name: str) -> str:
+    return "--source-option" if name == "source_options" else "--" + name.replace("_", "-")
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if field.metadata.get("kind") in ("flag", "append") or default is None:
+        return ""
+    return f" (default: {default:,})" if isinstance(default, int) else f" (default: {default})"
+
+
+def format_option_fields() -> dict[str, dataclasses.Field]:
+    """Every registered format's own options, by name (the first format to define a name wins)."""
+    from fastdata.formats import all_formats
+
+    fields: dict[str, dataclasses.Field] = {}
+    for spec in all_formats():
+        if spec.options is not None:
+            for field in dataclasses.fields(spec.options):
+                fields.setdefault(field.name, field)
+    return fields
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`ConvertOptions` field and per format option; flags not given are not
+    set at all (``argparse.SUPPRESS``), so the dataclass defaults apply and parse the values."""
+    from fastdata.formats import available_formats
+    from fastdata.options import cli_fields
+
+    groups = {key: parser.add_argument_group(title) for key, title in _GROUPS.items()}
+    for field in cli_fields():
+        meta = field.metadata
+        help_text = meta["help"].format(formats=", ".join(available_formats(writable=True))) + _default_text(field)
+        kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
+        if meta["kind"] == "flag":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = meta.get("metavar")
+            if meta["kind"] == "append":
+                kwargs["action"] = "append"
+        groups[meta["group"]].add_argument(_flag(field.name), **kwargs)
+    formats = parser.add_argument_group("format options")
+    for name, field in format_option_fields().items():
+        formats.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS,
+                             metavar=field.metadata.get("metavar"), help=field.metadata.get("help"))
+
+
+def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The option values given on the command line, as ConvertOptions keywords."""
+    from fastdata.options import parse_source_option
+
+    given = {key: value for key, value in vars(args).items() if key not in skip}
+    if "source_options" in given:
+        given["source_options"] = dict(parse_source_option(text) for text in given["source_options"])
+    return given
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help="convert an image folder or torchvision dataset into a fast format",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', or a converted dataset) into OUTPUT.",
+    )
+    parser.add_argument("source", help="image folder (ImageFolder layout), torchvision:NAME, or a converted dataset")
+    parser.add_argument("output", help="the dataset to create: a directory for npy and tar, a file for hdf5")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_option_flags(parser)
+    parser.set_defaults(run=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from fastdata.convert import convert
+    from fastdata.options import ConvertOptions
+
+    options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))
+    before = _manifest_digest(Path(args.output)) if options.resume else None
+    bar = LazyBar(disable=args.quiet, desc=f"convert -> {options.format}")
+    try:
+        manifest = convert(args.source, args.output, options, progress=bar.update)
+    finally:
+        bar.close()
+    if before is not None and before == manifest.get("manifest_blake2b"):
+        print(f"{args.output} is already complete ({manifest['count']:,} samples, same source and options); "
+              "nothing to do")
+        return 0
+    skipped = manifest["skipped"]
+    line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(disk_usage(Path(args.output)))})"
+    if skipped:
+        line += f"; skipped {len(skipped)}: " + "; ".join(f"{s['key']} ({s['reason']})" for s in skipped[:20])
+        if len(skipped) > 20:
+            line += f"; ... {len(skipped) - 20} more, every one listed in the manifest ('fastdata info --json')"
+    print(line)
+    return 0
+
+
+def _manifest_digest(output: Path) -> str | None:
+    """The sealed manifest checksum of an existing dataset at ``output`` (None if there is none)."""
+    try:
+        manifest = find_manifest(output) if output.exists() else None
+    except FastdataError:
+        return None
+    return manifest.get("manifest_blake2b") if manifest else None

@@ -1,0 +1,90 @@
+"""``fastdata info`` and ``fastdata verify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from fastdata.cli.common import disk_usage, find_manifest, human_bytes
+
+
+def _files_line(files: dict[str, Any], shown: int = 4) -> str:
+    names = list(files)
+    line = ", ".join(f"{name} ({human_bytes(files[name]['bytes'])})" for name in names[:shown])
+    if len(names) > shown:
+        line += f", ... {len(names) - shown} more ({len(names)} files)"
+    return line
+
+
+def describe(path: Path, manifest: dict[str, Any]) -> str:
+    image = manifest["image"]
+    if image.get("shape"):
+        shape = "x".join(str(v) for v in image["shape"]) + f" {image['dtype']}"
+    else:
+        shape = f"encoded ({image['encoding']})"
+    classes = manifest.get("classes", [])
+    shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+    files = manifest.get("files", {})
+    rows = [
+        ("path", str(path)),
+        ("format", f"{manifest['format']} (layout {manifest['layout_version']}), store {manifest['store']}"),
+        ("samples", f"{manifest['count']:,}"),
+        ("image", f"{shape}, mode {image['mode']}"),
+        ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
+        ("size", f"{human_bytes(disk_usage(path))} on disk"),
+        ("files", _files_line(files)),
+        ("source", " ".join(f"{k}={v}" for k, v in manifest.get("source", {}).items())),
+        ("created", f"{manifest.get('created')} by fastdata {manifest.get('fastdata_version')}"),
+        ("skipped", str(len(manifest.get("skipped", [])))),
+    ]
+    return "\n".join(f"{name + ':':<9} {value}" for name, value in rows)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from fastdata.errors import ManifestError, SourceNotFoundError
+
+    path = Path(args.path)
+    if not path.exists():
+        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
+    manifest = find_manifest(path)
+    if manifest is None:
+        raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
+    if args.json:
+        print(json.dumps(dict(manifest, size_bytes=disk_usage(path)), indent=2))
+    else:
+        print(describe(path, manifest))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from fastdata.verify import verify
+
+    report = verify(args.path, deep=args.deep)
+    print(report.summary())
+    if report.ok:
+        return 0
+    for problem in report.problems:
+        print(f"  - {problem}")
+    print("The dataset is damaged: convert the source again (--overwrite), or restore it from a copy.")
+    return 1
+
+
+
+
+def add_parsers(commands) -> None:
+    info = commands.add_parser("info", help="show a converted dataset's manifest",
+                               description="Show what a converted dataset holds: format, samples, image shape, "
+                               "classes, files and where it came from.")
+    info.add_argument("path", help="a dataset written by 'fastdata convert'")
+    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    info.set_defaults(run=run_info)
+    check = commands.add_parser(
+        "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
+        description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "
+        "label range and the manifest itself. Exit 0 when sound; otherwise list each problem and exit 1.",
+    )
+    check.add_argument("path", help="a dataset written by 'fastdata convert'")
+    check.add_argument("--deep", action="store_true", help="also decode every sample through the reader")
+    check.set_defaults(run=run_verify)

@@ -1,0 +1,47 @@
+"""The ``hdf5`` format: one ``.h5`` file, readable with plain ``h5py``.
+
+raw:      ``images`` (N, H, W, C) uint8 -- contiguous when uncompressed, chunked along N
+          when compressed (or ``chunk_images`` is given)
+encoded:  ``blob`` (total bytes,) uint8 -- every sample's encoded bytes, concatenated, contiguous
+          ``offsets`` (N + 1,) int64 -- sample ``i`` is ``blob[offsets[i]:offsets[i + 1]]``
+both:     ``labels`` (N,) int64; root attributes ``classes`` (class names, index = label) and
+          ``fastdata_manifest`` (the manifest, JSON). Every dataset carries a ``blake2b``
+          attribute: the checksum of its contents. The file starts with a 512-byte HDF5 user block
+          (skipped by h5py and every HDF5 tool) holding the checksum of every byte after it, so
+          ``fastdata verify`` finds a flipped byte anywhere, metadata included.
+
+Reading: contiguous, unfiltered datasets are memory-mapped at their file offset (as fast as
+``npy``); chunked ones are read a whole chunk at a time, decompressed once and kept in a small
+per-process cache. :class:`fastdata.samplers.ChunkShuffleSampler` orders an epoch so each chunk
+is needed once.
+"""
+
+from __future__ import annotations
+
+from fastdata.formats import FormatSpec, register
+from fastdata.formats.hdf5.layout import FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, USERBLOCK_BYTES, userblock
+from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, parse_compression
+from fastdata.formats.hdf5.reader import DEFAULT_CACHE_BYTES, HDF5Dataset
+from fastdata.formats.hdf5.storage import checked_dataset, read_manifest
+from fastdata.formats.hdf5.verify import verify_file
+from fastdata.formats.hdf5.writer import HDF5Writer
+
+__all__ = [
+    "DEFAULT_CACHE_BYTES", "FORMAT", "LAYOUT_VERSION", "MANIFEST_ATTR", "USERBLOCK_BYTES", "HDF5Dataset",
+    "HDF5Options", "HDF5Writer", "checked_dataset", "default_chunk_images", "parse_compression", "read_manifest",
+    "userblock",
+]
+
+register(
+    FormatSpec(
+        name=FORMAT,
+        dataset=HDF5Dataset,
+        writer=HDF5Writer,
+        suffix=".h5",
+        layout_version=LAYOUT_VERSION,
+        options=HDF5Options,
+        read_manifest=read_manifest,
+        description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",
+        verify=verify_file,
+    )
+)

@@ -1,0 +1,147 @@
+"""The ``hdf5`` reader: :class:`HDF5Dataset` (map-style, random access, batched reads)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+import numpy as np
+
+from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError, ManifestError
+from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
+from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
+from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
+from fastdata.reader import StoredDataset, decode_all
+
+DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
+
+
+@dataclass
+class _Handles:
+    file: h5py.File | None
+    data: Any  # np.memmap, ChunkCache, RowReader or h5py.Dataset (encoded blob)
+
+
+class HDF5Dataset(StoredDataset):
+    """Reader of the ``hdf5`` format (map-style; random access; batched reads).
+
+    >>> ds = HDF5Dataset("out/cifar.h5")
+    >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+    >>> images, labels = ds[[3, 1, 2]]  # uint8 (3, C, H, W), int64 (3,)
+
+    The file is opened lazily in each process (never shared across fork). ``cache_bytes``
+    bounds the decompressed chunks kept per process; ``use_memmap=False`` reads contiguous
+    data through h5py instead of memory-mapping it.
+    """
+
+    format_name = FORMAT
+    required_files = {"raw": ("images", "labels"), "encoded": ("blob", "offsets", "labels")}
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        use_memmap: bool = True,
+        **output: Any,
+    ):
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise InvalidOptionError(f"Invalid cache_bytes {cache_bytes!r}. Use a byte count >= 0.")
+        self.cache_bytes, self.use_memmap = cache_bytes, use_memmap
+        path = Path(path)
+        if path.is_file() and read_manifest(path) is None:
+            open_file(path).close()  # a damaged file fails here with CorruptDataError
+            raise ManifestError(
+                f"{str(path)!r} is not an HDF5 dataset written by 'fastdata convert' (no "
+                f"{MANIFEST_ATTR!r} attribute of format {FORMAT!r}). Use fastdata.open_dataset(path)."
+            )
+        super().__init__(path, transform, target_transform, **output)
+
+    def _load(self) -> None:
+        self.chunk_images: int | None = None
+        self._offset: int | None = None
+        with open_file(self.path) as file:
+            try:
+                self._describe(file)
+            except FastdataError:
+                raise
+            except H5_ERRORS as exc:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: damaged HDF5 metadata ({type(exc).__name__}: {exc}). "
+                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                ) from exc
+
+    def _describe(self, file: h5py.File) -> None:
+        """Every dataset is checked (:func:`checked_dataset`) and its shape compared with the
+        manifest before anything is read from it."""
+        count, origin, size = self.manifest["count"], str(self.path), self.path.stat().st_size
+        self.labels = read_small(checked_dataset(file, "labels", origin, size, shape=(count,), contiguous=True))
+        if self.store == "raw":
+            shape = (count, *self.manifest["image"]["shape"])
+            data = checked_dataset(file, "images", origin, size, shape=shape)
+            self.chunk_images = data.chunks[0] if data.chunks else None
+            self._check_plugin()
+        else:
+            offsets = checked_dataset(file, "offsets", origin, size, shape=(count + 1,), contiguous=True)
+            self.offsets = read_small(offsets)
+            data = checked_dataset(file, "blob", origin, size, shape=None, contiguous=True)
+            if len(data.shape) != 1 or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0) \
+                    or self.offsets[-1] != data.shape[0]:
+                raise CorruptDataError(
+                    f"{origin!r}: offsets must rise from 0 to the blob's size ({data.shape}); they run from "
+                    f"{int(self.offsets[0])} to {int(self.offsets[-1])}. The file is damaged; "
+                    f"run 'fastdata verify {self.path}' or convert the source again."
+                )
+        self.shape = tuple(data.shape)
+        self._offset = memmap_offset(data) if self.use_memmap else None
+
+    def _check_plugin(self) -> None:
+        compression = (self.manifest.get("hdf5") or {}).get("compression") or ""
+        if compression.partition(":")[0] in PLUGIN_CODECS:
+            import_hdf5plugin(f"reading {str(self.path)!r} (compression {compression!r})")
+
+    def _open(self) -> _Handles:
+        inherited = self._handles
+        if isinstance(inherited, _Handles) and inherited.file is not None:
+            # a handle opened by the parent before fork: close this process's copy, never use it
+            try:
+                inherited.file.close()
+            except Exception:  # noqa: BLE001 - the inherited state may be half torn down
+                pass
+        if self._offset is not None:
+            try:
+                data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._offset, shape=self.shape)
+            except (OSError, ValueError) as exc:
+                raise CorruptDataError(
+                    f"{str(self.path)!r}: truncated or damaged ({exc}). Convert the source again."
+                ) from exc
+            return _Handles(None, data)
+        # Whole chunks are read and kept decompressed in ChunkCache, so HDF5's own chunk cache
+        # would only hold a second copy of the same pixels: sized 0 (whole-chunk reads measured
+        # as fast with it as with a 1- or 4-chunk cache).
+        file = open_file(self.path, rdcc_nbytes=0)
+        if self.store == "encoded":
+            return _Handles(file, file["blob"])
+        data = file["images"]
+        if self.chunk_images is None:
+            return _Handles(file, RowReader(data))
+        return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
+
+    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        data = self.handles.data
+        rows = indices.tolist()
+        try:
+            if self.store == "raw":
+                return data[indices]
+            blobs = [data[self.offsets[i] : self.offsets[i + 1]] for i in rows]
+        except OSError as exc:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
+            ) from exc
+        where = repr(str(self.path))
+        return decode_all(blobs, self.mode, lambda row: f"{where} sample {rows[row]}", self.path)

@@ -1,0 +1,33 @@
+"""The ``npy`` format: memory-mapped numpy arrays in a directory.
+
+raw:      images.npy (N, H, W, C) uint8, labels.npy (N,) int64, manifest.json
+encoded:  data.bin (concatenated original bytes), offsets.npy (N + 1,) int64, labels.npy,
+          manifest.json
+
+Everything is readable without fastdata: ``np.load(path / "images.npy", mmap_mode="r", allow_pickle=False)``;
+sample ``i`` of an encoded dataset is ``data[offsets[i]:offsets[i + 1]]``.
+"""
+
+from __future__ import annotations
+
+from fastdata.formats import FormatSpec, register
+from fastdata.formats.npy.reader import MemmapDataset
+from fastdata.formats.npy.verify import verify_files
+from fastdata.formats.npy.writer import MemmapWriter
+
+LAYOUT_VERSION = 1
+FORMAT = "npy"
+
+__all__ = ["FORMAT", "LAYOUT_VERSION", "MemmapDataset", "MemmapWriter"]
+
+register(
+    FormatSpec(
+        name=FORMAT,
+        dataset=MemmapDataset,
+        writer=MemmapWriter,
+        suffix=".npy",
+        layout_version=LAYOUT_VERSION,
+        description="memory-mapped numpy arrays in a directory",
+        verify=verify_files,
+    )
+)

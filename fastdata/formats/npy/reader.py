@@ -1,0 +1,67 @@
+"""The ``npy`` reader: :class:`MemmapDataset` (map-style, random access, batched reads)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError
+from fastdata.manifest import check_file_sizes, load_small_array
+from fastdata.reader import StoredDataset, decode_all
+
+
+class MemmapDataset(StoredDataset):
+    """Reader of the ``npy`` format (map-style; random access; batched reads).
+
+    >>> ds = MemmapDataset("out/cifar.npy")
+    >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+    >>> images, labels = ds[[3, 1, 2]]  # uint8 (3, C, H, W), int64 (3,)
+    """
+
+    format_name = "npy"
+    required_files = {"raw": ("images.npy", "labels.npy"), "encoded": ("data.bin", "offsets.npy", "labels.npy")}
+
+    def _load(self) -> None:
+        check_file_sizes(self.path, self.manifest)
+        count = self.manifest["count"]
+        self.labels = load_small_array(self.path / "labels.npy", dtype=np.int64, length=count)
+        self.offsets = None
+        if self.store == "encoded":
+            self.offsets = load_small_array(self.path / "offsets.npy", dtype=np.int64, length=count + 1)
+            size = self.manifest["files"]["data.bin"]["bytes"]
+            if self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0) or self.offsets[-1] != size:
+                raise CorruptDataError(
+                    f"{str(self.path / 'offsets.npy')!r}: offsets must rise from 0 to the size of data.bin "
+                    f"({size}); they run from {int(self.offsets[0])} to {int(self.offsets[-1])}. "
+                    f"Run 'fastdata verify {self.path}' or convert the source again."
+                )
+
+    def _open(self) -> np.ndarray:
+        name = "images.npy" if self.store == "raw" else "data.bin"
+        file = self.path / name
+        check_file_sizes(self.path, {"files": {name: self.manifest["files"][name]}})  # again, in this process
+        try:
+            if self.store == "raw":
+                array = np.load(file, mmap_mode="r", allow_pickle=False)
+                expected = (self.manifest["count"], *self.manifest["image"]["shape"])
+            else:
+                array = np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else np.empty(0, np.uint8)
+                expected = (int(self.offsets[-1]),)
+        except (OSError, ValueError) as exc:
+            raise CorruptDataError(
+                f"{str(file)!r}: truncated or damaged ({exc}). Run 'fastdata verify {self.path}' "
+                "or convert the source again."
+            ) from exc
+        if tuple(array.shape) != tuple(expected) or array.dtype != np.uint8:
+            raise CorruptDataError(
+                f"{str(file)!r} holds {array.dtype} {tuple(array.shape)} but the manifest says uint8 {tuple(expected)}. "
+                f"Run 'fastdata verify {self.path}' or convert the source again."
+            )
+        return array
+
+    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        if self.store == "raw":
+            return self.handles[indices]
+        data, offsets, rows = self.handles, self.offsets, indices.tolist()
+        where = repr(str(self.path / "data.bin"))
+        return decode_all((data[offsets[i] : offsets[i + 1]] for i in rows), self.mode,
+                          lambda row: f"{where} sample {rows[row]}", self.path)

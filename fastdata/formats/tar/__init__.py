@@ -1,0 +1,41 @@
+"""The ``tar`` format: WebDataset-compatible shards plus a JSON shard index.
+
+A directory holding ``shard-000000.tar``, ``shard-000001.tar``, ... (bounded by
+``shard_samples`` and ``shard_bytes``), ``index.json`` and ``manifest.json``. Sample ``i`` is the
+members ``<key>.<ext>`` (the image: original bytes ``.jpg``/``.png``/... for ``--store encoded``,
+a uint8 HWC ``.npy`` for ``--store raw``) and ``<key>.cls`` (the label as decimal text), where
+``key`` is ``i`` zero-padded to ``key_width`` digits. Every member is one 512-byte ustar header
+(mode 0644, uid/gid 0, mtime 0) and its data padded to 512 bytes; a shard ends with two zero
+blocks. The same input gives byte-identical shards and index. Stock ``webdataset.WebDataset``
+and GNU tar read the shards; the index records, per sample, the data offset and size of both
+members, which the readers (``tar_reader.py``) use to read without parsing tar streams.
+"""
+
+from __future__ import annotations
+
+from fastdata.formats import FormatSpec, register
+from fastdata.formats.tar.layout import BLOCK, FORMAT, INDEX_NAME, LAYOUT_VERSION, TRAILER, member_header, padded
+from fastdata.formats.tar.reader import TarIndexedDataset
+from fastdata.formats.tar.stream import ShardSplitWarning, TarDataset
+from fastdata.formats.tar.verify import verify_shards
+from fastdata.formats.tar.writer import TarOptions, TarWriter
+from fastdata.options import parse_bytes
+
+__all__ = [
+    "BLOCK", "FORMAT", "INDEX_NAME", "LAYOUT_VERSION", "TRAILER", "ShardSplitWarning", "TarDataset",
+    "TarIndexedDataset", "TarOptions", "TarWriter", "member_header", "padded", "parse_bytes",
+]
+
+register(
+    FormatSpec(
+        name=FORMAT,
+        dataset=TarDataset,
+        writer=TarWriter,
+        layout_version=LAYOUT_VERSION,
+        options=TarOptions,
+        verify=verify_shards,
+        map_reader=TarIndexedDataset,
+        self_batching=True,
+        description="WebDataset-compatible tar shards with a JSON shard index",
+    )
+)

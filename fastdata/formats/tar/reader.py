@@ -1,0 +1,109 @@
+"""The map-style reader of the ``tar`` format, :class:`TarIndexedDataset`, and what both tar
+readers share: opening a dataset (manifest and checked shard index) and turning member bytes
+into pixels. Members are read at the byte offsets recorded in ``index.json``: no tar stream is
+parsed at read time, and member names are never used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.formats.npyfile import MAGIC, npy_header
+from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
+from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
+from fastdata.manifest import open_manifest
+from fastdata.reader import StoredDataset, decode_all
+
+
+def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
+    """Check the manifest and load the shard index of a tar dataset directory."""
+    path = Path(path)
+    manifest = open_manifest(path, FORMAT)
+    return path, manifest, load_checked_index(path, manifest)
+
+
+def load_checked_index(path: Path, manifest: dict[str, Any]) -> ShardIndex:
+    """The shard index, checked against the manifest (sample count; raw samples' sizes)."""
+    index = load_index(path)
+    if len(index.labels) != manifest["count"]:
+        raise CorruptManifestError(
+            f"{str(path / INDEX_NAME)!r} lists {len(index.labels)} samples but the manifest says "
+            f"{manifest['count']}. Convert the source again."
+        )
+    if manifest["store"] == "raw":
+        shape = tuple(manifest["image"]["shape"])
+        expected = len(npy_header(shape)) + int(np.prod(shape))
+        bad = np.flatnonzero(index.image_size != expected)
+        if len(bad):
+            raise CorruptManifestError(
+                f"{str(path / INDEX_NAME)!r}: sample {int(bad[0])} is {int(index.image_size[bad[0]])} bytes, but a "
+                f"raw {shape} sample is {expected}. Run 'fastdata verify {path}' or convert the source again."
+            )
+    return index
+
+
+def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs: list[bytes],
+                  samples: np.ndarray) -> np.ndarray | list[np.ndarray]:
+    """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
+    (one stacked array) or the encoded images decoded."""
+    def where(row: int) -> str:
+        sample = int(samples[row])
+        return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
+
+    if manifest["store"] != "raw":
+        return decode_all(blobs, manifest["image"]["mode"], where, path)
+    shape = tuple(manifest["image"]["shape"])
+    size = int(np.prod(shape))
+    out = np.empty((len(blobs), *shape), dtype=np.uint8)
+    for row, blob in enumerate(blobs):
+        if len(blob) < size or blob[:6] != MAGIC[:6]:
+            raise CorruptDataError(f"{where(row)}: not a {shape} uint8 .npy member. Convert the source again.")
+        out[row] = np.frombuffer(blob, np.uint8, size, len(blob) - size).reshape(shape)
+    return out
+
+
+class TarIndexedDataset(StoredDataset):
+    """Map-style reader of the ``tar`` format: random access by index through member offsets.
+
+    For samplers that need ``__getitem__`` (``shuffle=True`` DataLoaders, ``fastdata.loader``).
+
+    >>> ds = TarIndexedDataset("out/shards")
+    >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+    """
+
+    format_name = FORMAT
+    required_files = {"raw": (INDEX_NAME,), "encoded": (INDEX_NAME,)}
+
+    def _load(self) -> None:
+        self.index = load_checked_index(self.path, self.manifest)
+        self.labels = self.index.labels
+
+    def _open(self) -> dict[int, int]:
+        return {}  # shard -> descriptor, opened on first use in this process
+
+    def _descriptor(self, shard: int) -> int:
+        descriptors = self.handles
+        if shard not in descriptors:
+            descriptors[shard] = open_shard(self.path, self.index, shard)
+        return descriptors[shard]
+
+    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+        index, blobs = self.index, []
+        for sample in indices.tolist():
+            shard = int(index.shard_of[sample])
+            blobs.append(
+                read_exact(
+                    self._descriptor(shard), int(index.image_size[sample]), int(index.image_offset[sample]),
+                    _shard_path(self.path, index, shard),  # built only if the read fails
+                )
+            )
+        return member_pixels(self.path, self.manifest, index, blobs, indices)
+
+
+def _shard_path(path: Path, index: ShardIndex, shard: int) -> Callable[[], Path]:
+    return lambda: path / index.files[shard]  # no Path per sample in workers' memory

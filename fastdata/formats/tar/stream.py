@@ -1,0 +1,178 @@
+"""The iterable reader of the ``tar`` format, :class:`TarDataset`: shards streamed in order,
+each read in large blocks at the offsets of ``index.json``.
+:func:`fastdata.formats.tar.split.split_pieces` decides which samples one DataLoader worker of one
+distributed rank reads in an epoch; every sample goes to exactly one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fastdata.errors import InvalidOptionError
+from fastdata.formats.tar.index import open_shard, read_exact
+from fastdata.formats.tar.layout import BLOCK
+from fastdata.formats.tar.reader import load_dataset, member_pixels
+from fastdata.formats.tar.split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
+from fastdata.reader import ReaderOutput
+
+_READ_BYTES = 4 * 1024 * 1024
+_CHUNK_SAMPLES = 64
+_warned: set[tuple[str, int, int]] = set()
+logger = logging.getLogger(__name__)
+
+
+class ShardSplitWarning(UserWarning):
+    """More ranks x workers than samples: some DataLoader workers have nothing to read."""
+
+
+class TarDataset(ReaderOutput, IterableDataset):
+    """Iterable reader of the ``tar`` format: every sample exactly once per epoch.
+
+    Shards are split across distributed ranks (``rank``/``world_size``, or torch.distributed
+    when initialised) and DataLoader workers; with fewer shards than ranks x workers, samples
+    are split within shards. ``shuffle`` permutes the shard order per ``(seed, epoch)`` and
+    mixes samples through a ``shuffle_buffer``; call :meth:`set_epoch` each epoch.
+    ``even=True`` gives every rank exactly ``N // world_size`` samples, split alike across its
+    workers, so DDP ranks see the same number of batches (up to ``world_size - 1`` samples
+    are left out per epoch). Yields ``(image, label)`` like the map-style readers, or with
+    ``batch_size`` collated batches ``(uint8 [B, C, H, W], int64 [B])`` from one stacked read
+    (each worker's last batch may be short); use those with ``DataLoader(batch_size=None)``.
+
+    >>> loader = DataLoader(TarDataset("out/shards", seed=1), batch_size=256, num_workers=4)
+    >>> loader = DataLoader(TarDataset("out/shards", batch_size=256), batch_size=None, num_workers=4)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: bool = False,
+        batch_size: int | None = None,
+        image_format: str = "tensor",
+        batch_transform: Callable | None = None,
+    ):
+        self._init_output(transform, target_transform, image_format, batch_transform)
+        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise InvalidOptionError(f"Invalid shuffle_buffer {shuffle_buffer!r}. Use 0 (none) or a positive count.")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
+            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use None (single samples) or a positive integer.")
+        self.batch_size = batch_size
+        self.path, self.manifest, self.index = load_dataset(path)
+        self._set_classes(self.manifest)
+        self.rank, self.world_size = resolve_distributed(rank, world_size)
+        self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
+        self.epoch = 0
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every sample's label, in index order (from the shard index)."""
+        return self.index.labels
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pick the epoch whose shuffle the next iteration uses (reaches non-persistent workers)."""
+        self.epoch = epoch
+
+    def pieces(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
+        """``(shard, start, stop)`` ranges one worker of this rank reads this epoch."""
+        order = shard_order(len(self.index.files), seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        pieces, split = split_pieces(
+            self.index.counts, order, rank=self.rank, world_size=self.world_size,
+            worker=worker, num_workers=num_workers, even=self.even,
+        )
+        key = (str(self.path), len(self.index.files), self.world_size * num_workers)
+        if split and worker == 0 and key not in _warned:
+            _warned.add(key)
+            # Each consumer reads only its own contiguous byte ranges (through the index), so
+            # splitting within shards costs no extra I/O: log it. Idle consumers do cost: warn.
+            message = (
+                f"{str(self.path)!r} has {key[1]} shard(s) for {self.world_size} rank(s) x {num_workers} "
+                f"worker(s): splitting samples within shards"
+            )
+            if len(self.index.labels) < key[2]:
+                warnings.warn(
+                    f"{message}, and {len(self.index.labels)} samples leave some workers idle. "
+                    f"Use fewer workers (at most {len(self.index.labels) // self.world_size} per rank).",
+                    ShardSplitWarning,
+                    stacklevel=3,
+                )
+            else:
+                logger.info("%s. Convert with --shard-samples for at least %d shards.", message, key[2])
+        return pieces
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch: all of them on one rank, ``N // world_size`` with
+        ``even``. Otherwise (and for batches) it depends on the shuffle or the worker count."""
+        if self.batch_size is not None:
+            raise TypeError(
+                "A TarDataset with batch_size has no fixed len(): each DataLoader worker's last batch "
+                "may be short. Use batch_size=None with DataLoader(batch_size=...) for a length."
+            )
+        if self.world_size == 1:
+            return len(self.index.labels)
+        if self.even:
+            return len(self.index.labels) // self.world_size
+        raise TypeError(
+            "TarDataset has no fixed length per rank when world_size > 1 (whole shards go to each "
+            "rank); pass even=True for exactly N // world_size samples per rank."
+        )
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        info = get_worker_info()
+        return self.iter_worker(info.id if info else 0, info.num_workers if info else 1)
+
+    def iter_worker(self, worker: int, num_workers: int) -> Iterator[tuple[Any, Any]]:
+        """What DataLoader worker ``worker`` of ``num_workers`` yields (``__iter__`` calls this)."""
+        records = self._records(self.pieces(worker, num_workers))
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, num_workers])
+            records = buffer_shuffle(records, self.shuffle_buffer, rng)
+        size = self.batch_size or _CHUNK_SAMPLES
+        chunk: list[tuple[int, bytes]] = []
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == size:
+                yield from self._emit(chunk)
+                chunk = []
+        if chunk:
+            yield from self._emit(chunk)
+
+    def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
+        samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
+        pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples)
+        if self.batch_size:
+            return [self.output.batch(pixels, self.index.labels[samples])]
+        return self.output.samples(pixels, self.index.labels[samples])
+
+    def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
+        """``(global sample index, image member bytes)`` of the pieces, in order, read in blocks."""
+        index, starts = self.index, self.index.starts
+        for shard, start, stop in pieces:
+            first = int(starts[shard])
+            descriptor = open_shard(self.path, index, shard)
+            try:
+                sample = first + start
+                while sample < first + stop:
+                    base = int(index.image_offset[sample]) - BLOCK
+                    limit = base + _READ_BYTES
+                    end = sample + 1 + int(np.searchsorted(index.sample_end[sample + 1 : first + stop], limit, "right"))
+                    block = read_exact(descriptor, int(index.sample_end[end - 1]) - base, base, self.path / index.files[shard])
+                    view = memoryview(block)
+                    for s in range(sample, end):
+                        offset = int(index.image_offset[s]) - base
+                        yield s, bytes(view[offset : offset + int(index.image_size[s])])
+                    sample = end
+            finally:
+                os.close(descriptor)

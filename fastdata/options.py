@@ -1,0 +1,251 @@
+"""Conversion options: :class:`ConvertOptions`, one frozen dataclass that parses and checks itself.
+
+Every place that needs the options of a conversion derives them from this class: the keywords
+of :func:`fastdata.convert` (``convert(src, out, resize="64x64")`` builds one), the
+``fastdata convert`` flags (from each field's ``metadata``), the journal's conversion key and
+the manifest's ``options`` entry (from the fields marked ``key``), and every other caller
+(``fastdata bench`` converts through :func:`fastdata.convert` with one). Values may be given as
+text, as the command line does (``resize="64x48"``, ``workers="4"``), or as Python values
+(``resize=(64, 48)``, ``workers=4``); either way they are parsed and validated here, once.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdata.errors import InvalidOptionError
+from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions
+
+STORES = ("raw", "encoded")
+SPLITS = ("train", "test")
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+# --- parsers shared by every option that takes text ----------------------------------------
+
+
+def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
+    """``"64x48"`` -> (64, 48); ``"64"`` -> (64,) when ``allow_single``; ints and tuples pass."""
+    if value is None:
+        return None
+    given = value
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", value)
+        value = tuple(int(g) for g in match.groups() if g is not None) if match else ()
+    value = tuple(value) if isinstance(value, (tuple, list)) else ()
+    allowed = (1, 2) if allow_single else (2,)
+    if len(value) not in allowed or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        forms = "'HxW' (e.g. '64x64') or 'S' (shorter side)" if allow_single else "'HxW' (e.g. '56x56')"
+        raise InvalidOptionError(f"Invalid {flag} {given!r}. Use {forms}, with positive integers.")
+    return value
+
+
+def parse_reencode(value: Any) -> tuple[str, int | None] | None:
+    """``"jpeg:90"`` -> ("jpeg", 90); ``"png"`` -> ("png", None)."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        value = ":".join(str(part) for part in value if part is not None)
+    match = re.fullmatch(r"(jpeg|jpg|png)(?::(\d+))?", str(value).strip().lower())
+    if not match or (match.group(1) == "png" and match.group(2)):
+        raise InvalidOptionError(f"Invalid --reencode {value!r}. Use 'jpeg:Q' (Q in 1..100) or 'png'.")
+    codec = "png" if match.group(1) == "png" else "jpeg"
+    quality = int(match.group(2)) if match.group(2) else (90 if codec == "jpeg" else None)
+    if quality is not None and not 1 <= quality <= 100:
+        raise InvalidOptionError(f"Invalid JPEG quality {quality} in --reencode {value!r}. Use 1..100.")
+    return codec, quality
+
+
+def parse_bytes(value: Any, *, flag: str = "size") -> int:
+    """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"4096"`` or 4096 -> 4096."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else None
+        if unit not in _UNITS:
+            raise InvalidOptionError(
+                f"Invalid {flag} {value!r}. Use bytes or a number with kB, MB, GB, KiB, MiB or GiB (e.g. '256MB')."
+            )
+        number = int(float(match.group(1)) * _UNITS[unit])
+    if number <= 0:
+        raise InvalidOptionError(f"Invalid {flag} {value!r}. Use a positive size such as '256MB'.")
+    return number
+
+
+def parse_count(value: Any, *, flag: str, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """An integer option given as int or text, at least ``minimum``."""
+    if value is None and allow_none:
+        return None
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        number = int(value)
+    if number is None or number < minimum:
+        allowed = f"an integer >= {minimum}" if minimum > 1 else ("0 or a positive integer" if minimum == 0
+                                                                  else "a positive integer")
+        shown = number if number is not None else value  # "--workers -1" reads as -1, not '-1'
+        raise InvalidOptionError(f"Invalid {flag} {shown!r}. Use {allowed}.")
+    return number
+
+
+def parse_source_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--source-option``; VALUE as a Python literal when it is one."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise InvalidOptionError(f"Invalid --source-option {text!r}. Use KEY=VALUE, e.g. size=1000.")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise InvalidOptionError(f"Unknown {what} {value!r}. Allowed: {', '.join(map(repr, allowed))}.")
+    return value
+
+
+# --- the options of one conversion ----------------------------------------------------------
+
+
+def _option(default: Any, help: str, *, key: bool = False, metavar: str | None = None, group: str = "conversion",
+            kind: str = "value", factory: Any = None) -> Any:
+    """A :class:`ConvertOptions` field; ``metadata`` drives the CLI flag, the key and the manifest."""
+    metadata = {"help": help, "key": key, "metavar": metavar, "group": group, "kind": kind}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Every option of one conversion, parsed and validated when the object is made.
+
+    >>> ConvertOptions(format="hdf5", resize="64x64", compression="lzf")   # doctest: +SKIP
+    Unknown fields are the format's own options (``compression``, ``shard_bytes``, ...), checked
+    by that format. :meth:`replace` returns a copy with some values changed (validated again).
+    """
+
+    format: str = _option("npy", "output format: {formats}",
+                          key=True, metavar="FORMAT")
+    store: str = _option("raw", "raw: decoded pixels (fastest to read, one image size); encoded: the image "
+                         "files' bytes (small, decoded when read)", key=True, metavar="raw|encoded")
+    mode: str = _option("auto", "auto (L when every image is grayscale, else RGB), RGB or L", key=True,
+                        metavar="auto|RGB|L")
+    resize: tuple[int, ...] | None = _option(None, "HxW (exact size) or S (shorter side to S, aspect kept), like "
+                                             "torchvision Resize", key=True, metavar="HxW|S")
+    center_crop: tuple[int, int] | None = _option(None, "HxW, applied after --resize, like torchvision CenterCrop",
+                                                  key=True, metavar="HxW")
+    reencode: tuple[str, int | None] | None = _option(None, "encoded store: re-encode as jpeg:Q or png instead of "
+                                                      "keeping the original bytes", key=True, metavar="jpeg:Q|png")
+    skip_bad: bool = _option(False, "leave unreadable images out (each is listed in the manifest)", key=True,
+                             kind="flag")
+    max_pixels: int | None = _option(DEFAULT_MAX_PIXELS, "refuse images with more pixels than this before decoding "
+                                     "them (a decompression-bomb guard)", key=True, metavar="N")
+    exif_transpose: bool = _option(False, "apply EXIF orientation (off by default, like torchvision)", key=True,
+                                   kind="flag")
+    workers: int | None = _option(None, "decoding processes (default: the usable cores; 0 = in this process)",
+                                  metavar="N", group="run")
+    overwrite: bool = _option(False, "replace OUTPUT if it is a fastdata dataset (nothing else is ever replaced)",
+                              kind="flag", group="run")
+    resume: bool = _option(False, "continue an interrupted conversion of the same, unchanged source from its "
+                           "last checkpoint (a finished one is kept)", kind="flag", group="run")
+    root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
+                               metavar="DIR", group="source")
+    split: str = _option("train", "torchvision sources: train or test (mapped to the dataset's own argument)",
+                         metavar="train|test", group="source")
+    download: bool = _option(False, "torchvision sources: download the dataset if it is missing", kind="flag",
+                             group="source")
+    source_options: dict[str, Any] = _option(None, "extra keyword for the torchvision dataset, e.g. size=1000 "
+                                             "(repeatable)", metavar="KEY=VALUE", group="source", kind="append",
+                                             factory=dict)
+    format_options: Any = _option(None, "the format's own options (a dataclass of the format; see its flags)",
+                                  key=True, kind="format")
+
+    def __post_init__(self) -> None:
+        from fastdata.formats import get_format
+
+        spec = get_format(self.format, writable=True)
+        set_ = object.__setattr__
+        if self.store not in STORES or self.store not in spec.stores:
+            allowed = ", ".join(repr(s) for s in spec.stores)
+            raise InvalidOptionError(f"Unknown store {self.store!r} for format {self.format!r}. Allowed: {allowed}.")
+        _choice(self.mode, MODES, "mode")
+        set_(self, "resize", parse_size(self.resize, flag="--resize", allow_single=True))
+        set_(self, "center_crop", parse_size(self.center_crop, flag="--center-crop", allow_single=False))
+        set_(self, "reencode", parse_reencode(self.reencode))
+        set_(self, "max_pixels", parse_count(self.max_pixels, flag="--max-pixels", allow_none=True))
+        set_(self, "workers", parse_count(self.workers, flag="--workers", minimum=0, allow_none=True))
+        _choice(self.split, SPLITS, "split")
+        set_(self, "source_options", dict(self.source_options or {}))
+        given = self.format_options
+        if given is None or isinstance(given, dict):
+            set_(self, "format_options", spec.make_options(dict(given or {})))
+        elif spec.options is None or not isinstance(given, spec.options):
+            raise InvalidOptionError(f"format_options {given!r} are not options of format {self.format!r}.")
+
+    # --- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, options: "ConvertOptions | None" = None, **overrides: Any) -> "ConvertOptions":
+        """``options`` (or the defaults) with ``overrides``: field names, or the format's own
+        option names, which go into ``format_options``."""
+        return (options or cls()).replace(**overrides) if overrides or options is None else options
+
+    def replace(self, **overrides: Any) -> "ConvertOptions":
+        names = {f.name for f in dataclasses.fields(self)}
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        current = values.pop("format_options")
+        format_options = {} if overrides.get("format", self.format) != self.format or current is None \
+            else dataclasses.asdict(current)
+        format_options.update(overrides.pop("format_options", None) or {})
+        format_options.update({k: overrides.pop(k) for k in list(overrides) if k not in names})
+        values.update(overrides)
+        return ConvertOptions(**values, format_options=format_options)
+
+    # --- what other parts derive from the fields --------------------------------------------
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry(resize=self.resize, center_crop=self.center_crop)
+
+    @property
+    def read(self) -> ReadOptions:
+        return ReadOptions(max_pixels=self.max_pixels, exif_transpose=self.exif_transpose)
+
+    @property
+    def source_arguments(self) -> dict[str, Any]:
+        """Keywords for :func:`fastdata.sources.resolve_source`."""
+        return {"root": self.root, "split": self.split, "download": self.download,
+                "source_options": self.source_options or None}
+
+    def key_fields(self) -> dict[str, Any]:
+        """The options that determine the output's bytes (journal key and manifest)."""
+        fields = {}
+        for item in dataclasses.fields(self):
+            if item.metadata.get("key"):
+                value = getattr(self, item.name)
+                if item.name == "format_options":
+                    value = dataclasses.asdict(value) if value is not None else {}
+                fields[item.name] = list(value) if isinstance(value, tuple) else value
+        return fields
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``options`` entry."""
+        fields = self.key_fields()
+        return {"mode": fields["mode"], **self.geometry.describe(), "reencode": fields["reencode"],
+                "format_options": fields["format_options"]}
+
+
+def cli_fields() -> list[dataclasses.Field]:
+    """The fields that are ``fastdata convert`` flags, in order."""
+    return [f for f in dataclasses.fields(ConvertOptions) if f.metadata.get("kind") != "format"]

@@ -1,0 +1,62 @@
+"""Sources: where samples come from before conversion.
+
+* an image folder in torchvision ``ImageFolder`` layout (:class:`FolderSource`),
+* a torchvision dataset by name, ``torchvision:CIFAR10`` (:func:`torchvision_dataset`),
+* any map-style dataset returning ``(image, label)`` (:class:`DatasetSource`), with a
+  vectorised path for datasets exposing ``.data``/``.targets`` arrays (:class:`ArraySource`),
+* existing WebDataset shards that fastdata did not write (:class:`WebDatasetSource`).
+
+A dataset written by ``fastdata convert`` is a source too (:class:`FastdataSource`); deciding
+that a path holds one is the caller's job (:func:`fastdata.convert.open_source`), so sources never
+depend on storage formats.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import InvalidOptionError
+from fastdata.folders import IMG_EXTENSIONS, find_classes, is_image_file, scan_folder
+from fastdata.images import ReadOptions
+from fastdata.sources.base import Source
+from fastdata.sources.datasets import (
+    ArraySource, DatasetSource, FastdataSource, dataset_length, has_array_fast_path, make_dataset_source,
+)
+from fastdata.sources.folder import FolderSource
+from fastdata.sources.torchvision import TORCHVISION_PREFIX, torchvision_dataset
+
+__all__ = [
+    "IMG_EXTENSIONS", "TORCHVISION_PREFIX", "ArraySource", "DatasetSource", "FastdataSource", "FolderSource",
+    "ReadOptions", "Source", "dataset_length", "find_classes", "has_array_fast_path", "is_image_file",
+    "make_dataset_source", "resolve_source", "scan_folder", "torchvision_dataset",
+]
+
+
+def resolve_source(
+    source: Any,
+    *,
+    root: str | os.PathLike | None = None,
+    split: str = "train",
+    download: bool = False,
+    source_options: dict[str, Any] | None = None,
+) -> Source:
+    """Turn what the user gave (path, ``torchvision:NAME`` or dataset object) into a Source."""
+    if isinstance(source, Source):
+        return source
+    if isinstance(source, str) and source.startswith(TORCHVISION_PREFIX):
+        name = source[len(TORCHVISION_PREFIX):]
+        dataset = torchvision_dataset(name, root=root, split=split, download=download, options=source_options)
+        description = {"type": "torchvision", "name": name, "split": split, "root": str(root) if root else None}
+        if source_options:
+            description["options"] = {k: repr(v) for k, v in sorted(source_options.items())}
+        return make_dataset_source(dataset, description)
+    if isinstance(source, (str, os.PathLike)):
+        return FolderSource(Path(source))
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        return make_dataset_source(source)
+    raise InvalidOptionError(
+        f"Cannot use {type(source).__name__} as a source. Give an image folder path, "
+        "'torchvision:NAME', or a map-style dataset returning (image, label)."
+    )

@@ -1,0 +1,51 @@
+"""The :class:`Source` interface: where samples come from before conversion.
+
+A source is picklable and loads one sample at a time by index, so conversion workers can run
+it in parallel. It also says what it reads (:meth:`Source.protected`, which the output may not
+touch) and how to tell whether it changed (:meth:`Source.fingerprint`, for ``--resume``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from fastdata.images import ReadOptions
+from fastdata.outputs import Protected
+
+
+class Source:
+    """Base of all sources. Subclasses set the attributes below and implement ``image``."""
+
+    keys: list[str]
+    labels: np.ndarray | None  # known up front, or None when only loading tells
+    class_to_idx: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.fingerprint`)."""
+        raise NotImplementedError
+
+    def protected(self) -> list[Protected]:
+        """Paths this source reads, which the output may not be, lie in, or contain."""
+        return []
+
+    def file_bytes(self, index: int) -> bytes | None:
+        """The sample's original encoded bytes, or None when the source has no files."""
+        return None
+
+    def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
+        """(PIL mode, width, height) of a sample, as cheaply as the source allows."""
+        image, _ = self.load(index, read)
+        return image.mode, image.width, image.height
+
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        """The decoded PIL image (in its own mode) and label of one sample."""
+        raise NotImplementedError

@@ -1,0 +1,152 @@
+"""Map-style datasets as conversion sources: any dataset of ``(image, label)``
+(:class:`DatasetSource`), array-backed ones read without PIL (:class:`ArraySource`: MNIST family,
+CIFAR), and datasets written by ``fastdata convert`` (:class:`FastdataSource`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from fastdata import fingerprint
+from fastdata.errors import EmptySourceError, InvalidOptionError
+from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
+from fastdata.outputs import Protected
+from fastdata.sources.base import Source
+
+
+class DatasetSource(Source):
+    """Any map-style dataset whose items are ``(image, label)``."""
+
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+        self.dataset = dataset
+        self.keys = [str(i) for i in range(len(dataset))]
+        self.labels = None
+        self.class_to_idx = _class_to_idx(dataset)
+        self._description = description or {
+            "type": "dataset",
+            "class": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._description, length=len(self.keys))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_items(len(self), self._item_digest)
+
+    def _item_digest(self, index: int) -> bytes:
+        try:
+            image, label = self.load(index)
+        except Exception as exc:  # noqa: BLE001 - a bad item is part of what the source is
+            return f"error {type(exc).__name__}: {exc}".encode()
+        return f"{image.mode} {image.size} {label}\n".encode() + image.tobytes()
+
+    def protected(self) -> list[Protected]:
+        root = getattr(self.dataset, "root", None)
+        if isinstance(root, (str, os.PathLike)) and str(root) and Path(root).exists():
+            return [Protected(Path(root), "dataset root folder", inside_ok=True)]
+        return []
+
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        read = read or ReadOptions()
+        item = self.dataset[index]
+        if not isinstance(item, (tuple, list)) or len(item) < 2:
+            raise TypeError(f"expected an (image, label) pair, got {type(item).__name__}")
+        image, label = item[0], item[1]
+        if hasattr(label, "item"):
+            label = label.item()
+        if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+            raise TypeError(f"expected an integer label, got {type(label).__name__}")
+        image = to_pil(image)
+        check_pixels(image, read.max_pixels)
+        return (exif_transpose(image) if read.exif_transpose else image), int(label)
+
+
+class ArraySource(DatasetSource):
+    """A dataset with uint8 ``.data`` (N,H,W or N,H,W,3) and ``.targets``: MNIST family, CIFAR."""
+
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+        super().__init__(dataset, description)
+        data = dataset.data
+        self.data = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
+        targets = dataset.targets
+        self.labels = np.asarray(targets.numpy() if hasattr(targets, "numpy") else targets, dtype=np.int64)
+        self.native_mode = "L" if self.data.ndim == 3 else "RGB"
+
+    def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
+        return self.native_mode, self.data.shape[2], self.data.shape[1]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_arrays(self.data, self.labels)
+
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        return Image.fromarray(self.data[index]), int(self.labels[index])
+
+
+class FastdataSource(DatasetSource):
+    """A dataset written by ``fastdata convert``, read through its format's map-style reader as
+    PIL images (so any format converts to any other), with its class names."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], reader: Any):
+        """``reader``: the dataset's map-style reader with ``image_format="pil"``."""
+        from fastdata.manifest import manifest_checksum
+
+        self.path = Path(path)
+        self.manifest = manifest
+        super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
+        self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return fingerprint.of_manifest(self.manifest, self._manifest_digest)
+
+    def protected(self) -> list[Protected]:
+        return [Protected(self.path, "source dataset")]
+
+
+def has_array_fast_path(dataset: Any) -> bool:
+    data = getattr(dataset, "data", None)
+    targets = getattr(dataset, "targets", None)
+    if data is None or targets is None or getattr(dataset, "transform", None) is not None:
+        return False
+    if getattr(dataset, "target_transform", None) is not None:
+        return False
+    dtype = str(getattr(data, "dtype", ""))
+    shape = tuple(getattr(data, "shape", ()))
+    if dtype not in ("uint8", "torch.uint8") or not shape:
+        return False
+    fits = len(shape) == 3 or (len(shape) == 4 and shape[3] == 3)
+    return fits and len(targets) == shape[0]
+
+
+def _class_to_idx(dataset: Any) -> dict[str, int]:
+    mapping = getattr(dataset, "class_to_idx", None)
+    if isinstance(mapping, dict) and mapping:
+        return {str(k): int(v) for k, v in mapping.items()}
+    classes = getattr(dataset, "classes", None)
+    if classes:
+        return {str(name): i for i, name in enumerate(classes)}
+    return {}
+
+
+def dataset_length(dataset: Any, name: str) -> int:
+    """``len(dataset)``, or a clear error when it has none or an invalid one."""
+    try:
+        length = len(dataset)
+    except Exception as exc:  # noqa: BLE001 - a user's __len__ may raise anything
+        raise InvalidOptionError(
+            f"{name} has no valid length ({type(exc).__name__}: {exc}). A source must be a map-style "
+            "dataset with __len__ and __getitem__; check its options."
+        ) from exc
+    return length
+
+
+def make_dataset_source(dataset: Any, description: dict[str, Any] | None = None) -> DatasetSource:
+    if dataset_length(dataset, f"Dataset {type(dataset).__name__}") == 0:
+        raise EmptySourceError(f"Dataset {type(dataset).__name__} is empty.")
+    if has_array_fast_path(dataset):
+        return ArraySource(dataset, description)
+    return DatasetSource(dataset, description)
