@@ -6,24 +6,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import (
-    CorruptManifestError, ManifestError, SourceNotFoundError, UnknownDatasetFormatError, UnknownFormatError,
-)
-from fastdata.formats import find_manifest, get_format
+from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
+from fastdata.formats import get_format
+from fastdata.manifest import require_manifest
 
 
 def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     """Open a dataset written by ``fastdata convert``; keyword arguments go to its reader
     (``transform``, ``target_transform``, ``image_format``, ...)."""
     path = Path(path)
-    if not path.exists():
-        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
-    manifest = find_manifest(path)
-    if manifest is None:
-        raise ManifestError(
-            f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found). "
-            "Convert it first, or read an image folder with fastdata.FolderDataset."
-        )
+    manifest = require_manifest(path)
     name = manifest.get("format")
     if not isinstance(name, str):
         raise CorruptManifestError(

@@ -215,10 +215,10 @@ def _files_problems(origin: str, manifest: dict[str, Any], *, directory: bool) -
     return problems
 
 
-def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
-    """The manifest of the ``format_name`` dataset at ``path``, checked before a reader uses any
-    of its values: the format, the layout version, and every field (:func:`manifest_problems`)."""
-    from fastdata.formats import find_manifest, get_format
+def require_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of the dataset at ``path`` as it is, or why there is none: the path does not
+    exist, or holds no dataset written by ``fastdata convert``."""
+    from fastdata.formats import find_manifest
 
     path = Path(path)
     if not path.exists():
@@ -227,8 +227,18 @@ def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
     if manifest is None:
         raise ManifestError(
             f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found). "
-            "Convert it first, or read an image folder with fastdata.FolderDataset."
+            "Convert it first ('fastdata convert'); an image folder is read with fastdata.FolderDataset."
         )
+    return manifest
+
+
+def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
+    """The manifest of the ``format_name`` dataset at ``path``, checked before a reader uses any
+    of its values: the format, the layout version, and every field (:func:`manifest_problems`)."""
+    from fastdata.formats import get_format
+
+    path = Path(path)
+    manifest = require_manifest(path)
     if manifest.get("format") != format_name:
         raise ManifestError(
             f"{str(path)!r} holds format {manifest.get('format')!r}, not {format_name!r}. "

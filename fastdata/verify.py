@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import FastdataError, ManifestError, SourceNotFoundError
-from fastdata.formats import find_manifest, get_format
+from fastdata.formats import get_format
 from fastdata.manifest import (
     CHECKSUM_ALGORITHM,
     MANIFEST_CHECKSUM_KEY,
@@ -30,6 +30,7 @@ from fastdata.manifest import (
     file_checksum,
     manifest_checksum,
     manifest_problems,
+    require_manifest,
 )
 
 _DEEP_BATCH = 64
@@ -66,14 +67,12 @@ class VerifyReport:
 def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
     """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too."""
     path = Path(path)
-    if not path.exists():
-        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
     try:
-        manifest = find_manifest(path)
-    except FastdataError as exc:  # a manifest that cannot be read is a finding, not a crash
-        return VerifyReport(path, None, None, deep, (), (str(exc),))
-    if manifest is None:
-        raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
+        manifest = require_manifest(path)
+    except FastdataError as exc:
+        if type(exc) in (SourceNotFoundError, ManifestError):  # no path, or no dataset at all: raised
+            raise
+        return VerifyReport(path, None, None, deep, (), (str(exc),))  # an unreadable manifest is a finding
     problems = manifest_problems(path, manifest)
     count = manifest.get("count") if isinstance(manifest.get("count"), int) else None
     if problems:  # the rest would be judged against a manifest that is itself wrong

@@ -320,7 +320,9 @@ def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> No
     assert "does not match the manifest's" in bad.stdout and "(the file is damaged)." in bad.stdout
     for args, message in [
         ((tmp_path / "nope",), f"fastdata: error: {str(tmp_path / 'nope')!r} does not exist.\n"),
-        ((uniform_folder,), f"fastdata: error: {str(uniform_folder)!r} is not a dataset written by 'fastdata convert' (no manifest found).\n"),
+        ((uniform_folder,), f"fastdata: error: {str(uniform_folder)!r} is not a dataset written by 'fastdata convert' "
+                            "(no manifest found). Convert it first ('fastdata convert'); an image folder is read with "
+                            "fastdata.FolderDataset.\n"),
     ]:
         result = run_cli("verify", *args)
         assert (result.returncode, result.stdout, result.stderr) == (1, "", message)

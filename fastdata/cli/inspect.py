@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import disk_usage, find_manifest, human_bytes
+from fastdata.cli.common import disk_usage, human_bytes
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -43,14 +43,10 @@ def describe(path: Path, manifest: dict[str, Any]) -> str:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from fastdata.errors import ManifestError, SourceNotFoundError
+    from fastdata.manifest import require_manifest
 
     path = Path(args.path)
-    if not path.exists():
-        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
-    manifest = find_manifest(path)
-    if manifest is None:
-        raise ManifestError(f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found).")
+    manifest = require_manifest(path)
     if args.json:
         print(json.dumps(dict(manifest, size_bytes=disk_usage(path)), indent=2))
     else:
