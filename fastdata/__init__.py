@@ -21,11 +21,11 @@ _EXPORTS = {
     "MemmapDataset": "fastdata.formats.npy",
     "TarDataset": "fastdata.formats.tar",
     "TarIndexedDataset": "fastdata.formats.tar",
-    "VerifyReport": "fastdata.verify",
-    "convert": "fastdata.convert",
+    "VerifyReport": "fastdata.verification",
+    "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
     "open_dataset": "fastdata.api",
-    "verify": "fastdata.verify",
+    "verify": "fastdata.verification",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -1,7 +1,7 @@
 """The local engine: runs a planned job through the format's writer, batch by batch, making
 checkpoints for ``--resume`` as it goes, and builds the manifest at the end.
 
-:mod:`fastdata.convert` decides *whether* and *where* to write (output rules, lock, resume);
+:mod:`fastdata.conversion` decides *whether* and *where* to write (output rules, lock, resume);
 this module does the writing, into the partial output only.
 """
 

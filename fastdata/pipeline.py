@@ -1,7 +1,7 @@
 """The conversion pipeline: planning from the first samples, then per-sample decode, convert,
 resize and encode in a process pool, yielding batches in source order.
 
-:mod:`fastdata.convert` drives it and hands the batches to the format's writer.
+:mod:`fastdata.conversion` drives it and hands the batches to the format's writer.
 """
 
 from __future__ import annotations

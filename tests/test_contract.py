@@ -1,138 +1,218 @@
-"""The contract every writable format in the registry keeps (parametrized over the registry)."""
+"""The registry and the shape of the package: every format keeps the contract of
+format_contract.py, the registry describes what callers need, and the public names import
+without traps."""
 
 from __future__ import annotations
 
-import pickle
+import importlib
+import io
+import json
+import subprocess
+import sys
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset
 
 import fastdata
-from fastdata.errors import BadSampleError, OutputExistsError
-from fastdata.formats import all_formats
-from fastdata.sources import scan_folder
+from fastdata.errors import InvalidOptionError
+from fastdata.formats import FormatSpec, all_formats, available_formats, get_format, registered
+from fastdata.formats.npy import MemmapDataset, MemmapWriter
+from fastdata.formats.npyfile import npy_header
+from fastdata.options import ConvertOptions
+from format_contract import CONTRACTS
 
-WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
-
-
-def output_path(tmp_path: Path, name: str) -> Path:
-    return tmp_path / f"out-{name}"
-
-
-@pytest.fixture(params=WRITABLE, ids=[f"{f}-{s}" for f, s in WRITABLE])
-def converted(request, uniform_folder: Path, tmp_path: Path):
-    name, store = request.param
-    out = output_path(tmp_path, f"{name}-{store}")
-    fastdata.convert(uniform_folder, out, format=name, store=store, workers=0)
-    keys, labels, _ = scan_folder(uniform_folder)
-    expected = [(np.asarray(Image.open(uniform_folder / k).convert("RGB")), y) for k, y in zip(keys, labels)]
-    return out, expected
+WRITABLE = sorted(spec.name for spec in all_formats() if spec.writable)
 
 
-def as_records(images, labels) -> list[tuple[bytes, int]]:
-    images = images.permute(0, 2, 3, 1).contiguous().numpy()
-    return [(image.tobytes(), int(label)) for image, label in zip(images, labels)]
+@pytest.mark.parametrize("name", WRITABLE)
+def test_every_writable_format_has_a_contract_test_file(name: str) -> None:
+    """Adding a format means one package plus tests/test_<name>.py with a FormatContract subclass."""
+    importlib.import_module(f"test_{name}")
+    assert name in CONTRACTS, f"tests/test_{name}.py defines no FormatContract subclass with format = {name!r}"
 
 
-def sorted_expected(expected) -> list[tuple[bytes, int]]:
-    return sorted((np.ascontiguousarray(image).tobytes(), label) for image, label in expected)
+def test_registry_describes_what_callers_need() -> None:
+    tar, npy, folder = get_format("tar"), get_format("npy"), get_format("folder")
+    assert tar.iterable and tar.self_batching and tar.map_dataset is fastdata.TarIndexedDataset
+    assert not npy.iterable and npy.map_dataset is MemmapDataset and not npy.baseline
+    assert folder.baseline and not folder.writable and folder.map_dataset is fastdata.FolderDataset
+    assert available_formats(writable=True) == ["hdf5", "npy", "tar"]
 
 
-def test_round_trip_len_and_manifest(converted) -> None:
-    out, expected = converted
-    ds = fastdata.open_dataset(out)
-    manifest = fastdata.formats.find_manifest(out)
-    assert manifest["count"] == len(expected) == 12
-    assert manifest["class_to_idx"] == {"ant": 0, "bee": 1, "cow": 2}
-    assert manifest["files"] and all("blake2b" in entry for entry in manifest["files"].values())
-    if isinstance(ds, IterableDataset):
-        got = [(image.permute(1, 2, 0).numpy(), label) for image, label in ds]
-        assert sorted_expected(got) == sorted_expected(expected)
-        return
-    assert len(ds) == 12
-    for i, (image, label) in enumerate(expected):
-        got, got_label = ds[i]
-        np.testing.assert_array_equal(got.permute(1, 2, 0).numpy(), image)
-        assert got_label == label
+def test_registry_refuses_a_taken_name_and_registered_restores_it() -> None:
+    imposter = FormatSpec(name="npy", dataset=MemmapDataset, writer=None)
+    with pytest.raises(InvalidOptionError, match=r"^Format 'npy' is already registered \(reader MemmapDataset\)"):
+        fastdata.formats.register(imposter)
+    original = get_format("npy")
+    with registered(imposter):
+        assert get_format("npy") is imposter
+    assert get_format("npy") is original
+    extra = FormatSpec(name="scratch", dataset=MemmapDataset, writer=MemmapWriter, stores=("raw",))
+    with registered(extra):
+        assert "scratch" in available_formats(writable=True)
+    assert "scratch" not in available_formats()
 
 
-def test_pickled_dataset_reads_the_same(converted) -> None:
-    out, expected = converted
-    ds = fastdata.open_dataset(out)
-    clone = pickle.loads(pickle.dumps(ds))
-    if isinstance(ds, IterableDataset):
-        assert sum(1 for _ in clone) == len(expected)
-    else:
-        ds[0]
-        clone = pickle.loads(pickle.dumps(ds))
-        assert all(torch.equal(clone[i][0], ds[i][0]) for i in range(len(ds)))
-
-
-@pytest.mark.parametrize("num_workers", [0, 1, 2])
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_every_sample_exactly_once_with_fork(converted, num_workers: int, shuffle: bool) -> None:
-    out, expected = converted
-    ds = fastdata.open_dataset(out)
-    context = "fork" if num_workers else None
-    if isinstance(ds, IterableDataset):
-        loaders = [DataLoader(ds, batch_size=5, num_workers=num_workers, multiprocessing_context=context)]
-    else:
-        loaders = [
-            DataLoader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers, multiprocessing_context=context),
-            fastdata.loader(ds, batch_size=5, shuffle=shuffle, num_workers=num_workers, seed=1,
-                            multiprocessing_context=context),
-        ]
-    for loader in loaders:
-        records = [r for images, labels in loader for r in as_records(images, labels)]
-        assert sorted(records) == sorted_expected(expected)
-
-
-def test_every_sample_exactly_once_with_spawn_after_parent_read(converted) -> None:
-    out, expected = converted
-    ds = fastdata.open_dataset(out)
-    if not isinstance(ds, IterableDataset):
-        ds[0]  # the parent opens its files first; workers must open their own
-    loader = (
-        DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn")
-        if isinstance(ds, IterableDataset)
-        else fastdata.loader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn")
+def test_loader_refuses_an_iterable_reader_naming_the_map_style_one(uniform_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    fastdata.convert(uniform_folder, out, format="tar", workers=0)
+    with pytest.raises(InvalidOptionError) as info:
+        fastdata.loader(fastdata.open_dataset(out), batch_size=4)
+    assert str(info.value) == (
+        "fastdata.loader needs a map-style dataset (random access by index), but got the iterable TarDataset. "
+        f"Use fastdata.TarIndexedDataset({str(out)!r}) for the same data, map-style. Or iterate it with a plain "
+        "DataLoader."
     )
-    records = [r for images, labels in loader for r in as_records(images, labels)]
-    assert sorted(records) == sorted_expected(expected)
+    images, labels = next(iter(fastdata.loader(fastdata.TarIndexedDataset(out), batch_size=4, shuffle=False)))
+    assert images.shape == (4, 3, 12, 10) and labels.tolist() == [0, 0, 0, 0]
 
 
-class FailsAt(torch.utils.data.Dataset):
-    def __init__(self, bad: int):
-        self.bad = bad
+def test_public_names_import_without_traps() -> None:
+    import fastdata.conversion
+    import fastdata.loading as loading_module
+    import fastdata.verification
 
-    def __len__(self):
-        return 300
-
-    def __getitem__(self, i):
-        if i == self.bad:
-            raise OSError("disk went away")
-        return np.full((4, 4, 3), i % 256, dtype=np.uint8), i % 3
-
-
-@pytest.mark.parametrize("name,store", WRITABLE, ids=[f"{f}-{s}" for f, s in WRITABLE])
-@pytest.mark.parametrize("workers", [0, 2])
-def test_failure_mid_write_leaves_nothing(tmp_path: Path, name: str, store: str, workers: int) -> None:
-    out = output_path(tmp_path, name)
-    with pytest.raises(BadSampleError, match="sample 250: cannot load sample \\(disk went away\\)"):
-        # mode and size are given, so no scan pass runs: the failure comes after batches were written
-        fastdata.convert(FailsAt(250), out, format=name, store=store, workers=workers, mode="RGB", resize="4x4")
-    assert list(tmp_path.iterdir()) == []
+    assert callable(fastdata.loader) and fastdata.loader is loading_module.loader
+    assert fastdata.convert is fastdata.conversion.convert and fastdata.verify is fastdata.verification.verify
+    assert type(loading_module).__name__ == "module"
+    with mock.patch("fastdata.loading.DataLoader") as patched:
+        fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(4)), batch_size=2)
+    assert patched.called
+    assert fastdata.__version__ == importlib.import_module("fastdata._version").__version__
+    assert fastdata.BatchIndexSampler is importlib.import_module("fastdata.samplers").BatchIndexSampler
+    for name in fastdata.__all__:
+        assert getattr(fastdata, name) is not None
+    with pytest.raises(AttributeError, match="module 'fastdata' has no attribute 'nothing_here'"):
+        fastdata.nothing_here
 
 
-@pytest.mark.parametrize("name", sorted({f for f, _ in WRITABLE}))
-def test_existing_output_refused_without_overwrite(uniform_folder: Path, tmp_path: Path, name: str) -> None:
-    out = output_path(tmp_path, name)
-    fastdata.convert(uniform_folder, out, format=name, workers=0)
-    before = sorted(p.name for p in tmp_path.rglob("*"))
-    with pytest.raises(OutputExistsError):
-        fastdata.convert(uniform_folder, out, format=name, workers=0)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+def test_import_fastdata_is_light() -> None:
+    """The CLI answers Ctrl-C before torch loads: the package root imports nothing heavy."""
+    code = "import sys, fastdata, fastdata.cli; print(sorted(m for m in ('torch', 'numpy', 'h5py', 'PIL') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("module,replacement", [
+    ("fastdata.formats.tar_reader", "fastdata.formats.tar"),
+    ("fastdata.formats.tar_split", "fastdata.formats.tar.split"),
+    ("fastdata.plan", "fastdata.formats.base"),
+])
+def test_moved_modules_still_import_with_a_deprecation_warning(module: str, replacement: str) -> None:
+    sys.modules.pop(module, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        importlib.import_module(module)
+    assert any(issubclass(w.category, DeprecationWarning) and replacement in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 2, 3), (7, 32, 32, 3), (10**6, 224, 224, 1), (1,)])
+def test_the_one_npy_header_writer_equals_numpys(shape: tuple[int, ...]) -> None:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": shape})
+    assert npy_header(shape) == buffer.getvalue()
+    padded = npy_header((5, 2), length=256)  # rewritten in place after skipped samples: same length
+    assert len(padded) == 256
+    assert np.lib.format.read_array_header_1_0(io.BytesIO(padded[8:])) == ((5, 2), False, np.dtype("u1"))
+
+
+# --- ConvertOptions: one dataclass owns every option ---------------------------------------
+
+
+def test_convert_options_parse_text_like_the_command_line() -> None:
+    options = ConvertOptions(format="hdf5", resize="64x48", center_crop="32x32", workers="2", max_pixels="1000",
+                             reencode=None, format_options={"compression": "GZIP"})
+    assert options.resize == (64, 48) and options.center_crop == (32, 32) and options.workers == 2
+    assert options.max_pixels == 1000 and options.format_options.compression == "gzip:4"
+    assert ConvertOptions(resize=64).resize == (64,) and ConvertOptions(resize=(8, 9)).resize == (8, 9)
+    assert ConvertOptions(store="encoded", reencode="jpg:80").reencode == ("jpeg", 80)
+    assert options.replace(compression="lzf").format_options.compression == "lzf"
+    assert options.replace(format="tar").format_options == get_format("tar").options()  # others' options reset
+    assert ConvertOptions.build(resize="8", shard_bytes="1MB", format="tar").format_options.shard_bytes == 10**6
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"resize": "32by32"}, "Invalid --resize '32by32'. Use 'HxW' (e.g. '64x64') or 'S' (shorter side), with positive integers."),
+    ({"center_crop": "8"}, "Invalid --center-crop '8'. Use 'HxW' (e.g. '56x56'), with positive integers."),
+    ({"workers": -1}, "Invalid --workers -1. Use 0 or a positive integer."),
+    ({"workers": "many"}, "Invalid --workers 'many'. Use 0 or a positive integer."),
+    ({"store": "zip"}, "Unknown store 'zip' for format 'npy'. Allowed: 'raw', 'encoded'."),
+    ({"mode": "CMYK"}, "Unknown mode 'CMYK'. Allowed: 'auto', 'RGB', 'L'."),
+    ({"split": "val"}, "Unknown split 'val'. Allowed: 'train', 'test'."),
+    ({"reencode": "gif"}, "Invalid --reencode 'gif'. Use 'jpeg:Q' (Q in 1..100) or 'png'."),
+    ({"format": "zarr"}, "Unknown format 'zarr'. Available formats: 'hdf5', 'npy', 'tar'."),
+    ({"compression": "lzf"}, "Option 'compression' does not apply to format 'npy'. Its options: none."),
+])
+def test_convert_options_refuse_bad_values(overrides: dict, message: str) -> None:
+    with pytest.raises(InvalidOptionError) as info:
+        ConvertOptions.build(**overrides)
+    assert str(info.value) == message
+
+
+def test_key_fields_and_manifest_options_come_from_the_fields() -> None:
+    options = ConvertOptions(format="tar", store="encoded", reencode="png", format_options={"shard_samples": 9})
+    assert options.key_fields() == {
+        "format": "tar", "store": "encoded", "mode": "auto", "resize": None, "center_crop": None,
+        "reencode": ["png", None], "skip_bad": False, "max_pixels": 89_478_485, "exif_transpose": False,
+        "format_options": {"shard_samples": 9, "shard_bytes": 256_000_000},
+    }
+    assert options.describe() == {"mode": "auto", "resize": None, "center_crop": None, "reencode": ["png", None],
+                                  "format_options": {"shard_samples": 9, "shard_bytes": 256_000_000}}
+
+
+def test_every_option_is_a_convert_flag_with_help() -> None:
+    from fastdata.cli import build_parser
+    from fastdata.options import cli_fields
+
+    parser = build_parser()
+    convert = parser._subparsers._group_actions[0].choices["convert"]
+    flags = {option: action for action in convert._actions for option in action.option_strings}
+    for field in cli_fields():
+        flag = "--source-option" if field.name == "source_options" else "--" + field.name.replace("_", "-")
+        assert flag in flags and flags[flag].help, flag
+    for name in ("--compression", "--chunk-images", "--shard-samples", "--shard-bytes"):
+        assert flags[name].help and flags[name].metavar and "FORMAT_OPTION" not in flags[name].metavar
+
+
+# --- the two defects found while reshaping ---------------------------------------------------
+
+
+def test_pil_images_with_a_transform_come_back_as_a_collated_batch(uniform_folder: Path, tmp_path: Path) -> None:
+    from torchvision.transforms import v2
+
+    out = tmp_path / "p.npy"
+    fastdata.convert(uniform_folder, out, workers=0)
+    to_tensor = v2.Compose([v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True)])
+    ds = fastdata.open_dataset(out, image_format="pil", transform=to_tensor)
+    images, labels = ds[[0, 5, 11]]
+    assert isinstance(images, torch.Tensor) and images.shape == (3, 3, 12, 10) and images.dtype == torch.float32
+    assert labels.tolist() == [0, 1, 2]
+    plain = fastdata.open_dataset(out)
+    assert torch.allclose(images, plain[[0, 5, 11]][0].float() / 255)
+    pil_images, pil_labels = fastdata.open_dataset(out, image_format="pil")[[0, 5]]  # no transform: PIL stays PIL
+    assert all(isinstance(image, Image.Image) for image in pil_images) and pil_labels.tolist() == [0, 1]
+
+
+def test_verify_reports_a_damaged_hdf5_manifest_attribute(uniform_folder: Path, tmp_path: Path) -> None:
+    """Flipping single bytes in and around the manifest attribute used to raise UnicodeEncodeError."""
+    out = tmp_path / "m.h5"
+    fastdata.convert(uniform_folder, out, format="hdf5", workers=0)
+    data = out.read_bytes()
+    start = data.index(b'{"format": "hdf5"')
+    damaged = tmp_path / "d.h5"
+    for offset in range(start - 40, start + 400, 3):
+        flipped = bytearray(data)
+        flipped[offset] ^= 0x80  # high bit: invalid UTF-8 where it lands in the text
+        damaged.write_bytes(bytes(flipped))
+        try:
+            report = fastdata.verify(damaged)
+        except fastdata.FastdataError as exc:  # refused with a reason (e.g. no manifest left): also fine
+            assert "Traceback" not in str(exc)
+            continue
+        assert not report.ok, offset
+        assert json.dumps(report.problems)  # plain text, printable

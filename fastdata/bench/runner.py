@@ -66,7 +66,7 @@ def prepare_conversion(
     progress: Callable[[str], None],
 ) -> Prepared:
     """Convert (or reuse the cached conversion of) ``source`` to one format/store."""
-    from fastdata.convert import convert
+    from fastdata.conversion import convert
 
     spec = get_format(spec_name, writable=True)
     options = {"format": spec_name, "store": store, "resize": config.resize if store == "raw" else None}
@@ -208,7 +208,7 @@ def check_source(source: Any) -> None:
 
 
 def resolve(source: Any, options: dict[str, Any]) -> Source:
-    from fastdata.convert import open_source
+    from fastdata.conversion import open_source
     from fastdata.options import ConvertOptions
 
     check_source(source)

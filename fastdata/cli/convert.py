@@ -85,7 +85,7 @@ def add_parser(commands) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from fastdata.convert import convert
+    from fastdata.conversion import convert
     from fastdata.options import ConvertOptions
 
     options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))

@@ -55,7 +55,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from fastdata.verify import verify
+    from fastdata.verification import verify
 
     report = verify(args.path, deep=args.deep)
     print(report.summary())

@@ -7,7 +7,7 @@
 * existing WebDataset shards that fastdata did not write (:class:`WebDatasetSource`).
 
 A dataset written by ``fastdata convert`` is a source too (:class:`FastdataSource`); deciding
-that a path holds one is the caller's job (:func:`fastdata.convert.open_source`), so sources never
+that a path holds one is the caller's job (:func:`fastdata.conversion.open_source`), so sources never
 depend on storage formats.
 """
 

@@ -1,4 +1,4 @@
-"""``fastdata.convert``: source -> parallel decode/resize/encode -> format writer -> dataset.
+"""The conversion driver behind ``fastdata.convert``: source -> parallel decode/resize/encode -> format writer -> dataset.
 
 This module decides *whether* and *where* a conversion writes (the output rules of
 :mod:`fastdata.outputs`, the lock, ``--resume`` and "already complete"); :mod:`fastdata.engine`

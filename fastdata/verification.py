@@ -1,4 +1,4 @@
-"""``fastdata.verify``: check a converted dataset against its manifest.
+"""The checks behind ``fastdata.verify``: a converted dataset against its manifest.
 
 Every format: the manifest itself (fields, layout version, classes), the recorded checksum and
 size of every data file (directory formats), files the manifest does not list, the sample

@@ -1,0 +1,266 @@
+"""The contract every writable storage format keeps, written once.
+
+A format's own test file subclasses :class:`FormatContract`, names the format, and supplies two
+small hooks: how to rewrite its manifest (to test the version check) and how to damage one of
+its data files (to test that readers name the damage). pytest then runs every test below for
+that format and each of its stores, so adding a format means one module plus one test file
+(``tests/test_contract.py`` checks that every registered format has one).
+
+The source of every dataset here is :class:`Numbered`: pixels that spell each sample's index,
+so a sample read twice, lost, mixed up with another or given the wrong label is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import fastdata
+from fastdata.errors import BadSampleError, CorruptDataError, OutputExistsError, VersionMismatchError
+from fastdata.formats import get_format
+
+COUNT = 47  # prime: every batch size, shard size and worker count leaves a remainder
+CLASSES = 5
+BATCH = 5
+SIDE = 4
+EXPECTED = Counter((i, i % CLASSES) for i in range(COUNT))
+CONTRACTS: dict[str, type] = {}
+
+
+def sample_pixels(index: int) -> np.ndarray:
+    """Sample ``index``'s 4x4 RGB pixels: red spells the index, green/blue vary per pixel."""
+    pixels = np.empty((SIDE, SIDE, 3), dtype=np.uint8)
+    pixels[:, :, 0] = index
+    pixels[:, :, 1] = (np.arange(SIDE * SIDE).reshape(SIDE, SIDE) * 13 + index * 7) % 256
+    pixels[:, :, 2] = 255 - index
+    return pixels
+
+
+class Numbered(torch.utils.data.Dataset):
+    """A plain map-style source (no ``.data`` fast path): ``(HWC uint8 array, index % CLASSES)``,
+    with class names, like a torchvision dataset."""
+
+    classes = [f"class{i}" for i in range(CLASSES)]
+
+    def __len__(self) -> int:
+        return COUNT
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if not 0 <= index < COUNT:
+            raise IndexError(index)
+        return sample_pixels(index), index % CLASSES
+
+
+class FailsAt(torch.utils.data.Dataset):
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __len__(self):
+        return 300
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise OSError("disk went away")
+        return np.full((4, 4, 3), i % 256, dtype=np.uint8), i % 3
+
+
+def records(loader, seen_order: list[int]) -> Counter:
+    """The multiset of (index spelled by the pixels, label) one pass over ``loader`` yields;
+    every image must equal the source pixels of the index it spells, not only its red channel."""
+    found: Counter = Counter()
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIDE, SIDE)
+        assert labels.dtype == torch.int64 and len(labels) == len(images)
+        for image, label in zip(images.permute(0, 2, 3, 1).numpy(), labels.tolist()):
+            index = int(image[0, 0, 0])
+            np.testing.assert_array_equal(image, sample_pixels(index), err_msg=f"sample {index}")
+            found[(index, label)] += 1
+            seen_order.append(index)
+    return found
+
+
+def check_epochs(make_loader, shuffle: bool, *, in_order: bool = False, epochs: int = 2) -> None:
+    """``epochs`` passes each yield every sample exactly once; a shuffled pass is not in index
+    order, and with ``in_order`` an unshuffled pass is."""
+    for epoch in range(epochs):
+        order: list[int] = []
+        found = make_loader(epoch, order)
+        missing, extra = EXPECTED - found, found - EXPECTED
+        assert not missing and not extra, f"epoch {epoch}: missing {sorted(missing)}, extra {sorted(extra)}"
+        if shuffle:
+            assert order != sorted(order), f"epoch {epoch}: shuffle=True read in index order"
+        elif in_order:
+            assert order == list(range(COUNT)), f"epoch {epoch}: shuffle=False read out of index order"
+
+
+def workers(num_workers: int, context: str = "fork") -> dict:
+    return {"num_workers": num_workers, "multiprocessing_context": context if num_workers else None}
+
+
+# num_workers=3 on a 2-core machine: torch warns that it suggests fewer workers (warnings are errors)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+class FormatContract:
+    """Subclass with ``format = "<name>"`` and the hooks below; see the module docstring."""
+
+    format: str = ""
+    # extra conversions with their own read path: id -> (store, format options)
+    layouts: dict[str, tuple[str, dict]] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.format:
+            CONTRACTS[cls.format] = cls
+            if not get_format(cls.format).iterable:  # nothing to collect, rather than a skip per case
+                cls.test_iterable_reader_yields_every_sample_once_across_ranks = None
+
+    # --- hooks a format supplies --------------------------------------------------------
+
+    def rewrite_manifest(self, out: Path, change: dict) -> None:
+        """Store the manifest with ``change`` applied (directory formats: manifest.json)."""
+        manifest = json.loads((out / "manifest.json").read_text())
+        (out / "manifest.json").write_text(json.dumps({**manifest, **change}))
+
+    def damage(self, out: Path) -> str:
+        """Damage a data file so that reading fails; return what the error must contain."""
+        raise NotImplementedError
+
+    # --- fixtures -------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def converted_layouts(cls, tmp_path_factory) -> dict[str, Path]:
+        """Every store (and extra layout) of this format, converted once from :class:`Numbered`
+        (read-only: tests that change a dataset take :meth:`converted`, a fresh copy)."""
+        spec = get_format(cls.format)
+        layouts = {store: (store, {}) for store in spec.stores} | cls.layouts
+        done = {}
+        for key, (store, options) in layouts.items():
+            out = tmp_path_factory.mktemp(f"{cls.format}-{key}") / f"data{spec.suffix}"
+            manifest = fastdata.convert(Numbered(), out, format=cls.format, store=store, workers=0, **options)
+            assert manifest["count"] == COUNT and manifest["classes"] == Numbered.classes
+            done[key] = out
+        return done
+
+    @pytest.fixture(params=["raw", "encoded"])
+    def converted(self, request, converted_layouts, tmp_path: Path) -> Path:
+        """A fresh copy of one store's dataset, free to change."""
+        if request.param not in converted_layouts:
+            pytest.skip(f"{self.format} has no {request.param} store")
+        source = converted_layouts[request.param]
+        copy = tmp_path / "copy" / source.name
+        copy.parent.mkdir()
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
+        return copy
+
+    def map_style(self, out: Path):
+        return get_format(self.format).map_dataset(out)
+
+    # --- the contract -----------------------------------------------------------------------
+
+    def test_round_trip_len_classes_and_manifest(self, converted) -> None:
+        ds = fastdata.open_dataset(converted)
+        manifest = fastdata.formats.find_manifest(converted)
+        assert manifest["count"] == COUNT and manifest["format"] == self.format
+        assert manifest["files"] and all("blake2b" in entry for entry in manifest["files"].values())
+        assert ds.classes == Numbered.classes and ds.class_to_idx == {n: i for i, n in enumerate(Numbered.classes)}
+        if isinstance(ds, IterableDataset):
+            found = Counter((int(image[0, 0, 0]), label) for image, label in ds)
+            assert found == EXPECTED
+        reader = self.map_style(converted)
+        assert len(reader) == COUNT
+        for index in range(COUNT):
+            image, label = reader[index]
+            np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), sample_pixels(index))
+            assert label == index % CLASSES
+
+    def test_pickled_reader_reads_the_same(self, converted) -> None:
+        reader = self.map_style(converted)
+        reader[0]  # open its files first: they must not travel with the pickle
+        clone = pickle.loads(pickle.dumps(reader))
+        assert all(torch.equal(clone[i][0], reader[i][0]) for i in range(COUNT))
+
+    @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+    @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+    def test_map_style_reader_yields_every_sample_once(self, converted_layouts, num_workers: int,
+                                                       shuffle: bool) -> None:
+        """With fastdata.loader and the standard DataLoader, every layout, two epochs."""
+        for out in converted_layouts.values():
+            reader = self.map_style(out)
+            fast = fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=3, **workers(num_workers))
+            check_epochs(lambda epoch, order: records(fast, order), shuffle, in_order=True)
+            standard = DataLoader(reader, batch_size=BATCH, shuffle=shuffle, **workers(num_workers))
+            check_epochs(lambda epoch, order: records(standard, order), shuffle, in_order=True)
+
+    @pytest.mark.parametrize("world_size", [1, 2, 3])
+    @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+    @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+    def test_iterable_reader_yields_every_sample_once_across_ranks(self, converted_layouts, num_workers: int,
+                                                                   shuffle: bool, world_size: int) -> None:
+        """The union over ranks (one DataLoader each, as DDP runs them) is the dataset."""
+        spec = get_format(self.format)
+        for out in converted_layouts.values():
+            def epoch_over_ranks(epoch: int, order: list[int]) -> Counter:
+                found: Counter = Counter()
+                for rank in range(world_size):
+                    ds = spec.dataset(out, shuffle=shuffle, seed=7, shuffle_buffer=8, rank=rank,
+                                      world_size=world_size)
+                    ds.set_epoch(epoch)
+                    found += records(DataLoader(ds, batch_size=BATCH, **workers(num_workers)), order)
+                return found
+
+            # workers interleave, and ranks are read one after the other: in order only on one process
+            check_epochs(epoch_over_ranks, shuffle, in_order=num_workers <= 1 and world_size == 1)
+
+    def test_spawned_workers_after_the_parent_read(self, converted) -> None:
+        reader = self.map_style(converted)
+        reader[0]  # the parent opens its files first; workers must open their own
+        loader = fastdata.loader(reader, batch_size=BATCH, **workers(2, "spawn"))
+        check_epochs(lambda epoch, order: records(loader, order), shuffle=True, epochs=1)
+
+    @pytest.mark.parametrize("num_workers", [0, 2])
+    def test_failure_mid_write_leaves_nothing(self, tmp_path: Path, num_workers: int) -> None:
+        for store in get_format(self.format).stores:
+            with pytest.raises(BadSampleError, match="sample 250: cannot load sample \\(disk went away\\)"):
+                # mode and size are given, so no scan pass runs: the failure comes after batches were written
+                fastdata.convert(FailsAt(250), tmp_path / "out", format=self.format, store=store,
+                                 workers=num_workers, mode="RGB", resize="4x4")
+            assert list(tmp_path.iterdir()) == []
+
+    def test_existing_output_refused_without_overwrite(self, tmp_path: Path) -> None:
+        out = tmp_path / "out"
+        fastdata.convert(Numbered(), out, format=self.format, workers=0)
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        with pytest.raises(OutputExistsError, match="already exists. Pass --overwrite to replace it."):
+            fastdata.convert(Numbered(), out, format=self.format, workers=0)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before
+        fastdata.convert(Numbered(), out, format=self.format, store="encoded", workers=0, overwrite=True)
+        assert fastdata.formats.find_manifest(out)["store"] == "encoded"
+
+    def test_unknown_layout_version_is_refused(self, converted) -> None:
+        self.rewrite_manifest(converted, {"layout_version": 99})
+        message = f"'{self.format}' layout version 99 is not supported; this fastdata reads layout version 1"
+        with pytest.raises(VersionMismatchError, match=message):
+            fastdata.open_dataset(converted)
+        with pytest.raises(VersionMismatchError, match=message):
+            self.map_style(converted)
+        self.rewrite_manifest(converted, {"layout_version": 1})
+        assert len(self.map_style(converted)) == COUNT
+
+    def test_damaged_data_is_named(self, converted_layouts, tmp_path: Path) -> None:
+        for key, out in converted_layouts.items():
+            copy = tmp_path / key / out.name
+            copy.parent.mkdir()
+            (shutil.copytree if out.is_dir() else shutil.copy)(out, copy)
+            expected = self.damage(copy)
+            with pytest.raises(CorruptDataError, match=expected):
+                reader = self.map_style(copy)
+                [reader[i] for i in range(COUNT)]
+            assert not fastdata.verify(copy).ok
