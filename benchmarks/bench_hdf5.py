@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import fastdata
-from fastdata.demo import make_demo_folder
+from fastdata.bench.timing import Cell, compare
+from fastdata.demo import demo_folder
 from fastdata.formats.hdf5 import HDF5Dataset
 from fastdata.images import decode
 from fastdata.samplers import ChunkShuffleSampler
@@ -58,10 +58,7 @@ class PerSampleH5Dataset(Dataset):
 
 def prepare(data: Path, count: int, size: int) -> dict[str, Path]:
     """The demo folder and every converted variant (reused when already there)."""
-    folder = data / f"demo-{count}-{size}"
-    if not (folder / ".complete").exists():
-        make_demo_folder(folder, small=count, small_size=size)
-        (folder / ".complete").touch()
+    folder = demo_folder(data / f"demo-{count}-{size}", small=count, small_size=size)
     outputs = {
         "npy-raw": ({"format": "npy"}, "npy-raw.npy"),
         "hdf5-raw": ({"format": "hdf5"}, "raw.h5"),
@@ -72,8 +69,7 @@ def prepare(data: Path, count: int, size: int) -> dict[str, Path]:
     paths = {"folder": folder}
     for name, (options, filename) in outputs.items():
         out = data / f"conv-{count}-{size}" / filename
-        if not out.exists():
-            fastdata.convert(folder, out, **options)
+        fastdata.convert(folder, out, resume=True, **options)  # kept when already converted
         paths[name] = out
     return paths
 
@@ -107,53 +103,6 @@ def variants(paths: dict[str, Path], batch_size: int) -> dict[str, tuple[Callabl
             lambda: PerSampleH5Dataset(paths["hdf5-raw"]), per_sample, all_workers
         ),
     }
-
-
-def epoch(make_dataset: Callable, make_loader: Callable, num_workers: int) -> tuple[float, float, int]:
-    """Seconds for one full epoch (worker start included; opening the dataset -- reading its
-    labels and manifest -- is not), seconds to the first batch, samples."""
-    dataset = make_dataset()
-    start = time.perf_counter()
-    loader = make_loader(dataset, num_workers)
-    first, seen = None, 0
-    for images, _labels in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        seen += len(images)
-    return time.perf_counter() - start, first or 0.0, seen
-
-
-def measure(grid: list[tuple], repeats: int, batch_size: int) -> list[dict[str, Any]]:
-    """Time every cell of ``grid`` with epochs interleaved across cells (round-robin), so load
-    from other processes on a shared machine spreads over all variants instead of a few."""
-    warm = []
-    for name, make_dataset, make_loader, num_workers in grid:
-        warm.append(epoch(make_dataset, make_loader, num_workers))
-        print(f"warm-up {name} nw={num_workers}: {warm[-1][0]:.3f} s", file=sys.stderr, flush=True)
-    # fast cells get more epochs (at least ~1 s of timing, at most 20); a slow one (> 5 s, its
-    # file already in the page cache from an earlier variant) is timed by its warm-up epoch alone
-    needed = [0 if w[0] > 5 else max(repeats, min(20, int(1.0 / max(w[0], 1e-3)))) for w in warm]
-    runs: list[list[tuple[float, float, int]]] = [[] for _ in grid]
-    for repeat in range(max(needed, default=0)):
-        for position, (_, make_dataset, make_loader, num_workers) in enumerate(grid):
-            if repeat < needed[position]:
-                runs[position].append(epoch(make_dataset, make_loader, num_workers))
-    rows = []
-    for (name, _, _, num_workers), cell_runs, warm_run in zip(grid, runs, warm):
-        cell_runs = cell_runs or [warm_run]
-        seconds = statistics.median(r[0] for r in cell_runs)
-        rows.append({
-            "variant": name,
-            "num_workers": num_workers,
-            "batch_size": batch_size,
-            "samples": cell_runs[0][2],
-            "epoch_s": round(seconds, 4),
-            "samples_per_s": round(cell_runs[0][2] / seconds, 1),
-            "first_batch_s": round(statistics.median(r[1] for r in cell_runs), 4),
-            "epochs_timed": len(cell_runs),
-            "epoch_s_min_max": [round(min(r[0] for r in cell_runs), 4), round(max(r[0] for r in cell_runs), 4)],
-        })
-    return rows
 
 
 def encoded_layouts(paths: dict[str, Path], batch_size: int) -> list[dict[str, Any]]:
@@ -193,8 +142,8 @@ def encoded_layouts(paths: dict[str, Path], batch_size: int) -> list[dict[str, A
 
 
 def render(rows: list[dict[str, Any]], layouts: list[dict[str, Any]], info: dict[str, Any]) -> str:
-    names = list(dict.fromkeys(r["variant"] for r in rows))
-    cell = {(r["variant"], r["num_workers"]): r["samples_per_s"] for r in rows}
+    names = list(dict.fromkeys(r["reader"] for r in rows))
+    cell = {(r["reader"], r["num_workers"]): r["samples_per_s"] for r in rows}
     best = {n: max((v, w) for (m, w), v in cell.items() if m == n) for n in names}
     npy_best = best["npy raw"][0]
     hand_best = best["per-sample h5py Dataset (hand-written)"][0]
@@ -233,13 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     info = {"samples": args.count, "size": args.size, "batch_size": args.batch_size, "cpu_count": os.cpu_count(),
             "loadavg": " ".join(f"{v:.2f}" for v in os.getloadavg()), "python": platform.python_version(),
             "torch": torch.__version__, "h5py": h5py.__version__, "command": " ".join(sys.argv)}
-    grid = [
-        (name, make_dataset, make_loader, num_workers)
+    cells = [
+        # a fresh dataset per epoch: no reader cache carries over from one epoch to the next
+        Cell(name, num_workers, lambda make_dataset=make_dataset, make_loader=make_loader, nw=num_workers:
+             make_loader(make_dataset(), nw), fresh=True, extra={"batch_size": args.batch_size})
         for name, (make_dataset, make_loader, workers) in variants(paths, args.batch_size).items()
         if not args.only or any(part in name for part in args.only.split(","))
         for num_workers in workers
     ]
-    rows = measure(grid, args.repeats, args.batch_size)
+    rows = compare(cells, epochs=args.repeats)
     layouts = encoded_layouts(paths, args.batch_size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"info": info, "rows": rows, "encoded_layouts": layouts}, indent=2))

@@ -1,4 +1,4 @@
-"""Issue 2's benchmark: npy fast path vs the numpy ceiling, ImageFolder and hand-written Datasets.
+"""The npy reader against the numpy ceiling, torchvision ImageFolder and hand-written Datasets.
 
     python benchmarks/bench_npy.py [--count 20000] [--workers 0,1,2]
 
@@ -12,13 +12,19 @@ import argparse
 import multiprocessing
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 import fastdata
-from common import converted, epoch_rate, machine, table, workload_folder
+from fastdata.bench.report import best_rate, rates_table
+from fastdata.bench.timing import Cell, compare
+from fastdata.demo import demo_folder
+from fastdata.machine import machine_info
+
+DATA = Path(__file__).resolve().parent / "data"
 
 BATCH = 256
 
@@ -55,7 +61,8 @@ class PerSampleMemmap(Dataset):
         return torch.from_numpy(np.array(self.images[index])).permute(2, 0, 1), int(self.labels[index])
 
 
-def plain_ceiling(path) -> float:
+def plain_ceiling(path):
+    """The same batches from a plain numpy loop: no Dataset, no DataLoader (the ceiling)."""
     images = np.load(path / "images.npy", mmap_mode="r")
     labels = np.load(path / "labels.npy")
 
@@ -65,7 +72,7 @@ def plain_ceiling(path) -> float:
             idx = np.sort(order[start : start + BATCH])
             yield torch.from_numpy(images[idx]), torch.from_numpy(labels[idx])
 
-    return epoch_rate(batches)
+    return batches
 
 
 def conversion_ratio(folder, workers: int) -> tuple[float, float]:
@@ -99,9 +106,10 @@ def main() -> None:
     parser.add_argument("--workers", default="0,1,2")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
-    folder = workload_folder(args.count, 32)
-    npy = converted(folder, "raw.npy", format="npy", store="raw")
-    print(f"machine: {machine()}; workload: {args.count} x 32x32 PNG, batch {BATCH}, shuffle")
+    folder = demo_folder(DATA / f"folder-{args.count}-32px-0jpg", small=args.count, small_size=32, seed=0)
+    npy = DATA / f"{folder.name}-raw.npy"
+    fastdata.convert(folder, npy, format="npy", store="raw", resume=True)  # kept when already converted
+    print(f"machine: {machine_info()}; workload: {args.count} x 32x32 PNG, batch {BATCH}, shuffle")
 
     from torchvision.datasets import ImageFolder
     from torchvision.transforms.v2.functional import pil_to_tensor
@@ -119,15 +127,17 @@ def main() -> None:
         "fastdata FolderDataset (baseline)": lambda nw: DataLoader(
             fastdata.FolderDataset(folder), batch_size=BATCH, shuffle=True, num_workers=nw),
     }
-    ceiling = plain_ceiling(npy)
-    rows = [(name, {nw: epoch_rate(lambda: make(nw)) for nw in workers}) for name, make in readers.items()]
-    print(table(rows + [("plain numpy loop, no DataLoader (ceiling)", {0: ceiling})], workers))
-    best = {name: max(rates.values()) for name, rates in rows}
-    fast0 = rows[0][1][0]
+    cells = [Cell(name, nw, lambda make=make, nw=nw: make(nw)) for name, make in readers.items() for nw in workers]
+    cells.append(Cell("plain numpy loop, no DataLoader (ceiling)", 0, plain_ceiling(npy), fresh=True))
+    rows = compare(cells)
+    print(rates_table(rows))
+    ceiling = best_rate(rows, "plain numpy loop, no DataLoader (ceiling)")
+    fast0 = next(r["samples_per_s"] for r in rows if r["reader"].endswith("[fast path]") and r["num_workers"] == 0)
     print(f"fast path nw=0 / ceiling: {fast0 / ceiling:.2f}x")
-    print(f"fast path best / ImageFolder best: {best['fastdata.loader(MemmapDataset) [fast path]'] / best['torchvision ImageFolder']:.0f}x")
+    print(f"fast path best / ImageFolder best: "
+          f"{best_rate(rows, 'fastdata.loader(MemmapDataset) [fast path]') / best_rate(rows, 'torchvision ImageFolder'):.0f}x")
     print(f"standard best / hand-written per-sample best: "
-          f"{best['DataLoader(MemmapDataset, 256) [standard]'] / best['DataLoader(hand-written per-sample memmap)']:.2f}x")
+          f"{best_rate(rows, 'DataLoader(MemmapDataset, 256) [standard]') / best_rate(rows, 'DataLoader(hand-written per-sample memmap)'):.2f}x")
     cores = os.cpu_count() or 1
     convert_rate, decode_rate = conversion_ratio(folder, cores)
     print(f"conversion on {cores} processes: {convert_rate:,.0f} img/s vs PIL decode alone {decode_rate:,.0f} img/s "

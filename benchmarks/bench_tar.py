@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -23,14 +21,13 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata.demo import make_demo_folder
+from fastdata.bench.report import best_rate, rates_table
+from fastdata.bench.timing import Cell, compare
+from fastdata.demo import demo_folder
 
 
 def prepare(data: Path, count: int, size: int, shard_samples: int) -> dict[str, Path]:
-    folder = data / f"demo-{count}-{size}"
-    if not folder.exists():
-        make_demo_folder(folder.with_suffix(".partial"), small=count, small_size=size)
-        os.replace(folder.with_suffix(".partial"), folder)
+    folder = demo_folder(data / f"demo-{count}-{size}", small=count, small_size=size)
     paths = {"folder": folder}
     for name, fmt, store, extra in [
         ("npy-encoded", "npy", "encoded", {}),
@@ -38,8 +35,7 @@ def prepare(data: Path, count: int, size: int, shard_samples: int) -> dict[str, 
         ("tar-raw", "tar", "raw", {"shard_samples": shard_samples}),
     ]:
         out = data / f"{folder.name}.{name}"
-        if not out.exists():
-            fastdata.convert(folder, out, format=fmt, store=store, **extra)
+        fastdata.convert(folder, out, format=fmt, store=store, resume=True, **extra)  # kept when converted
         paths[name] = out
     return paths
 
@@ -83,56 +79,17 @@ def readers(paths: dict[str, Path], batch_size: int) -> dict[str, Callable[[int]
     }
 
 
-def epoch(loader: DataLoader) -> tuple[int, float, float]:
-    start = time.perf_counter()
-    first = None
-    samples = 0
-    for images, _ in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        samples += len(images)
-    return samples, time.perf_counter() - start, first or 0.0
-
-
-def run(paths: dict[str, Path], workers: list[int], batch_size: int, repeats: int) -> list[dict[str, Any]]:
-    rows = []
-    for name, make in readers(paths, batch_size).items():
-        for count in workers:
-            loader = make(count)
-            samples, _, first_batch = epoch(loader)  # warm-up (starts persistent workers)
-            times = [epoch(loader)[1] for _ in range(repeats)]
-            row = {
-                "reader": name, "num_workers": count, "batch_size": batch_size, "samples": samples,
-                "samples_per_s": samples / statistics.median(times), "first_batch_s": first_batch,
-                "epoch_s": times,
-            }
-            rows.append(row)
-            print(f"{name:50s} workers={count}  {row['samples_per_s']:9.0f} samples/s", file=sys.stderr)
-            del loader
-    return rows
-
-
-def best(rows: list[dict[str, Any]], reader: str) -> dict[str, Any]:
-    return max((r for r in rows if r["reader"] == reader), key=lambda r: r["samples_per_s"])
-
-
-def table(rows: list[dict[str, Any]], workers: list[int]) -> str:
-    names = list(dict.fromkeys(r["reader"] for r in rows))
-    lines = ["| reader | " + " | ".join(f"w={w}" for w in workers) + " | best |", "|---" * (len(workers) + 2) + "|"]
-    for name in names:
-        cells = {r["num_workers"]: r["samples_per_s"] for r in rows if r["reader"] == name}
-        lines.append(f"| {name} | " + " | ".join(f"{cells[w]:,.0f}" for w in workers) + f" | {best(rows, name)['samples_per_s']:,.0f} |")
-    npy, enc, raw = (best(rows, n)["samples_per_s"] for n in ("npy-encoded (fastdata.loader)", "tar-encoded (TarDataset, batch_size=B)", "tar-raw (TarDataset, batch_size=B)"))
-    wds_enc = best(rows, "stock wds, encoded shards (torchrgb8)")["samples_per_s"]
-    wds_raw = best(rows, "stock wds, raw shards (npy)")["samples_per_s"]
-    lines += [
-        "",
-        f"tar-encoded best / npy-encoded best = {enc / npy:.2f} (target >= 0.90)",
-        f"tar-raw best / stock wds (encoded shards, its decoder) best = {raw / wds_enc:.1f}x (target >= 5x)",
+def summary(rows: list[dict[str, Any]]) -> str:
+    npy, enc, raw = (best_rate(rows, n) for n in ("npy-encoded (fastdata.loader)", "tar-encoded (TarDataset, batch_size=B)",
+                                                  "tar-raw (TarDataset, batch_size=B)"))
+    wds_enc = best_rate(rows, "stock wds, encoded shards (torchrgb8)")
+    wds_raw = best_rate(rows, "stock wds, raw shards (npy)")
+    return "\n".join([
+        f"tar-encoded best / npy-encoded best = {enc / npy:.2f}",
+        f"tar-raw best / stock wds (encoded shards, its decoder) best = {raw / wds_enc:.1f}x",
         f"tar-raw best / stock wds (raw shards, npy) best = {raw / wds_raw:.1f}x",
         f"os.cpu_count() = {os.cpu_count()}, torch {torch.__version__}",
-    ]
-    return "\n".join(lines)
+    ])
 
 
 def main() -> None:
@@ -149,10 +106,14 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=ResourceWarning)
     paths = prepare(args.data, args.count, args.size, args.shard_samples)
     workers = list(range(args.max_workers + 1))
-    rows = run(paths, workers, args.batch_size, args.repeats)
+    cells = [Cell(name, count, lambda make=make, count=count: make(count), extra={"batch_size": args.batch_size})
+             for name, make in readers(paths, args.batch_size).items() for count in workers]
+    rows = compare(cells, epochs=args.repeats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"cpu_count": os.cpu_count(), "argv": sys.argv, "rows": rows}, indent=2))
-    print(table(rows, workers))
+    print(rates_table(rows))
+    print()
+    print(summary(rows))
 
 
 if __name__ == "__main__":

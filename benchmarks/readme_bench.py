@@ -19,17 +19,13 @@ import time
 from pathlib import Path
 
 from fastdata.bench import BenchConfig, machine_info, run_bench
-from fastdata.demo import make_demo_folder
+from fastdata.demo import demo_folder
 
 HERE = Path(__file__).resolve().parent
 
 
 def folder(name: str, **kwargs) -> Path:
-    root = HERE / "data" / name
-    if not (root / ".complete").exists():
-        make_demo_folder(root, seed=0, **kwargs)
-        (root / ".complete").touch()
-    return root
+    return demo_folder(HERE / "data" / name, seed=0, **kwargs)
 
 
 def main() -> None:

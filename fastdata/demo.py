@@ -63,3 +63,37 @@ def make_demo_folder(
         image = demo_image(rng, height, width, label)
         image.save(root / names[label] / f"large-{i:05d}.jpg", quality=90)
     return root
+
+
+COMPLETE_MARK = ".complete"
+OWNER_MARK = ".fastdata-demo"
+
+
+def demo_folder(root: str | os.PathLike, **kwargs) -> Path:
+    """:func:`make_demo_folder` once: an existing complete folder at ``root`` (marked by a
+    ``.complete`` file, which ImageFolder listings skip as hidden) is reused; otherwise it is
+    written under a temporary name and renamed, so an interrupted run never leaves half a folder
+    that looks complete. Only folders that carry fastdata's own mark are ever removed.
+    ``kwargs`` go to :func:`make_demo_folder`."""
+    import shutil
+
+    from fastdata.errors import OutputExistsError
+
+    root = Path(root)
+    if (root / COMPLETE_MARK).exists():
+        return root
+    partial = root.with_name(root.name + ".partial")
+    for stale in (partial, root):
+        if stale.exists():
+            if not (stale / OWNER_MARK).exists():
+                raise OutputExistsError(
+                    f"{str(stale)!r} exists and is not a demo folder fastdata made; it is not replaced. "
+                    "Move it away, or choose another folder."
+                )
+            shutil.rmtree(stale)  # a demo folder of ours that an earlier run did not finish
+    partial.mkdir(parents=True)
+    (partial / OWNER_MARK).touch()
+    make_demo_folder(partial, **kwargs)
+    (partial / COMPLETE_MARK).touch()
+    os.replace(partial, root)
+    return root

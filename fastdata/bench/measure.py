@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import resource
 import threading
-import time
 from typing import Any, Callable
 
 import psutil
@@ -18,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastdata.bench.config import BenchConfig, Case
+from fastdata.bench.timing import time_epoch
 from fastdata.errors import DependencyMissingError, InvalidOptionError
 
 # Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
@@ -198,42 +198,20 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bo
     if config.cache == "cold":
         evict_from_page_cache(case.files)
     clock = CpuClock()
-    step_s = config.step_ms / 1000
-    samples = batches = 0
-    first_batch_s = None
-    with MemoryPeak() if memory else _NoMemory() as memory:
+    with MemoryPeak() if memory else _NoMemory() as sampler:
         cpu_start = clock.read()
-        start = time.perf_counter()
-        iterator = iter(loader)
-        waited = time.perf_counter() - start
-        while True:
-            before = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                waited += time.perf_counter() - before
-                break
-            now = time.perf_counter()
-            waited += now - before
-            if first_batch_s is None:
-                first_batch_s = now - start
-                memory.start_sampling()
-            samples += len(batch[1])
-            batches += 1
-            if step_s:
-                time.sleep(step_s)
-        elapsed = time.perf_counter() - start
-        del iterator
+        timing = time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling)
         cpu_s = clock.read() - cpu_start
+    elapsed = timing.seconds
     return {
-        "samples_per_s": samples / elapsed if elapsed > 0 else 0.0,
-        "first_batch_s": first_batch_s if first_batch_s is not None else elapsed,
-        "wait_fraction": min(1.0, waited / elapsed) if elapsed > 0 else 0.0,  # sums of intervals may round up
+        "samples_per_s": timing.samples_per_s,
+        "first_batch_s": timing.first_batch_s,
+        "wait_fraction": min(1.0, timing.waited_s / elapsed) if elapsed > 0 else 0.0,  # sums of intervals may round up
         "cpu_s": cpu_s,
-        "uss_mb": memory.peak_uss / 2**20,
-        "pss_mb": memory.peak_pss / 2**20,
-        "samples": samples,
-        "batches": batches,
+        "uss_mb": sampler.peak_uss / 2**20,
+        "pss_mb": sampler.peak_pss / 2**20,
+        "samples": timing.samples,
+        "batches": timing.batches,
         "epoch_s": elapsed,
     }
 

@@ -187,3 +187,22 @@ def plot(out: Path, rows: list[dict[str, Any]], title: str) -> Path | None:
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
+
+
+def rates_table(rows: list[dict[str, Any]], *, key: str = "reader") -> str:
+    """A markdown table of samples/s: one line per ``key`` (reader), one column per num_workers,
+    and the best; from rows such as :func:`fastdata.bench.timing.compare` returns."""
+    workers = sorted({row["num_workers"] for row in rows})
+    names = list(dict.fromkeys(row[key] for row in rows))
+    lines = [f"| {key} | " + " | ".join(f"nw={w}" for w in workers) + " | best |",
+             "|---" * (len(workers) + 2) + "|"]
+    for name in names:
+        cells = {row["num_workers"]: row["samples_per_s"] for row in rows if row[key] == name}
+        shown = [f"{cells[w]:,.0f}" if w in cells else "-" for w in workers]
+        lines.append(f"| {name} | " + " | ".join(shown) + f" | {max(cells.values()):,.0f} |")
+    return "\n".join(lines)
+
+
+def best_rate(rows: list[dict[str, Any]], reader: str, *, key: str = "reader") -> float:
+    """The best samples/s of one reader over its num_workers."""
+    return max(row["samples_per_s"] for row in rows if row[key] == reader)

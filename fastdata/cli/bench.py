@@ -60,13 +60,10 @@ def run_bench(args: argparse.Namespace) -> int:
     source = args.source
     resize = args.resize
     if args.demo:
-        from fastdata.demo import make_demo_folder
+        from fastdata.demo import demo_folder
 
-        folder = out / "demo-images"
-        if not (folder / ".complete").exists():
-            make_demo_folder(folder, small=DEMO["small"], large=DEMO["large"])
-            (folder / ".complete").touch()
-        source, resize = str(folder), resize or DEMO["resize"]
+        source = str(demo_folder(out / "demo-images", small=DEMO["small"], large=DEMO["large"]))
+        resize = resize or DEMO["resize"]
     elif source is None:
         raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), or --demo.")
     config = BenchConfig(
