@@ -27,7 +27,7 @@ from fastdata.outputs import (
     write_error,
 )
 from fastdata.pipeline import ModeConflict, plan_job
-from fastdata.sources import FastdataSource, Source, resolve_source
+from fastdata.sources import FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source
 
 __all__ = ["PARTIAL_SUFFIX", "convert", "open_source", "parse_reencode", "parse_size", "remove_path", "run_conversion"]
 logger = logging.getLogger("fastdata")
@@ -58,8 +58,11 @@ def convert(
 
 
 def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
-    """What the user gave as a :class:`~fastdata.sources.Source`; a path holding a converted
-    dataset is read through its format's map-style reader (as PIL images, with its classes)."""
+    """What the user gave as a :class:`~fastdata.sources.Source`: a path holding a converted
+    dataset is read through its format's map-style reader (as PIL images, with its classes);
+    WebDataset shards that fastdata did not write (a folder of ``.tar`` files, a ``.tar``, a brace
+    pattern) through :class:`~fastdata.sources.WebDatasetSource`; the rest as
+    :func:`~fastdata.sources.resolve_source` says."""
     options = options or ConvertOptions()
     if isinstance(source, (str, os.PathLike)) and not str(source).startswith("torchvision:"):
         path = Path(source)
@@ -67,6 +70,8 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
         if manifest is not None:
             reader = get_format(manifest["format"]).map_dataset
             return FastdataSource(path, manifest, reader(path, image_format="pil"))
+        if is_shard_source(source):
+            return WebDatasetSource(source)
     return resolve_source(source, **options.source_arguments)
 
 

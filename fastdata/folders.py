@@ -105,3 +105,9 @@ def scan_folder(root: str | os.PathLike) -> tuple[list[str], list[int], dict[str
             stacklevel=2,
         )
     return paths, labels, {name: i for i, name in enumerate(classes)}
+
+
+def printable(path: str) -> str:
+    """A file name as text that can always be printed and stored in JSON: bytes that are not
+    UTF-8 (kept by Python as surrogates) appear as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

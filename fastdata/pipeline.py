@@ -24,7 +24,8 @@ from fastdata.images import (
 )
 from fastdata.formats.base import Batch, Plan
 from fastdata.options import ConvertOptions
-from fastdata.sources import ArraySource, FolderSource, Source
+from fastdata.folders import printable
+from fastdata.sources import ArraySource, Source
 
 _CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -77,7 +78,7 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         shape = (out_height, out_width, channels)
     encoding = "raw"
     if options.store == "encoded":
-        keeps_files = (isinstance(src, FolderSource) and options.geometry.is_identity and not options.reencode
+        keeps_files = (src.has_files and options.geometry.is_identity and not options.reencode
                        and not options.exif_transpose)
         encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
     plan = Plan(
@@ -92,18 +93,6 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         jpeg_quality=options.reencode[1] if options.reencode else None,
     )
     return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
-
-
-def _name(src: Source, index: int) -> str:
-    if isinstance(src, FolderSource):
-        return printable(os.path.join(str(src.root), src.keys[index]))
-    return f"sample {index}"
-
-
-def printable(path: str) -> str:
-    """A file name as text that can always be printed and stored in JSON: bytes that are not
-    UTF-8 (kept by Python as surrogates) appear as ``\\xNN``."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 # --- per-sample work (runs in worker processes) -------------------------------------------
@@ -140,9 +129,9 @@ class Job:
     def fail(self, index: int, exc: BaseException, stage: str) -> BadSampleError:
         """The error for a sample that failed while reading its header (``stage="read"``) or
         decoding it (``"decode"``); dataset sources fail while loading the sample either way."""
-        what = f"cannot {stage} image" if isinstance(self.src, FolderSource) else "cannot load sample"
+        what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
         return BadSampleError(
-            f"{_name(self.src, index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
+            f"{self.src.sample_name(index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
         )
 
     def _check_mode(self, image: Image.Image) -> None:
@@ -165,8 +154,8 @@ class Job:
         if array.shape != plan.shape:
             height, width = plan.shape[:2]
             raise ShapeMismatchError(
-                f"{_name(self.src, index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
-                f"{_name(self.src, self.reference)} is {height}x{width}; raw storage needs one image size. "
+                f"{self.src.sample_name(index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
+                f"{self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
                 "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
             )
         return label, array

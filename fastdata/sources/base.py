@@ -17,14 +17,24 @@ from fastdata.outputs import Protected
 
 
 class Source:
-    """Base of all sources. Subclasses set the attributes below and implement ``image``."""
+    """Base of all sources. Subclasses set the attributes below and implement ``load``.
+
+    ``has_files`` sources (image folders, shards) hold each sample as an encoded image file:
+    :meth:`file_bytes` returns it, so an encoded conversion keeps the original bytes, and errors
+    say "cannot read image" rather than "cannot load sample".
+    """
 
     keys: list[str]
     labels: np.ndarray | None  # known up front, or None when only loading tells
     class_to_idx: dict[str, int]
+    has_files = False
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def sample_name(self, index: int) -> str:
+        """How errors name a sample: its file where it has one, else ``sample N``."""
+        return f"sample {index}"
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError

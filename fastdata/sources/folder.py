@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata import fingerprint
-from fastdata.folders import scan_folder
+from fastdata.folders import printable, scan_folder
 from fastdata.images import ReadOptions, exif_transpose, guarded_open, open_checked, oriented_size
 from fastdata.outputs import Protected
 from fastdata.sources.base import Source
@@ -22,6 +22,11 @@ class FolderSource(Source):
         self._root = str(self.root)
         self.keys, labels, self.class_to_idx = scan_folder(self.root)
         self.labels = np.asarray(labels, dtype=np.int64)
+
+    has_files = True
+
+    def sample_name(self, index: int) -> str:
+        return printable(os.path.join(self._root, self.keys[index]))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "folder", "path": str(self.root.resolve())}

@@ -1,0 +1,120 @@
+"""WebDataset shards that fastdata did not write, as a conversion source: written here with
+stock ``webdataset.TarWriter``, read back and compared with stock ``webdataset.WebDataset``."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import webdataset as wds
+from PIL import Image
+
+import fastdata
+from conftest import pattern
+from fastdata.errors import BadSampleError, InvalidOptionError, SourceChangedError
+from fastdata.sources import WebDatasetSource, is_shard_source
+
+
+def encoded(array: np.ndarray, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return buffer.getvalue()
+
+
+def write_shards(folder: Path, shards: int = 3, per_shard: int = 5, *, label: str | None = "cls",
+                 drop_image: int | None = None) -> Path:
+    """``shards`` tar files of ``per_shard`` samples each, LAION-like: an image (jpg or png), a
+    caption, a json, and a label member when ``label`` is given."""
+    folder.mkdir(parents=True)
+    for number in range(shards):
+        with wds.TarWriter(str(folder / f"data-{number:06d}.tar")) as sink:
+            for row in range(per_shard):
+                index = number * per_shard + row
+                sample = {"__key__": f"sample{index:04d}", "txt": f"caption {index}".encode(),
+                          "json": json.dumps({"index": index, "label": index % 4}).encode()}
+                if index != drop_image:
+                    fmt = "png" if index % 2 else "jpg"
+                    sample[fmt] = encoded(pattern(8, 6, seed=index), "PNG" if fmt == "png" else "JPEG")
+                if label == "cls":
+                    sample["cls"] = str(index % 3).encode()
+                sink.write(sample)
+    return folder
+
+
+def stock(urls: str | list[str]) -> list[tuple[np.ndarray, dict]]:
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8")
+    return [(sample.get("jpg", sample.get("png")), sample) for sample in dataset]
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # stock webdataset leaves its shard files open
+def test_a_folder_of_shards_converts_like_stock_webdataset_reads_it(tmp_path: Path) -> None:
+    shards = write_shards(tmp_path / "shards")
+    assert is_shard_source(shards) and not is_shard_source(tmp_path)
+    out = tmp_path / "out.npy"
+    manifest = fastdata.convert(shards, out, workers=0)
+    assert manifest["count"] == 15 and manifest["source"]["type"] == "webdataset" and manifest["classes"] == []
+    ds = fastdata.open_dataset(out, image_format="numpy")
+    reference = stock([str(p) for p in sorted(shards.iterdir())])
+    assert len(reference) == 15
+    for index, (image, sample) in enumerate(reference):
+        got, label = ds[index]
+        np.testing.assert_array_equal(got, image)
+        assert label == int(sample["cls"]) == index % 3
+
+
+def test_encoded_store_keeps_the_original_bytes_and_a_brace_pattern_selects_shards(tmp_path: Path) -> None:
+    shards = write_shards(tmp_path / "shards")
+    out = tmp_path / "two.npy"
+    manifest = fastdata.convert(str(shards / "data-{000000..000001}.tar"), out, store="encoded", workers=0)
+    assert manifest["count"] == 10 and manifest["image"]["encoding"] == "original"
+    data, offsets = (out / "data.bin").read_bytes(), np.load(out / "offsets.npy")
+    first = data[offsets[0]:offsets[1]]
+    assert first == encoded(pattern(8, 6, seed=0), "JPEG")
+    single = fastdata.convert(shards / "data-000002.tar", tmp_path / "one.npy", workers=0)
+    assert single["count"] == 5
+
+
+def test_labels_from_json_and_shards_without_labels(tmp_path: Path) -> None:
+    shards = write_shards(tmp_path / "shards", label=None)
+    source = WebDatasetSource(shards)
+    assert source.labels.tolist() == [i % 4 for i in range(15)]  # from each sample's json "label"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with wds.TarWriter(str(bare / "x.tar")) as sink:
+        for index in range(3):
+            sink.write({"__key__": f"k{index}", "jpg": encoded(pattern(4, 4, seed=index), "JPEG"), "txt": b"hi"})
+    manifest = fastdata.convert(bare, tmp_path / "bare.npy", workers=0)
+    assert manifest["count"] == 3 and np.load(tmp_path / "bare.npy" / "labels.npy").tolist() == [-1, -1, -1]
+
+
+def test_bad_samples_are_named(tmp_path: Path) -> None:
+    shards = write_shards(tmp_path / "shards", drop_image=7)
+    with pytest.raises(BadSampleError) as info:
+        fastdata.convert(shards, tmp_path / "x.npy", workers=0, mode="RGB", resize="8x6")
+    assert str(info.value) == ("data-000001.tar:sample0007: cannot read image (no image member (it has cls,json,txt)). "
+                               "Re-run with --skip-bad to leave it out.")
+    manifest = fastdata.convert(shards, tmp_path / "x.npy", workers=0, skip_bad=True)
+    assert manifest["count"] == 14 and manifest["skipped"] == [
+        {"key": "data-000001.tar:sample0007", "reason": "no image member (it has cls,json,txt)"}]
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    with wds.TarWriter(str(mixed / "x.tar")) as sink:
+        sink.write({"__key__": "a", "jpg": encoded(pattern(4, 4, seed=1), "JPEG"), "cls": b"1"})
+        sink.write({"__key__": "b", "jpg": encoded(pattern(4, 4, seed=2), "JPEG")})
+    with pytest.raises(InvalidOptionError, match=r"^x.tar:b: no label member \(it has jpg\), while other samples have one"):
+        WebDatasetSource(mixed)
+
+
+def test_resume_notices_a_changed_shard_and_the_output_stays_out_of_the_shards(tmp_path: Path) -> None:
+    shards = write_shards(tmp_path / "shards")
+    out = tmp_path / "out.npy"
+    fastdata.convert(shards, out, workers=0)
+    assert fastdata.convert(shards, out, workers=0, resume=True)["count"] == 15
+    (shards / "data-000001.tar").write_bytes((shards / "data-000000.tar").read_bytes())
+    with pytest.raises(SourceChangedError, match="'data-000001.tar': files modified"):
+        fastdata.convert(shards, out, workers=0, resume=True)
+    with pytest.raises(InvalidOptionError, match="is inside the source shards folder"):
+        fastdata.convert(shards, shards / "inside.npy", workers=0)
