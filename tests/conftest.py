@@ -1,4 +1,5 @@
-"""Shared fixtures: small image folders generated on the fly (nothing is downloaded)."""
+"""Shared fixtures: small image folders generated on the fly (nothing is downloaded), the grid of
+writable formats x stores, and a converted dataset of each."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+
+import fastdata
+from fastdata.formats import all_formats, get_format
+
+# the format grid, from the registry: every writable format x each of its stores
+WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
+WRITABLE_IDS = [f"{name}-{store}" for name, store in WRITABLE]
+WRITABLE_FORMATS = sorted({name for name, _ in WRITABLE})
 
 
 def pattern(height: int, width: int, seed: int, channels: int = 3) -> np.ndarray:
@@ -58,3 +67,18 @@ def png_bytes() -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pattern(8, 8, 0)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def convert_to(folder: Path, tmp_path: Path, name: str, store: str, **options) -> Path:
+    """``folder`` converted to one format and store under ``tmp_path`` (tar: several shards)."""
+    out = tmp_path / f"out-{name}-{store}{get_format(name).suffix}"
+    if name == "tar":
+        options.setdefault("shard_samples", 5)
+    fastdata.convert(folder, out, format=name, store=store, workers=0, **options)
+    return out
+
+
+@pytest.fixture(params=WRITABLE, ids=WRITABLE_IDS)
+def converted(request, uniform_folder: Path, tmp_path: Path) -> Path:
+    """``uniform_folder`` (12 images, 3 classes) converted to each format and store, fresh per test."""
+    return convert_to(uniform_folder, tmp_path, *request.param)

@@ -18,11 +18,9 @@ import torch
 from PIL import Image, ImageOps
 
 import fastdata
-from conftest import pattern, save
+from conftest import WRITABLE, pattern, save
 from fastdata.errors import BadSampleError
-from fastdata.formats import all_formats
 
-WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
 
 
 def png_chunk(kind: bytes, data: bytes) -> bytes:

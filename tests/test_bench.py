@@ -17,7 +17,7 @@ from fastdata.bench import BenchConfig, auto_workers, parse_workers, run_bench
 from fastdata.bench.report import best_workers, summarize, verdicts
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.errors import InvalidOptionError
-from fastdata.formats import FormatSpec, _REGISTRY
+from fastdata.formats import FormatSpec, registered
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.reader import MapDataset
 
@@ -120,11 +120,11 @@ class CrashingDataset(MapDataset):
         return self.inner._read(indices)
 
 
-def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
+def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path, tmp_path: Path) -> None:
     spec = FormatSpec(name="crashing", dataset=CrashingDataset, writer=CrashingWriter, stores=("raw",))
-    monkeypatch.setitem(_REGISTRY, "crashing", spec)
     config = BenchConfig(formats=("crashing", "npy"), stores=("raw",), workers=(0, 1), **TINY)
-    result = run_bench(uniform_folder, config, tmp_path / "out")
+    with registered(spec):
+        result = run_bench(uniform_folder, config, tmp_path / "out")
     crashing = [r for r in result.rows if r["format"] == "crashing"]
     assert {r["num_workers"] for r in crashing if r["status"] == "ok"} == {0}
     failed = [r for r in crashing if r["status"] != "ok"]

@@ -20,16 +20,14 @@ from PIL import Image
 
 import fastdata
 from fastdata.errors import InvalidOptionError
-from fastdata.formats import FormatSpec, all_formats, available_formats, get_format, registered
+from fastdata.formats import FormatSpec, available_formats, get_format, registered
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.formats.npyfile import npy_header
 from fastdata.options import ConvertOptions
+from conftest import WRITABLE_FORMATS
 from format_contract import CONTRACTS
 
-WRITABLE = sorted(spec.name for spec in all_formats() if spec.writable)
-
-
-@pytest.mark.parametrize("name", WRITABLE)
+@pytest.mark.parametrize("name", WRITABLE_FORMATS)
 def test_every_writable_format_has_a_contract_test_file(name: str) -> None:
     """Adding a format means one package plus tests/test_<name>.py with a FormatContract subclass."""
     importlib.import_module(f"test_{name}")

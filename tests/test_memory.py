@@ -146,7 +146,7 @@ def growth_report(history: np.ndarray) -> str:
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> dict[str, Path]:
+def raw_datasets(tmp_path_factory) -> dict[str, Path]:
     """One raw dataset per format (raw: an encoded store's data file is memory-mapped, and its
     clean file pages count in USS at ~75 bytes per sample, which would measure the file, not
     the reader)."""
@@ -160,13 +160,13 @@ def converted(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", LOADERS)
 @pytest.mark.parametrize("name", sorted(MAP_STYLE))
-def test_workers_do_not_grow_over_three_epochs(converted, name: str, kind: str) -> None:
-    history = measure(converted[name], name, kind)
+def test_workers_do_not_grow_over_three_epochs(raw_datasets, name: str, kind: str) -> None:
+    history = measure(raw_datasets[name], name, kind)
     assert (history - history[0]).max() < BOUND_BYTES, growth_report(history)
 
 
-def test_the_measurement_catches_a_reader_with_per_sample_python_objects(converted) -> None:
-    history = measure(converted["npy"], "npy-with-keys", "fastdata.loader")
+def test_the_measurement_catches_a_reader_with_per_sample_python_objects(raw_datasets) -> None:
+    history = measure(raw_datasets["npy"], "npy-with-keys", "fastdata.loader")
     assert (history[2] - history[0]).min() > 2 * BOUND_BYTES, growth_report(history)
 
 

@@ -22,9 +22,9 @@ from PIL import Image
 from torch.utils.data import IterableDataset
 
 import fastdata
-from fastdata.formats import all_formats, get_format
+from conftest import WRITABLE
+from fastdata.formats import get_format
 
-WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
 FORMATS = sorted({name for name, _ in WRITABLE})
 CLASS_NAMES = ["ant", "Bee", "cow", "dé"]  # upper case sorts first; a non-ASCII name
 GRAYSCALE = {"L", "LA"}

@@ -22,16 +22,14 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import pattern, save
+from conftest import WRITABLE_FORMATS, pattern, save
 from fastdata import journal
 from fastdata.errors import (
     InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError, SourceChangedError,
 )
-from fastdata.formats import all_formats
 from fastdata.machine import cgroup_cpu_quota
 from fastdata.outputs import ConversionLock, write_error
 
-WRITABLE_FORMATS = sorted(spec.name for spec in all_formats() if spec.writable)
 
 
 def cli(*args, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:

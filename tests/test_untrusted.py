@@ -23,13 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastdata
-from conftest import pattern, save
+from conftest import WRITABLE, pattern, save
 from fastdata.errors import CorruptDataError, CorruptManifestError, ManifestError
-from fastdata.formats import all_formats, get_format
+from fastdata.formats import get_format
 from fastdata.formats.hdf5 import MANIFEST_ATTR, USERBLOCK_BYTES, userblock
 from fastdata.manifest import MANIFEST_NAME, seal_manifest
 
-WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
 READER_ERRORS = (CorruptDataError, ManifestError)  # what a reader may raise for a damaged dataset
 
 

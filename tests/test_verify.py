@@ -18,28 +18,18 @@ import numpy as np
 import pytest
 
 import fastdata
+from conftest import WRITABLE, WRITABLE_IDS, convert_to
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, SourceNotFoundError
-from fastdata.formats import all_formats
 from fastdata.formats.hdf5 import USERBLOCK_BYTES, userblock
 from fastdata.formats.tar import TRAILER, member_header
 from fastdata.formats.tar import padded
 from fastdata.manifest import MANIFEST_NAME, describe_file, file_checksum, write_manifest
 
-WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
-IDS = [f"{name}-{store}" for name, store in WRITABLE]
+IDS = WRITABLE_IDS
 ENCODED = [(name, store) for name, store in WRITABLE if store == "encoded"]
 
 
-def convert(folder: Path, tmp_path: Path, name: str, store: str) -> Path:
-    out = tmp_path / f"out-{name}-{store}{fastdata.formats.get_format(name).suffix}"
-    options = {"shard_samples": 5} if name == "tar" else {}  # several shards
-    fastdata.convert(folder, out, format=name, store=store, workers=0, **options)
-    return out
-
-
-@pytest.fixture(params=WRITABLE, ids=IDS)
-def converted(request, uniform_folder: Path, tmp_path: Path) -> Path:
-    return convert(uniform_folder, tmp_path, *request.param)
+convert = convert_to
 
 
 def flip(file: Path, offset: int) -> None:

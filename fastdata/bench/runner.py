@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata import __version__
+from fastdata._version import __version__
 from fastdata.bench.config import BenchConfig, Case
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.formats import all_formats, find_manifest, get_format
