@@ -211,9 +211,14 @@ def open_image(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Imag
     return image
 
 
-def decode(data: bytes, mode: str) -> np.ndarray:
+def decode_image(data: bytes | memoryview, mode: str) -> Image.Image:
+    """Encoded bytes -> the decoded PIL image in ``mode``."""
+    return to_mode(open_image(bytes(data)), mode)
+
+
+def decode(data: bytes | memoryview, mode: str) -> np.ndarray:
     """Encoded bytes -> uint8 HWC array in ``mode``."""
-    return as_hwc(to_mode(open_image(data), mode))
+    return as_hwc(decode_image(data, mode))
 
 
 def pixels(image: Image.Image) -> np.ndarray:

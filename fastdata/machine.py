@@ -7,12 +7,16 @@ themselves by; results report both.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import platform
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -85,3 +89,46 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - h5py is a dependency
         pass
     return info
+
+
+# --- worker processes ---------------------------------------------------------------------
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while worker processes fork: a handler that raises during the fork
+    (inside an at-fork hook) would have its exception dropped, and the signal lost. They are
+    delivered, in the normal way, as soon as the block ends."""
+    blockable = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if blockable:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        if blockable:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel kill this process when its parent dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def become_worker() -> None:
+    """What every fastdata worker process does first: leave Ctrl-C to its parent (which stops
+    it), take SIGTERM's default (how it is stopped), unblock the signals its parent held while
+    forking it, and die with its parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    die_with_parent()

@@ -6,13 +6,7 @@ resize and encode in a process pool, yielding batches in source order.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import multiprocessing
-import os
-import signal
-import sys
-import threading
 from typing import Any, Iterator
 
 import numpy as np
@@ -25,6 +19,7 @@ from fastdata.images import (
 from fastdata.formats.base import Batch, Plan
 from fastdata.options import ConvertOptions
 from fastdata.folders import printable
+from fastdata.machine import become_worker, stop_signals_held
 from fastdata.sources import ArraySource, Source
 
 _CHUNK_BYTES = 16 * 1024 * 1024
@@ -204,43 +199,9 @@ class Job:
 _WORKER_JOB: Job | None = None
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill this worker when the conversion process dies (even by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-@contextlib.contextmanager
-def _stop_signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while worker processes fork: a handler that raises during the fork
-    (inside an at-fork hook) would have its exception dropped, and the signal lost. They are
-    delivered, in the normal way, as soon as the block ends."""
-    blockable = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if blockable:
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        if blockable:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
 def _init_worker(job: Job) -> None:
     global _WORKER_JOB
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how the pool stops its workers
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # forked while the parent held them
-    _die_with_parent()
+    become_worker()
     disable_pillow_limit()
     _WORKER_JOB = job
 
@@ -260,7 +221,7 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         if self.workers > 1 and self.count > 64:
-            with _stop_signals_held():
+            with stop_signals_held():
                 self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
         return self
 

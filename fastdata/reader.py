@@ -25,7 +25,7 @@ from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError, ShapeMismatchError
-from fastdata.images import decode
+from fastdata.images import decode, decode_image
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
@@ -62,8 +62,9 @@ class OutputSpec:
                 images = torch.from_numpy(pixels).permute(0, 3, 1, 2).unbind(0)
         elif self.image_format == "numpy":
             images = list(pixels)
-        else:
-            images = [Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p) for p in pixels]
+        else:  # decoded images come as PIL images already (no array round trip); raw pixels do not
+            images = [p if isinstance(p, Image.Image) else Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p)
+                      for p in pixels]
         targets = labels.tolist()
         if self.transform is not None:
             images = [self.transform(image) for image in images]
@@ -71,7 +72,8 @@ class OutputSpec:
             targets = [self.target_transform(label) for label in targets]
         return list(zip(images, targets))
 
-    def batch(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray) -> tuple[Any, Any]:
+    def batch(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray,
+              allocate: Callable | None = None) -> tuple[Any, Any]:
         """A collated batch: ``(uint8 [B, C, H, W], int64 [B])`` from one stacked array, or, with
         transforms, the transformed samples collated like torch's ``default_collate`` (PIL images
         that stay PIL images come back as a list)."""
@@ -81,7 +83,7 @@ class OutputSpec:
                 return [image for image, _ in samples], default_collate([label for _, label in samples])
             return default_collate(samples)
         if isinstance(pixels, list):
-            pixels = stack(pixels)
+            pixels = stack(pixels, allocate)
         targets = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
         if self.image_format == "numpy":
             return pixels, targets.numpy()
@@ -91,8 +93,9 @@ class OutputSpec:
         return images, targets
 
 
-def stack(pixels: list[np.ndarray]) -> np.ndarray:
-    """HWC arrays of one shape as one (B, H, W, C) array, or a clear error."""
+def stack(pixels: list[np.ndarray], allocate: Callable | None = None) -> np.ndarray:
+    """HWC arrays of one shape as one (B, H, W, C) array (in ``allocate``'d memory when given:
+    the process backend's shared-memory slot), or a clear error."""
     shapes = {p.shape for p in pixels}
     if len(shapes) > 1:
         raise ShapeMismatchError(
@@ -100,16 +103,27 @@ def stack(pixels: list[np.ndarray]) -> np.ndarray:
             "needs one. Pass a transform that resizes (e.g. transforms.v2.Resize), or convert "
             "with --resize HxW."
         )
-    return np.stack(pixels) if pixels else np.empty((0, 0, 0, 0), dtype=np.uint8)
+    if not pixels:
+        return np.empty((0, 0, 0, 0), dtype=np.uint8)
+    out = allocate((len(pixels), *pixels[0].shape), np.uint8) if allocate is not None else None
+    return np.stack(pixels, out=out) if out is not None else np.stack(pixels)
 
 
-def decode_all(blobs: Iterable[bytes | memoryview], mode: str, where: Callable[[int], str], dataset: Path) -> list[np.ndarray]:
-    """Decode encoded images to uint8 HWC pixels in ``mode``; a sample that does not decode is a
-    CorruptDataError naming it (``where(row)``, e.g. ``'x/data.bin' sample 4``)."""
+def allocated(allocate: Callable | None, shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 array of ``shape``: from ``allocate`` when given (and it has room), else new."""
+    out = allocate(shape, np.uint8) if allocate is not None else None
+    return out if out is not None else np.empty(shape, dtype=np.uint8)
+
+
+def decode_all(blobs: Iterable[bytes | memoryview], mode: str, where: Callable[[int], str], dataset: Path, *,
+               pil: bool = False) -> list[Any]:
+    """Decode encoded images to uint8 HWC pixels in ``mode`` (or, with ``pil``, the PIL images
+    themselves: no array round trip); a sample that does not decode is a CorruptDataError
+    naming it (``where(row)``, e.g. ``'x/data.bin' sample 4``)."""
     pixels = []
     for row, blob in enumerate(blobs):
         try:
-            pixels.append(decode(bytes(blob), mode))
+            pixels.append(decode_image(blob, mode) if pil else decode(blob, mode))
         except Exception as exc:
             raise CorruptDataError(
                 f"{where(row)}: cannot decode image ({exc}). Run 'fastdata verify {dataset}', or convert the "
@@ -172,8 +186,15 @@ class MapDataset(ReaderOutput, Dataset):
     def _open(self) -> Any:
         return None
 
-    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+        """Pixels of ``indices``: one (B, H, W, C) array or a list of (H, W, C) arrays (with
+        ``pil``, a reader of encoded images may return the decoded PIL images instead). Where a
+        reader can, it writes the pixels into ``allocate(shape, dtype)`` (which may return None:
+        no room) instead of new memory."""
         raise NotImplementedError
+
+    def _pixels(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
+        return self._read(indices, allocate, pil=self.image_format == "pil")
 
     @property
     def handles(self) -> Any:
@@ -221,17 +242,21 @@ class MapDataset(ReaderOutput, Dataset):
             if not -len(self) <= position < len(self):
                 raise IndexError(f"index {position} is out of range for a dataset of {len(self)} samples")
             indices = np.array([position % len(self)])
-            return self.output.samples(self._read(indices), self.labels[indices])[0]
+            return self.output.samples(self._pixels(indices), self.labels[indices])[0]
         return self.get_batch(self._indices(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """torch's batched fetch: the samples of ``indices`` from one read, as views."""
         indices = self._indices(indices)
-        return self.output.samples(self._read(indices), self.labels[indices])
+        return self.output.samples(self._pixels(indices), self.labels[indices])
 
-    def get_batch(self, indices: np.ndarray) -> tuple[Any, Any]:
-        """A collated batch ``(uint8 [B,C,H,W], int64 [B])`` from one vectorised read."""
-        return self.output.batch(self._read(indices), self.labels[indices])
+    def get_batch(self, indices: np.ndarray, allocate: Callable | None = None) -> tuple[Any, Any]:
+        """A collated batch ``(uint8 [B,C,H,W], int64 [B])`` from one vectorised read (into
+        ``allocate``'d memory where given: the process backend's shared-memory slot)."""
+        output = self.output
+        if output.per_sample:
+            allocate = None  # transformed samples are new objects anyway
+        return output.batch(self._pixels(indices, allocate), self.labels[indices], allocate)
 
 
 class StoredDataset(MapDataset):

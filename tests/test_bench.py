@@ -114,10 +114,10 @@ class CrashingDataset(MapDataset):
         self.inner = MemmapDataset(path)
         self.labels = self.inner.labels
 
-    def _read(self, indices):
+    def _read(self, indices, allocate=None, *, pil=False):
         if get_worker_info() is not None:
             os._exit(3)
-        return self.inner._read(indices)
+        return self.inner._read(indices, allocate, pil=pil)
 
 
 def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path, tmp_path: Path) -> None:

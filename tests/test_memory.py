@@ -72,10 +72,10 @@ def with_per_sample_keys(reader: type) -> type:
             super().__init__(*args, **kwargs)
             self.keys = [f"train/n01440764/n01440764_{i:06d}.JPEG" for i in range(len(self))]
 
-        def _read(self, indices: np.ndarray):
+        def _read(self, indices: np.ndarray, allocate=None, *, pil=False):
             for index in indices.tolist():
                 self.keys[index]  # what a path lookup or logging per sample does
-            return super()._read(indices)
+            return super()._read(indices, allocate, pil=pil)
 
     return KeyedReader
 

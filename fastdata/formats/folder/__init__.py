@@ -47,16 +47,16 @@ class FolderDataset(MapDataset):
         self.paths = np.array([os.fsencode(self.root / key) for key in keys])
         self.labels = np.asarray(labels, dtype=np.int64)
 
-    def _read(self, indices: np.ndarray) -> list[np.ndarray]:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> list[Any]:
         pixels = []
         for index in indices.tolist():
             path = os.fsdecode(self.paths[index])
             try:
                 with open(path, "rb") as handle:
-                    image = open_image(handle.read())
+                    image = to_mode(open_image(handle.read()), self.mode)
             except Exception as exc:
                 raise CorruptDataError(f"{path}: cannot decode image ({exc}).") from exc
-            pixels.append(as_hwc(to_mode(image, self.mode)))
+            pixels.append(image if pil else as_hwc(image))
         return pixels
 
 

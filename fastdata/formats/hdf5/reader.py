@@ -14,7 +14,7 @@ from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError,
 from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
-from fastdata.reader import StoredDataset, decode_all
+from fastdata.reader import StoredDataset, allocated, decode_all
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 
@@ -132,16 +132,19 @@ class HDF5Dataset(StoredDataset):
             return _Handles(file, RowReader(data))
         return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
 
-    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         data = self.handles.data
         rows = indices.tolist()
         try:
             if self.store == "raw":
-                return data[indices]
+                out = allocated(allocate, (len(indices), *self.shape[1:]))
+                if isinstance(data, np.ndarray):  # memory-mapped
+                    return np.take(data, indices, axis=0, out=out, mode="clip")  # in range: checked
+                return data.read(indices, out)
             blobs = [data[self.offsets[i] : self.offsets[i + 1]] for i in rows]
         except OSError as exc:
             raise CorruptDataError(
                 f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
             ) from exc
         where = repr(str(self.path))
-        return decode_all(blobs, self.mode, lambda row: f"{where} sample {rows[row]}", self.path)
+        return decode_all(blobs, self.mode, lambda row: f"{where} sample {rows[row]}", self.path, pil=pil)

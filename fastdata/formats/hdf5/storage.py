@@ -144,8 +144,8 @@ class ChunkCache:
         self.chunks[number] = array
         return array
 
-    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
-        out = np.empty((len(indices), *self.dataset.shape[1:]), dtype=np.uint8)
+    def read(self, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` into ``out``, each chunk decompressed at most once."""
         numbers = indices // self.rows
         for number in np.unique(numbers).tolist():
             where = np.flatnonzero(numbers == number)
@@ -160,12 +160,13 @@ class RowReader:
     def __init__(self, dataset: h5py.Dataset):
         self.dataset = dataset
 
-    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+    def read(self, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Rows ``indices`` into ``out``."""
         unique, inverse = np.unique(indices, return_inverse=True)
         if not len(unique):
-            return np.empty((0, *self.dataset.shape[1:]), dtype=np.uint8)
+            return out
         if unique[-1] - unique[0] + 1 == len(unique):
             rows = self.dataset[int(unique[0]) : int(unique[-1]) + 1]
         else:
             rows = self.dataset[unique]
-        return rows[inverse.reshape(-1)]
+        return np.take(rows, inverse.reshape(-1), axis=0, out=out, mode="clip")  # "raise" would buffer

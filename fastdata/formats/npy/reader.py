@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from fastdata.errors import CorruptDataError
 from fastdata.manifest import check_file_sizes, load_small_array
-from fastdata.reader import StoredDataset, decode_all
+from fastdata.reader import StoredDataset, allocated, decode_all
 
 
 class MemmapDataset(StoredDataset):
@@ -58,10 +60,13 @@ class MemmapDataset(StoredDataset):
             )
         return array
 
-    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         if self.store == "raw":
-            return self.handles[indices]
+            images = self.handles
+            out = allocated(allocate, (len(indices), *images.shape[1:]))
+            # indices are in range (MapDataset checked them); mode="raise" would buffer the whole copy
+            return np.take(images, indices, axis=0, out=out, mode="clip")
         data, offsets, rows = self.handles, self.offsets, indices.tolist()
         where = repr(str(self.path / "data.bin"))
         return decode_all((data[offsets[i] : offsets[i + 1]] for i in rows), self.mode,
-                          lambda row: f"{where} sample {rows[row]}", self.path)
+                          lambda row: f"{where} sample {rows[row]}", self.path, pil=pil)

@@ -17,7 +17,7 @@ from fastdata.formats.npyfile import MAGIC, npy_header
 from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
 from fastdata.manifest import open_manifest
-from fastdata.reader import StoredDataset, decode_all
+from fastdata.reader import StoredDataset, allocated, decode_all
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
@@ -48,18 +48,19 @@ def load_checked_index(path: Path, manifest: dict[str, Any]) -> ShardIndex:
 
 
 def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs: list[bytes],
-                  samples: np.ndarray) -> np.ndarray | list[np.ndarray]:
+                  samples: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
     """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
-    (one stacked array) or the encoded images decoded."""
+    (one stacked array, in ``allocate``'d memory when given) or the encoded images decoded
+    (PIL images with ``pil``)."""
     def where(row: int) -> str:
         sample = int(samples[row])
         return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
 
     if manifest["store"] != "raw":
-        return decode_all(blobs, manifest["image"]["mode"], where, path)
+        return decode_all(blobs, manifest["image"]["mode"], where, path, pil=pil)
     shape = tuple(manifest["image"]["shape"])
     size = int(np.prod(shape))
-    out = np.empty((len(blobs), *shape), dtype=np.uint8)
+    out = allocated(allocate, (len(blobs), *shape))
     for row, blob in enumerate(blobs):
         if len(blob) < size or blob[:6] != MAGIC[:6]:
             raise CorruptDataError(f"{where(row)}: not a {shape} uint8 .npy member. Convert the source again.")
@@ -92,7 +93,7 @@ class TarIndexedDataset(StoredDataset):
             descriptors[shard] = open_shard(self.path, self.index, shard)
         return descriptors[shard]
 
-    def _read(self, indices: np.ndarray) -> np.ndarray | list[np.ndarray]:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         index, blobs = self.index, []
         for sample in indices.tolist():
             shard = int(index.shard_of[sample])
@@ -102,7 +103,7 @@ class TarIndexedDataset(StoredDataset):
                     _shard_path(self.path, index, shard),  # built only if the read fails
                 )
             )
-        return member_pixels(self.path, self.manifest, index, blobs, indices)
+        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil)
 
 
 def _shard_path(path: Path, index: ShardIndex, shard: int) -> Callable[[], Path]:

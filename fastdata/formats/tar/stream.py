@@ -151,7 +151,8 @@ class TarDataset(ReaderOutput, IterableDataset):
 
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
-        pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples)
+        pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
+                               pil=self.image_format == "pil")
         if self.batch_size:
             return [self.output.batch(pixels, self.index.labels[samples])]
         return self.output.samples(pixels, self.index.labels[samples])

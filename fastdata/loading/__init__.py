@@ -1,0 +1,139 @@
+"""``fastdata.loader``: batches read with one ``dataset[indices]`` call each, on one of three
+backends that differ only in *who* computes a batch and *how* it reaches the consumer.
+
+One :class:`~fastdata.samplers.BatchIndexSampler` decides the order of an epoch before any
+parallelism, so every backend and every ``num_workers`` yields the same batches in the same
+order as ``num_workers=0``.
+
+* ``"torch"`` (default): a ``DataLoader(batch_size=None)`` over the sampler; worker processes
+  send each batch through torch's shared-memory pickling.
+* ``"thread"``: ``num_workers`` threads in this process (:mod:`fastdata.loading.threads`).
+* ``"process"``: worker processes writing into reusable shared-memory slots
+  (:mod:`fastdata.loading.processes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from fastdata.errors import InvalidOptionError
+from fastdata.loading.base import BatchLoader, WorkerError
+from fastdata.loading.fetch import accepts_index_arrays
+from fastdata.samplers import BatchIndexSampler
+
+BACKENDS = ("torch", "thread", "process")
+__all__ = ["BACKENDS", "BatchLoader", "WorkerError", "accepts_index_arrays", "loader"]
+
+_DATALOADER_ONLY = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+_SHARED = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers", "collate_fn")
+
+
+def loader(
+    dataset: Any,
+    batch_size: int = 256,
+    shuffle: bool = True,
+    num_workers: int = 0,
+    drop_last: bool = False,
+    seed: int | None = None,
+    *,
+    backend: str = "torch",
+    zero_copy: int = 0,
+    **dataloader_kwargs: Any,
+) -> Any:
+    """Batches of ``dataset``, each read with one ``dataset[indices]`` call.
+
+    ``dataset`` is any map-style dataset: one that accepts an index array (every fastdata
+    map-style reader, ``TensorDataset``) returns each batch from one call; any other is read
+    per index and collated with torch's ``default_collate`` (or ``collate_fn``). ``backend``
+    is ``"torch"`` (a DataLoader; other keywords go to it), ``"thread"`` or ``"process"`` (both
+    take ``pin_memory``, ``timeout``, ``worker_init_fn``, ``prefetch_factor``,
+    ``persistent_workers``, ``collate_fn``; ``"process"`` also ``multiprocessing_context`` and
+    ``zero_copy``: with ``zero_copy=k`` a batch's tensors are views of shared memory that stay
+    valid until ``k`` more batches have been drawn). ``num_workers=0`` computes every batch in
+    this thread, whatever the backend. Reshuffle per epoch happens automatically;
+    ``loader.sampler.set_epoch(e)`` pins it.
+    """
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        suggestion = _map_reader_of(dataset)
+        raise InvalidOptionError(
+            f"fastdata.loader needs a map-style dataset (random access by index), but got the iterable "
+            f"{type(dataset).__name__}.{suggestion} Or iterate it with a plain DataLoader."
+        )
+    for name in _DATALOADER_ONLY:
+        if name in dataloader_kwargs:
+            raise InvalidOptionError(f"loader() sets {name!r} itself; pass batch_size/shuffle/drop_last directly.")
+    if backend not in BACKENDS:
+        raise InvalidOptionError(f"Unknown backend {backend!r}. Allowed: {', '.join(map(repr, BACKENDS))}.")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise InvalidOptionError(f"Invalid num_workers {num_workers!r}. Use 0 or a positive integer.")
+    if isinstance(zero_copy, bool) or not isinstance(zero_copy, int) or zero_copy < 0:
+        raise InvalidOptionError(f"Invalid zero_copy {zero_copy!r}. Use 0 (copy batches out) or a number of batches >= 1.")
+    if zero_copy and backend != "process":
+        raise InvalidOptionError(f"zero_copy applies to backend='process' only (got backend={backend!r}).")
+    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+    if backend == "torch":
+        return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs)
+    return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs)
+
+
+def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any]) -> DataLoader:
+    collate_fn = kwargs.pop("collate_fn", None)
+    if accepts_index_arrays(dataset) and collate_fn is None:
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs)
+    # per-sample datasets: the same batches, fetched per index and collated by torch
+    from torch.utils.data import default_collate
+
+    return DataLoader(dataset, batch_sampler=_ListBatches(sampler), num_workers=num_workers,
+                      collate_fn=collate_fn or default_collate, **kwargs)
+
+
+class _ListBatches:
+    """The sampler's batches as lists (what a DataLoader ``batch_sampler`` yields)."""
+
+    def __init__(self, sampler: BatchIndexSampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        return (batch.tolist() for batch in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, backend: str, zero_copy: int,
+                kwargs: dict[str, Any]) -> BatchLoader:
+    from fastdata.loading.processes import ProcessLoader
+    from fastdata.loading.threads import ThreadLoader
+
+    allowed = set(_SHARED) | ({"multiprocessing_context"} if backend == "process" else set())
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise InvalidOptionError(
+            f"Option {unknown[0]!r} does not apply to backend={backend!r}. It takes: {', '.join(sorted(allowed))} "
+            "(backend='torch' passes any DataLoader option on)."
+        )
+    if num_workers == 0:
+        from fastdata.loading.serial import SerialLoader
+
+        return SerialLoader(dataset, sampler, num_workers=0, **{k: v for k, v in kwargs.items() if k in _SHARED})
+    if backend == "thread":
+        return ThreadLoader(dataset, sampler, num_workers=num_workers, **kwargs)
+    return ProcessLoader(dataset, sampler, num_workers=num_workers, zero_copy=zero_copy, **kwargs)
+
+
+def _map_reader_of(dataset: Any) -> str:
+    """" Use X(path) instead." when ``dataset`` is a fastdata reader with a map-style counterpart."""
+    from fastdata.formats import all_formats
+
+    for spec in all_formats():
+        if type(dataset) is spec.dataset and spec.map_dataset is not None:
+            path = getattr(dataset, "path", "PATH")
+            return f" Use fastdata.{spec.map_dataset.__name__}({str(path)!r}) for the same data, map-style."
+    return ""

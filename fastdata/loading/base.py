@@ -1,0 +1,68 @@
+"""What every loader backend shares: the batch order (one :class:`~fastdata.samplers.BatchIndexSampler`
+decides it before any parallelism), the epoch, ``len()``, and the errors a worker can cause."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from fastdata.errors import FastdataError
+from fastdata.loading.fetch import BatchFetcher
+from fastdata.samplers import BatchIndexSampler
+
+
+class WorkerError(FastdataError, RuntimeError):
+    """A loader worker failed (raised, died or timed out); the message names the worker, the
+    batch and its indices, and the cause."""
+
+
+def describe_indices(indices: np.ndarray, shown: int = 8) -> str:
+    values = indices.tolist()
+    text = ", ".join(map(str, values[:shown]))
+    return f"[{text}{', ...' if len(values) > shown else ''}] ({len(values)} samples)"
+
+
+class BatchLoader:
+    """Base of the ``thread`` and ``process`` backends: iterating yields the batches of one
+    epoch in the sampler's order; the next iteration is the next epoch (``sampler.set_epoch``
+    pins one)."""
+
+    backend = ""
+
+    def __init__(self, dataset: Any, sampler: BatchIndexSampler, *, num_workers: int, collate_fn: Any = None,
+                 prefetch_factor: int | None = 2, timeout: float = 0, worker_init_fn: Any = None,
+                 pin_memory: bool = False, persistent_workers: bool = False):
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_sampler = sampler
+        self.batch_size = sampler.batch_size
+        self.num_workers = num_workers
+        self.fetch = BatchFetcher(dataset, collate_fn)
+        self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """The index arrays of the next epoch (advances the sampler's epoch)."""
+        return list(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def pinned(self, batch: Any) -> Any:
+        """The batch's tensors in pinned memory when ``pin_memory`` (and CUDA is there)."""
+        if not self.pin_memory:
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(backend={self.backend!r}, num_workers={self.num_workers}, "
+                f"batch_size={self.batch_size}, batches={len(self)})")

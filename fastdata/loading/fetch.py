@@ -1,0 +1,49 @@
+"""Fetching one batch from any map-style dataset, the same way on every backend.
+
+A dataset that accepts an index array (every fastdata map-style reader, ``TensorDataset``, or
+any dataset with ``supports_index_arrays = True``) returns the whole batch from one
+``dataset[indices]`` call. Any other map-style dataset is read sample by sample (through
+torch's batched ``__getitems__`` when it has one) and collated with torch's ``default_collate``
+(or the ``collate_fn`` given), as a DataLoader with ``batch_size`` would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from torch.utils.data import TensorDataset, default_collate
+
+
+def accepts_index_arrays(dataset: Any) -> bool:
+    """Whether ``dataset[indices]`` returns a collated batch for an index array."""
+    from fastdata.reader import MapDataset
+
+    explicit = getattr(dataset, "supports_index_arrays", None)
+    if explicit is not None:
+        return bool(explicit)
+    return isinstance(dataset, (MapDataset, TensorDataset))
+
+
+class BatchFetcher:
+    """``fetcher(indices)`` -> the collated batch of ``indices`` (a sorted int64 array).
+    Picklable, so process workers run exactly what the main process would."""
+
+    def __init__(self, dataset: Any, collate_fn: Callable | None = None):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.batched = accepts_index_arrays(dataset) and collate_fn is None
+
+    def __call__(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
+        """The batch; ``allocate(shape, dtype)`` (the process backend's shared-memory slot) lets
+        a fastdata reader write its pixels straight where they are sent from."""
+        if self.batched:
+            get_batch = getattr(self.dataset, "get_batch", None)
+            if allocate is not None and get_batch is not None:
+                return get_batch(indices, allocate=allocate)
+            return self.dataset[indices]
+        collate = self.collate_fn or default_collate
+        rows = indices.tolist()
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(rows) if getitems is not None else [self.dataset[i] for i in rows]
+        return collate(samples)

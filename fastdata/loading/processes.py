@@ -1,0 +1,256 @@
+"""The ``process`` backend: ``num_workers`` processes that write each batch into a ring of
+preallocated shared-memory slots.
+
+No per-batch allocation, no pickled pixels, no file descriptor per batch: batch ``b`` goes to
+worker ``b % num_workers``, which computes it straight into one of its slots (fastdata's
+readers gather or decode into the slot itself) and sends back a few hundred bytes saying where
+it lies. The consumer gets tensors copied out of the slot (the default, safe to keep), or with
+``zero_copy=k`` views of the slot that stay valid until ``k`` more batches have been drawn. It
+behaves like the DataLoader users know: the same keyword names (``multiprocessing_context``,
+``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``, ``timeout``), per-worker seeds
+and ``torch.utils.data.get_worker_info()``; a worker that raises, dies or times out is an error
+naming it, the batch and its indices; Ctrl-C stops it cleanly; no shared-memory segment
+outlives it (a killed main process's segments are removed by the next loader that starts).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+import signal
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from fastdata.loading import shm
+from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
+from fastdata.loading.worker import HEADER_BYTES, IN_SLOT, STATUS, worker_main
+from fastdata.machine import stop_signals_held
+
+_POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
+_SLOT_HEADROOM = 1.1
+
+
+@dataclass
+class _Worker:
+    process: Any
+    tasks: Any
+    results: Any
+    free: Any  # semaphore: slots the worker may fill
+    ready: Any  # semaphore: batches the worker has finished
+    control: Any  # shared-memory block: per slot, where the batch lies
+    consumed: int = 0  # batches taken from this worker in its life: batch j lies in slot j % slots
+
+
+class ProcessLoader(BatchLoader):
+    """Batches computed by worker processes into shared-memory slots (module docstring)."""
+
+    backend = "process"
+
+    def __init__(self, *args: Any, multiprocessing_context: Any = None, zero_copy: int = 0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if isinstance(multiprocessing_context, str) or multiprocessing_context is None:
+            multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
+        self.context = multiprocessing_context
+        self.zero_copy = zero_copy
+        self.slots = self.prefetch_factor + math.ceil(zero_copy / self.num_workers)
+        self._workers: list[_Worker] = []
+        self._segments: list[Any] = [None] * self.num_workers  # each worker's current data segment
+        self._slot_bytes = [0] * self.num_workers
+        self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
+        self._held: list[int] = []
+        self._finalizer = weakref.finalize(self, _cleanup, self._workers, self._all_segments)
+
+    # --- workers --------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._workers:
+            return
+        shm.sweep_stale_segments()
+        base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        with stop_signals_held():  # a Ctrl-C mid-fork would be lost (see machine.stop_signals_held)
+            for worker_id in range(self.num_workers):
+                task_read, task_write = self.context.Pipe(duplex=False)
+                result_read, result_write = self.context.Pipe(duplex=False)
+                free, ready = self.context.Semaphore(self.slots), self.context.Semaphore(0)
+                control = shm.new_segment(HEADER_BYTES * self.slots)
+                self._all_segments[control.name] = control
+                process = self.context.Process(
+                    target=worker_main, name=f"fastdata-loader-{worker_id}", daemon=True,
+                    args=(worker_id, self.num_workers, self.fetch, task_read, result_write, free, ready,
+                          control.name, self.slots, base_seed, self.worker_init_fn),
+                )
+                process.start()
+                task_read.close()
+                result_write.close()
+                worker = _Worker(process, task_write, result_read, free, ready, control)
+                self._workers.append(worker)
+                if self._segments[worker_id] is not None:  # slots sized in an earlier epoch
+                    self._send(worker_id, ("segment", self._segments[worker_id].name, self._slot_bytes[worker_id]))
+
+    def shutdown(self) -> None:
+        """Stop the workers (the data segments stay for the next start; :meth:`close` frees them)."""
+        controls = [worker.control.name for worker in self._workers]
+        self._held.clear()  # new workers start with every slot free
+        _stop(self._workers)
+        for name in controls:
+            shm.release(self._all_segments.pop(name), unlink=True)
+
+    def close(self) -> None:
+        """Stop the workers and remove every shared-memory segment (the next epoch starts anew)."""
+        _cleanup(self._workers, self._all_segments)
+        self._segments = [None] * self.num_workers
+        self._slot_bytes = [0] * self.num_workers
+
+    def _send(self, worker_id: int, message: tuple) -> None:
+        try:
+            self._workers[worker_id].tasks.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            raise self._died(worker_id, -1, np.empty(0, dtype=np.int64)) from None
+
+    # --- one epoch ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = self.epoch_batches()
+        self._start()
+        for worker_id in range(self.num_workers):
+            share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
+            self._send(worker_id, ("epoch", share))
+        held = self._held  # workers whose slot holds a batch handed out as views, oldest first; kept
+        finished = False   # across epochs, so views stay valid for zero_copy more batches, whatever the epoch
+        try:
+            for number, indices in enumerate(batches):
+                if self.zero_copy and len(held) >= self.zero_copy:
+                    self._workers[held.pop(0)].free.release()
+                worker_id = number % self.num_workers
+                batch, in_slot = self._receive(worker_id, number, indices)
+                if in_slot and self.zero_copy:
+                    held.append(worker_id)
+                else:
+                    self._workers[worker_id].free.release()
+                yield batch
+            finished = True
+        finally:
+            if not finished or not self.persistent_workers:
+                self.shutdown()  # an epoch left early leaves batches in flight: start afresh
+
+    def _receive(self, worker_id: int, number: int, indices: np.ndarray) -> tuple[Any, bool]:
+        """Batch ``number`` from its worker, and whether it still lies in the worker's slot."""
+        worker = self._workers[worker_id]
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        while not worker.ready.acquire(timeout=_POLL_S):
+            if not worker.process.is_alive():
+                raise self._died(worker_id, number, indices)
+            if deadline is not None and time.monotonic() > deadline:
+                raise WorkerError(
+                    f"process backend: worker {worker_id} (pid {worker.process.pid}) sent no batch within "
+                    f"timeout={self.timeout} s; it was computing batch {number} (indices {describe_indices(indices)})."
+                )
+        slot = worker.consumed % self.slots
+        worker.consumed += 1
+        status = worker.control.buf
+        kind, length = STATUS.unpack_from(status, slot * HEADER_BYTES)
+        if kind != IN_SLOT:
+            return self._from_pipe(worker_id, number, indices), False
+        start = slot * HEADER_BYTES + STATUS.size
+        copy = not self.zero_copy
+        allocate = _pinned_empty_like if (copy and self.pin_memory and torch.cuda.is_available()) else None
+        segment = self._segments[worker_id]
+        batch = shm.unpack(status[start : start + length], segment.buf, slot * self._slot_bytes[worker_id],
+                           copy=copy, allocate=allocate)
+        return batch, True
+
+    def _from_pipe(self, worker_id: int, number: int, indices: np.ndarray) -> Any:
+        worker = self._workers[worker_id]
+        try:
+            message = pickle.loads(worker.results.recv_bytes())
+        except (EOFError, OSError):
+            raise self._died(worker_id, number, indices) from None
+        if message[0] == "error":
+            raise self._failed(worker_id, number, indices, message[2], message[3])
+        _, _, needed, data = message
+        self._grow(worker_id, needed)
+        return self.pinned(pickle.loads(data))
+
+    def _grow(self, worker_id: int, needed: int) -> None:
+        """Give a worker slots big enough for a batch it could not place (the first one, or a
+        larger one): a new segment (the old one stays until close: the worker may be using it)."""
+        if needed <= self._slot_bytes[worker_id]:
+            return
+        slot_bytes = -(-int(needed * _SLOT_HEADROOM + 4096) // 4096) * 4096
+        segment = shm.new_segment(slot_bytes * self.slots)
+        self._all_segments[segment.name] = segment
+        self._segments[worker_id] = segment
+        self._slot_bytes[worker_id] = slot_bytes
+        self._send(worker_id, ("segment", segment.name, slot_bytes))
+
+    def _died(self, worker_id: int, number: int, indices: np.ndarray) -> WorkerError:
+        worker = self._workers[worker_id]
+        if worker.results.poll(0):  # it said why before it went (an error in worker_init_fn)
+            try:
+                message = pickle.loads(worker.results.recv_bytes())
+            except (EOFError, OSError):
+                message = None
+            if message is not None and message[0] == "error":
+                return self._failed(worker_id, message[1], indices, message[2], message[3])
+        process = worker.process
+        process.join(1)
+        code = process.exitcode
+        how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
+            f"exited with code {code}"
+        self.shutdown()
+        return WorkerError(
+            f"process backend: worker {worker_id} (pid {process.pid}) {how} while computing batch {number} "
+            f"(indices {describe_indices(indices)}). If it ran out of memory, use fewer workers or smaller batches."
+        )
+
+    def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:
+        self.shutdown()
+        original = None
+        if payload is not None:
+            try:
+                original = pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - the text below still says what happened
+                original = None
+        where = "in worker_init_fn" if number < 0 else f"on batch {number} (indices {describe_indices(indices)})"
+        cause = f"{type(original).__name__}: {original}" if original is not None else text.splitlines()[-1]
+        error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
+        error.__cause__ = original
+        return error
+
+
+def _pinned_empty_like(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(tensor, pin_memory=True)
+
+
+def _stop(workers: list[_Worker]) -> None:
+    """Ask every worker to stop, wait a little, then make sure (SIGTERM, then SIGKILL)."""
+    for worker in workers:
+        try:
+            worker.tasks.send_bytes(b"")
+        except (OSError, ValueError):
+            pass
+    for worker in workers:
+        worker.process.join(2)
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(2)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        for connection in (worker.tasks, worker.results):
+            connection.close()
+    workers.clear()
+
+
+def _cleanup(workers: list[_Worker], segments: dict[str, Any]) -> None:
+    """Stop the workers and remove the segments (at close, garbage collection or exit)."""
+    _stop(workers)
+    for segment in segments.values():
+        shm.release(segment, unlink=True)
+    segments.clear()

@@ -1,0 +1,268 @@
+"""Shared memory for the ``process`` backend: named segments, the sweep of segments a killed
+process left behind, and packing a batch into a slot (and back).
+
+A segment is ``/dev/shm/fastdata_<pid>_<token>``: ``<pid>`` is the main process that created
+it. The main process creates and unlinks every segment; workers only attach. A main process
+killed before it could unlink leaves its segments behind; the next loader that starts removes
+every ``fastdata_*`` segment whose process no longer exists (:func:`sweep_stale_segments`).
+
+A batch is packed by walking its structure (tuples, lists, dicts): every tensor or numpy array
+is placed in the slot (where it already lives when the dataset wrote it there through the
+slot's allocator; copied otherwise, in its own memory order), and replaced by a small
+:class:`_Leaf` that records where. What remains (the structure, labels that are not arrays,
+strings) is pickled: a few hundred bytes, not the pixels.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import secrets
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+try:  # POSIX shared memory, the module multiprocessing.shared_memory itself uses
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+PREFIX = "fastdata_"
+ALIGN = 64
+_SHM_DIR = Path("/dev/shm")
+
+
+class Segment:
+    """A named POSIX shared-memory segment mapped into this process.
+
+    Unlike ``multiprocessing.shared_memory.SharedMemory`` it never reports to Python's resource
+    tracker (which before 3.13 tracks every attach too, and warns about or unlinks segments it
+    did not create; fastdata removes its segments itself and sweeps those of killed processes),
+    and dropping it never raises while views of it are alive: the mapping goes with the last view.
+    """
+
+    def __init__(self, name: str, *, create: bool = False, size: int = 0):
+        if _posixshmem is None:  # pragma: no cover - Windows
+            from fastdata.errors import DependencyMissingError
+
+            raise DependencyMissingError(
+                "backend='process' needs POSIX shared memory (Linux, macOS). Use backend='thread' or 'torch'."
+            )
+        self.name = name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        descriptor = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        try:
+            if create:
+                os.ftruncate(descriptor, max(size, 1))
+            self.size = os.fstat(descriptor).st_size
+            self.map = mmap.mmap(descriptor, self.size)
+        finally:
+            os.close(descriptor)
+
+    @property
+    def buf(self) -> mmap.mmap:
+        return self.map
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # views remain (tensors handed out with zero_copy): the mapping goes with them
+
+
+def new_segment(size: int) -> Segment:
+    """A new segment of ``size`` bytes named after this process."""
+    return Segment(f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True, size=size)
+
+
+def attach(name: str) -> Segment:
+    return Segment(name)
+
+
+def unlink_name(name: str) -> None:
+    """Remove a segment's name (its memory stays while some process maps it)."""
+    if _posixshmem is None:  # pragma: no cover
+        return
+    try:
+        _posixshmem.shm_unlink("/" + name.lstrip("/"))
+    except FileNotFoundError:
+        pass
+
+
+def release(segment: Segment, *, unlink: bool) -> None:
+    """Unlink (the name disappears at once; the memory stays while mapped) and unmap when no
+    view of it is left."""
+    if unlink:
+        unlink_name(segment.name)
+    segment.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_segments(directory: Path = _SHM_DIR) -> list[str]:
+    """Names of fastdata segments whose creating process is gone."""
+    if not directory.is_dir():
+        return []
+    stale = []
+    for entry in directory.iterdir():
+        name = entry.name
+        if not name.startswith(PREFIX):
+            continue
+        pid = name[len(PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.append(name)
+    return stale
+
+
+def sweep_stale_segments(directory: Path = _SHM_DIR) -> list[str]:
+    """Remove the segments of processes that died without cleaning up; their names."""
+    removed = []
+    for name in stale_segments(directory):
+        unlink_name(name)
+        removed.append(name)
+    return removed
+
+
+# --- a batch in a slot -------------------------------------------------------------------------
+
+
+class _Leaf(tuple):
+    """Where one array of a packed batch lies in its slot: ``(kind, dtype, offset, count,
+    shape, inverse)`` -- ``shape`` of its memory in storage order, ``inverse`` the permutation
+    back to the array's own order (None: none). A tuple subclass: cheap to pickle."""
+
+    __slots__ = ()
+
+
+def _storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The permutation that makes an array with these strides C-contiguous, or None when it is
+    not dense (overlapping or with gaps)."""
+    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    expected = 1
+    for dim in reversed(order):
+        if shape[dim] != 1 and strides[dim] != expected:
+            return None
+        expected *= shape[dim]
+    return order
+
+
+class SlotWriter:
+    """Packs batches into one slot: ``buffer`` is the slot's bytes (a numpy uint8 view)."""
+
+    def __init__(self, buffer: np.ndarray):
+        self.buffer = buffer
+        self.base = buffer.ctypes.data
+        self.used = 0
+
+    def allocate(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
+        """A new C-contiguous array in the slot (None when it does not fit): for datasets that
+        can write a batch straight into shared memory."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape)) * dtype.itemsize
+        start = -(-self.used // ALIGN) * ALIGN
+        if start + size > len(self.buffer):
+            return None
+        self.used = start + size
+        return self.buffer[start : start + size].view(dtype).reshape(shape)
+
+    def pack(self, batch: Any) -> bytes | None:
+        """The pickled structure of ``batch`` with every array placed in the slot; None when the
+        arrays do not fit (the caller sends the batch another way)."""
+        try:
+            structure = self._place(batch)
+        except _NoRoom:
+            return None
+        return pickle.dumps(structure, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _place(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad:
+            return self._place_array(value.detach().numpy() if value.dtype != torch.bfloat16 else None, value)
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            return self._place_array(value, None)
+        if isinstance(value, tuple):
+            return tuple(self._place(item) for item in value)
+        if isinstance(value, list):
+            return [self._place(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self._place(item) for key, item in value.items()}
+        return value
+
+    def _place_array(self, array: np.ndarray | None, tensor: torch.Tensor | None) -> Any:
+        if array is None:  # a dtype numpy cannot hold: leave it to pickling
+            return tensor
+        kind = "tensor" if tensor is not None else "numpy"
+        order = _storage_order(array.shape, array.strides) if array.size else tuple(range(array.ndim))
+        dense = array.transpose(order) if order is not None else np.ascontiguousarray(array)
+        order = order if order is not None else tuple(range(array.ndim))
+        start = dense.ctypes.data - self.base
+        if array.size and 0 <= start and start + dense.nbytes <= len(self.buffer) and dense.flags.c_contiguous:
+            offset = start  # written there by the dataset: nothing to copy
+        else:
+            target = self.allocate(dense.shape, dense.dtype)
+            if target is None:
+                raise _NoRoom
+            np.copyto(target, dense)
+            offset = target.ctypes.data - self.base
+        inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+        identity = inverse == tuple(range(len(order)))
+        return _Leaf((kind, dense.dtype.str, offset, dense.size, tuple(dense.shape), None if identity else inverse))
+
+
+class _NoRoom(Exception):
+    pass
+
+
+def unpack(header: bytes, buffer: Any, base: int, *, copy: bool,
+           allocate: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Any:
+    """The batch packed by :meth:`SlotWriter.pack` into the slot at ``base`` of ``buffer``:
+    arrays copied out (``copy``; tensors into ``allocate(like)`` when given, e.g. pinned
+    memory) or as views of the slot."""
+    structure = pickle.loads(header)
+    return _restore(structure, buffer, base, copy, allocate)
+
+
+def _restore(value: Any, buffer: Any, base: int, copy: bool, allocate: Any) -> Any:
+    if isinstance(value, _Leaf):
+        kind, dtype, offset, count, shape, inverse = value
+        dense = np.frombuffer(buffer, dtype=dtype, count=count, offset=base + offset).reshape(shape)
+        if copy:  # one single-threaded memcpy in storage order (torch's copy_ would start OpenMP threads)
+            if kind == "tensor" and allocate is not None:
+                target = allocate(torch.from_numpy(dense)).numpy()
+                np.copyto(target, dense)
+                dense = target
+            else:
+                dense = dense.copy()
+        if inverse is not None:
+            dense = dense.transpose(inverse)
+        return torch.from_numpy(dense) if kind == "tensor" else dense
+    if isinstance(value, tuple):
+        return tuple(_restore(item, buffer, base, copy, allocate) for item in value)
+    if isinstance(value, list):
+        return [_restore(item, buffer, base, copy, allocate) for item in value]
+    if isinstance(value, dict):
+        return {key: _restore(item, buffer, base, copy, allocate) for key, item in value.items()}
+    return value
+
+
+def needed_bytes(batch: Any) -> int:
+    """The slot size a batch needs (its arrays, each aligned)."""
+    if isinstance(batch, torch.Tensor):
+        return -(-batch.numel() * batch.element_size() // ALIGN) * ALIGN + ALIGN
+    if isinstance(batch, np.ndarray) and batch.dtype != object:
+        return -(-batch.nbytes // ALIGN) * ALIGN + ALIGN
+    if isinstance(batch, (tuple, list)):
+        return sum(needed_bytes(item) for item in batch)
+    if isinstance(batch, dict):
+        return sum(needed_bytes(item) for item in batch.values())
+    return 0

@@ -1,0 +1,183 @@
+"""The loop a ``process`` backend worker runs.
+
+At the start of each epoch the worker receives its share of the batches (batch ``b`` goes to
+worker ``b % num_workers``) over its task pipe. For each one it waits for a free slot (a
+semaphore the consumer releases), computes the batch straight into the slot where the dataset
+can, writes a few hundred bytes saying where the arrays lie into its control block, and
+releases the "ready" semaphore. No message per batch, no pickled pixels. What does not fit a
+slot (the first batch, before the consumer has sized the slots; a larger one; an error) goes
+through the result pipe instead, and the control block says so.
+
+Task pipe messages (pickled): ``("epoch", [indices, ...])``, ``("segment", name, slot_bytes)``;
+an empty message stops the worker. Result pipe messages: ``("pickled", number, needed, data)``
+(the batch itself and the slot size it needs) or ``("error", number, text, exception)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import struct
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from fastdata.loading import shm
+from fastdata.machine import become_worker
+
+HEADER_BYTES = 8192  # per slot in the control block: status, then the packed batch's header
+STATUS = struct.Struct("<BQ")  # kind, header length
+IN_SLOT, IN_PIPE = 1, 2
+_WAIT_S = 0.1
+
+
+def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
+    """``torch.utils.data.get_worker_info()`` in this process, as a DataLoader worker has it."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                                        dataset=dataset)
+
+
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed ``random``, torch and numpy the way a DataLoader worker is seeded; the torch seed."""
+    from torch.utils.data._utils.worker import _generate_state
+
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_generate_state(base_seed, worker_id))
+    return seed
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Worker:
+    """One worker's state: its pipes, semaphores, control block and current data segment."""
+
+    def __init__(self, worker_id: int, num_workers: int, fetch: Any, tasks: Any, results: Any, free: Any,
+                 ready: Any, control: str, slots: int):
+        self.worker_id, self.num_workers, self.fetch = worker_id, num_workers, fetch
+        self.tasks, self.results, self.free, self.ready = tasks, results, free, ready
+        self.control = shm.attach(control)
+        self.slots = slots
+        self.segment = None
+        self.slot_bytes = 0
+        self.produced = 0  # batches made in this worker's life: batch j uses slot j % slots
+
+    def run(self) -> None:
+        while True:
+            message = self._next_message(block=True)
+            if message[0] == "epoch":
+                for number, indices in message[1]:
+                    self._wait_for_slot()
+                    self._produce(number, indices)
+
+    def _next_message(self, *, block: bool) -> tuple:
+        """The next control message (``None``-like when there is none and not ``block``)."""
+        while True:
+            if not block and not self.tasks.poll(0):
+                return ("none",)
+            try:
+                message = self.tasks.recv_bytes()
+            except (EOFError, OSError):  # the main process is gone
+                raise _Stop from None
+            if not message:
+                raise _Stop
+            parsed = pickle.loads(message)
+            if parsed[0] == "segment":
+                self._attach(parsed[1], parsed[2])
+                continue
+            return parsed
+
+    def _attach(self, name: str, slot_bytes: int) -> None:
+        if self.segment is not None:
+            shm.release(self.segment, unlink=False)
+        self.segment, self.slot_bytes = shm.attach(name), slot_bytes
+
+    def _wait_for_slot(self) -> None:
+        while not self.free.acquire(timeout=_WAIT_S):
+            if os.getppid() == 1:
+                raise _Stop
+            self._next_message(block=False)  # a new segment, or stop
+        self._next_message(block=False)
+
+    def _produce(self, number: int, indices: np.ndarray) -> None:
+        """Batch ``number`` into slot ``produced % slots``; "ready" is released once the consumer
+        can take it: after the slot is written, or before a pipe message (so the consumer reads
+        while a large one is being sent)."""
+        slot = self.produced % self.slots
+        self.produced += 1
+        status = memoryview(self.control.buf)[slot * HEADER_BYTES : (slot + 1) * HEADER_BYTES]
+        message = None
+        try:
+            writer = None
+            if self.segment is not None:
+                buffer = np.frombuffer(self.segment.buf, dtype=np.uint8, count=self.slot_bytes,
+                                       offset=slot * self.slot_bytes)
+                writer = shm.SlotWriter(buffer)
+            batch = self.fetch(indices, allocate=writer.allocate if writer is not None else None)
+            header = writer.pack(batch) if writer is not None else None
+            if header is not None and STATUS.size + len(header) <= HEADER_BYTES:
+                STATUS.pack_into(status, 0, IN_SLOT, len(header))
+                status[STATUS.size : STATUS.size + len(header)] = header
+            else:
+                data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+                message = pickle.dumps(("pickled", number, shm.needed_bytes(batch), data))
+        except _Stop:
+            raise
+        except Exception as exc:
+            message = error_message(number, exc, "batch")
+        if message is not None:
+            STATUS.pack_into(status, 0, IN_PIPE, 0)
+        status.release()
+        self.ready.release()
+        if message is not None:
+            try:
+                self.results.send_bytes(message)
+            except (OSError, EOFError):  # the consumer is gone
+                raise _Stop from None
+
+
+def worker_main(worker_id: int, num_workers: int, fetch: Any, tasks: Any, results: Any, free: Any, ready: Any,
+                control: str, slots: int, base_seed: int, init_fn: Callable[[int], None] | None) -> None:
+    """Entry point of one worker process (also under spawn: everything here is picklable)."""
+    become_worker()
+    torch.set_num_threads(1)
+    seed = seed_worker(base_seed, worker_id)
+    set_worker_info(worker_id, num_workers, seed, fetch.dataset)
+    if init_fn is not None:
+        try:
+            init_fn(worker_id)
+        except Exception as exc:  # reported when the first batch is awaited
+            try:
+                results.send_bytes(error_message(-1, exc, "worker_init_fn"))
+            except (OSError, EOFError):
+                pass
+            return
+    worker = _Worker(worker_id, num_workers, fetch, tasks, results, free, ready, control, slots)
+    try:
+        worker.run()
+    except _Stop:
+        pass
+    finally:
+        for segment in (worker.segment, worker.control):
+            if segment is not None:
+                shm.release(segment, unlink=False)
+
+
+def error_message(number: int, exc: BaseException, stage: str) -> bytes:
+    """The pickled ``("error", ...)`` message for an exception (its text travels even when the
+    exception itself does not pickle)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    try:
+        payload = pickle.dumps(exc)
+        pickle.loads(payload)
+    except Exception:  # noqa: BLE001
+        payload = None
+    return pickle.dumps(("error", number, f"{stage} in worker pid {os.getpid()}:\n{text}", payload))
