@@ -198,6 +198,22 @@ def center_crop(image: Image.Image, crop_height: int, crop_width: int) -> Image.
     return image.crop((left, top, left + crop_width, top + crop_height))
 
 
+def center_crop_array(pixels: np.ndarray, crop_height: int, crop_width: int) -> np.ndarray:
+    """:func:`center_crop` on a uint8 HWC array (zero padding where the crop is larger)."""
+    height, width = pixels.shape[:2]
+    top, left = _crop_start(height, crop_height), _crop_start(width, crop_width)
+    if (top, left, crop_height, crop_width) == (0, 0, height, width):
+        return pixels
+    out = np.zeros((crop_height, crop_width, pixels.shape[2]), dtype=pixels.dtype)
+    source_top, source_left = max(top, 0), max(left, 0)
+    target_top, target_left = source_top - top, source_left - left
+    rows = min(height - source_top, crop_height - target_top)
+    columns = min(width - source_left, crop_width - target_left)
+    out[target_top : target_top + rows, target_left : target_left + columns] = \
+        pixels[source_top : source_top + rows, source_left : source_left + columns]
+    return out
+
+
 def _crop_start(size: int, crop: int) -> int:
     if crop > size:
         return -((crop - size) // 2)

@@ -8,7 +8,7 @@ batched fetch. Files are opened lazily in each process, never inherited across f
 
 :class:`OutputSpec` is that contract as one small immutable object: it turns pixels and labels
 into samples or a collated batch, for map-style and iterable readers alike.
-:func:`decode_all` is the one decode loop (encoded bytes -> pixels, or a
+:class:`fastdata.decoding.Decoder` is the one decode path (encoded bytes -> pixels, or a
 :class:`~fastdata.errors.CorruptDataError` naming the sample).
 """
 
@@ -17,15 +17,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError, ShapeMismatchError
-from fastdata.images import decode, decode_image
+from fastdata.errors import CorruptManifestError, InvalidOptionError, ShapeMismatchError
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
@@ -113,23 +112,6 @@ def allocated(allocate: Callable | None, shape: tuple[int, ...]) -> np.ndarray:
     """A uint8 array of ``shape``: from ``allocate`` when given (and it has room), else new."""
     out = allocate(shape, np.uint8) if allocate is not None else None
     return out if out is not None else np.empty(shape, dtype=np.uint8)
-
-
-def decode_all(blobs: Iterable[bytes | memoryview], mode: str, where: Callable[[int], str], dataset: Path, *,
-               pil: bool = False) -> list[Any]:
-    """Decode encoded images to uint8 HWC pixels in ``mode`` (or, with ``pil``, the PIL images
-    themselves: no array round trip); a sample that does not decode is a CorruptDataError
-    naming it (``where(row)``, e.g. ``'x/data.bin' sample 4``)."""
-    pixels = []
-    for row, blob in enumerate(blobs):
-        try:
-            pixels.append(decode_image(blob, mode) if pil else decode(blob, mode))
-        except Exception as exc:
-            raise CorruptDataError(
-                f"{where(row)}: cannot decode image ({exc}). Run 'fastdata verify {dataset}', or convert the "
-                "source again."
-            ) from exc
-    return pixels
 
 
 class ReaderOutput:
@@ -259,6 +241,20 @@ class MapDataset(ReaderOutput, Dataset):
         return output.batch(self._pixels(indices, allocate), self.labels[indices], allocate)
 
 
+def decoder_for(manifest: dict[str, Any], *, resize: Any, center_crop: Any, decoder: str) -> Any:
+    """The read-time :class:`~fastdata.decoding.Decoder` of a converted dataset: resize,
+    center_crop and decoder apply to encoded images; raw pixels were sized at conversion."""
+    from fastdata.decoding import Decoder
+
+    made = Decoder.make(manifest["image"]["mode"], resize=resize, center_crop=center_crop, decoder=decoder)
+    if manifest["store"] == "raw" and (not made.geometry.is_identity or made.fast):
+        raise InvalidOptionError(
+            "resize, center_crop and decoder apply to datasets of encoded images; this one stores decoded "
+            "pixels (--store raw). Convert with --resize/--center-crop instead, or transform the tensors."
+        )
+    return made
+
+
 class StoredDataset(MapDataset):
     """Base of the readers of converted datasets: opens and checks the manifest
     (:func:`fastdata.manifest.open_manifest`), takes the classes from it, then calls the
@@ -275,6 +271,9 @@ class StoredDataset(MapDataset):
         *,
         image_format: str = "tensor",
         batch_transform: Callable | None = None,
+        resize: Any = None,
+        center_crop: Any = None,
+        decoder: str = "pil",
     ):
         from fastdata.manifest import open_manifest
 
@@ -284,6 +283,7 @@ class StoredDataset(MapDataset):
         self.manifest = open_manifest(self.path, self.format_name)
         self.store = self.manifest["store"]
         self.mode = self.manifest["image"]["mode"]
+        self.decoder = decoder_for(self.manifest, resize=resize, center_crop=center_crop, decoder=decoder)
         missing = [name for name in self.required_files.get(self.store, ()) if name not in self.manifest["files"]]
         if missing:
             raise CorruptManifestError(

@@ -219,6 +219,26 @@ class FormatContract:
             # workers interleave, and ranks are read one after the other: in order only on one process
             check_epochs(epoch_over_ranks, shuffle, in_order=num_workers <= 1 and world_size == 1)
 
+    @pytest.mark.parametrize("backend", ["torch", "thread", "process"])
+    def test_every_backend_yields_the_batches_of_num_workers_0(self, converted_layouts, backend: str) -> None:
+        """Same batches, same order, exactly once, for every num_workers 0-3 and shuffle."""
+        for out in converted_layouts.values():
+            reader = self.map_style(out)
+            for shuffle in (False, True):
+                reference = [(images.clone(), labels.clone()) for images, labels in
+                             fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11)]
+                assert Counter((int(i[0, 0, 0]), int(l)) for b in reference for i, l in zip(*b)) == EXPECTED
+                for num_workers in (0, 1, 2, 3):
+                    loader = fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11, backend=backend,
+                                             num_workers=num_workers, persistent_workers=num_workers > 0)
+                    for epoch in range(2):  # persistent workers serve a second epoch too
+                        loader.sampler.set_epoch(0)
+                        got = list(loader)
+                        assert len(got) == len(reference), (backend, num_workers, shuffle)
+                        for (images, labels), (want_images, want_labels) in zip(got, reference):
+                            assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+                    getattr(loader, "close", lambda: None)()
+
     def test_spawned_workers_after_the_parent_read(self, converted) -> None:
         reader = self.map_style(converted)
         reader[0]  # the parent opens its files first; workers must open their own

@@ -14,7 +14,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, InvalidOptionError
 from fastdata.formats import FormatSpec, register
-from fastdata.images import as_hwc, open_image, to_mode
+from fastdata.decoding import Decoder
 from fastdata.reader import MapDataset
 from fastdata.folders import scan_folder
 
@@ -33,31 +33,38 @@ class FolderDataset(MapDataset):
         target_transform: Callable | None = None,
         *,
         mode: str = "RGB",
+        resize: Any = None,
+        center_crop: Any = None,
+        decoder: str = "pil",
         **output: Any,
     ):
-        """``output``: ``image_format`` and ``batch_transform``, as for every reader."""
+        """``output``: ``image_format`` and ``batch_transform``; ``resize``, ``center_crop`` and
+        ``decoder`` as for the readers of encoded datasets (:mod:`fastdata.decoding`)."""
         super().__init__(transform=transform, target_transform=target_transform, **output)
         if mode not in ("RGB", "L"):
             raise InvalidOptionError(f"Unknown mode {mode!r}. Allowed: 'RGB', 'L'.")
         self.root = Path(root)
         self.mode = mode
+        self.decoder = Decoder.make(mode, resize=resize, center_crop=center_crop, decoder=decoder)
         keys, labels, self.class_to_idx = scan_folder(self.root)
         self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
         # numpy arrays, not lists of str: no copy-on-access growth in forked workers
         self.paths = np.array([os.fsencode(self.root / key) for key in keys])
         self.labels = np.asarray(labels, dtype=np.int64)
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> list[Any]:
-        pixels = []
-        for index in indices.tolist():
-            path = os.fsdecode(self.paths[index])
-            try:
-                with open(path, "rb") as handle:
-                    image = to_mode(open_image(handle.read()), self.mode)
-            except Exception as exc:
-                raise CorruptDataError(f"{path}: cannot decode image ({exc}).") from exc
-            pixels.append(image if pil else as_hwc(image))
-        return pixels
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+        paths = [os.fsdecode(self.paths[index]) for index in indices.tolist()]
+        return self.decoder.decode_all(_file_bytes(paths), lambda row: paths[row], self.root, pil=pil,
+                                       allocate=allocate)
+
+
+def _file_bytes(paths: list[str]):
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                yield handle.read()
+        except OSError as exc:
+            raise CorruptDataError(f"{path}: cannot read ({exc.strerror}).") from exc
 
 
 register(

@@ -14,7 +14,7 @@ from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError,
 from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
-from fastdata.reader import StoredDataset, allocated, decode_all
+from fastdata.reader import StoredDataset, allocated
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 
@@ -147,4 +147,5 @@ class HDF5Dataset(StoredDataset):
                 f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
             ) from exc
         where = repr(str(self.path))
-        return decode_all(blobs, self.mode, lambda row: f"{where} sample {rows[row]}", self.path, pil=pil)
+        return self.decoder.decode_all(blobs, lambda row: f"{where} sample {rows[row]}", self.path, pil=pil,
+                                       allocate=allocate)

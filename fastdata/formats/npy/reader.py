@@ -8,7 +8,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError
 from fastdata.manifest import check_file_sizes, load_small_array
-from fastdata.reader import StoredDataset, allocated, decode_all
+from fastdata.reader import StoredDataset, allocated
 
 
 class MemmapDataset(StoredDataset):
@@ -68,5 +68,5 @@ class MemmapDataset(StoredDataset):
             return np.take(images, indices, axis=0, out=out, mode="clip")
         data, offsets, rows = self.handles, self.offsets, indices.tolist()
         where = repr(str(self.path / "data.bin"))
-        return decode_all((data[offsets[i] : offsets[i + 1]] for i in rows), self.mode,
-                          lambda row: f"{where} sample {rows[row]}", self.path, pil=pil)
+        return self.decoder.decode_all((data[offsets[i] : offsets[i + 1]] for i in rows),
+                                       lambda row: f"{where} sample {rows[row]}", self.path, pil=pil, allocate=allocate)

@@ -17,7 +17,7 @@ from fastdata.formats.npyfile import MAGIC, npy_header
 from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
 from fastdata.manifest import open_manifest
-from fastdata.reader import StoredDataset, allocated, decode_all
+from fastdata.reader import StoredDataset, allocated
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
@@ -48,7 +48,8 @@ def load_checked_index(path: Path, manifest: dict[str, Any]) -> ShardIndex:
 
 
 def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs: list[bytes],
-                  samples: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+                  samples: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+                  decoder: Any = None) -> Any:
     """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
     (one stacked array, in ``allocate``'d memory when given) or the encoded images decoded
     (PIL images with ``pil``)."""
@@ -57,7 +58,7 @@ def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs
         return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
 
     if manifest["store"] != "raw":
-        return decode_all(blobs, manifest["image"]["mode"], where, path, pil=pil)
+        return decoder.decode_all(blobs, where, path, pil=pil, allocate=allocate)
     shape = tuple(manifest["image"]["shape"])
     size = int(np.prod(shape))
     out = allocated(allocate, (len(blobs), *shape))
@@ -103,7 +104,7 @@ class TarIndexedDataset(StoredDataset):
                     _shard_path(self.path, index, shard),  # built only if the read fails
                 )
             )
-        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil)
+        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder)
 
 
 def _shard_path(path: Path, index: ShardIndex, shard: int) -> Callable[[], Path]:

@@ -19,7 +19,7 @@ from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK
 from fastdata.formats.tar.reader import load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
-from fastdata.reader import ReaderOutput
+from fastdata.reader import ReaderOutput, decoder_for
 
 _READ_BYTES = 4 * 1024 * 1024
 _CHUNK_SAMPLES = 64
@@ -63,6 +63,9 @@ class TarDataset(ReaderOutput, IterableDataset):
         batch_size: int | None = None,
         image_format: str = "tensor",
         batch_transform: Callable | None = None,
+        resize: Any = None,
+        center_crop: Any = None,
+        decoder: str = "pil",
     ):
         self._init_output(transform, target_transform, image_format, batch_transform)
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
@@ -71,6 +74,7 @@ class TarDataset(ReaderOutput, IterableDataset):
             raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use None (single samples) or a positive integer.")
         self.batch_size = batch_size
         self.path, self.manifest, self.index = load_dataset(path)
+        self.decoder = decoder_for(self.manifest, resize=resize, center_crop=center_crop, decoder=decoder)
         self._set_classes(self.manifest)
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
@@ -152,7 +156,7 @@ class TarDataset(ReaderOutput, IterableDataset):
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
         pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
-                               pil=self.image_format == "pil")
+                               pil=self.image_format == "pil", decoder=self.decoder)
         if self.batch_size:
             return [self.output.batch(pixels, self.index.labels[samples])]
         return self.output.samples(pixels, self.index.labels[samples])

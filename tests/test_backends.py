@@ -1,0 +1,248 @@
+"""The thread and process backends of fastdata.loader behave like the DataLoader users know:
+the same batches as num_workers=0, the DataLoader's keywords, seeds and worker info, failures
+reported (never hung on), Ctrl-C, and no shared-memory segment left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset, get_worker_info
+
+import fastdata
+from fastdata.errors import InvalidOptionError
+from fastdata.loading import WorkerError
+from fastdata.loading.shm import PREFIX, stale_segments
+
+SHM = Path("/dev/shm")
+
+
+def segments() -> set[str]:
+    return {p.name for p in SHM.iterdir() if p.name.startswith(PREFIX)} if SHM.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left_behind():
+    before = segments()
+    yield
+    assert segments() - before == set(), "a shared-memory segment outlived its loader"
+
+
+class Squares(Dataset):
+    """A per-sample dataset (no index arrays): sample i is a 2x2 float tensor of i and i*i."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, index: int):
+        return torch.full((2, 2), float(index)), index * index
+
+
+class WhoAmI(Dataset):
+    """Each sample says which worker made it and that worker's torch seed."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        return torch.tensor([index, info.id if info else -1, info.num_workers if info else 0,
+                             torch.initial_seed() % 2**31, os.getpid()])
+
+
+class FailsOn(Dataset):
+    def __init__(self, bad: int, how: str = "raise"):
+        self.bad, self.how = bad, how
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int):
+        if index == self.bad:
+            if self.how == "raise":
+                raise ValueError(f"sample {index} is broken")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(30)
+        return torch.zeros(3), index
+
+
+def batches(loader) -> list[tuple]:
+    return [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in batch) for batch in loader]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_any_dataset_gives_the_batches_of_the_torch_backend(backend: str, num_workers: int) -> None:
+    tensors = TensorDataset(torch.arange(50).float().reshape(25, 2), torch.arange(25))
+    for dataset in (tensors, Squares()):
+        want = batches(fastdata.loader(dataset, batch_size=4, seed=2))
+        loader = fastdata.loader(dataset, batch_size=4, seed=2, backend=backend, num_workers=num_workers)
+        got = batches(loader)
+        assert len(got) == len(want)
+        for mine, theirs in zip(got, want):
+            assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        getattr(loader, "close", lambda: None)()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_process_workers_have_distinct_seeds_and_worker_info(context: str) -> None:
+    loader = fastdata.loader(WhoAmI(), batch_size=5, shuffle=False, backend="process", num_workers=2,
+                             multiprocessing_context=context, persistent_workers=True)
+    first = torch.cat([images for images in loader])
+    second = torch.cat([images for images in loader])
+    loader.close()
+    assert first[:, 0].tolist() == list(range(40))
+    assert first[:, 1].tolist() == [(i // 5) % 2 for i in range(40)]  # batch b is made by worker b % 2
+    assert set(first[:, 2].tolist()) == {2}
+    seeds = {worker: set(first[first[:, 1] == worker, 3].tolist()) for worker in (0, 1)}
+    assert all(len(s) == 1 for s in seeds.values()) and seeds[0] != seeds[1]  # one seed per worker, distinct
+    assert set(first[:, 4].tolist()) == set(second[:, 4].tolist()) and os.getpid() not in first[:, 4].tolist()
+
+
+def test_non_persistent_workers_restart_each_epoch_and_worker_init_fn_runs_in_them(tmp_path: Path) -> None:
+    def init(worker_id: int) -> None:
+        (tmp_path / f"init-{worker_id}-{os.getpid()}").touch()
+
+    loader = fastdata.loader(WhoAmI(), batch_size=5, backend="process", num_workers=2, worker_init_fn=init)
+    pids = [set(torch.cat(list(loader))[:, 4].tolist()) for _ in range(2)]
+    assert pids[0].isdisjoint(pids[1])  # new workers each epoch
+    assert sorted(p.name.split("-")[1] for p in tmp_path.iterdir()) == ["0", "0", "1", "1"]
+    loader.close()
+
+
+def test_prefetch_factor_sets_the_slots_and_zero_copy_views_stay_valid() -> None:
+    data = TensorDataset(torch.arange(64 * 48).reshape(64, 48).to(torch.uint8), torch.arange(64))
+    want = batches(fastdata.loader(data, batch_size=4, seed=1))
+    loader = fastdata.loader(data, batch_size=4, seed=1, backend="process", num_workers=2, prefetch_factor=3,
+                             zero_copy=3, persistent_workers=True)
+    assert loader.slots == 3 + 2  # prefetch_factor + the views held per worker
+    recent: list = []
+    for index, batch in enumerate(loader):
+        recent.append((index, batch))
+        recent = recent[-3:]  # the documented guarantee: the last zero_copy batches are valid
+        for held, (images, labels) in recent:
+            assert torch.equal(images, want[held][0]) and torch.equal(labels, want[held][1])
+    copied = list(fastdata.loader(data, batch_size=4, seed=1, backend="process", num_workers=2))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(copied, want))  # copies: valid forever
+    loader.close()
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_worker_that_raises_is_named_with_the_batch_and_cause(backend: str) -> None:
+    loader = fastdata.loader(FailsOn(13), batch_size=4, shuffle=False, backend=backend, num_workers=2)
+    with pytest.raises(WorkerError) as info:
+        list(loader)
+    message = str(info.value)
+    expected = "batch 3 (indices [12, 13, 14, 15] (4 samples))"
+    if backend == "process":
+        assert message.startswith(f"process backend: worker 1 failed on {expected}: ValueError: sample 13 is broken")
+        assert "Traceback" in message and isinstance(info.value.__cause__, ValueError)
+    else:
+        assert message == f"thread backend: {expected} failed: ValueError: sample 13 is broken"
+    getattr(loader, "close", lambda: None)()
+
+
+def test_a_killed_worker_is_named_and_nothing_hangs() -> None:
+    loader = fastdata.loader(FailsOn(21, "kill"), batch_size=4, shuffle=False, backend="process", num_workers=2)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"^process backend: worker 1 \(pid \d+\) was killed by signal SIGKILL while "
+                                          r"computing batch 5 \(indices \[20, 21, 22, 23\] \(4 samples\)\)"):
+        list(loader)
+    assert time.monotonic() - started < 20
+    loader.close()
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_timeout_is_reported(backend: str) -> None:
+    loader = fastdata.loader(FailsOn(2, "hang"), batch_size=2, shuffle=False, backend=backend, num_workers=1,
+                             timeout=1)
+    with pytest.raises(WorkerError) as info:
+        list(loader)
+    assert "batch 1 (indices [2, 3] (2 samples))" in str(info.value) and "within timeout=1 s" in str(info.value)
+    getattr(loader, "close", lambda: None)()
+
+
+def test_a_failing_worker_init_fn_is_reported() -> None:
+    def init(worker_id: int) -> None:
+        raise RuntimeError(f"no GPU for worker {worker_id}")
+
+    loader = fastdata.loader(WhoAmI(), batch_size=5, backend="process", num_workers=1, worker_init_fn=init)
+    with pytest.raises(WorkerError, match=r"worker 0 failed in worker_init_fn: RuntimeError: no GPU for worker 0"):
+        list(loader)
+    loader.close()
+
+
+def test_options_are_checked() -> None:
+    data = TensorDataset(torch.zeros(4))
+    cases = [
+        (dict(backend="gpu"), "Unknown backend 'gpu'. Allowed: 'torch', 'thread', 'process'."),
+        (dict(backend="thread", num_workers=1, multiprocessing_context="spawn"),
+         "Option 'multiprocessing_context' does not apply to backend='thread'."),
+        (dict(backend="thread", zero_copy=1), "zero_copy applies to backend='process' only (got backend='thread')."),
+        (dict(backend="process", zero_copy=-1), "Invalid zero_copy -1."),
+        (dict(num_workers=-2), "Invalid num_workers -2. Use 0 or a positive integer."),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(InvalidOptionError, match="^" + message.replace("(", r"\(").replace(")", r"\)")
+                           .replace(".", r"\.")):
+            fastdata.loader(data, batch_size=2, **kwargs)
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time, torch, fastdata
+    from torch.utils.data import Dataset
+
+    class Slow(Dataset):
+        def __len__(self): return 10_000
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.zeros(8), i
+
+    if __name__ == "__main__":
+        loader = fastdata.loader(Slow(), batch_size=8, backend="process", num_workers=2, persistent_workers=True)
+        mode = sys.argv[1]
+        for number, batch in enumerate(loader):
+            if number == 5:
+                print("running", flush=True)
+                if mode == "exception":
+                    raise RuntimeError("the training step failed")
+                if mode == "normal":
+                    break
+        loader.close() if mode == "normal" else None
+""")
+
+
+@pytest.mark.parametrize("mode", ["normal", "exception", "ctrl-c", "sigkill"])
+def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=tmp_path)
+    assert process.stdout.readline().strip() == "running"
+    mine = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    assert mine, "the loader made no segment"
+    if mode == "ctrl-c":
+        process.send_signal(signal.SIGINT)
+    elif mode == "sigkill":
+        process.kill()
+    _, stderr = process.communicate(timeout=60)
+    if mode == "ctrl-c":
+        assert "KeyboardInterrupt" in stderr and stderr.count("Traceback") == 1  # the main one; none from workers
+    left = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    if mode != "sigkill":
+        assert left == set(), stderr
+        return
+    assert left and set(stale_segments()) >= left  # a killed process cannot clean up ...
+    loader = fastdata.loader(TensorDataset(torch.zeros(4)), batch_size=2, backend="process", num_workers=1)
+    list(loader)  # ... the next loader that starts removes what it left
+    loader.close()
+    assert {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")} == set()
