@@ -74,8 +74,8 @@ def make_rows(rates: dict[int, float], fmt: str = "npy") -> list[dict]:
 def test_verdict_picks_the_maximum() -> None:
     rows = make_rows({0: 900.0, 1: 2000.0, 2: 1500.0}) + make_rows({0: 100.0, 1: 400.0, 2: 300.0}, "folder")
     summary = summarize(rows)
-    assert best_workers(summary[("npy", "raw", "fast")]) == 1
-    assert summary[("npy", "raw", "fast")][1]["samples_per_s"] == pytest.approx(2000 * 1.015)
+    assert best_workers(summary[("npy", "raw", "fast", "torch")]) == 1
+    assert summary[("npy", "raw", "fast", "torch")][1]["samples_per_s"] == pytest.approx(2000 * 1.015)
     lines = verdicts(rows, "folder")
     assert lines[0].startswith("folder raw fast: best num_workers=1 (406 samples/s)")
     assert lines[1].startswith("npy raw fast: best num_workers=1 (2,030 samples/s, 5.0x folder)")
@@ -192,3 +192,19 @@ def test_verdict_names_worker_start_up_when_it_decides() -> None:
     (line,) = verdicts(rows, None)
     assert line.startswith("npy raw fast: best num_workers=0 (1,015 samples/s); starting workers costs 490 ms")
     assert "against a 985 ms epoch in one process" in line and "persistent_workers=True" in line
+
+
+def test_backends_are_measured_apart(uniform_folder: Path, tmp_path: Path) -> None:
+    config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0, 1), backends=("torch", "thread", "process"),
+                         **TINY)
+    result = run_bench(uniform_folder, config, tmp_path / "out")
+    measured = {(r["format"], r["path"], r["backend"], r["num_workers"]) for r in result.rows
+                if r["status"] == "ok" and r["format"] == "npy"}
+    assert measured == {("npy", "fast", "torch", 0), ("npy", "fast", "torch", 1), ("npy", "standard", "torch", 0),
+                        ("npy", "standard", "torch", 1), ("npy", "fast", "thread", 1), ("npy", "fast", "process", 1)}
+    assert list(result.rows[0])[:13] == [*ROW_FIELDS]  # the existing columns keep their order; backend last
+    assert "npy raw fast [thread]" in result.table and "npy raw fast [process]" in result.table
+    winner = [line for line in result.verdicts if line.startswith("npy raw fast: backend ")]
+    assert len(winner) == 1 and " wins (" in winner[0]
+    header = (tmp_path / "out" / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[: len(ROW_FIELDS)] == list(ROW_FIELDS) and header[len(ROW_FIELDS) - 1] == "backend"

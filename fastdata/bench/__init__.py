@@ -82,6 +82,19 @@ def _probe_case(prepared: list[Prepared], config: BenchConfig) -> list[Case]:
     return [Case("probe", "-", "transfer", w, "", kwargs) for w in (0, min(with_workers))]
 
 
+def _grid(item: Prepared, config: BenchConfig) -> list[tuple[str, str, int]]:
+    """(read path, backend, num_workers) of one prepared dataset. The thread and process
+    backends apply to the fast path of map-style readers, with workers (at num_workers=0 every
+    backend computes in the main thread: the torch row measures it)."""
+    grid = []
+    for path in read_paths(item):
+        for backend in config.backends:
+            if backend != "torch" and (path != "fast" or item.baseline or get_format(item.format).iterable):
+                continue
+            grid += [(path, backend, workers) for workers in config.workers if backend == "torch" or workers > 0]
+    return grid
+
+
 def run_bench(
     source: Any,
     config: BenchConfig,
@@ -98,10 +111,9 @@ def run_bench(
     cases: list[tuple[Case, Prepared | None]] = []
     failed_rows: list[dict[str, Any]] = []
     for item in prepared:
-        for path in read_paths(item):
-            for workers in config.workers:
+        for path, backend, workers in _grid(item, config):
                 case = Case(item.format, item.store, path, workers, item.path, item.dataset_kwargs,
-                            item.files() if config.cache == "cold" else ())
+                            item.files() if config.cache == "cold" else (), backend)
                 if item.error:
                     failed_rows.append(make_row(case, item, {"status": f"failed: {item.error}",
                                                              "warmup": False}, config))

@@ -11,6 +11,7 @@ from fastdata.errors import InvalidOptionError
 TRANSFORMS = ("none", "normalize", "augment")
 START_METHODS = ("fork", "spawn", "forkserver")
 CACHE_MODES = ("warm", "cold")
+BACKENDS = ("torch", "thread", "process")
 
 
 def _registered() -> list[str]:
@@ -62,6 +63,7 @@ class BenchConfig:
     prefetch_factor: int = 2
     cache: str = "warm"
     timeout_s: float = 600.0
+    backends: tuple[str, ...] = ("torch",)
 
     def __post_init__(self) -> None:
         checks = [
@@ -73,6 +75,8 @@ class BenchConfig:
             (self.warmup >= 0, f"Invalid --warmup {self.warmup!r}. Use 0 or more."),
             (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
             (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
+            (bool(self.backends) and all(b in BACKENDS for b in self.backends),
+             f"Unknown --backend {','.join(self.backends)!r}. Allowed: {', '.join(map(repr, BACKENDS))}."),
         ]
         for ok, message in checks:
             if not ok:
@@ -93,7 +97,9 @@ class Case:
     dataset_path: str
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ()  # evicted from the page cache before each epoch with --cache cold
+    backend: str = "torch"  # who computes a batch on the fast path (fastdata.loader's backend)
 
     @property
     def label(self) -> str:
-        return " ".join(part for part in (self.format, self.store, self.path) if part and part != "-")
+        parts = [part for part in (self.format, self.store, self.path) if part and part != "-"]
+        return " ".join(parts) + (f" [{self.backend}]" if self.backend != "torch" else "")

@@ -172,7 +172,8 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
     if case.path == "fast" and isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=None, **kwargs)
     if case.path == "fast":
-        return fastdata.loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, **kwargs)
+        return fastdata.loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, backend=case.backend,
+                               **kwargs)
     if case.path == "stream" or isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=config.batch_size, **kwargs)
     if case.path == "transfer":
@@ -227,6 +228,7 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
         rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row})
     # peak memory comes from one more, untimed epoch: sampling smaps costs ~10 ms per process
     sampled = run_epoch(loader, config, case, memory=True)
+    getattr(loader, "close", lambda: None)()
     for row in rows:
         row.update(uss_mb=sampled["uss_mb"], pss_mb=sampled["pss_mb"])
     return rows

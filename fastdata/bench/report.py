@@ -14,13 +14,15 @@ from typing import Any
 from fastdata.bench.runner import ROW_FIELDS
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int, dict[str, Any]]]:
-    """(format, store, path) -> num_workers -> median of the measured epochs (or the failure)."""
-    grouped: dict[tuple[str, str, str], dict[int, list[dict[str, Any]]]] = {}
+def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[int, dict[str, Any]]]:
+    """(format, store, path, backend) -> num_workers -> median of the measured epochs (or the
+    failure). The thread and process backends share the torch row's num_workers=0 cell (at
+    num_workers=0 every backend computes in the main thread)."""
+    grouped: dict[tuple[str, str, str, str], dict[int, list[dict[str, Any]]]] = {}
     for row in rows:
         if row["format"] == "probe":
             continue
-        key = (row["format"], row["store"], row["path"])
+        key = (row["format"], row["store"], row["path"], row.get("backend") or "torch")
         grouped.setdefault(key, {}).setdefault(row["num_workers"], []).append(row)
     summary: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
     for key, by_workers in grouped.items():
@@ -36,7 +38,27 @@ def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int
                 "samples": statistics.median(r.get("samples") or 0 for r in measured),
                 "batches": statistics.median(r.get("batches") or 0 for r in measured),
             }
+    for key, by_workers in summary.items():
+        serial = summary.get((*key[:3], "torch"), {}).get(0)
+        if key[3] != "torch" and 0 not in by_workers and serial is not None:
+            by_workers[0] = serial
     return summary
+
+
+def label(key: tuple[str, ...]) -> str:
+    """``npy raw fast``, or ``npy raw fast [thread]`` for another backend than torch's DataLoader."""
+    parts = [part for part in key[:3] if part and part != "-"]
+    backend = key[3] if len(key) > 3 else "torch"
+    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
+
+
+BACKEND_REASONS = {
+    "thread": "threads hand each batch over by reference (nothing crosses a process boundary) and the read "
+              "releases the GIL",
+    "process": "workers write each batch once into reusable shared memory, read back with one copy (no pickling, "
+               "no new segment per batch)",
+    "torch": "the DataLoader",
+}
 
 
 def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
@@ -47,7 +69,7 @@ def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
 def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
     """Per-batch cost of moving a batch from a worker: probe(num_workers>0) - probe(0)."""
     summary = summarize([dict(r, format="p") for r in rows if r["format"] == "probe"])
-    probe = summary.get(("p", "-", "transfer"))
+    probe = summary.get(("p", "-", "transfer", "torch"))
     if not probe or 0 not in probe or len(probe) < 2:
         return None
     batch = next(r["batch_size"] for r in rows if r["format"] == "probe")
@@ -67,16 +89,41 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
         if key[0] == baseline and best_workers(by_workers) is not None:
             reference = by_workers[best_workers(by_workers)]["samples_per_s"]
     lines = []
-    for (fmt, store, path), by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
-        label = " ".join(part for part in (fmt, store if store != "-" else "", path) if part)
+    for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+        fmt = key[0]
         best = best_workers(by_workers)
         if best is None:
-            lines.append(f"{label}: every configuration failed ({next(iter(by_workers.values()))['status']})")
+            lines.append(f"{label(key)}: every configuration failed ({next(iter(by_workers.values()))['status']})")
             continue
         rate = by_workers[best]["samples_per_s"]
         ratio = f", {rate / reference:,.1f}x {baseline}" if reference and fmt != baseline else ""
         why = _why(by_workers, best, batch, transfer)
-        lines.append(f"{label}: best num_workers={best} ({rate:,.0f} samples/s{ratio}); {why}")
+        lines.append(f"{label(key)}: best num_workers={best} ({rate:,.0f} samples/s{ratio}); {why}")
+    return lines + _backend_verdicts(summary)
+
+
+def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[str]:
+    """Where several backends read the same data: which wins, and why."""
+    groups: dict[tuple, dict[str, tuple[int, float]]] = {}
+    for key, by_workers in summary.items():
+        best = best_workers(by_workers)
+        if best is not None:
+            groups.setdefault(key[:3], {})[key[3]] = (best, by_workers[best]["samples_per_s"])
+    lines = []
+    for group, results in sorted(groups.items()):
+        if len(results) < 2:
+            continue
+        winner = max(results, key=lambda backend: results[backend][1])
+        workers, rate = results[winner]
+        others = ", ".join(f"{b} {r:,.0f}/s (nw={w})" for b, (w, r) in sorted(results.items()) if b != winner)
+        if workers == 0:
+            reason = "num_workers=0 wins: no backend's workers repay their hand-over cost here"
+        elif winner == "thread" and group[0] == "hdf5" and group[1] == "raw":
+            reason = "threads: " + BACKEND_REASONS["thread"] + " (memory-mapped HDF5; h5py reads would serialise on its global lock)"
+        else:
+            reason = f"{winner}: " + BACKEND_REASONS[winner]
+        lines.append(f"{label((*group, 'torch'))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
+                     f"{others}): {reason}")
     return lines
 
 
@@ -113,8 +160,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
-def _order(key: tuple[str, str, str], baseline: str | None) -> tuple:
-    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2])
+def _order(key: tuple[str, ...], baseline: str | None) -> tuple:
+    backend = key[3] if len(key) > 3 else "torch"
+    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != "torch", backend)
 
 
 def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
@@ -133,7 +181,7 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
                 cells.append("failed")
             else:
                 cells.append(f"{cell['samples_per_s']:,.0f}" + ("*" if w == best else ""))
-        body.append([" ".join(p for p in key if p != "-")] + cells)
+        body.append([label(key)] + cells)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     render = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))  # noqa: E731
     return "\n".join([render(head), render(["-" * w for w in widths]), *map(render, body)]) + \
@@ -167,10 +215,9 @@ def plot(out: Path, rows: list[dict[str, Any]], title: str) -> Path | None:
         points = sorted((w, s) for w, s in by_workers.items() if s["status"] == "ok")
         if not points:
             continue
-        label = " ".join(p for p in key if p != "-")
-        style = {"color": colours(formats.index(key[0]) % 10), "label": label,
-                 "linestyle": "--" if key[1] == "encoded" else "-",
-                 "marker": "s" if key[2] == "standard" else "o"}
+        style = {"color": colours(formats.index(key[0]) % 10), "label": label(key),
+                 "linestyle": {"thread": ":", "process": "-."}.get(key[3], "--" if key[1] == "encoded" else "-"),
+                 "marker": {"thread": "^", "process": "D"}.get(key[3], "s" if key[2] == "standard" else "o")}
         xs = [w for w, _ in points]
         top.plot(xs, [s["samples_per_s"] for _, s in points], **style)
         bottom.plot(xs, [s["wait_fraction"] for _, s in points], **style)

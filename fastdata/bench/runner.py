@@ -28,7 +28,7 @@ from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (
     "format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
-    "wait_fraction", "cpu_s", "uss_mb", "status",
+    "wait_fraction", "cpu_s", "uss_mb", "status", "backend",
 )
 
 
@@ -187,7 +187,8 @@ def run_isolated(case: Case, config: BenchConfig, image_size) -> list[dict[str, 
 
 def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
     row = {name: result.get(name) for name in ROW_FIELDS}
-    row.update(format=case.format, store=case.store, path=case.path, num_workers=case.num_workers)
+    row.update(format=case.format, store=case.store, path=case.path, num_workers=case.num_workers,
+               backend=case.backend)
     extra = {key: value for key, value in result.items() if key not in row}
     row.update(extra)
     row.update(

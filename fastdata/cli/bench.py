@@ -38,6 +38,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--prefetch-factor", type=int, default=2)
     parser.add_argument("--cache", default="warm", help="warm, or cold: evict the dataset's files from the page cache each epoch")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per configuration")
+    parser.add_argument("--backend", default="torch",
+                        help="fastdata.loader backends to measure on the fast path: torch,thread,process (default: torch)")
     parser.add_argument("--out", default="bench-out", help="results and cached conversions (default: ./bench-out)")
     parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
     parser.add_argument("--split", default="train", help="torchvision sources: train or test")
@@ -74,6 +76,7 @@ def run_bench(args: argparse.Namespace) -> int:
         step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
         pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
+        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()),
     )
     source_options = {"root": args.root, "split": args.split, "download": args.download}
     if args.source_option:
