@@ -34,6 +34,7 @@ from fastdata.machine import stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 _SLOT_HEADROOM = 1.1
+_STOP_GRACE_S = 0.5
 
 
 @dataclass
@@ -80,10 +81,14 @@ class ProcessLoader(BatchLoader):
                 free, ready = self.context.Semaphore(self.slots), self.context.Semaphore(0)
                 control = shm.new_segment(HEADER_BYTES * self.slots)
                 self._all_segments[control.name] = control
+                # the ends this process keeps: a forked worker inherits them and must close them, or a
+                # worker blocked writing would never see its reader go (EPIPE)
+                parent_ends = [end for worker in self._workers for end in (worker.tasks, worker.results)]
+                parent_ends += [task_write, result_read]
                 process = self.context.Process(
                     target=worker_main, name=f"fastdata-loader-{worker_id}", daemon=True,
                     args=(worker_id, self.num_workers, self.fetch, task_read, result_write, free, ready,
-                          control.name, self.slots, base_seed, self.worker_init_fn),
+                          control.name, self.slots, base_seed, self.worker_init_fn, parent_ends),
                 )
                 process.start()
                 task_read.close()
@@ -235,16 +240,17 @@ def _stop(workers: list[_Worker]) -> None:
             worker.tasks.send_bytes(b"")
         except (OSError, ValueError):
             pass
-    for worker in workers:
-        worker.process.join(2)
+        worker.results.close()  # a worker blocked sending a batch no one will read gets EPIPE: it stops
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for worker in workers:  # one that is mid-batch (or blocked sending one) is not waited for
+        worker.process.join(max(0.0, deadline - time.monotonic()))
         if worker.process.is_alive():
             worker.process.terminate()
             worker.process.join(2)
         if worker.process.is_alive():
             worker.process.kill()
             worker.process.join()
-        for connection in (worker.tasks, worker.results):
-            connection.close()
+        worker.tasks.close()
     workers.clear()
 
 

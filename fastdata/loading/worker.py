@@ -145,9 +145,12 @@ class _Worker:
 
 
 def worker_main(worker_id: int, num_workers: int, fetch: Any, tasks: Any, results: Any, free: Any, ready: Any,
-                control: str, slots: int, base_seed: int, init_fn: Callable[[int], None] | None) -> None:
+                control: str, slots: int, base_seed: int, init_fn: Callable[[int], None] | None,
+                parent_ends: list[Any] = ()) -> None:
     """Entry point of one worker process (also under spawn: everything here is picklable)."""
     become_worker()
+    for end in parent_ends:  # pipe ends that belong to the main process (inherited under fork)
+        end.close()
     torch.set_num_threads(1)
     seed = seed_worker(base_seed, worker_id)
     set_worker_info(worker_id, num_workers, seed, fetch.dataset)
