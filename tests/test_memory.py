@@ -39,12 +39,14 @@ import fastdata
 COUNT = 60_000
 BATCH = 64
 # The bound, for each worker over 3 epochs of 60,000 samples. Measured on a busy 2-core machine
-# (3 runs x 3 readers x 2 loaders): fastdata's readers grow by at most ~0.6 MiB with the standard
-# DataLoader (its per-sample tensors and collate churn the allocator) and ~0.2 MiB with
-# fastdata.loader, almost all of it in epoch 1. A reader touching one Python object per sample
-# grows far more: a list of key strings (the ImageFolder pattern) by ~4.2 MiB per worker, a
-# list of ints (> 256, so not the interpreter's shared small ints) by ~1.7 MiB.
+# (3 runs x 3 readers x 2 loaders): fastdata's readers grow by ~0.6 MiB with the standard
+# DataLoader (its per-sample tensors and collate churn the allocator; one CI run saw 1.03 MiB)
+# and ~0.2 MiB with fastdata.loader, almost all of it in epoch 1. A reader touching one Python
+# object per sample grows far more, on top of that: a list of key strings (the ImageFolder
+# pattern) by ~4.2 MiB per worker, a list of ints (> 256, so not the interpreter's shared small
+# ints) by ~1.7 MiB.
 BOUND_BYTES = 1 << 20
+LOADER_BOUND_BYTES = {"fastdata.loader": BOUND_BYTES, "DataLoader": BOUND_BYTES * 3 // 2}
 WARM_UP = 0.1
 TESTS = Path(__file__).parent
 
@@ -162,7 +164,7 @@ def raw_datasets(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", sorted(MAP_STYLE))
 def test_workers_do_not_grow_over_three_epochs(raw_datasets, name: str, kind: str) -> None:
     history = measure(raw_datasets[name], name, kind)
-    assert (history - history[0]).max() < BOUND_BYTES, growth_report(history)
+    assert (history - history[0]).max() < LOADER_BOUND_BYTES[kind], growth_report(history)
 
 
 def test_the_measurement_catches_a_reader_with_per_sample_python_objects(raw_datasets) -> None:

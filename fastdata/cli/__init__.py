@@ -2,8 +2,9 @@
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
-143, each with one line, after the same clean-up (at any moment: this module imports nothing
-heavy, so the handlers are in place before torch loads). Notes from the library (the
+143, each with one line, after the same clean-up, at any moment: this module imports nothing
+heavy, so the handlers are in place before torch loads, and a signal that arrives while torch
+loads is acted on once it has (interrupting torch's native start-up can abort the process). Notes from the library (the
 ``fastdata`` logger, e.g. a capped ``--workers``) print as ``fastdata: <message>``.
 """
 
@@ -39,6 +40,7 @@ _SIGNAL_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 _received: list[int] = []
 _main_pid: list[int] = []
 _caught: list[bool] = []
+_deferring: list[bool] = []
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -54,13 +56,32 @@ def _on_signal(signum: int, frame: Any) -> None:
             os.kill(os.getpid(), signum)
         return
     _received.append(signum)
-    if not _caught:
+    if not _caught and not _deferring:
+        raise KeyboardInterrupt
+
+
+def _import_heavy_modules() -> None:
+    """Import torch and numpy with SIGINT/SIGTERM held back until they are loaded.
+
+    An exception raised inside torch's native start-up can abort the interpreter (SIGABRT
+    from C++) or leave CPython's "unhandled KeyboardInterrupt" flag set, so the process
+    dies of SIGINT after printing its message; an import is also never retried cleanly
+    ("cannot load module more than once"). A signal received meanwhile is acted on as soon
+    as the import returns."""
+    _deferring.append(True)
+    try:
+        import numpy  # noqa: F401
+        import torch  # noqa: F401
+    finally:
+        _deferring.clear()
+    if _received and not _caught:
         raise KeyboardInterrupt
 
 
 def _install_signal_handlers() -> dict[int, Any]:
     _received.clear()
     _caught.clear()
+    _deferring.clear()
     _main_pid[:] = [os.getpid()]
     try:
         return {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
@@ -98,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     _configure_logging()
+    _import_heavy_modules()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
