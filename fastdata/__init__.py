@@ -22,6 +22,7 @@ _EXPORTS = {
     "TarDataset": "fastdata.formats.tar",
     "TarIndexedDataset": "fastdata.formats.tar",
     "VerifyReport": "fastdata.verification",
+    "WorkerError": "fastdata.loading",
     "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
     "open_dataset": "fastdata.api",
