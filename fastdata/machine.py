@@ -132,3 +132,31 @@ def become_worker() -> None:
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     die_with_parent()
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
+
+    glibc keeps a large freed block in the heap after it has freed one that was mapped (its
+    mmap threshold grows to that size), so a worker that built one batch on its heap (the first
+    one, sent pickled before its slots exist) would hold that memory for its whole life."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list[Any] = []
+
+
+def _malloc_trim() -> Any:
+    if not _TRIM:
+        function = None
+        if sys.platform.startswith("linux"):
+            try:
+                function = ctypes.CDLL(None).malloc_trim
+                function.argtypes, function.restype = [ctypes.c_size_t], ctypes.c_int
+            except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+                function = None
+        _TRIM.append(function)
+    return _TRIM[0]
+

@@ -30,7 +30,7 @@ import torch
 from fastdata.loading import shm
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.worker import HEADER_BYTES, IN_SLOT, STATUS, worker_main
-from fastdata.machine import stop_signals_held
+from fastdata.machine import release_free_memory, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 _SLOT_HEADROOM = 1.1
@@ -180,7 +180,10 @@ class ProcessLoader(BatchLoader):
             raise self._failed(worker_id, number, indices, message[2], message[3])
         _, _, needed, data = message
         self._grow(worker_id, needed)
-        return self.pinned(pickle.loads(data))
+        batch = pickle.loads(data)
+        del message, data
+        release_free_memory()  # the pickled bytes were as large as the batch
+        return self.pinned(batch)
 
     def _grow(self, worker_id: int, needed: int) -> None:
         """Give a worker slots big enough for a batch it could not place (the first one, or a

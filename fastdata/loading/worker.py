@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fastdata.loading import shm
-from fastdata.machine import become_worker
+from fastdata.machine import become_worker, release_free_memory
 
 HEADER_BYTES = 8192  # per slot in the control block: status, then the packed batch's header
 STATUS = struct.Struct("<BQ")  # kind, header length
@@ -114,7 +114,7 @@ class _Worker:
         slot = self.produced % self.slots
         self.produced += 1
         status = memoryview(self.control.buf)[slot * HEADER_BYTES : (slot + 1) * HEADER_BYTES]
-        message = None
+        message = batch = None
         try:
             writer = None
             if self.segment is not None:
@@ -142,6 +142,8 @@ class _Worker:
                 self.results.send_bytes(message)
             except (OSError, EOFError):  # the consumer is gone
                 raise _Stop from None
+            del message, batch
+            release_free_memory()  # a pickled batch was built on the heap: do not hold it for life
 
 
 def worker_main(worker_id: int, num_workers: int, fetch: Any, tasks: Any, results: Any, free: Any, ready: Any,
