@@ -36,7 +36,7 @@ from fastdata.bench.measure import MemoryPeak
 from fastdata.bench.report import best_rate, rates_table
 from fastdata.bench.timing import Cell, compare, time_epoch
 from fastdata.demo import demo_folder
-from fastdata.machine import machine_info, usable_cores
+from fastdata.machine import machine_info, release_free_memory, usable_cores
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "loaders"
@@ -205,6 +205,7 @@ def memory(path: Path, batch: int, report: dict[str, Any]) -> None:
     found = {}
     for backend in ("torch", "process"):
         for workers in range(1, usable_cores() + 1):
+            release_free_memory()  # each measurement starts from a trimmed heap: nothing earlier counts
             loader = fastdata.loader(ds, batch_size=batch, seed=0, num_workers=workers, backend=backend,
                                      persistent_workers=True)
             time_epoch(loader)

@@ -26,6 +26,9 @@ _EXPORTS = {
     "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
     "open_dataset": "fastdata.api",
+    "Recommendation": "fastdata.tuning",
+    "sweep": "fastdata.bench.sweep",
+    "tune": "fastdata.tuning",
     "verify": "fastdata.verification",
 }
 

@@ -4,6 +4,7 @@ writable formats x stores, and a converted dataset of each."""
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +83,26 @@ def convert_to(folder: Path, tmp_path: Path, name: str, store: str, **options) -
 def converted(request, uniform_folder: Path, tmp_path: Path) -> Path:
     """``uniform_folder`` (12 images, 3 classes) converted to each format and store, fresh per test."""
     return convert_to(uniform_folder, tmp_path, *request.param)
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """MNIST's idx format: magic (0, 0, dtype code 0x08=ubyte, ndim), big-endian dims, data."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def make_mnist(root: Path, train: int = 40, test: int = 15) -> Path:
+    """MNIST's real on-disk files (``root/MNIST/raw/*-idx?-ubyte``), random pixels and labels."""
+    rng = np.random.default_rng(0)
+    raw = root / "MNIST" / "raw"
+    for prefix, count in (("train", train), ("t10k", test)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28)))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, count))
+    return root
+
+
+@pytest.fixture
+def mnist_root(tmp_path: Path) -> Path:
+    return make_mnist(tmp_path)
+

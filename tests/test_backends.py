@@ -12,7 +12,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset, get_worker_info

@@ -79,7 +79,7 @@ def test_verdict_picks_the_maximum() -> None:
     lines = verdicts(rows, "folder")
     assert lines[0].startswith("folder raw fast: best num_workers=1 (406 samples/s)")
     assert lines[1].startswith("npy raw fast: best num_workers=1 (2,030 samples/s, 5.0x folder)")
-    assert "a batch takes 280.2 ms to read and decode in one process, so 1 worker overlap" in lines[1]
+    assert "a batch takes 280 ms to read and decode in one process, so 1 worker overlap" in lines[1]
 
 
 def test_conversions_are_cached_and_invalidated(uniform_folder: Path, tmp_path: Path) -> None:

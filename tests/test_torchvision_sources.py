@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -13,23 +12,6 @@ from torchvision.datasets import MNIST, FakeData
 import fastdata
 from fastdata.errors import InvalidOptionError, SourceNotFoundError
 from fastdata.sources import ArraySource, DatasetSource, resolve_source
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """MNIST's idx format: magic (0, 0, dtype code 0x08=ubyte, ndim), big-endian dims, data."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
-@pytest.fixture
-def mnist_root(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    raw = tmp_path / "MNIST" / "raw"
-    for prefix, count in (("train", 40), ("t10k", 15)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28)))
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, count))
-    return tmp_path
 
 
 @pytest.mark.parametrize("split", ["train", "test"])

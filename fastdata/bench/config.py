@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -64,10 +65,18 @@ class BenchConfig:
     cache: str = "warm"
     timeout_s: float = 600.0
     backends: tuple[str, ...] = ("torch",)
+    step: Any = None  # the training step run on each batch: a callable or 'module:function' (else --step-ms)
 
     def __post_init__(self) -> None:
+        from fastdata.importing import is_import_string
+
         checks = [
-            (self.transform in TRANSFORMS, f"Unknown --transform {self.transform!r}. Allowed: {', '.join(map(repr, TRANSFORMS))}."),
+            (self.transform in TRANSFORMS or is_import_string(self.transform),
+             f"Unknown --transform {self.transform!r}. Allowed: {', '.join(map(repr, TRANSFORMS))}, "
+             "or an import string 'module:function'."),
+            (self.step is None or callable(self.step) or is_import_string(self.step),
+             f"Invalid --step {self.step!r}. Use an import string 'module:function'."),
+            (self.step is None or not self.step_ms, "Give --step or --step-ms, not both."),
             (self.start_method in (None, *START_METHODS), f"Unknown --start-method {self.start_method!r}. Allowed: {', '.join(map(repr, START_METHODS))}."),
             (self.cache in CACHE_MODES, f"Unknown --cache {self.cache!r}. Allowed: 'warm', 'cold'."),
             (self.batch_size > 0, f"Invalid --batch-size {self.batch_size!r}. Use a positive integer."),
@@ -83,7 +92,24 @@ class BenchConfig:
                 raise InvalidOptionError(message)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        step = self.step
+        values = asdict(dataclasses.replace(self, step=None))
+        values["step"] = step if step is None or isinstance(step, str) else callable_name(step)
+        return values
+
+    def step_function(self) -> Any:
+        """The step to run on each batch (None: sleep ``step_ms``)."""
+        if isinstance(self.step, str):
+            from fastdata.importing import load_callable
+
+            return load_callable(self.step, what="--step")
+        return self.step
+
+
+def callable_name(value: Any) -> str:
+    """``module:qualname`` of a function or class instance, for reports."""
+    target = value if hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(value))}"
 
 
 @dataclass(frozen=True)

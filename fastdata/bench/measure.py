@@ -28,6 +28,10 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def make_transform(config: BenchConfig, size: tuple[int, int] | None, *, resize: bool) -> Callable | None:
     """The per-sample torchvision.transforms.v2 pipeline for ``--transform`` (and ``--resize``)."""
+    if config.transform not in ("none", "normalize", "augment"):  # an import string: the user's own
+        from fastdata.importing import load_callable
+
+        return load_callable(config.transform, what="--transform")
     if config.transform == "none" and not resize:
         return None
     try:
@@ -131,6 +135,8 @@ def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | 
     from fastdata.formats import get_format
     from fastdata.sources import torchvision_dataset
 
+    if "dataset" in case.dataset_kwargs:  # fastdata.sweep: the user's own Dataset, as it is
+        return case.dataset_kwargs["dataset"]
     resize = config.resize is not None and (case.store != "raw")
     transform = make_transform(config, image_size, resize=resize)
     if case.format == "torchvision":
@@ -201,7 +207,8 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bo
     clock = CpuClock()
     with MemoryPeak() if memory else _NoMemory() as sampler:
         cpu_start = clock.read()
-        timing = time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling)
+        timing = time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling,
+                            step=config.step_function())
         cpu_s = clock.read() - cpu_start
     elapsed = timing.seconds
     return {

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
+from fastdata.explain import why_best_workers
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[int, dict[str, Any]]]:
@@ -128,36 +129,18 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
 
 
 def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer: float | None) -> str:
-    """Why ``best`` wins: read cost per batch at num_workers=0, transfer cost, worker start-up."""
+    """Why ``best`` wins (:func:`fastdata.explain.why_best_workers`, from this row's cells)."""
     serial = by_workers.get(0, {})
-    read_ms = None
+    read_ms = startup = epoch_s = None
     if serial.get("status") == "ok":  # per batch actually read (an epoch may be shorter than one batch)
         samples_per_batch = serial["samples"] / serial["batches"] if serial.get("batches") else batch
         read_ms = samples_per_batch / serial["samples_per_s"] * 1000
-    cost = f"{transfer:.1f} ms/batch" if transfer is not None else "unmeasured"
-    if best > 0:
-        workers = f"{best} worker" + ("s" if best > 1 else "")
-        why = (f"a batch takes {read_ms:.1f} ms to read and decode in one process, so {workers} "
-               f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
-        if best == max(by_workers):
-            why += "; still rising at the largest num_workers tried"
-        return why
-    parallel = sorted(w for w, s in by_workers.items() if w > 0 and s.get("status") == "ok")
-    if read_ms and parallel and (transfer is None or read_ms > 2 * transfer):
-        first = by_workers[parallel[0]]
-        startup = first["first_batch_s"] - serial["first_batch_s"]
         epoch_s = serial["samples"] / serial["samples_per_s"]
-        if startup > 0.1 * epoch_s:
-            return (f"starting workers costs {_duration(startup)} per epoch (num_workers={parallel[0]}) against "
-                    f"a {_duration(epoch_s)} epoch in one process, more than overlapping a {read_ms:.1f} ms/batch "
-                    "read saves; longer epochs or persistent_workers=True change that")
-        return (f"a {read_ms:.1f} ms/batch read does not pay for workers here (transfer {cost}; "
-                "with few cores, workers compete with the main process)")
-    return f"workers only add transfer cost ({cost}) to a {read_ms:.1f} ms/batch read"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+    parallel = sorted(w for w, s in by_workers.items() if w > 0 and s.get("status") == "ok")
+    if parallel and read_ms:
+        startup = by_workers[parallel[0]]["first_batch_s"] - serial["first_batch_s"]
+    return why_best_workers(best=best, read_ms=read_ms, transfer_ms=transfer, largest=max(by_workers),
+                            first_parallel=parallel[0] if parallel else None, startup_s=startup, epoch_s=epoch_s)
 
 
 def _order(key: tuple[str, ...], baseline: str | None) -> tuple:

@@ -34,14 +34,24 @@ class EpochTiming:
 
 
 def batch_length(batch: Any) -> int:
-    """Samples in a batch: ``(images, labels)`` (tensor or list of images) or anything sized."""
-    labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
-    return len(labels)
+    """Samples in a batch: ``(images, labels)`` (tensor or list of images), any tuple, list or
+    dict of tensors (its first entry), or anything sized."""
+    if isinstance(batch, dict) and batch:
+        batch = next(iter(batch.values()))
+    elif isinstance(batch, (tuple, list)) and batch and hasattr(batch[0], "__len__") and \
+            not isinstance(batch[0], (str, bytes)):
+        batch = batch[0]
+    return len(batch)
 
 
-def time_epoch(iterable: Iterable, *, step_s: float = 0.0, on_first: Callable[[], None] | None = None) -> EpochTiming:
+def time_epoch(iterable: Iterable, *, step_s: float = 0.0, on_first: Callable[[], None] | None = None,
+               step: Callable[[Any], Any] | None = None, max_batches: int | None = None,
+               max_seconds: float | None = None) -> EpochTiming:
     """Iterate ``iterable`` once (starting it is part of the epoch: worker start-up counts),
-    sleeping ``step_s`` after each batch as a stand-in for the training step."""
+    running the training step after each batch: ``step(batch)`` when given, else a sleep of
+    ``step_s``. The time outside ``next()`` is the step's; the time inside it is data wait.
+    ``max_batches``/``max_seconds`` stop early (a probe: the iterator is dropped, which stops
+    its workers)."""
     samples = batches = 0
     first = None
     start = time.perf_counter()
@@ -62,8 +72,14 @@ def time_epoch(iterable: Iterable, *, step_s: float = 0.0, on_first: Callable[[]
                 on_first()
         samples += batch_length(batch)
         batches += 1
-        if step_s:
+        if step is not None:
+            step(batch)
+        elif step_s:
             time.sleep(step_s)
+        del batch
+        if (max_batches is not None and batches >= max_batches) or \
+                (max_seconds is not None and time.perf_counter() - start >= max_seconds):
+            break
     seconds = time.perf_counter() - start
     del iterator
     return EpochTiming(samples, batches, seconds, first if first is not None else seconds, waited)

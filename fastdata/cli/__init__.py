@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, verify, bench (one module per command).
+"""The ``fastdata`` command line: convert, info, verify, bench, tune (one module per command).
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
@@ -21,7 +21,7 @@ from fastdata._version import __version__
 from fastdata.errors import FastdataError
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastdata.cli import bench, convert, inspect
+    from fastdata.cli import bench, convert, inspect, tune
 
     parser = argparse.ArgumentParser(
         prog="fastdata",
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_parser(commands)
     bench.add_parser(commands)
     inspect.add_parsers(commands)
+    tune.add_parser(commands)
     return parser
 
 

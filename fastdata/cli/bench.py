@@ -20,7 +20,8 @@ def add_parser(commands) -> None:
         description="Convert SOURCE to every format (cached under --out), read each one with every "
         "num_workers in a fresh process, and print a table plus one verdict per format.",
     )
-    parser.add_argument("source", nargs="?", help="image folder, torchvision:NAME or a converted dataset")
+    parser.add_argument("source", nargs="?", help="image folder, torchvision:NAME, a converted dataset, or "
+                        "module:name (any map-style Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
     parser.add_argument("--formats", default=",".join(available_formats()),
                         help=f"comma-separated formats (default: all: {','.join(available_formats())})")
@@ -31,7 +32,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--epochs", type=int, default=3, help="measured epochs per configuration (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured epochs first")
     parser.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch (sleep)")
-    parser.add_argument("--transform", default="none", help="none, normalize or augment (torchvision.transforms.v2)")
+    parser.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
+    parser.add_argument("--transform", default="none", help="none, normalize or augment (torchvision.transforms.v2), "
+                        "or MODULE:FUNCTION, a per-sample transform of your own")
     parser.add_argument("--start-method", help="DataLoader worker start method: fork, spawn or forkserver")
     parser.add_argument("--pin-memory", action="store_true")
     parser.add_argument("--persistent-workers", action="store_true")
@@ -76,7 +79,7 @@ def run_bench(args: argparse.Namespace) -> int:
         step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
         pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
-        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()),
+        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()), step=args.step,
     )
     source_options = {"root": args.root, "split": args.split, "download": args.download}
     if args.source_option:
@@ -94,8 +97,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(message, file=sys.stderr)
 
+    from fastdata.importing import is_import_string
+
     try:
-        result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
+        if is_import_string(source):
+            result = _bench_dataset(source, config, out, on_case)
+        else:
+            result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
     finally:
         if bar is not None:
             bar.update(bar.total - bar.n)
@@ -119,3 +127,27 @@ def run_bench(args: argparse.Namespace) -> int:
     if result.plot is None:
         print("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
     return 0
+
+
+def _bench_dataset(source: str, config, out: Path, on_case):
+    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's Dataset."""
+    from fastdata.bench import BenchResult
+    from fastdata.bench.report import plot, table, verdicts, write_results
+    from fastdata.bench.sweep import sweep
+    from fastdata.importing import load_dataset
+    from fastdata.machine import machine_info
+
+    dataset = load_dataset(source)
+    step = config.step if config.step is not None else (config.step_ms or None)
+    rows = sweep(dataset, batch_size=config.batch_size, workers=config.workers, backends=config.backends, step=step,
+                 epochs=config.epochs, warmup=config.warmup, persistent_workers=config.persistent_workers,
+                 prefetch_factor=config.prefetch_factor, pin_memory=config.pin_memory,
+                 start_method=config.start_method, timeout_s=config.timeout_s, on_case=on_case)
+    lines = verdicts(rows, None)
+    meta = {"machine": machine_info(), "config": config.to_dict(), "source": source, "baseline": None,
+            "conversions": [], "verdicts": lines}
+    out.mkdir(parents=True, exist_ok=True)
+    write_results(out, rows, meta)
+    title = f"fastdata bench on {source} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"
+    return BenchResult(rows, table(rows, None), lines, out, plot(out, rows, title), [])
+

@@ -1,0 +1,160 @@
+"""``fastdata tune``: recommend loader settings for a dataset, with the measurements behind them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import InvalidOptionError
+from fastdata.options import parse_source_option
+
+EPILOG = """examples:
+  fastdata tune ./photos --resize 64x64          # an image folder (also predicts converting it)
+  fastdata tune out/photos.npy --step-ms 30      # a converted dataset, a 30 ms training step
+  fastdata tune mydata:train_set --batch-size 32 # any Dataset: module:name (a Dataset or a
+                                                 # zero-argument function returning one)
+  fastdata tune torchvision:MNIST --root ~/data --step mytrain:step --json
+"""
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "tune",
+        help="recommend backend, num_workers and loader options for a dataset, and say why",
+        description="Measure the fetch, the cost of handing a batch from a worker to the loop, worker start-up, "
+        "the training step and the usable cores; predict every backend x num_workers; confirm the best few with "
+        "short probes within --budget-s; print the recommendation, what was measured, and why.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", metavar="SOURCE",
+                        help="module:name (a Dataset or a function returning one), an image folder, "
+                        "torchvision:NAME, or a converted dataset")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="batch size (default: 256)")
+    step = parser.add_mutually_exclusive_group()
+    step.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
+                      help="the training step per batch, simulated by a sleep (default: 0)")
+    step.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
+    parser.add_argument("--budget-s", type=float, default=60.0, metavar="S", help="time limit for the whole run (default: 60)")
+    parser.add_argument("--backend", default="torch,thread,process", metavar="LIST",
+                        help="backends to choose among (default: torch,thread,process)")
+    parser.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
+                        help="worker start method to plan for (default: this platform's; spawn on Windows/macOS)")
+    parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
+                        "(needed when image sizes differ)")
+    parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
+    parser.add_argument("--split", default="train", help="torchvision sources: train or test (default: train)")
+    parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra keyword for the torchvision dataset (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the recommendation as JSON only")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(run=run_tune)
+
+
+def open_source(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The Dataset to tune, and the source to predict a conversion for (None: none applies)."""
+    from fastdata.importing import is_import_string, load_dataset
+
+    source = args.source
+    if is_import_string(source):
+        return load_dataset(source), None
+    resize = _size(args.resize)
+    if source.startswith("torchvision:"):
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        from fastdata.bench.measure import _Chain
+        from fastdata.sources import torchvision_dataset
+
+        steps: list[Any] = [pil_to_tensor]
+        if resize:
+            from torchvision.transforms import v2
+
+            steps.append(v2.Resize(resize, antialias=True))
+        options = {parse_source_option(text)[0]: parse_source_option(text)[1] for text in args.source_option}
+        options["transform"] = _Chain(steps)
+        dataset = torchvision_dataset(source[len("torchvision:"):], root=args.root, split=args.split, options=options)
+        return dataset, source
+    path = Path(source)
+    if not path.exists():
+        raise InvalidOptionError(
+            f"Source {source!r} does not exist. Give an image folder, a converted dataset, torchvision:NAME, "
+            "or module:name for a Python Dataset."
+        )
+    from fastdata.formats import find_manifest
+
+    if find_manifest(path):
+        from fastdata.api import open_dataset
+
+        return open_dataset(path), None
+    from fastdata.formats.folder import FolderDataset
+
+    return FolderDataset(path, resize=resize), source
+
+
+def _size(text: str | None) -> Any:
+    if not text:
+        return None
+    from fastdata.options import parse_size
+
+    size = parse_size(text, flag="--resize", allow_single=True)
+    return size[0] if len(size) == 1 else tuple(size)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from fastdata.tuning import tune
+
+    dataset, convert_source = open_source(args)
+    step: Any = args.step if args.step else (args.step_ms or None)
+    backends = tuple(part.strip() for part in args.backend.split(",") if part.strip())
+
+    def progress(message: str) -> None:
+        if not args.quiet and not args.json:
+            print(f"fastdata tune: {message}", file=sys.stderr, flush=True)
+
+    recommendation = tune(dataset, batch_size=args.batch_size, step=step, budget_s=args.budget_s, backends=backends,
+                          start_method=args.start_method, convert_source=convert_source, progress=progress)
+    if args.json:
+        print(json.dumps(recommendation.to_dict(), indent=2, default=str))
+        return 0
+    print(render(recommendation, args.source))
+    return 0
+
+
+def render(rec: Any, source: str) -> str:
+    """The recommendation, the measured table and the explanation, as ``fastdata tune`` prints them."""
+    from fastdata.explain import ms
+
+    m = rec.measurements
+    lines = [f"fastdata tune: {source}, batch {rec.batch_size}, {m.usable_cores} usable cores "
+             f"(os.cpu_count()={m.cpu_count}), start method {m.start_method}, {rec.elapsed_s:.1f} s of {rec.budget_s:.0f} s", ""]
+    kwargs = ", ".join(f"{key}={value!r}" for key, value in rec.loader_kwargs.items())
+    lines.append(f"recommended: fastdata.loader(dataset, {kwargs})")
+    measured = f"{rec.measured_samples_per_s:,.0f}" if rec.measured_samples_per_s is not None else "not probed"
+    lines.append(f"  predicted {rec.predicted_samples_per_s:,.0f} samples/s, measured {measured} samples/s"
+                 + (f", data wait {rec.wait_fraction:.0%} of the loop" if rec.wait_fraction is not None and m.step_ms else ""))
+    if rec.backend != "torch":
+        dl = ", ".join(f"{key}={value!r}" for key, value in rec.dataloader_kwargs.items())
+        lines.append(f"  with a plain DataLoader instead: DataLoader(dataset, {dl})")
+    table = [("fetch per batch, num_workers=0", f"{ms(m.fetch_ms)} (the loop with it: {ms(m.loop_ms)})")]
+    if m.standard_fetch_ms is not None:
+        table.append(("per-sample fetch + collate", ms(m.standard_fetch_ms)))
+    for backend, cost in m.transfer_ms.items():
+        table.append((f"hand-over per batch, {backend}", f"{ms(cost)} (start-up {m.startup_s[backend] * 1000:.0f} ms)"))
+    if m.thread_speedup is not None:
+        table.append(("2 threads fetching vs 1 (GIL)", f"{m.thread_speedup:.2f}x"))
+    if m.step_ms:
+        table.append(("training step", ms(m.step_ms)))
+    width = max(len(name) for name, _ in table)
+    lines += ["", "measured:", *(f"  {name:<{width}}  {value}" for name, value in table)]
+    lines += ["", "probed:", f"  {'backend':<8} {'num_workers':>11} {'predicted/s':>12} {'measured/s':>12} {'wait':>6} {'PSS/worker':>11}"]
+    for row in rec.candidates:
+        if "measured_samples_per_s" not in row:
+            continue
+        pss = f"{row['pss_mb_per_worker']:.0f} MB" if row.get("pss_mb_per_worker") else "-"
+        wait = f"{row['wait_fraction']:.0%}" if m.step_ms else "-"
+        lines.append(f"  {row['backend']:<8} {row['num_workers']:>11} {row['predicted_samples_per_s']:>12,.0f} "
+                     f"{row['measured_samples_per_s']:>12,.0f} {wait:>6} {pss:>11}")
+    lines += ["", "why: " + rec.explain()]
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Why a num_workers setting wins, in plain words: one place for ``fastdata bench``'s verdicts
+and ``fastdata tune``'s explanation.
+
+Everything here turns measured numbers into sentences; nothing measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BACKEND_NAMES = {
+    "torch": "DataLoader workers",
+    "process": "fastdata's shared-memory process workers",
+    "thread": "threads",
+}
+
+
+def ms(value: float) -> str:
+    """A per-batch duration with the precision it needs: 0.016 ms, 1.4 ms, 30 ms."""
+    if value < 0.095:
+        return f"{value:.3f} ms"
+    if value < 9.95:
+        return f"{value:.1f} ms"
+    return f"{value:,.0f} ms"
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
+def why_best_workers(*, best: int, read_ms: float | None, transfer_ms: float | None, largest: int,
+                     first_parallel: int | None = None, startup_s: float | None = None,
+                     epoch_s: float | None = None) -> str:
+    """Why ``best`` num_workers wins a row of ``fastdata bench``: the read cost per batch at
+    num_workers=0, the transfer cost of a worker, and worker start-up against the epoch."""
+    cost = ms(transfer_ms) + "/batch" if transfer_ms is not None else "unmeasured"
+    if best > 0:
+        workers = f"{best} worker" + ("s" if best > 1 else "")
+        why = (f"a batch takes {ms(read_ms)} to read and decode in one process, so {workers} "
+               f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
+        if best == largest:
+            why += "; still rising at the largest num_workers tried"
+        return why
+    if read_ms and first_parallel is not None and (transfer_ms is None or read_ms > 2 * transfer_ms):
+        if startup_s is not None and epoch_s is not None and startup_s > 0.1 * epoch_s:
+            return (f"starting workers costs {duration(startup_s)} per epoch (num_workers={first_parallel}) against "
+                    f"a {duration(epoch_s)} epoch in one process, more than overlapping a {ms(read_ms)}/batch "
+                    "read saves; longer epochs or persistent_workers=True change that")
+        return (f"a {ms(read_ms)}/batch read does not pay for workers here (transfer {cost}; "
+                "with few cores, workers compete with the main process)")
+    return f"workers only add transfer cost ({cost}) to a {ms(read_ms or 0.0)}/batch read"
+
+
+def tune_paragraph(m: Any, choice: Any) -> str:
+    """The paragraph ``fastdata tune`` prints: what was measured and why ``choice`` wins.
+
+    ``m`` is a :class:`fastdata.tuning.Measurements`, ``choice`` a
+    :class:`fastdata.tuning.Recommendation`."""
+    batch = m.batch_size
+    parts = [f"num_workers=0: a batch of {batch} takes {ms(m.fetch_ms)} to fetch in this process"]
+    if m.standard_fetch_ms is not None and m.standard_fetch_ms > 1.5 * m.fetch_ms:
+        parts[-1] += (f" with one dataset[indices] call (DataLoader(batch_size={batch}) fetches and collates "
+                      f"sample by sample: {ms(m.standard_fetch_ms)})")
+    crossings = [f"{ms(m.transfer_ms[b])} for {BACKEND_NAMES[b]}" for b in ("torch", "process", "thread")
+                 if b in m.transfer_ms]
+    if crossings:
+        parts[-1] += "; handing it from a worker to the training loop costs " + ", ".join(crossings)
+    parts[-1] += "."
+    torch_cost = m.transfer_ms.get("torch")
+    if choice.num_workers == 0:
+        if torch_cost is not None and torch_cost >= m.fetch_ms:
+            parts.append("The fetch is cheaper than the hand-over, so any worker makes loading slower.")
+        elif m.usable_cores <= 1:
+            parts.append("With one usable core, workers only take time from the training loop.")
+        else:
+            parts.append("Workers do not repay their hand-over and start-up here.")
+    else:
+        how = {"thread": "threads", "process": "shared-memory worker processes", "torch": "DataLoader workers"}
+        parts.append(f"{choice.num_workers} {how[choice.backend]} overlap the fetch "
+                     f"(this process may use {m.usable_cores} core{'s' if m.usable_cores != 1 else ''}"
+                     f"{'' if m.usable_cores == m.cpu_count else f' of os.cpu_count()={m.cpu_count}'}).")
+        if choice.backend == "thread" and m.thread_speedup is not None:
+            parts.append(f"Threads pay off because the fetch releases the GIL (2 threads fetched "
+                         f"{m.thread_speedup:.1f}x as fast as one) and nothing crosses a process boundary.")
+        elif choice.backend != "thread" and m.thread_speedup is not None and m.thread_speedup < 1.3:
+            parts.append(f"Threads would not help: the fetch holds the GIL (2 threads fetched "
+                         f"{m.thread_speedup:.1f}x as fast as one).")
+    if m.step_ms > 0:
+        loop_ms = choice.step_ms_effective
+        wait = choice.wait_fraction if choice.wait_fraction is not None else choice.predicted_wait_fraction
+        parts.append(f"With a {ms(loop_ms)} training step the loop waits for data {wait:.0%} of the time"
+                     + (" anyway." if choice.num_workers == 0 and wait < 0.05 else "."))
+    if choice.num_workers > 0:
+        startup = m.startup_s.get(choice.backend)
+        if startup is not None and choice.persistent_workers:
+            parts.append(f"Starting the workers takes {duration(startup)}; persistent_workers=True pays that "
+                         f"once instead of every epoch ({duration(m.epoch_s)} each).")
+    if m.pickle_error:
+        parts.append(f"Worker processes started with {m.start_method} (the default on Windows and macOS) "
+                     f"need a picklable dataset, and this one is not ({m.pickle_error}); define transforms "
+                     "as module-level functions or classes instead of lambdas and open files in "
+                     "__getitem__, not __init__. Until then only threads or num_workers=0 work.")
+    c = choice.conversion
+    if c and c.get("error"):
+        parts.append(f"A probe conversion to {c['format']} ({c['store']}) failed: {c['error']}")
+    elif c and c.get("speedup"):
+        parts.append(f"Converting the source to {c['format']} ({c['store']}) is predicted to read at "
+                     f"{c['predicted_samples_per_s']:,.0f} samples/s, {c['speedup']:.1f}x the best here "
+                     f"(from a probe conversion of {c['probe_samples']:,} samples; the whole conversion "
+                     f"would take about {duration(c['predicted_conversion_s'])} on one process).")
+    return " ".join(parts)

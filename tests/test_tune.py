@@ -1,0 +1,263 @@
+"""fastdata.sweep, fastdata.tune and ``fastdata tune``: any Dataset, import strings, the model's
+decisions (a dominating step, the GIL, spawn without pickling), the JSON and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import fastdata
+from fastdata.errors import InvalidOptionError
+from fastdata.importing import is_import_string, load_dataset
+from fastdata.loading import BACKENDS
+from fastdata.tuning import Measurements, predict
+
+ROW_FIELDS = ["format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
+              "wait_fraction", "cpu_s", "uss_mb", "status", "backend"]
+JSON_FIELDS = ["backend", "num_workers", "batch_size", "persistent_workers", "prefetch_factor", "pin_memory",
+               "predicted_samples_per_s", "measured_samples_per_s", "measurements", "loader_kwargs", "explanation"]
+MEASURED = ["fetch_ms", "transfer_ms", "startup_s", "step_ms", "usable_cores", "cpu_count", "thread_speedup"]
+
+
+def tensor_dataset(count: int = 2000) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(count, 10, generator=generator), torch.arange(count))
+
+
+class SlowBatches(torch.utils.data.Dataset):
+    """Batches that take ``fetch_s`` to read, like I/O (the sleep releases the GIL)."""
+
+    supports_index_arrays = True
+
+    def __init__(self, count: int, fetch_s: float):
+        self.count, self.fetch_s = count, fetch_s
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, indices):
+        time.sleep(self.fetch_s)
+        indices = torch.as_tensor(indices)
+        return torch.zeros(len(indices), 8), indices
+
+
+class WithLambda(TensorDataset):
+    def __init__(self):
+        super().__init__(torch.zeros(512, 4), torch.arange(512))
+        self.transform = lambda x: x  # cannot be pickled: spawn workers could not receive it
+
+
+# --- import strings ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch) -> str:
+    (tmp_path / "userdata.py").write_text(
+        "import torch\nfrom torch.utils.data import TensorDataset\n"
+        "dataset = TensorDataset(torch.arange(100.0).reshape(50, 2), torch.arange(50))\n"
+        "def make():\n    return TensorDataset(torch.zeros(7, 1), torch.arange(7))\n"
+        "def needs(n):\n    return n\n"
+        "class Holder:\n    inner = dataset\n"
+        "number = 3\n"
+        "def step(batch):\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "userdata", raising=False)
+    return "userdata"
+
+
+def test_import_strings_name_datasets_and_factories(user_module: str) -> None:
+    assert len(load_dataset(f"{user_module}:dataset")) == 50
+    assert len(load_dataset(f"{user_module}:make")) == 7  # a zero-argument callable is called
+    assert len(load_dataset(f"{user_module}:Holder.inner")) == 50  # dotted attributes
+    assert is_import_string("pkg.mod:name") and not is_import_string("torchvision:MNIST")
+    assert not is_import_string("folder/with/no/colon")
+
+
+def test_import_string_errors_say_what_failed(user_module: str, tmp_path: Path) -> None:
+    cases = {
+        "no_such_module_xyz:data": "Cannot import module 'no_such_module_xyz' for the dataset 'no_such_module_xyz:data': no such module",
+        f"{user_module}:missing": f"Module '{user_module}' has no attribute 'missing' (the dataset '{user_module}:missing').",
+        f"{user_module}:number": f"'{user_module}:number' is a int, not a map-style Dataset (it needs __getitem__ and __len__).",
+        f"{user_module}:needs": f"'{user_module}:needs' is callable but calling it with no arguments failed",
+    }
+    for text, message in cases.items():
+        with pytest.raises(InvalidOptionError) as info:
+            load_dataset(text)
+        assert message in str(info.value), text
+    # a path that exists is a path, even when it looks like an import string
+    (tmp_path / "weird:name").mkdir()
+    assert not is_import_string("weird:name")
+
+
+# --- sweep ---------------------------------------------------------------------------------------
+
+
+def test_sweep_returns_bench_rows_for_any_dataset() -> None:
+    rows = fastdata.sweep(tensor_dataset(1000), batch_size=100, workers=[0, 1], backends=["torch", "thread"],
+                          epochs=1, warmup=1, step=lambda batch: None)
+    assert all(list(row)[:len(ROW_FIELDS)] == ROW_FIELDS for row in rows)
+    assert {row["status"] for row in rows} == {"ok"}
+    cells = {(row["path"], row["backend"], row["num_workers"]) for row in rows}
+    assert cells == {("fast", "torch", 0), ("fast", "torch", 1), ("fast", "thread", 1),
+                     ("standard", "torch", 0), ("standard", "torch", 1)}
+    assert {row["format"] for row in rows} == {"TensorDataset"}
+    measured = [row for row in rows if not row["warmup"]]
+    assert len(measured) == 5 and all(row["samples"] == 1000 and row["batches"] == 10 for row in measured)
+
+
+def test_sweep_refuses_what_it_cannot_measure() -> None:
+    with pytest.raises(InvalidOptionError, match="Unknown path 'slow'"):
+        fastdata.sweep(tensor_dataset(10), paths=["slow"])
+    with pytest.raises(InvalidOptionError, match="needs a map-style Dataset"):
+        fastdata.sweep(object())
+    with pytest.raises(InvalidOptionError, match="Unknown --backend"):
+        fastdata.sweep(tensor_dataset(10), backends=["gpu"])
+
+
+# --- the model -------------------------------------------------------------------------------------
+
+
+def measurements(**overrides) -> Measurements:
+    values = dict(batch_size=32, samples=10000, batches_per_epoch=313, batch_bytes=1408, fetch_ms=0.02,
+                  loop_ms=0.03, standard_fetch_ms=1.0, step_ms=0.0, step_cpu_ms=0.0, thread_speedup=1.9,
+                  transfer_ms={"torch": 1.4, "thread": 0.01, "process": 0.05}, startup_s={"torch": 0.03,
+                  "thread": 0.002, "process": 0.03}, usable_cores=8, cpu_count=8, start_method="fork",
+                  pickle_error=None, cuda=False)
+    values.update(overrides)
+    return Measurements(**values)
+
+
+def test_the_model_prices_the_hand_over_and_the_cores() -> None:
+    cheap = measurements()
+    assert predict(cheap, "torch", 0)[0] == pytest.approx(32 / 0.03 * 1000)
+    # a 0.02 ms fetch cannot pay for a 1.4 ms hand-over: every DataLoader worker count is slower
+    assert all(predict(cheap, "torch", n)[0] < predict(cheap, "torch", 0)[0] for n in range(1, 9))
+    costly = measurements(fetch_ms=10.0, loop_ms=10.0)
+    rates = [predict(costly, "process", n)[0] for n in range(1, 11)]
+    assert rates[3] == pytest.approx(4 * rates[0], rel=0.01)  # scales with workers ...
+    assert rates[9] == pytest.approx(rates[7])  # ... up to the usable cores
+    gil = measurements(fetch_ms=10.0, loop_ms=10.0, thread_speedup=1.0)
+    assert predict(gil, "thread", 4)[0] == pytest.approx(predict(gil, "thread", 1)[0])  # the GIL serialises
+    stepped = measurements(fetch_ms=10.0, loop_ms=10.0, step_ms=50.0)
+    assert predict(stepped, "torch", 0)[1] == pytest.approx(10 / 60)
+    assert predict(stepped, "process", 1)[1] < 0.05
+
+
+# --- tune --------------------------------------------------------------------------------------------
+
+
+def test_tune_recommends_settings_that_load_every_sample_once() -> None:
+    dataset = tensor_dataset(2000)
+    recommendation = fastdata.tune(dataset, batch_size=32, budget_s=8)
+    assert recommendation.backend in BACKENDS and recommendation.num_workers >= 0
+    assert recommendation.elapsed_s <= 8 + 2  # within the budget (plus the last probe's tail)
+    assert recommendation.measured_samples_per_s > 0
+    seen = torch.cat([labels for _, labels in recommendation.make_loader(dataset)])
+    assert sorted(seen.tolist()) == list(range(2000))
+    kwargs = recommendation.loader_kwargs
+    assert kwargs["batch_size"] == 32 and kwargs["num_workers"] == recommendation.num_workers
+    document = json.loads(json.dumps(recommendation.to_dict()))
+    assert all(name in document for name in JSON_FIELDS)
+    assert all(name in document["measurements"] for name in MEASURED)
+    assert recommendation.explain().startswith("num_workers=0: a batch of 32 takes ")
+
+
+def test_a_dominating_step_gets_the_fewest_workers_that_keep_the_wait_under_5_percent() -> None:
+    # fetching a batch takes 20 ms: alone it would leave the loop waiting 20 / (20 + 50) = 29% of the time
+    recommendation = fastdata.tune(SlowBatches(4000, 0.02), batch_size=16, step=50, budget_s=12)
+    assert recommendation.num_workers == 1, recommendation.candidates
+    assert recommendation.wait_fraction < 0.05
+    serial = next(row for row in recommendation.candidates if row["num_workers"] == 0)
+    assert serial["wait_fraction"] > 0.2
+    assert "With a 50 ms training step the loop waits for data" in recommendation.explain()
+
+
+def test_a_fast_fetch_with_a_long_step_needs_no_worker() -> None:
+    recommendation = fastdata.tune(tensor_dataset(2000), batch_size=32, step=30, budget_s=8)
+    assert recommendation.num_workers == 0
+    assert recommendation.wait_fraction < 0.05
+    assert "any worker makes loading slower" in recommendation.explain()
+
+
+def test_spawn_without_pickling_is_explained_not_crashed() -> None:
+    recommendation = fastdata.tune(WithLambda(), batch_size=64, budget_s=6, start_method="spawn")
+    assert "lambda" in recommendation.measurements.pickle_error
+    assert recommendation.backend == "thread" or recommendation.num_workers == 0
+    assert set(recommendation.measurements.transfer_ms) == {"thread"}
+    text = recommendation.explain()
+    assert "need a picklable dataset" in text and "module-level functions" in text
+
+
+def test_tune_refuses_bad_arguments() -> None:
+    with pytest.raises(InvalidOptionError, match="Invalid batch_size 0"):
+        fastdata.tune(tensor_dataset(10), batch_size=0)
+    with pytest.raises(InvalidOptionError, match="Invalid budget_s -1"):
+        fastdata.tune(tensor_dataset(10), budget_s=-1)
+    with pytest.raises(InvalidOptionError, match="Unknown backend 'gpu'"):
+        fastdata.tune(tensor_dataset(10), backends=["gpu"])
+    with pytest.raises(InvalidOptionError, match="The dataset is empty"):
+        fastdata.tune(TensorDataset(torch.zeros(0, 1)), budget_s=2)
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastdata", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(fastdata.__file__).parents[1])})
+
+
+def test_cli_tune_json_on_an_import_string(user_module: str, tmp_path: Path) -> None:
+    done = run_cli("tune", f"{user_module}:dataset", "--batch-size", "8", "--budget-s", "6", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert all(name in document for name in JSON_FIELDS)
+    assert document["batch_size"] == 8 and document["measurements"]["samples"] == 50
+
+
+def test_cli_tune_text_and_errors(user_module: str, tmp_path: Path) -> None:
+    done = run_cli("tune", f"{user_module}:make", "--batch-size", "4", "--budget-s", "5", "--step", f"{user_module}:step",
+                   "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "recommended: fastdata.loader(dataset, batch_size=4, shuffle=True" in done.stdout
+    assert "\nwhy: num_workers=0: a batch of 4 takes " in done.stdout
+    missing = run_cli("tune", "nosuchmodule_abc:data", cwd=tmp_path)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith("fastdata: error: Cannot import module 'nosuchmodule_abc'")
+    both = run_cli("tune", f"{user_module}:make", "--step-ms", "5", "--step", f"{user_module}:step", cwd=tmp_path)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_cli_tune_mnist_predicts_converting_it(mnist_root: Path, tmp_path: Path) -> None:
+    from conftest import make_mnist
+
+    make_mnist(mnist_root, train=600)
+    done = run_cli("tune", "torchvision:MNIST", "--root", str(mnist_root), "--batch-size", "64", "--budget-s", "12",
+                   "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    conversion = document["conversion"]
+    assert conversion["format"] == "npy" and conversion["store"] == "raw"
+    assert conversion["probe_samples"] == 512 and conversion["speedup"] > 1
+    assert "Converting the source to npy (raw) is predicted to read at" in document["explanation"]
+    assert conversion["predicted_conversion_s"] > 0 and conversion["fetch_ms"] < document["measurements"]["fetch_ms"]
+
+
+def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path: Path) -> None:
+    done = run_cli("bench", f"{user_module}:dataset", "--batch-size", "10", "--workers", "0,1", "--backend", "torch,thread",
+                   "--epochs", "1", "--warmup", "0", "--step", f"{user_module}:step", "--out", str(tmp_path / "b"),
+                   "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "TensorDataset fast [thread]" in done.stdout and "TensorDataset standard" in done.stdout
+    document = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert document["config"]["step"] == f"{user_module}:step"
+    assert len(document["rows"]) == 5 and {row["samples"] for row in document["rows"]} == {50}
