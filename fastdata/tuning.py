@@ -46,7 +46,11 @@ from fastdata.loading.fetch import BatchFetcher, accepts_index_arrays
 from fastdata.machine import usable_cores
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
-TIE = 0.05  # measured rates within 5% are a tie: the simpler setting wins
+TIE = 0.05
+PROBE_BATCHES = 50
+MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
+CONVERSION_PROBE_S = 2.0  # added for a probe conversion of a folder or torchvision source
+EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)  # a probe stops after this many batches (or its time share), whichever comes first  # measured rates within 5% are a tie: the simpler setting wins
 _PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 
@@ -167,7 +171,7 @@ def _batches(length: int, batch_size: int, count: int, seed: int = 0) -> list[np
     return chosen
 
 
-def _timed_calls(function: Callable[[], Any], seconds: float, *, at_least: int = 3, at_most: int = 1000) -> list[float]:
+def _timed_calls(function: Callable[[], Any], seconds: float, *, at_least: int = 3, at_most: int = 50) -> list[float]:
     """Durations (s) of repeated calls: at least ``at_least``, until ``seconds`` have passed."""
     times: list[float] = []
     start = time.perf_counter()
@@ -244,7 +248,7 @@ class ProbeResult:
 
 
 def probe(loader: Any, seconds: float, *, step: Callable[[Any], Any] | None = None, step_s: float = 0.0,
-          warm_batches: int = 2, memory: bool = False) -> ProbeResult:
+          warm_batches: int = 2, memory: bool = False, max_batches: int | None = None) -> ProbeResult:
     """Iterate ``loader`` (across epochs if needed) for about ``seconds`` after ``warm_batches``
     (which include worker start-up, reported as ``first_batch_s``): samples/s and data wait."""
     from fastdata.bench.timing import batch_length
@@ -289,7 +293,8 @@ def probe(loader: Any, seconds: float, *, step: Callable[[Any], Any] | None = No
         del batch
         if timed_start is None:
             timed_start = before
-        if time.perf_counter() - timed_start >= seconds and batches >= 2:
+        if (time.perf_counter() - timed_start >= seconds or (max_batches is not None and batches >= max_batches)) \
+                and batches >= 2:
             break
     if memory:
         pss = _worker_pss_mb()
@@ -352,7 +357,7 @@ def _thread_speedup(fetch: BatchFetcher, indices: list[np.ndarray], seconds: flo
 
         def work(slot: int) -> None:
             position = slot
-            while time.perf_counter() < stop or done[slot] == 0:
+            while (time.perf_counter() < stop and done[slot] < 40) or done[slot] == 0:
                 fetch(indices[position % len(indices)])
                 done[slot] += 1
                 position += threads
@@ -388,7 +393,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     position = iter(range(10**9))
     fetch_times = _timed_calls(lambda: fetch(indices[next(position) % len(indices)]), share)
     fetch_ms = statistics.median(fetch_times) * 1000
-    serial = probe(_loader(dataset, "torch", 0, batch_size), share / 2, warm_batches=1)
+    serial = probe(_loader(dataset, "torch", 0, batch_size), share / 2, warm_batches=1, max_batches=PROBE_BATCHES)
     loop_ms = max(fetch_ms, 1000 / (serial.samples_per_s / batch_size)) if serial.samples_per_s else fetch_ms
     standard_ms = None
     if accepts_index_arrays(dataset):
@@ -408,12 +413,13 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     transfer: dict[str, float] = {}
     startup: dict[str, float] = {}
     ready = ReadyBatches(template, length)
-    base = probe(_loader(ready, "torch", 0, batch_size), share / 4, warm_batches=1)
+    base = probe(_loader(ready, "torch", 0, batch_size), share / 4, warm_batches=1, max_batches=PROBE_BATCHES)
     base_ms = 1000 / (base.samples_per_s / batch_size) if base.samples_per_s else 0.0
     for backend in backends:
         if backend != "thread" and pickle_error:
             continue
-        result = probe(_loader(ready, backend, 1, batch_size, context=start_method), share / 2, warm_batches=2)
+        result = probe(_loader(ready, backend, 1, batch_size, context=start_method), share / 2, warm_batches=2,
+                       max_batches=PROBE_BATCHES)
         per_batch = 1000 / (result.samples_per_s / batch_size) if result.samples_per_s else float("inf")
         transfer[backend] = max(0.0, per_batch - base_ms)
         startup[backend] = result.first_batch_s
@@ -565,6 +571,8 @@ def tune(
     if step_ms < 0:
         raise InvalidOptionError(f"Invalid step {step!r}: milliseconds must be >= 0.")
     method = _start_method(start_method)
+    budget_s = min(budget_s, _effective_budget(dataset, batch_size, step_fn, step_ms, budget_s)
+                   + (CONVERSION_PROBE_S if convert_source is not None else 0.0))
     say("measuring the fetch, the hand-over per backend, worker start-up, the GIL")
     m, sample_batches = measure(dataset, batch_size=batch_size, step=step_fn, step_ms=step_ms, backends=backends,
                                 start_method=method, seconds=min(budget_s * 0.25, 8.0))
@@ -581,7 +589,7 @@ def tune(
         say(f"probing backend={row['backend']} num_workers={row['num_workers']}")
         loader = _loader(dataset, row["backend"], row["num_workers"], batch_size, context=method)
         result = probe(loader, per_probe, step=step_fn, step_s=step_ms / 1000, memory=row["num_workers"] > 0
-                       and row["backend"] != "thread")
+                       and row["backend"] != "thread", max_batches=None if step_ms or step_fn else 4 * PROBE_BATCHES)
         row.update(measured_samples_per_s=round(result.samples_per_s, 1), wait_fraction=round(result.wait_fraction, 4),
                    first_batch_s=round(result.first_batch_s, 4), pss_mb_per_worker=result.pss_mb_per_worker)
     measured = [r for r in confirm if "measured_samples_per_s" in r]
@@ -608,6 +616,28 @@ def tune(
             )
     recommendation.elapsed_s = time.perf_counter() - started
     return recommendation
+
+
+def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] | None, step_ms: float,
+                      budget_s: float) -> float:
+    """``budget_s``, or less for a small dataset: about ``EPOCHS_WORTH`` epochs at num_workers=0
+    (at least ``MIN_BUDGET_S``). Telling settings apart takes a fixed number of batches, not
+    epochs; an exhaustive sweep of a small dataset is itself quick, and tune should stay far
+    below it."""
+    if len(dataset) == 0:
+        return budget_s
+    fetch = BatchFetcher(dataset)
+    indices = _batches(len(dataset), batch_size, 3)
+    try:
+        start = time.perf_counter()
+        batch = fetch(indices[0])
+        if step is not None:
+            step(batch)
+        per_batch = time.perf_counter() - start + step_ms / 1000
+    except Exception:  # noqa: BLE001 - measure() reports a dataset that cannot be read
+        return budget_s
+    epoch_s = per_batch * math.ceil(len(dataset) / batch_size)
+    return min(budget_s, max(MIN_BUDGET_S, EPOCHS_WORTH * epoch_s))
 
 
 def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size: int) -> dict[str, Any]:
