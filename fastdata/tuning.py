@@ -48,7 +48,7 @@ from fastdata.machine import usable_cores
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
 TIE = 0.05
 PROBE_BATCHES = 50
-MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
+MIN_BUDGET_S = 1.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
 CONVERSION_PROBE_S = 2.0  # added for a probe conversion of a folder or torchvision source
 EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)  # a probe stops after this many batches (or its time share), whichever comes first  # measured rates within 5% are a tie: the simpler setting wins
 _PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
@@ -581,15 +581,16 @@ def tune(
     confirm = _to_confirm(rows, m, limit=5)
     conversion_share = 0.2 if convert_source is not None else 0.0
     remaining = budget_s - (time.perf_counter() - started)
-    per_probe = max(0.3, min(3.0, remaining * (1 - conversion_share) / (len(confirm) + 1) - 0.3))
-    for row in confirm:
-        if budget_s - (time.perf_counter() - started) < per_probe + 0.5 and row is not confirm[0]:
+    per_probe = max(0.25, min(3.0, remaining * (1 - conversion_share) / (len(confirm) + 0.5) - 0.05))
+    for position, row in enumerate(confirm):
+        # the reference and the best prediction are always probed; the rest while the budget lasts
+        if position >= 2 and budget_s - (time.perf_counter() - started) < per_probe + 0.2 + conversion_share * budget_s:
             row["skipped"] = "budget"
             continue
         say(f"probing backend={row['backend']} num_workers={row['num_workers']}")
         loader = _loader(dataset, row["backend"], row["num_workers"], batch_size, context=method)
         result = probe(loader, per_probe, step=step_fn, step_s=step_ms / 1000, memory=row["num_workers"] > 0
-                       and row["backend"] != "thread", max_batches=None if step_ms or step_fn else 4 * PROBE_BATCHES)
+                       and row["backend"] != "thread")
         row.update(measured_samples_per_s=round(result.samples_per_s, 1), wait_fraction=round(result.wait_fraction, 4),
                    first_batch_s=round(result.first_batch_s, 4), pss_mb_per_worker=result.pss_mb_per_worker)
     measured = [r for r in confirm if "measured_samples_per_s" in r]
@@ -629,11 +630,14 @@ def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] 
     fetch = BatchFetcher(dataset)
     indices = _batches(len(dataset), batch_size, 3)
     try:
-        start = time.perf_counter()
-        batch = fetch(indices[0])
-        if step is not None:
-            step(batch)
-        per_batch = time.perf_counter() - start + step_ms / 1000
+        times = []
+        for batch_indices in (indices * 2)[:2]:  # the first call pays one-off costs (opening files, imports)
+            start = time.perf_counter()
+            batch = fetch(batch_indices)
+            if step is not None:
+                step(batch)
+            times.append(time.perf_counter() - start)
+        per_batch = min(times) + step_ms / 1000
     except Exception:  # noqa: BLE001 - measure() reports a dataset that cannot be read
         return budget_s
     epoch_s = per_batch * math.ceil(len(dataset) / batch_size)
