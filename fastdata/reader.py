@@ -135,6 +135,35 @@ class ReaderOutput:
         """The output contract with this reader's current options."""
         return OutputSpec(self.transform, self.target_transform, self.image_format, self.batch_transform)
 
+    @property
+    def targets(self) -> list[int]:
+        """Every sample's label in index order, a list of ints like torchvision's
+        ``ImageFolder.targets`` (``labels`` is the same as a numpy array)."""
+        return self.labels.tolist()
+
+    def __repr__(self) -> str:
+        """Like a torchvision dataset's: name, count, location, what is stored, the transforms."""
+        lines = [f"Dataset {type(self).__name__}", f"    Number of datapoints: {len(self.labels)}"]
+        root = getattr(self, "path", None) or getattr(self, "root", None)
+        if root is not None:
+            lines.append(f"    Root location: {root}")
+        manifest = getattr(self, "manifest", None)
+        if manifest:
+            image = manifest.get("image") or {}
+            shape = image.get("shape")
+            size = f"{shape[0]}x{shape[1]} " if isinstance(shape, list) and len(shape) == 3 else ""
+            lines.append(f"    Stored: {manifest.get('format')} {manifest.get('store')}, {size}{image.get('mode', '')}")
+        elif getattr(self, "mode", None):
+            lines.append(f"    Mode: {self.mode}")
+        lines.append(f"    Classes: {len(self.classes)}")
+        lines.append(f"    Output: {self.image_format}")
+        for name in ("transform", "target_transform", "batch_transform"):
+            value = getattr(self, name, None)
+            if value is not None:
+                text = repr(value).replace("\n", "\n    ")
+                lines.append(f"    {name}: {text}")
+        return "\n".join(lines)
+
     def _set_classes(self, manifest: dict[str, Any]) -> None:
         """Class names (index = label) and their mapping, like torchvision's ImageFolder."""
         self.classes = list(manifest.get("classes") or [])

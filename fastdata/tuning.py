@@ -111,6 +111,7 @@ class Recommendation:
     multiprocessing_context: str | None = None
     elapsed_s: float = 0.0
     budget_s: float = 0.0
+    effective_budget_s: float = 0.0  # less than budget_s for a small dataset (see _effective_budget)
     dataloader_settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -158,6 +159,7 @@ class Recommendation:
             "loader_kwargs": self.loader_kwargs, "dataloader_kwargs": self.dataloader_kwargs,
             "measurements": m, "candidates": self.candidates, "conversion": self.conversion,
             "explanation": self.explain(), "elapsed_s": round(self.elapsed_s, 2), "budget_s": self.budget_s,
+            "effective_budget_s": round(self.effective_budget_s, 2),
         }
 
 
@@ -222,6 +224,25 @@ class ReadyBatches(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, indices: Any) -> Any:
+        return _clone(self.batch)
+
+
+class ReadyBatchesOf(ReadyBatches):
+    """:class:`ReadyBatches` whose batch is read from ``dataset`` by :meth:`prepare`, in the
+    process that measures (``fastdata.sweep`` forks one per configuration from a parent that
+    must not read: a parent that ran torch's intra-op threads can leave a forked child hung)."""
+
+    def __init__(self, dataset: Any, batch_size: int, length: int):
+        super().__init__(None, length)
+        self.dataset, self.batch_size = dataset, batch_size
+
+    def prepare(self) -> None:
+        if self.batch is None:
+            indices = np.arange(min(self.batch_size, len(self.dataset)), dtype=np.int64)
+            self.batch = BatchFetcher(self.dataset)(indices)
+
+    def __getitem__(self, indices: Any) -> Any:
+        self.prepare()
         return _clone(self.batch)
 
 
@@ -571,6 +592,7 @@ def tune(
     if step_ms < 0:
         raise InvalidOptionError(f"Invalid step {step!r}: milliseconds must be >= 0.")
     method = _start_method(start_method)
+    requested_budget = budget_s
     budget_s = min(budget_s, _effective_budget(dataset, batch_size, step_fn, step_ms, budget_s)
                    + (CONVERSION_PROBE_S if convert_source is not None else 0.0))
     say("measuring the fetch, the hand-over per backend, worker start-up, the GIL")
@@ -605,7 +627,7 @@ def tune(
         predicted_wait_fraction=best["predicted_wait_fraction"], wait_fraction=best.get("wait_fraction"),
         pss_mb_per_worker=best.get("pss_mb_per_worker"), measurements=m, candidates=rows,
         multiprocessing_context=start_method if best["backend"] != "thread" and best["num_workers"] > 0 else None,
-        budget_s=budget_s,
+        budget_s=requested_budget, effective_budget_s=budget_s,
     )
     recommendation.dataloader_settings = _dataloader_settings(rows, m, batch_size)
     if convert_source is not None:
@@ -647,7 +669,8 @@ def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] 
 def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size: int) -> dict[str, Any]:
     """The best plain-DataLoader (backend torch) row as DataLoader keywords."""
     torch_rows = [r for r in rows if r["backend"] == "torch"]
-    best = _pick(torch_rows, m)
+    measured = [r for r in torch_rows if "measured_samples_per_s" in r]
+    best = _pick(measured if len(measured) > 1 else torch_rows, m)  # never a guess against a measurement
     kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "num_workers": best["num_workers"],
                               "pin_memory": m.cuda}
     if best["num_workers"] > 0:

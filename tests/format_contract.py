@@ -181,6 +181,19 @@ class FormatContract:
             np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), sample_pixels(index))
             assert label == index % CLASSES
 
+    def test_targets_and_repr_like_torchvision(self, converted_layouts) -> None:
+        for store, out in converted_layouts.items():
+            for ds in {fastdata.open_dataset(out), self.map_style(out)}:
+                assert ds.targets == [index % CLASSES for index in range(COUNT)]
+                assert ds.targets == ds.labels.tolist()
+                lines = repr(ds).splitlines()
+                manifest_store = fastdata.formats.find_manifest(out)["store"]
+                assert lines[:4] == [f"Dataset {type(ds).__name__}", f"    Number of datapoints: {COUNT}",
+                                     f"    Root location: {out}",
+                                     f"    Stored: {self.format} {manifest_store}, " + ("" if manifest_store != "raw" else
+                                                                                         f"{SIDE}x{SIDE} ") + "RGB"]
+                assert lines[4:] == [f"    Classes: {CLASSES}", "    Output: tensor"]
+
     def test_pickled_reader_reads_the_same(self, converted) -> None:
         reader = self.map_style(converted)
         reader[0]  # open its files first: they must not travel with the pickle

@@ -92,6 +92,18 @@ def test_any_dataset_gives_the_batches_of_the_torch_backend(backend: str, num_wo
         getattr(loader, "close", lambda: None)()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without an accelerator")
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_pin_memory_without_cuda_warns_like_the_dataloader_and_loads(backend: str) -> None:
+    dataset = TensorDataset(torch.arange(20).float(), torch.arange(20))
+    want = batches(fastdata.loader(dataset, batch_size=4, seed=1))
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
+        loader = fastdata.loader(dataset, batch_size=4, seed=1, backend=backend, num_workers=2, pin_memory=True)
+    got = batches(loader)
+    assert all(torch.equal(a, b) for mine, theirs in zip(got, want) for a, b in zip(mine, theirs)) and len(got) == 5
+    getattr(loader, "close", lambda: None)()
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_process_workers_have_distinct_seeds_and_worker_info(context: str) -> None:
     loader = fastdata.loader(WhoAmI(), batch_size=5, shuffle=False, backend="process", num_workers=2,

@@ -106,6 +106,9 @@ def test_sweep_returns_bench_rows_for_any_dataset() -> None:
                           epochs=1, warmup=1, step=lambda batch: None)
     assert all(list(row)[:len(ROW_FIELDS)] == ROW_FIELDS for row in rows)
     assert {row["status"] for row in rows} == {"ok"}
+    probes = [row for row in rows if row["format"] == "probe"]  # the hand-over of a real batch, nw=0 and nw=1
+    assert {(row["path"], row["num_workers"]) for row in probes} == {("transfer", 0), ("transfer", 1)}
+    rows = [row for row in rows if row["format"] != "probe"]
     cells = {(row["path"], row["backend"], row["num_workers"]) for row in rows}
     assert cells == {("fast", "torch", 0), ("fast", "torch", 1), ("fast", "thread", 1),
                      ("standard", "torch", 0), ("standard", "torch", 1)}
@@ -260,4 +263,22 @@ def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path:
     assert "TensorDataset fast [thread]" in done.stdout and "TensorDataset standard" in done.stdout
     document = json.loads((tmp_path / "b" / "results.json").read_text())
     assert document["config"]["step"] == f"{user_module}:step"
-    assert len(document["rows"]) == 5 and {row["samples"] for row in document["rows"]} == {50}
+    rows = [row for row in document["rows"] if row["format"] != "probe"]
+    assert len(rows) == 5 and {row["samples"] for row in rows} == {50}
+
+
+class ParallelOps(torch.utils.data.Dataset):
+    """Each sample runs an op large enough for torch's intra-op (OpenMP) threads."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        return torch.ones(2_000_000).mul_(2).sum(), index
+
+
+def test_sweep_survives_a_caller_that_used_intra_op_threads() -> None:
+    x = torch.randn(1500, 1500)
+    (x @ x).sum()  # this process now has OpenMP threads; a forked child that used them would hang
+    rows = fastdata.sweep(ParallelOps(), batch_size=4, workers=[0], epochs=1, warmup=0, timeout_s=60)
+    assert {row["status"] for row in rows} == {"ok"}, rows[0]["status"]

@@ -227,7 +227,12 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bo
 def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None) -> list[dict[str, Any]]:
     """Warm-up epochs, then measured epochs: one row each."""
     torch.manual_seed(0)
-    dataset = make_dataset(case, config, image_size) if case.path != "transfer" else TransferProbe(**case.dataset_kwargs)
+    if case.path == "transfer":  # bench's probe (a shape) or sweep's (ready copies of a real batch)
+        kwargs = case.dataset_kwargs
+        dataset = kwargs["dataset"] if "dataset" in kwargs else TransferProbe(**kwargs)
+        getattr(dataset, "prepare", lambda: None)()  # read its batch here, before any worker forks
+    else:
+        dataset = make_dataset(case, config, image_size)
     loader = make_loader(dataset, case, config)
     rows = []
     for epoch in range(config.warmup + config.epochs):

@@ -142,9 +142,14 @@ def select_formats(names: tuple[str, ...]) -> list[str]:
 # --- one configuration per process ------------------------------------------------------
 
 
-def _child(case: Case, config: BenchConfig, image_size, connection) -> None:
+def _child(case: Case, config: BenchConfig, image_size, connection, single_thread: bool = False) -> None:
     try:
         from fastdata.bench.measure import run_case
+
+        if single_thread:  # forked from a process that may have run torch's OpenMP threads: a parallel
+            import torch  # op here would wait forever on threads that did not survive the fork
+
+            torch.set_num_threads(1)
 
         connection.send({"rows": run_case(case, config, image_size)})
     except BaseException as exc:  # reported as the configuration's status, never raised
@@ -159,11 +164,13 @@ def _context():
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
-def run_isolated(case: Case, config: BenchConfig, image_size) -> list[dict[str, Any]]:
-    """Run one configuration in a fresh process; failures come back as a failed row."""
+def run_isolated(case: Case, config: BenchConfig, image_size, *, single_thread: bool = False) -> list[dict[str, Any]]:
+    """Run one configuration in a fresh process; failures come back as a failed row.
+    ``single_thread``: the parent may have used torch's intra-op threads (``fastdata.sweep`` in
+    a user's process), so the child runs torch on one thread, as DataLoader workers do."""
     context = _context()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(case, config, image_size, sender))
+    process = context.Process(target=_child, args=(case, config, image_size, sender, single_thread))
     process.start()
     sender.close()
     message = None

@@ -6,6 +6,10 @@ rows as ``fastdata bench``: ``format`` is the dataset's class name, ``store`` is
 is ``fast`` (``fastdata.loader``, one ``dataset[indices]`` call per batch where the dataset
 accepts index arrays) or ``standard`` (``DataLoader(dataset, batch_size, shuffle=True)``, what
 most training scripts do).
+
+Each configuration's process runs torch on one intra-op thread (``torch.set_num_threads(1)``,
+as DataLoader workers do): it is forked from the caller's process, and a fork of a process that
+has run torch's OpenMP threads hangs on its first parallel op otherwise.
 """
 
 from __future__ import annotations
@@ -76,13 +80,30 @@ def sweep(
                 if backend != "torch" and count == 0:
                     continue  # at num_workers=0 every backend computes in this thread: the torch row measures it
                 cases.append(Case(name, "-", path, count, "", {"dataset": dataset}, (), backend))
+    cases += _transfer_probe(dataset, config)
     rows = []
     for number, case in enumerate(cases):
         if on_case:
             on_case(case, number, len(cases))
-        for result in run_isolated(case, config, None):
+        for result in run_isolated(case, config, None, single_thread=True):
             rows.append(make_row(case, None, result, config))
     return rows
 
+
+def _transfer_probe(dataset: Any, config: BenchConfig) -> list[Case]:
+    """What a DataLoader worker pays to hand over one batch of this dataset's structure and size:
+    a probe that returns ready copies of a real batch, at num_workers=0 and the fewest workers
+    (the ``probe transfer`` rows ``fastdata bench`` writes too; verdicts use the difference).
+    The batch is read in the configuration's own process, never here."""
+    from fastdata.tuning import ReadyBatchesOf
+
+    with_workers = [w for w in config.workers if w > 0]
+    if not with_workers or len(dataset) == 0:
+        return []
+    ready = ReadyBatchesOf(dataset, config.batch_size, TRANSFER_PROBE_BATCHES)
+    return [Case("probe", "-", "transfer", w, "", {"dataset": ready}) for w in (0, min(with_workers))]
+
+
+TRANSFER_PROBE_BATCHES = 50
 
 __all__ = ["BACKENDS", "PATHS", "step_options", "sweep"]

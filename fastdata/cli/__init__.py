@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert image datasets once into fast formats, and measure which format and "
         "DataLoader num_workers feed PyTorch fastest on this machine.",
     )
-    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"fastdata {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     convert.add_parser(commands)
     bench.add_parser(commands)

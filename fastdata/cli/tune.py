@@ -128,7 +128,9 @@ def render(rec: Any, source: str) -> str:
 
     m = rec.measurements
     lines = [f"fastdata tune: {source}, batch {rec.batch_size}, {m.usable_cores} usable cores "
-             f"(os.cpu_count()={m.cpu_count}), start method {m.start_method}, {rec.elapsed_s:.1f} s of {rec.budget_s:.0f} s", ""]
+             f"(os.cpu_count()={m.cpu_count}), start method {m.start_method}, {rec.elapsed_s:.1f} s "
+             + (f"(budget {rec.budget_s:g} s; a dataset this small needs about {rec.effective_budget_s:.0f} s)"
+                if rec.effective_budget_s < rec.budget_s else f"of {rec.budget_s:g} s"), ""]
     kwargs = ", ".join(f"{key}={value!r}" for key, value in rec.loader_kwargs.items())
     lines.append(f"recommended: fastdata.loader(dataset, {kwargs})")
     measured = f"{rec.measured_samples_per_s:,.0f}" if rec.measured_samples_per_s is not None else "not probed"

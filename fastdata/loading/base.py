@@ -3,9 +3,11 @@ decides it before any parallelism), the epoch, ``len()``, and the errors a worke
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 from fastdata.errors import FastdataError
 from fastdata.loading.fetch import BatchFetcher
@@ -42,6 +44,10 @@ class BatchLoader:
         self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
+        if pin_memory and not torch.cuda.is_available():  # what the DataLoader does without an accelerator
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                          "memory won't be used.", UserWarning, stacklevel=3)
+            pin_memory = False
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
 
