@@ -83,7 +83,7 @@ def workloads() -> dict[str, tuple[Any, int, float | None]]:
 def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
-        if row["status"] == "ok" and not row["warmup"]:
+        if row["status"] == "ok" and not row["warmup"] and row["format"] != "probe":  # not the hand-over probe
             cells.setdefault((row["backend"], row["num_workers"]), []).append(row)
     return {key: {"samples_per_s": statistics.median(r["samples_per_s"] for r in group),
                   "wait_fraction": statistics.median(r["wait_fraction"] for r in group)} for key, group in cells.items()}
