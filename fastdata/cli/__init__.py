@@ -79,6 +79,19 @@ def _import_heavy_modules() -> None:
         raise KeyboardInterrupt
 
 
+def _forget_escaped_interrupt() -> None:
+    """CPython remembers a KeyboardInterrupt that escaped any nested ``PyRun_*`` call (native
+    code in torch and torchvision runs Python that way while it loads) and then ends the process
+    by SIGINT, whatever ``main()`` returned: exit -2 instead of 130, after the clean-up and the
+    message. Running one trivial statement the same way resets that flag."""
+    try:
+        import ctypes
+
+        ctypes.pythonapi.PyRun_SimpleString(b"pass")
+    except (AttributeError, OSError):  # not CPython: no such flag
+        pass
+
+
 def _install_signal_handlers() -> dict[int, Any]:
     _received.clear()
     _caught.clear()
@@ -108,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _caught.append(True)
         signum = _received[0] if _received else signal.SIGINT
         print(f"fastdata: {_SIGNAL_WORDS[signum]}", file=sys.stderr)
+        _forget_escaped_interrupt()
         return 128 + signum
     except BrokenPipeError:  # e.g. 'fastdata info ... | head': the reader left; end quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
