@@ -409,7 +409,8 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     except Exception as exc:
         raise FastdataError(
             f"Reading a batch of {batch_size} from the dataset failed: {type(exc).__name__}: {exc}. "
-            "Every sample must be readable and samples of one batch must collate (same shapes)."
+            "Every sample must be readable and samples of one batch must collate (same shapes): for images "
+            "of different sizes, resize them (fastdata tune --resize HxW, or a transform)."
         ) from exc
     position = iter(range(10**9))
     fetch_times = _timed_calls(lambda: fetch(indices[next(position) % len(indices)]), share)
@@ -617,10 +618,9 @@ def tune(
                    first_batch_s=round(result.first_batch_s, 4), pss_mb_per_worker=result.pss_mb_per_worker)
     measured = [r for r in confirm if "measured_samples_per_s" in r]
     best = _pick(measured or rows, m)
-    persistent = best["num_workers"] > 0 and m.startup_s.get(best["backend"], 0.0) > 0.01 * max(m.epoch_s, 1e-9)
     recommendation = Recommendation(
         backend=best["backend"], num_workers=best["num_workers"], batch_size=batch_size,
-        persistent_workers=bool(persistent or best["num_workers"] > 0),
+        persistent_workers=best["num_workers"] > 0,  # start-up paid once; explain() compares it with the epoch
         prefetch_factor=2 if best["num_workers"] > 0 else None,
         pin_memory=m.cuda, predicted_samples_per_s=best["predicted_samples_per_s"],
         measured_samples_per_s=best.get("measured_samples_per_s"),
