@@ -46,11 +46,11 @@ from fastdata.loading.fetch import BatchFetcher, accepts_index_arrays
 from fastdata.machine import usable_cores
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
-TIE = 0.05
-PROBE_BATCHES = 50
+TIE = 0.05  # measured rates within 5% are a tie: the simpler setting wins
+PROBE_BATCHES = 50  # a measuring probe (hand-over, num_workers=0) stops after this many batches or its time share
 MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
+EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)
 CONVERSION_PROBE_S = 2.0  # added for a probe conversion of a folder or torchvision source
-EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)  # a probe stops after this many batches (or its time share), whichever comes first  # measured rates within 5% are a tie: the simpler setting wins
 _PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 
