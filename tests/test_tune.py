@@ -282,3 +282,12 @@ def test_sweep_survives_a_caller_that_used_intra_op_threads() -> None:
     (x @ x).sum()  # this process now has OpenMP threads; a forked child that used them would hang
     rows = fastdata.sweep(ParallelOps(), batch_size=4, workers=[0], epochs=1, warmup=0, timeout_s=60)
     assert {row["status"] for row in rows} == {"ok"}, rows[0]["status"]
+
+
+def test_cli_tune_reads_a_converted_tar_dataset_map_style(uniform_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    fastdata.convert(uniform_folder, out, format="tar", workers=0)
+    done = run_cli("tune", str(out), "--batch-size", "4", "--budget-s", "4", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["measurements"]["samples"] == len(fastdata.TarIndexedDataset(out))

@@ -84,10 +84,12 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any]:
         )
     from fastdata.formats import find_manifest
 
-    if find_manifest(path):
-        from fastdata.api import open_dataset
+    manifest = find_manifest(path)
+    if manifest:
+        from fastdata.formats import get_format
 
-        return open_dataset(path), None
+        spec = get_format(manifest["format"])
+        return (spec.map_dataset or spec.dataset)(path), None  # tune needs random access (tar: TarIndexedDataset)
     from fastdata.formats.folder import FolderDataset
 
     return FolderDataset(path, resize=resize), source
