@@ -138,6 +138,30 @@ def run_bench(
             for p in prepared
         ],
     }
+    return _report(rows, reference, meta, out, config)
+
+
+def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
+                  on_case: Callable[[Case, int, int], None] | None = None) -> BenchResult:
+    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset, with
+    ``config``'s grid and loader options; the same results, table, verdicts and plot."""
+    from fastdata.bench.sweep import sweep
+    from fastdata.importing import load_dataset
+
+    dataset = load_dataset(source)
+    step = config.step if config.step is not None else (config.step_ms or None)
+    rows = sweep(dataset, batch_size=config.batch_size, workers=config.workers, backends=config.backends, step=step,
+                 epochs=config.epochs, warmup=config.warmup, persistent_workers=config.persistent_workers,
+                 prefetch_factor=config.prefetch_factor, pin_memory=config.pin_memory,
+                 start_method=config.start_method, timeout_s=config.timeout_s, on_case=on_case)
+    meta = {"machine": machine_info(), "config": config.to_dict(), "source": source, "baseline": None,
+            "conversions": []}
+    return _report(rows, None, meta, Path(out), config)
+
+
+def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, Any], out: Path,
+            config: BenchConfig) -> BenchResult:
+    """Verdicts, results.json/csv and the plot of measured rows."""
     lines = verdicts(rows, reference)
     meta["verdicts"] = lines
     write_results(out, rows, meta)

@@ -59,7 +59,7 @@ DEMO = {"small": 3000, "large": 150, "resize": "32x32"}
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fastdata.bench import BenchConfig, parse_workers, run_bench
+    from fastdata.bench import BenchConfig, bench_dataset, parse_workers, run_bench
 
     out = Path(args.out)
     source = args.source
@@ -101,7 +101,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     try:
         if is_import_string(source):
-            result = _bench_dataset(source, config, out, on_case)
+            result = bench_dataset(source, config, out, on_case)
         else:
             result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
     finally:
@@ -127,27 +127,3 @@ def run_bench(args: argparse.Namespace) -> int:
     if result.plot is None:
         print("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
     return 0
-
-
-def _bench_dataset(source: str, config, out: Path, on_case):
-    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's Dataset."""
-    from fastdata.bench import BenchResult
-    from fastdata.bench.report import plot, table, verdicts, write_results
-    from fastdata.bench.sweep import sweep
-    from fastdata.importing import load_dataset
-    from fastdata.machine import machine_info
-
-    dataset = load_dataset(source)
-    step = config.step if config.step is not None else (config.step_ms or None)
-    rows = sweep(dataset, batch_size=config.batch_size, workers=config.workers, backends=config.backends, step=step,
-                 epochs=config.epochs, warmup=config.warmup, persistent_workers=config.persistent_workers,
-                 prefetch_factor=config.prefetch_factor, pin_memory=config.pin_memory,
-                 start_method=config.start_method, timeout_s=config.timeout_s, on_case=on_case)
-    lines = verdicts(rows, None)
-    meta = {"machine": machine_info(), "config": config.to_dict(), "source": source, "baseline": None,
-            "conversions": [], "verdicts": lines}
-    out.mkdir(parents=True, exist_ok=True)
-    write_results(out, rows, meta)
-    title = f"fastdata bench on {source} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"
-    return BenchResult(rows, table(rows, None), lines, out, plot(out, rows, title), [])
-
