@@ -10,16 +10,20 @@ order as ``num_workers=0``.
 * ``"thread"``: ``num_workers`` threads in this process (:mod:`fastdata.loading.threads`).
 * ``"process"``: worker processes writing into reusable shared-memory slots
   (:mod:`fastdata.loading.processes`).
+
+The sampler splits each epoch across distributed ranks first, then the backend shares this
+rank's batches among its workers; ``state_dict()``/``load_state_dict()`` continue an epoch
+where it stopped (see :class:`~fastdata.samplers.EpochSampler`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
 from fastdata.errors import InvalidOptionError
-from fastdata.loading.base import BatchLoader, WorkerError
+from fastdata.loading.base import BatchLoader, Resumable, WorkerError
 from fastdata.loading.fetch import accepts_index_arrays
 from fastdata.samplers import BatchIndexSampler
 
@@ -40,6 +44,9 @@ def loader(
     *,
     backend: str = "torch",
     zero_copy: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    even: bool = True,
     **dataloader_kwargs: Any,
 ) -> Any:
     """Batches of ``dataset``, each read with one ``dataset[indices]`` call.
@@ -53,7 +60,15 @@ def loader(
     ``zero_copy``: with ``zero_copy=k`` a batch's tensors are views of shared memory that stay
     valid until ``k`` more batches have been drawn). ``num_workers=0`` computes every batch in
     this thread, whatever the backend. Reshuffle per epoch happens automatically;
-    ``loader.sampler.set_epoch(e)`` pins it.
+    ``loader.sampler.set_epoch(e)`` (or ``loader.set_epoch(e)``) pins it.
+
+    Distributed: ``rank``/``world_size`` default to torch.distributed's when it is initialised;
+    each rank reads its own block of every epoch's permutation (``even=True``: the same number
+    of samples on every rank, like ``DistributedSampler``; ``even=False``: every sample exactly
+    once). Without ``seed``, rank 0 draws one and shares it. ``loader.state_dict()`` says where
+    the loader is (epoch, batches consumed); ``load_state_dict(state)`` on a loader built the
+    same way (same dataset, batch size, rank and world size) continues with the first batch not
+    consumed, whatever the backend or ``num_workers``.
     """
     from torch.utils.data import IterableDataset
 
@@ -74,21 +89,36 @@ def loader(
         raise InvalidOptionError(f"Invalid zero_copy {zero_copy!r}. Use 0 (copy batches out) or a number of batches >= 1.")
     if zero_copy and backend != "process":
         raise InvalidOptionError(f"zero_copy applies to backend='process' only (got backend={backend!r}).")
-    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                                rank=rank, world_size=world_size, even=even)
     if backend == "torch":
         return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs)
     return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs)
 
 
+class TorchLoader(Resumable, DataLoader):
+    """The ``torch`` backend: a DataLoader over the batch sampler, with the loader's epoch
+    position (``state_dict``/``load_state_dict``, ``set_epoch``) like the other backends."""
+
+    backend = "torch"
+
+    def __init__(self, dataset: Any, index_sampler: BatchIndexSampler, **kwargs: Any):
+        self.index_sampler = index_sampler
+        DataLoader.__init__(self, dataset, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.tracked(lambda: DataLoader.__iter__(self))
+
+
 def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any]) -> DataLoader:
     collate_fn = kwargs.pop("collate_fn", None)
     if accepts_index_arrays(dataset) and collate_fn is None:
-        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs)
+        return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs)
     # per-sample datasets: the same batches, fetched per index and collated by torch
     from torch.utils.data import default_collate
 
-    return DataLoader(dataset, batch_sampler=_ListBatches(sampler), num_workers=num_workers,
-                      collate_fn=collate_fn or default_collate, **kwargs)
+    return TorchLoader(dataset, sampler, batch_sampler=_ListBatches(sampler), num_workers=num_workers,
+                       collate_fn=collate_fn or default_collate, **kwargs)
 
 
 class _ListBatches:

@@ -25,7 +25,60 @@ def describe_indices(indices: np.ndarray, shown: int = 8) -> str:
     return f"[{text}{', ...' if len(values) > shown else ''}] ({len(values)} samples)"
 
 
-class BatchLoader:
+class Resumable:
+    """The loader's place in its epochs, for every backend: batches are counted as they reach the
+    consumer (not as workers compute them ahead), so a saved state never skips a batch that was
+    prefetched but not used."""
+
+    index_sampler: BatchIndexSampler
+    _position: tuple[int, int] | None = None  # (epoch, batches handed out) while an epoch is under way
+
+    def tracked(self, start: Any) -> Iterator[Any]:
+        """The batches of one epoch, from ``start()``, counted as they are handed out. The
+        position is read before ``start`` runs: a DataLoader draws from the sampler (and moves
+        its epoch on) as soon as its iterator exists."""
+        sampler = self.index_sampler
+        position = (sampler.epoch, sampler.resume_at)
+        return self._counted(position, start())
+
+    def _counted(self, position: tuple[int, int], batches: Iterator[Any]) -> Iterator[Any]:
+        epoch, consumed = position
+        self._position = position
+        try:
+            for batch in batches:
+                consumed += 1
+                self._position = (epoch, consumed)
+                yield batch
+            self._position = None
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the epoch under way and how many of its batches were handed out
+        (or, between epochs, the next epoch and 0), with the seed and the layout that cut the
+        batches. Save it with the model's checkpoint; see :meth:`load_state_dict`."""
+        state = self.index_sampler.state_dict()
+        if self._position is not None:
+            state["epoch"], state["consumed"] = self._position
+        state["backend"] = self.backend
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields the batches of ``state["epoch"]``
+        not yet handed out when it was saved, then epochs go on as usual. The loader must be
+        built as the saved one was (dataset length, batch_size, drop_last, rank, world_size);
+        backend and ``num_workers`` may differ. Its seed comes from the state."""
+        self.index_sampler.load_state_dict(state)
+        self._position = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pin the next epoch's order (``DistributedSampler.set_epoch``'s job)."""
+        self.index_sampler.set_epoch(epoch)
+
+
+class BatchLoader(Resumable):
     """Base of the ``thread`` and ``process`` backends: iterating yields the batches of one
     epoch in the sampler's order; the next iteration is the next epoch (``sampler.set_epoch``
     pins one)."""
@@ -37,6 +90,7 @@ class BatchLoader:
                  pin_memory: bool = False, persistent_workers: bool = False):
         self.dataset = dataset
         self.sampler = sampler
+        self.index_sampler = sampler
         self.batch_sampler = sampler
         self.batch_size = sampler.batch_size
         self.num_workers = num_workers
@@ -59,6 +113,10 @@ class BatchLoader:
         return list(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
+        return self.tracked(self.epoch_iter)
+
+    def epoch_iter(self) -> Iterator[Any]:
+        """The batches of one epoch (each backend's own)."""
         raise NotImplementedError
 
     def pinned(self, batch: Any) -> Any:

@@ -120,7 +120,7 @@ class ProcessLoader(BatchLoader):
 
     # --- one epoch ---------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def epoch_iter(self) -> Iterator[Any]:
         batches = self.epoch_batches()
         self._start()
         for worker_id in range(self.num_workers):

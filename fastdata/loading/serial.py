@@ -11,6 +11,6 @@ from fastdata.loading.base import BatchLoader
 class SerialLoader(BatchLoader):
     backend = "serial"
 
-    def __iter__(self) -> Iterator[Any]:
+    def epoch_iter(self) -> Iterator[Any]:
         for indices in self.epoch_batches():
             yield self.pinned(self.fetch(indices))

@@ -46,7 +46,7 @@ class ThreadLoader(BatchLoader):
     def _compute(self, indices: Any) -> tuple[int, Any]:
         return getattr(threading.current_thread(), "fastdata_worker", 0), self.fetch(indices)
 
-    def __iter__(self) -> Iterator[Any]:
+    def epoch_iter(self) -> Iterator[Any]:
         batches = self.epoch_batches()
         pool = self._start()
         pending: deque[tuple[int, Any, Future]] = deque()

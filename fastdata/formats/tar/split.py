@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
-from fastdata.errors import InvalidOptionError
+from fastdata.samplers import resolve_distributed  # noqa: F401 - where tar_split and older code import it
 
 
 def shard_order(count: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -57,20 +56,6 @@ def split_pieces(
             pieces.append((shard, low - position, high - position))
         position += int(counts[shard])
     return pieces, not even
-
-
-def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise InvalidOptionError("Pass both rank= and world_size=, or neither (then torch.distributed decides).")
-    if rank is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise InvalidOptionError(
-            f"Invalid rank={rank!r}, world_size={world_size!r}. Use integers with 0 <= rank < world_size."
-        )
-    return rank, world_size
 
 
 def buffer_shuffle(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:

@@ -18,7 +18,8 @@ from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK
 from fastdata.formats.tar.reader import load_dataset, member_pixels
-from fastdata.formats.tar.split import buffer_shuffle, resolve_distributed, shard_order, split_pieces
+from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
+from fastdata.samplers import resolve_distributed
 from fastdata.reader import ReaderOutput, decoder_for
 
 _READ_BYTES = 4 * 1024 * 1024
