@@ -78,7 +78,9 @@ def add_parser(commands) -> None:
         description="Convert SOURCE (an image folder, 'torchvision:NAME', or a converted dataset) into OUTPUT.",
     )
     parser.add_argument("source", help="image folder (ImageFolder layout), torchvision:NAME, or a converted dataset")
-    parser.add_argument("output", help="the dataset to create: a directory for npy and tar, a file for hdf5")
+    parser.add_argument("output", help="the dataset to create: a directory for npy and tar, a file for hdf5; its "
+                        "extension picks the format unless --format is given (.npy npy, .h5/.hdf5 hdf5, .tar or "
+                        "none tar)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_option_flags(parser)
     parser.set_defaults(run=run_convert)
@@ -86,9 +88,12 @@ def add_parser(commands) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion import convert
+    from fastdata.formats import format_for_output
     from fastdata.options import ConvertOptions
 
-    options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))
+    given = options_from(args, skip=("source", "output", "quiet", "command", "run"))
+    given["format"] = format_for_output(args.output, given.get("format"))
+    options = ConvertOptions.build(**given)
     before = _manifest_digest(Path(args.output)) if options.resume else None
     bar = LazyBar(disable=args.quiet, desc=f"convert -> {options.format}")
     try:
