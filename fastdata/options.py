@@ -59,11 +59,12 @@ def parse_reencode(value: Any) -> tuple[str, int | None] | None:
     codec = "png" if match.group(1) == "png" else "jpeg"
     quality = int(match.group(2)) if match.group(2) else (90 if codec == "jpeg" else None)
     if quality is not None and not 1 <= quality <= 100:
-        raise InvalidOptionError(f"Invalid JPEG quality {quality} in --reencode {value!r}. Use 1..100.")
+        raise InvalidOptionError(f"Invalid --reencode {value!r}: JPEG quality {quality} is not in 1..100. "
+                                 "Use e.g. 'jpeg:90'.")
     return codec, quality
 
 
-def parse_bytes(value: Any, *, flag: str = "size") -> int:
+def parse_bytes(value: Any, *, flag: str) -> int:
     """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"4096"`` or 4096 -> 4096."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -92,8 +93,7 @@ def parse_count(value: Any, *, flag: str, minimum: int = 1, allow_none: bool = F
     if number is None or number < minimum:
         allowed = f"an integer >= {minimum}" if minimum > 1 else ("0 or a positive integer" if minimum == 0
                                                                   else "a positive integer")
-        shown = number if number is not None else value  # "--workers -1" reads as -1, not '-1'
-        raise InvalidOptionError(f"Invalid {flag} {shown!r}. Use {allowed}.")
+        raise InvalidOptionError(f"Invalid {flag} {value!r}. Use {allowed}.")  # as given: '-1' from the CLI
     return number
 
 
