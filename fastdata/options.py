@@ -138,7 +138,7 @@ class ConvertOptions:
     """
 
     format: str | None = _option(None, "output format: {formats} (default: from OUTPUT's name: .npy npy, "
-                                 ".h5/.hdf5 hdf5, .tar or no extension tar)", key=True, metavar="FORMAT")
+                                 ".h5/.hdf5 hdf5, .tar or no extension tar)", key=True, metavar="{formats}")
     store: str = _option("raw", "raw: decoded pixels (fastest to read, one image size); encoded: the image "
                          "files' bytes (small, decoded when read)", key=True, metavar="raw|encoded")
     mode: str = _option("auto", "auto (L when every image is grayscale, else RGB), RGB or L", key=True,

@@ -3,6 +3,8 @@ that parse, and deprecated spellings that still work (run in this process throug
 
 from __future__ import annotations
 
+import argparse
+import shlex
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,73 @@ def test_invalid_values_are_quoted_as_typed(uniform_folder: Path, tmp_path: Path
     out = tmp_path / "out"
     assert cli(capsys, "convert", uniform_folder, out, "--quiet", *flags) == (1, "", f"fastdata: error: {message}\n")
     assert not out.exists()
+
+
+# --- help for every option, readable metavars, a description and runnable examples --------------
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    from fastdata.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None:
+    commands = subcommands()
+    assert sorted(commands) == ["bench", "convert", "info", "tune", "verify"]
+    for name, parser in commands.items():
+        for action in parser._actions:
+            shown = action.option_strings or [action.dest]
+            assert action.help and action.help.strip(), (name, shown)
+            if action.nargs == 0 or action.choices is not None:
+                continue  # a flag, or shown as its choices
+            metavar = action.metavar
+            assert metavar is not None, (name, shown)  # never argparse's dest spelled in capitals
+            assert "_" not in metavar and not (action.option_strings and metavar == action.dest.upper()), \
+                (name, shown, metavar)
+
+
+def test_defaults_are_shown_once_and_none_or_false_never() -> None:
+    for name, parser in subcommands().items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            text = formatter._expand_help(action)
+            assert text.count("default") <= 1 and "default: None" not in text and "default: False" not in text, text
+    helps = {name: " ".join(parser.format_help().split()) for name, parser in subcommands().items()}
+    assert "--batch-size N DataLoader batch_size (default: 256)" in helps["bench"]
+    assert "--epochs N measured epochs per configuration (median reported) (default: 3)" in helps["bench"]
+    assert "--format hdf5|npy|tar output format: hdf5, npy, tar (default: from OUTPUT's name: .npy npy, .h5/.hdf5 " \
+           "hdf5, .tar or no extension tar)" in helps["convert"]
+    assert "--store raw|encoded raw: decoded pixels" in helps["convert"] and "read) (default: raw)" in helps["convert"]
+
+
+def example_lines(parser: argparse.ArgumentParser) -> list[list[str]]:
+    lines = parser.epilog.split("Examples:\n", 1)[1].splitlines()
+    commands = [line.split("#", 1)[0] for line in lines if line.strip().startswith("fastdata ")]
+    return [shlex.split(command)[1:] for command in commands]
+
+
+@pytest.mark.parametrize("name", ["bench", "convert", "info", "tune", "verify"])
+def test_every_command_has_a_description_and_examples_that_parse(name: str) -> None:
+    from fastdata.cli import build_parser
+
+    parser = subcommands()[name]
+    assert parser.description and parser.epilog.startswith("Examples:\n")
+    examples = example_lines(parser)
+    assert 2 <= len(examples) <= 4 and all(args[0] == name for args in examples)
+    for args in examples:
+        parsed = build_parser().parse_args(args)  # an example that does not parse exits here
+        assert parsed.command == name
+    assert "Examples:" in parser.format_help()
+
+
+def test_the_top_level_examples_parse() -> None:
+    from fastdata.cli import build_parser
+
+    parser = build_parser()
+    examples = example_lines(parser)
+    assert len(examples) == 3
+    for args in examples:
+        assert build_parser().parse_args(args).command == args[0]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import disk_usage, human_bytes
+from fastdata.cli.common import add_command, disk_usage, human_bytes
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -67,20 +67,26 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-
-
 def add_parsers(commands) -> None:
-    info = commands.add_parser("info", help="show a converted dataset's manifest",
-                               description="Show what a converted dataset holds: format, samples, image shape, "
-                               "classes, files and where it came from.")
-    info.add_argument("path", help="a dataset written by 'fastdata convert'")
-    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    info = add_command(
+        commands, "info", help="show a converted dataset's manifest",
+        description="Show what a converted dataset holds: format, samples, image shape, classes, files and where "
+        "it came from.",
+        examples="""
+  fastdata info out/photos.npy
+  fastdata info out/cifar.h5 --json      # the whole manifest, for scripts
+""")
+    info.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
+    info.add_argument("--json", action="store_true", help="print the manifest (and size_bytes) as JSON")
     info.set_defaults(run=run_info)
-    check = commands.add_parser(
-        "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
+    check = add_command(
+        commands, "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
         description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "
         "label range and the manifest itself. Exit 0 when sound; otherwise list each problem and exit 1.",
-    )
-    check.add_argument("path", help="a dataset written by 'fastdata convert'")
+        examples="""
+  fastdata verify out/photos.npy           # every checksum, count and label
+  fastdata verify out/cifar.h5 --deep      # also decode every sample through the reader
+""")
+    check.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
     check.add_argument("--deep", action="store_true", help="also decode every sample through the reader")
     check.set_defaults(run=run_verify)
