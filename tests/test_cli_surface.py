@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fastdata.cli import main
+from fastdata.cli.common import DeprecatedAlias
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
@@ -65,6 +66,9 @@ def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None
     for name, parser in commands.items():
         for action in parser._actions:
             shown = action.option_strings or [action.dest]
+            if action.help == argparse.SUPPRESS:  # only deprecated spellings are hidden
+                assert isinstance(action, DeprecatedAlias), (name, shown)
+                continue
             assert action.help and action.help.strip(), (name, shown)
             if action.nargs == 0 or action.choices is not None:
                 continue  # a flag, or shown as its choices
@@ -77,7 +81,7 @@ def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None
 def test_defaults_are_shown_once_and_none_or_false_never() -> None:
     for name, parser in subcommands().items():
         formatter = parser._get_formatter()
-        for action in parser._actions:
+        for action in (a for a in parser._actions if a.help != argparse.SUPPRESS):
             text = formatter._expand_help(action)
             assert text.count("default") <= 1 and "default: None" not in text and "default: False" not in text, text
     helps = {name: " ".join(parser.format_help().split()) for name, parser in subcommands().items()}
@@ -116,3 +120,38 @@ def test_the_top_level_examples_parse() -> None:
     assert len(examples) == 3
     for args in examples:
         assert build_parser().parse_args(args).command == args[0]
+
+
+# --- one spelling per meaning; the old ones still work for a release ------------------------------
+
+SPELLINGS = [  # (command, old, new, deprecation warning or "")
+    ("bench", ["--workers", "0,2"], ["--num-workers", "0,2"], "fastdata: --workers is deprecated for bench; use "
+                                                              "--num-workers\n"),
+    ("bench", ["--store", "raw"], ["--stores", "raw"], ""),
+    ("bench", ["--format", "npy"], ["--formats", "npy"], ""),
+    ("bench", ["--backend", "thread"], ["--backends", "thread"], ""),
+    ("tune", ["--backend", "thread"], ["--backends", "thread"], ""),
+]
+
+
+@pytest.mark.parametrize("command,old,new,warning", SPELLINGS, ids=[f"{c} {o[0]}" for c, o, _, _ in SPELLINGS])
+def test_old_and_new_spellings_parse_alike(capsys, command: str, old: list[str], new: list[str], warning: str) -> None:
+    from fastdata.cli import build_parser
+
+    parsed_new = build_parser().parse_args([command, "src", *new])
+    assert capsys.readouterr().err == ""
+    parsed_old = build_parser().parse_args([command, "src", *old])
+    assert capsys.readouterr().err == warning
+    assert vars(parsed_old) == vars(parsed_new)
+    assert vars(build_parser().parse_args([command, "src"])) != vars(parsed_new)  # the value did arrive
+
+
+def test_deprecated_workers_is_hidden_and_the_bench_runs_with_it(tmp_path: Path, capsys) -> None:
+    bench_help = subcommands()["bench"].format_help()
+    assert "--num-workers LIST" in bench_help and "--workers" not in bench_help
+    assert "--stores LIST, --store LIST" in bench_help and "--formats LIST, --format LIST" in bench_help
+    code, _, err = cli(capsys, "bench", "torchvision:FakeData", "--source-option", "size=8", "--source-option",
+                       "image_size=(3, 6, 5)", "--formats", "npy", "--stores", "raw", "--workers", "x", "--quiet",
+                       "--out", tmp_path / "b")
+    assert (code, err) == (1, "fastdata: --workers is deprecated for bench; use --num-workers\n"
+                              "fastdata: error: Invalid --num-workers 'x'. Use a list like '0,1,2,4' or 'auto'.\n")

@@ -41,7 +41,7 @@ def parse_workers(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or counts[0] < 0:
-        raise InvalidOptionError(f"Invalid --workers {text!r}. Use a list like '0,1,2,4' or 'auto'.")
+        raise InvalidOptionError(f"Invalid --num-workers {text!r}. Use a list like '0,1,2,4' or 'auto'.")
     return counts
 
 
@@ -85,7 +85,7 @@ class BenchConfig:
             (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
             (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
             (bool(self.backends) and all(b in BACKENDS for b in self.backends),
-             f"Unknown --backend {','.join(self.backends)!r}. Allowed: {', '.join(map(repr, BACKENDS))}."),
+             f"Unknown --backends {','.join(self.backends)!r}. Allowed: {', '.join(map(repr, BACKENDS))}."),
         ]
         for ok, message in checks:
             if not ok:

@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastdata.cli.common import add_command, human_bytes
+from fastdata.cli.common import DeprecatedAlias, add_command, human_bytes
 from fastdata.errors import InvalidOptionError
 from fastdata.options import parse_source_option
 
 
 EXAMPLES = """
   fastdata bench --demo                                  # a generated image folder: about a minute
-  fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --workers 0,2,4
+  fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --num-workers 0,2,4
   fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
   fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
 """
@@ -33,14 +33,15 @@ def add_parser(commands) -> None:
                         help="image folder, torchvision:NAME, a converted dataset, or module:name (any map-style "
                         "Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
-    parser.add_argument("--formats", default=",".join(available_formats()), metavar="LIST",
+    parser.add_argument("--formats", "--format", dest="formats", default=",".join(available_formats()), metavar="LIST",
                         help=f"comma-separated formats (default: all: {','.join(available_formats())})")
-    parser.add_argument("--store", default="raw,encoded", metavar="LIST",
-                        help="stores of the converted formats (default: raw,encoded)")
+    parser.add_argument("--stores", "--store", dest="store", default="raw,encoded", metavar="LIST",
+                        help="comma-separated stores of the converted formats (default: raw,encoded)")
     parser.add_argument("--resize", metavar="HxW",
                         help="raw conversions store this size; encoded/folder reads resize to it")
-    parser.add_argument("--workers", default="auto", metavar="LIST",
-                        help="num_workers list, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
+    parser.add_argument("--num-workers", dest="workers", default="auto", metavar="LIST",
+                        help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
+    parser.add_argument("--workers", dest="workers", action=DeprecatedAlias, command="bench", replacement="--num-workers")
     parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="DataLoader batch_size")
     parser.add_argument("--epochs", type=int, default=3, metavar="N",
                         help="measured epochs per configuration (median reported)")
@@ -60,8 +61,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--cache", default="warm", metavar="warm|cold",
                         help="warm, or cold: evict the dataset's files from the page cache each epoch")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
-    parser.add_argument("--backend", default="torch", metavar="LIST",
-                        help="fastdata.loader backends to measure on the fast path: torch,thread,process")
+    parser.add_argument("--backends", "--backend", dest="backend", default="torch", metavar="LIST",
+                        help="comma-separated fastdata.loader backends to measure on the fast path: "
+                        "torch,thread,process")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out)")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")

@@ -32,6 +32,19 @@ class HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, kept for a release: it sets the new option's value and prints
+    one line to stderr naming the new spelling; it is left out of ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, command: str, replacement: str, **kwargs: Any):
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.command, self.replacement = command, replacement
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"fastdata: {option_string} is deprecated for {self.command}; use {self.replacement}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_command(commands, name: str, *, help: str, description: str, examples: str) -> argparse.ArgumentParser:
     """A subcommand with the shared formatter and an ``Examples:`` epilog (one command a line,
     each runnable as written; ``#`` starts a comment)."""

@@ -39,8 +39,8 @@ def add_parser(commands) -> None:
                       help="the training step per batch, simulated by a sleep (default: 0)")
     step.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
     parser.add_argument("--budget-s", type=float, default=60.0, metavar="S", help="time limit for the whole run (default: 60)")
-    parser.add_argument("--backend", default="torch,thread,process", metavar="LIST",
-                        help="backends to choose among (default: torch,thread,process)")
+    parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
+                        help="comma-separated backends to choose among (default: torch,thread,process)")
     parser.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
                         help="worker start method to plan for (default: this platform's; spawn on Windows/macOS)")
     parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
