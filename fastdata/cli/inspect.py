@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import add_command, disk_usage, human_bytes
+from fastdata.cli.common import LazyBar, add_command, disk_usage, human_bytes
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -57,7 +57,14 @@ def run_info(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from fastdata.verification import verify
 
-    report = verify(args.path, deep=args.deep)
+    bar = LazyBar(disable=args.quiet, desc="verify --deep")
+    try:
+        report = verify(args.path, deep=args.deep, progress=bar.update)
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
     print(report.summary())
     if report.ok:
         return 0
@@ -85,8 +92,13 @@ def add_parsers(commands) -> None:
         "label range and the manifest itself. Exit 0 when sound; otherwise list each problem and exit 1.",
         examples="""
   fastdata verify out/photos.npy           # every checksum, count and label
-  fastdata verify out/cifar.h5 --deep      # also decode every sample through the reader
+  fastdata verify out/cifar.h5 --deep      # also decode every sample, with a progress bar
+  fastdata verify out/photos-tar --json    # the result for scripts; exit 1 when damaged
 """)
     check.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
     check.add_argument("--deep", action="store_true", help="also decode every sample through the reader")
+    check.add_argument("--json", action="store_true",
+                       help="print the result as JSON (path, format, ok, deep, count, checksums, checked, problems); "
+                       "the exit status is the same")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
     check.set_defaults(run=run_verify)
