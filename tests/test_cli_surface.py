@@ -155,3 +155,10 @@ def test_deprecated_workers_is_hidden_and_the_bench_runs_with_it(tmp_path: Path,
                        "--out", tmp_path / "b")
     assert (code, err) == (1, "fastdata: --workers is deprecated for bench; use --num-workers\n"
                               "fastdata: error: Invalid --num-workers 'x'. Use a list like '0,1,2,4' or 'auto'.\n")
+
+
+def test_an_unknown_bench_store_is_refused_not_skipped(tmp_path: Path, capsys) -> None:
+    code, out, err = cli(capsys, "bench", "torchvision:FakeData", "--source-option", "size=8", "--formats", "npy",
+                         "--stores", "raw,zip", "--quiet", "--out", tmp_path / "b")
+    assert (code, out, err) == (1, "", "fastdata: error: Unknown --stores 'raw,zip'. Allowed: 'raw', 'encoded'.\n")
+    assert not (tmp_path / "b").exists()
