@@ -19,7 +19,7 @@ from fastdata import journal
 from fastdata.engine import Target, write_job
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, SourceChangedError
 from fastdata.fingerprint import describe_changes
-from fastdata.formats import find_manifest, get_format
+from fastdata.formats import find_manifest, format_for_output, get_format
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions, parse_reencode, parse_size
 from fastdata.outputs import (
@@ -48,11 +48,14 @@ def convert(
     :class:`~fastdata.options.ConvertOptions`; keyword ``overrides`` set its fields (``format``,
     ``store``, ``resize="64x64"``, ``workers``, ``resume``, ``root``/``split``/``download``/
     ``source_options`` for torchvision sources, ...) or the format's own options
-    (``compression`` for hdf5, ``shard_bytes`` for tar). ``progress(n, total)`` is called as each
-    n more samples complete.
+    (``compression`` for hdf5, ``shard_bytes`` for tar). Without ``format``, the output's name
+    decides it: ``.h5``/``.hdf5`` hdf5, ``.npy`` npy, ``.tar`` or no extension tar (another
+    extension is refused); a ``format`` that contradicts the extension is refused. ``progress(n,
+    total)`` is called as each n more samples complete.
     """
-    options = ConvertOptions.build(options, **overrides)
     output = Path(output)
+    overrides["format"] = format_for_output(output, overrides.get("format", options.format if options else None))
+    options = ConvertOptions.build(options, **overrides)
     check_output_path(output)
     return run_conversion(open_source(source, options), output, options, progress)
 
@@ -82,6 +85,7 @@ def run_conversion(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Convert ``src`` into ``output`` under the output rules of :mod:`fastdata.outputs`."""
+    options = options.for_output(output)
     check_output_path(output)
     check_not_source(output, src.protected())
     if not (options.overwrite or options.resume):  # refuse at once, before fingerprinting the source
@@ -150,6 +154,12 @@ def _keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ov
     if manifest.get("conversion_key") != target.key:
         if overwrite:
             return None
+        if manifest.get("format") != target.spec.name:
+            raise OutputExistsError(
+                f"Output {str(output)!r} is a {manifest.get('format')} dataset, but this conversion writes "
+                f"{target.spec.name} (from --format or the output's name); --resume does not replace it. Pass "
+                f"--format {manifest.get('format')} to resume it, or --overwrite to convert again."
+            )
         raise OutputExistsError(
             f"Output {str(output)!r} was converted from another source or with other options; "
             "--resume does not replace it. Pass --overwrite to convert again."

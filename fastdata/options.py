@@ -59,11 +59,12 @@ def parse_reencode(value: Any) -> tuple[str, int | None] | None:
     codec = "png" if match.group(1) == "png" else "jpeg"
     quality = int(match.group(2)) if match.group(2) else (90 if codec == "jpeg" else None)
     if quality is not None and not 1 <= quality <= 100:
-        raise InvalidOptionError(f"Invalid JPEG quality {quality} in --reencode {value!r}. Use 1..100.")
+        raise InvalidOptionError(f"Invalid --reencode {value!r}: JPEG quality {quality} is not in 1..100. "
+                                 "Use e.g. 'jpeg:90'.")
     return codec, quality
 
 
-def parse_bytes(value: Any, *, flag: str = "size") -> int:
+def parse_bytes(value: Any, *, flag: str) -> int:
     """``"256MB"`` -> 256_000_000, ``"1GiB"`` -> 2**30, ``"4096"`` or 4096 -> 4096."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -92,8 +93,7 @@ def parse_count(value: Any, *, flag: str, minimum: int = 1, allow_none: bool = F
     if number is None or number < minimum:
         allowed = f"an integer >= {minimum}" if minimum > 1 else ("0 or a positive integer" if minimum == 0
                                                                   else "a positive integer")
-        shown = number if number is not None else value  # "--workers -1" reads as -1, not '-1'
-        raise InvalidOptionError(f"Invalid {flag} {shown!r}. Use {allowed}.")
+        raise InvalidOptionError(f"Invalid {flag} {value!r}. Use {allowed}.")  # as given: '-1' from the CLI
     return number
 
 
@@ -133,10 +133,12 @@ class ConvertOptions:
     >>> ConvertOptions(format="hdf5", resize="64x64", compression="lzf")   # doctest: +SKIP
     Unknown fields are the format's own options (``compression``, ``shard_bytes``, ...), checked
     by that format. :meth:`replace` returns a copy with some values changed (validated again).
+    ``format=None`` (the default) means "from the output's name": :meth:`for_output` decides it
+    (:func:`fastdata.formats.format_for_output`) and checks the format's own options then.
     """
 
-    format: str = _option("npy", "output format: {formats}",
-                          key=True, metavar="FORMAT")
+    format: str | None = _option(None, "output format: {formats} (default: from OUTPUT's name: .npy npy, "
+                                 ".h5/.hdf5 hdf5, .tar or no extension tar)", key=True, metavar="{formats}")
     store: str = _option("raw", "raw: decoded pixels (fastest to read, one image size); encoded: the image "
                          "files' bytes (small, decoded when read)", key=True, metavar="raw|encoded")
     mode: str = _option("auto", "auto (L when every image is grayscale, else RGB), RGB or L", key=True,
@@ -174,11 +176,13 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         from fastdata.formats import get_format
 
-        spec = get_format(self.format, writable=True)
+        spec = get_format(self.format, writable=True) if self.format is not None else None
         set_ = object.__setattr__
-        if self.store not in STORES or self.store not in spec.stores:
-            allowed = ", ".join(repr(s) for s in spec.stores)
-            raise InvalidOptionError(f"Unknown store {self.store!r} for format {self.format!r}. Allowed: {allowed}.")
+        stores = spec.stores if spec is not None else STORES
+        if self.store not in STORES or self.store not in stores:
+            allowed = ", ".join(repr(s) for s in stores)
+            where = f" for format {self.format!r}" if spec is not None else ""
+            raise InvalidOptionError(f"Unknown store {self.store!r}{where}. Allowed: {allowed}.")
         _choice(self.mode, MODES, "mode")
         set_(self, "resize", parse_size(self.resize, flag="--resize", allow_single=True))
         set_(self, "center_crop", parse_size(self.center_crop, flag="--center-crop", allow_single=False))
@@ -188,7 +192,10 @@ class ConvertOptions:
         _choice(self.split, SPLITS, "split")
         set_(self, "source_options", dict(self.source_options or {}))
         given = self.format_options
-        if given is None or isinstance(given, dict):
+        if spec is None:  # checked by the format once the output's name decides it
+            set_(self, "format_options", dict(given or {}) if given is None or isinstance(given, dict)
+                 else dataclasses.asdict(given))
+        elif given is None or isinstance(given, dict):
             set_(self, "format_options", spec.make_options(dict(given or {})))
         elif spec.options is None or not isinstance(given, spec.options):
             raise InvalidOptionError(f"format_options {given!r} are not options of format {self.format!r}.")
@@ -205,12 +212,24 @@ class ConvertOptions:
         names = {f.name for f in dataclasses.fields(self)}
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         current = values.pop("format_options")
-        format_options = {} if overrides.get("format", self.format) != self.format or current is None \
-            else dataclasses.asdict(current)
+        if isinstance(current, dict):  # not checked yet: no format chosen
+            format_options = dict(current)
+        elif overrides.get("format", self.format) != self.format or current is None:
+            format_options = {}
+        else:
+            format_options = dataclasses.asdict(current)
         format_options.update(overrides.pop("format_options", None) or {})
         format_options.update({k: overrides.pop(k) for k in list(overrides) if k not in names})
         values.update(overrides)
         return ConvertOptions(**values, format_options=format_options)
+
+    def for_output(self, output: Any) -> "ConvertOptions":
+        """These options with the format decided for ``output`` (its extension, checked against
+        an explicit ``format``; see :func:`fastdata.formats.format_for_output`)."""
+        from fastdata.formats import format_for_output
+
+        chosen = format_for_output(output, self.format)
+        return self if chosen == self.format else self.replace(format=chosen)
 
     # --- what other parts derive from the fields --------------------------------------------
 
@@ -235,7 +254,7 @@ class ConvertOptions:
             if item.metadata.get("key"):
                 value = getattr(self, item.name)
                 if item.name == "format_options":
-                    value = dataclasses.asdict(value) if value is not None else {}
+                    value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(value or {})
                 fields[item.name] = list(value) if isinstance(value, tuple) else value
         return fields
 

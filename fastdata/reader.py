@@ -35,6 +35,14 @@ class OutputSpec:
 
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.
+
+    ``batch_transform`` takes image tensors ``[B, C, H, W]`` (after ``transform``) and applies on
+    every path, so a plain ``DataLoader`` gives what ``fastdata.loader`` gives: to each collated
+    batch where the reader collates (``ds[indices]``, ``fastdata.loader``, ``TarDataset(...,
+    batch_size=N)``), and to each image as a batch of one (``[1, C, H, W]``) where samples are
+    served one by one (``ds[i]``, ``__getitems__``, i.e. ``DataLoader(ds, batch_size=N)``). A
+    random transform therefore draws once per batch on the first and once per image on the
+    second. It needs ``image_format="tensor"``.
     """
 
     transform: Callable | None = None
@@ -46,14 +54,22 @@ class OutputSpec:
         if self.image_format not in IMAGE_FORMATS:
             allowed = ", ".join(map(repr, IMAGE_FORMATS))
             raise InvalidOptionError(f"Unknown image_format {self.image_format!r}. Allowed: {allowed}.")
+        if self.batch_transform is not None and self.image_format != "tensor":
+            raise InvalidOptionError(
+                f"batch_transform takes image tensors [B, C, H, W], but image_format={self.image_format!r} gives "
+                f"{'ndarrays' if self.image_format == 'numpy' else 'PIL images'}. Use image_format='tensor' (the "
+                "default), or apply the transform yourself."
+            )
 
     @property
     def per_sample(self) -> bool:
         """Whether a batch must be built sample by sample (a transform, or PIL images)."""
         return self.transform is not None or self.target_transform is not None or self.image_format == "pil"
 
-    def samples(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray) -> list[tuple[Any, Any]]:
-        """One ``(image, label)`` per row, transformed."""
+    def samples(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray, *,
+                collated_next: bool = False) -> list[tuple[Any, Any]]:
+        """One ``(image, label)`` per row, transformed (``batch_transform`` as a batch of one,
+        unless ``collated_next``: :meth:`batch` applies it to the whole batch)."""
         if self.image_format == "tensor":
             if isinstance(pixels, list):
                 images = [torch.from_numpy(p).permute(2, 0, 1) for p in pixels]
@@ -69,7 +85,17 @@ class OutputSpec:
             images = [self.transform(image) for image in images]
         if self.target_transform is not None:
             targets = [self.target_transform(label) for label in targets]
+        if self.batch_transform is not None and not collated_next:
+            images = [self._batch_transformed(image, 3)[0] for image in images]
         return list(zip(images, targets))
+
+    def _batch_transformed(self, images: Any, ndim: int) -> Any:
+        """``batch_transform`` of an image tensor (``ndim`` 3: one image, as a batch of one)."""
+        if not isinstance(images, torch.Tensor) or images.ndim != ndim:
+            got = f"a tensor of shape {tuple(images.shape)}" if isinstance(images, torch.Tensor) else type(images).__name__
+            raise TypeError(f"batch_transform takes image tensors [B, C, H, W]; the images here are {got} "
+                            "(from transform). Make transform return a (C, H, W) tensor.")
+        return self.batch_transform(images.unsqueeze(0) if ndim == 3 else images)
 
     def batch(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray,
               allocate: Callable | None = None) -> tuple[Any, Any]:
@@ -77,10 +103,14 @@ class OutputSpec:
         transforms, the transformed samples collated like torch's ``default_collate`` (PIL images
         that stay PIL images come back as a list)."""
         if self.per_sample:
-            samples = self.samples(pixels, labels)
+            samples = self.samples(pixels, labels, collated_next=True)
             if samples and all(isinstance(image, Image.Image) for image, _ in samples):
                 return [image for image, _ in samples], default_collate([label for _, label in samples])
-            return default_collate(samples)
+            collated = default_collate(samples)
+            if self.batch_transform is None:
+                return collated
+            images, targets = collated
+            return self._batch_transformed(images, 4), targets
         if isinstance(pixels, list):
             pixels = stack(pixels, allocate)
         targets = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))

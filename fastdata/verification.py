@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,9 +63,18 @@ class VerifyReport:
         decoded = ", every sample decoded" if self.deep else ""
         return f"{self.path}: {found} problem{'s' if found > 1 else ''} ({what}; {len(self.checked)} checksums checked{decoded})"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON values (``fastdata verify --json``)."""
+        return {"path": str(self.path), "format": self.format, "ok": self.ok, "deep": self.deep,
+                "count": self.count, "checksums": len(self.checked), "checked": list(self.checked),
+                "problems": list(self.problems)}
 
-def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
-    """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too."""
+
+def verify(path: str | os.PathLike, *, deep: bool = False,
+           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too, and
+    calls ``progress(n, total)`` as each n more samples are decoded (as :func:`fastdata.convert`
+    does while it converts)."""
     path = Path(path)
     try:
         manifest = require_manifest(path)
@@ -91,7 +100,7 @@ def verify(path: str | os.PathLike, *, deep: bool = False) -> VerifyReport:
         checked += [f"{path.name}:{name}" for name in manifest["files"]]
     if spec.verify is not None:
         problems += spec.verify(path, manifest, deep=deep)
-    problems += check_reader(path, manifest, spec, deep=deep)
+    problems += check_reader(path, manifest, spec, deep=deep, progress=progress)
     unique = tuple(dict.fromkeys(problems))  # a damaged file may fail two checks alike
     return VerifyReport(path, manifest["format"], count, deep, tuple(checked), unique)
 
@@ -136,7 +145,8 @@ def check_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
 # --- through the reader -------------------------------------------------------------------
 
 
-def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool) -> list[str]:
+def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool,
+                 progress: Callable[[int, int], None] | None = None) -> list[str]:
     """Open the format's reader: sample count, label range, and with ``deep`` every sample."""
     try:
         reader = spec.dataset(path, image_format="numpy")
@@ -148,7 +158,7 @@ def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool)
         problems.append(f"{str(path)!r}: {len(labels)} labels but the manifest says {manifest['count']} samples.")
     problems += check_label_range(path, labels, len(manifest["classes"]))
     if deep:
-        problems += _decode_all(reader)
+        problems += _decode_all(reader, progress or (lambda count, total: None))
     return problems
 
 
@@ -164,17 +174,22 @@ def check_label_range(path: Path, labels: np.ndarray, classes: int) -> list[str]
     return [f"{str(path)!r}: {shown}{more}; the manifest lists {classes} classes, so labels are 0..{classes - 1}."]
 
 
-def _decode_all(reader: Any) -> list[str]:
+def _decode_all(reader: Any, progress: Callable[[int, int], None]) -> list[str]:
     """Decode every sample; batches first, one sample at a time where a batch fails."""
+    total = len(reader)
     if not hasattr(reader, "__getitems__"):  # an iterable reader: stops at its first bad sample
+        done = 0
         try:
-            for _ in reader:
-                pass
+            for done, _ in enumerate(reader, 1):
+                if done % _DEEP_BATCH == 0:
+                    progress(_DEEP_BATCH, total)
         except FastdataError as exc:
             return [str(exc)]
+        finally:
+            progress(done % _DEEP_BATCH, total)
         return []
     problems = []
-    for start in range(0, len(reader), _DEEP_BATCH):
+    for start in range(0, total, _DEEP_BATCH):
         indices = list(range(start, min(start + _DEEP_BATCH, len(reader))))
         try:
             reader.__getitems__(indices)
@@ -184,4 +199,5 @@ def _decode_all(reader: Any) -> list[str]:
                     reader.__getitems__([index])
                 except FastdataError as exc:
                     problems.append(str(exc))
+        progress(len(indices), total)
     return problems

@@ -29,7 +29,7 @@ def test_auto_workers_for_any_core_count() -> None:
     assert auto_workers(6) == [0, 1, 2, 4, 6]
     assert auto_workers(64) == [0, 1, 2, 4, 8, 16, 32, 64]
     assert parse_workers("2,0,1,1") == [0, 1, 2]
-    with pytest.raises(InvalidOptionError, match="Invalid --workers 'x'"):
+    with pytest.raises(InvalidOptionError, match="Invalid --num-workers 'x'"):
         parse_workers("x")
 
 
@@ -137,7 +137,7 @@ def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path
 
 def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "fastdata", "bench", str(uniform_folder), "--formats", "folder,npy",
-               "--store", "raw", "--workers", "0", "--epochs", "1", "--warmup", "0", "--batch-size", "4",
+               "--stores", "raw", "--num-workers", "0", "--epochs", "1", "--warmup", "0", "--batch-size", "4",
                "--resize", "6x5", "--out", str(tmp_path / "b"), "--quiet"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

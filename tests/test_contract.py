@@ -139,12 +139,13 @@ def test_convert_options_parse_text_like_the_command_line() -> None:
     ({"center_crop": "8"}, "Invalid --center-crop '8'. Use 'HxW' (e.g. '56x56'), with positive integers."),
     ({"workers": -1}, "Invalid --workers -1. Use 0 or a positive integer."),
     ({"workers": "many"}, "Invalid --workers 'many'. Use 0 or a positive integer."),
-    ({"store": "zip"}, "Unknown store 'zip' for format 'npy'. Allowed: 'raw', 'encoded'."),
+    ({"store": "zip", "format": "npy"}, "Unknown store 'zip' for format 'npy'. Allowed: 'raw', 'encoded'."),
+    ({"store": "zip"}, "Unknown store 'zip'. Allowed: 'raw', 'encoded'."),
     ({"mode": "CMYK"}, "Unknown mode 'CMYK'. Allowed: 'auto', 'RGB', 'L'."),
     ({"split": "val"}, "Unknown split 'val'. Allowed: 'train', 'test'."),
     ({"reencode": "gif"}, "Invalid --reencode 'gif'. Use 'jpeg:Q' (Q in 1..100) or 'png'."),
     ({"format": "zarr"}, "Unknown format 'zarr'. Available formats: 'hdf5', 'npy', 'tar'."),
-    ({"compression": "lzf"}, "Option 'compression' does not apply to format 'npy'. Its options: none."),
+    ({"compression": "lzf", "format": "npy"}, "Option 'compression' does not apply to format 'npy'. Its options: none."),
 ])
 def test_convert_options_refuse_bad_values(overrides: dict, message: str) -> None:
     with pytest.raises(InvalidOptionError) as info:

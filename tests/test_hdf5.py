@@ -217,10 +217,10 @@ def test_plugin_compression_without_hdf5plugin_names_the_extra(monkeypatch) -> N
 @pytest.mark.parametrize(
     "options,error,message",
     [
-        ({"compression": "zip"}, InvalidOptionError, "Unknown compression 'zip'. Allowed: 'none', 'gzip"),
-        ({"compression": "gzip:12"}, InvalidOptionError, r"Invalid gzip level in compression 'gzip:12'. Use 0..9."),
-        ({"compression": "lzf:3"}, InvalidOptionError, r"Compression 'lzf' takes no level, got 'lzf:3'"),
-        ({"chunk_images": 0}, InvalidOptionError, "Invalid chunk_images 0. Use a positive integer."),
+        ({"compression": "zip"}, InvalidOptionError, "Invalid --compression 'zip'. Allowed: 'none', 'gzip"),
+        ({"compression": "gzip:12"}, InvalidOptionError, r"Invalid --compression 'gzip:12': the gzip level must be in 0..9. Use e.g. 'gzip:4'."),
+        ({"compression": "lzf:3"}, InvalidOptionError, r"Invalid --compression 'lzf:3': lzf takes no level. Use 'lzf'."),
+        ({"chunk_images": 0}, InvalidOptionError, "Invalid --chunk-images 0. Use a positive integer."),
         ({"level": 3}, InvalidOptionError, "Option 'level' does not apply to format 'hdf5'"),
     ],
 )
@@ -264,8 +264,8 @@ def test_cli_flags_come_from_the_options() -> None:
     "flags,message",
     [
         (["--compression", "zstd"], "compression 'zstd' needs the 'hdf5plugin' package"),
-        (["--compression", "zip"], "Unknown compression 'zip'"),
-        (["--chunk-images", "0"], "Invalid chunk_images 0"),
+        (["--compression", "zip"], "Invalid --compression 'zip'"),
+        (["--chunk-images", "0"], "Invalid --chunk-images '0'. Use a positive integer."),
         (["--store", "encoded", "--compression", "lzf"], "Option compression='lzf' applies to --store raw only"),
     ],
 )

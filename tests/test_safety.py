@@ -235,8 +235,8 @@ def test_output_equal_to_inside_or_containing_the_source_is_refused(tmp_path: Pa
     cases = [
         (source, f"Output {str(source)!r} is the source folder itself; fastdata never writes over what it reads."),
         (work, f"Output {str(work)!r} contains the source folder {str(source)!r}; replacing it would delete the source."),
-        (source / "a" / "out.npy", f"Output {str(source / 'a' / 'out.npy')!r} is inside the source folder "
-                                   f"{str(source)!r}; it would be read as part of the source next time."),
+        (source / "a" / "out", f"Output {str(source / 'a' / 'out')!r} is inside the source folder "
+                               f"{str(source)!r}; it would be read as part of the source next time."),
     ]
     for output, message in cases:
         for flags in ([], ["--overwrite"], ["--resume"]):
@@ -257,8 +257,8 @@ def test_overwrite_replaces_only_a_fastdata_dataset(tmp_path: Path, capsys) -> N
     assert "--overwrite" not in refusal
     assert one_error_line(cli_here(capsys, "convert", source, mine, "--quiet", "--overwrite")) == refusal
     assert (mine / "sub" / "notes.txt").read_text() == "keep me"
-    out = tmp_path / "out.npy"
-    assert cli_here(capsys, "convert", source, out, "--quiet").returncode == 0
+    out = tmp_path / "out"  # no extension: --format decides, so npy can be replaced by hdf5 below
+    assert cli_here(capsys, "convert", source, out, "--quiet", "--format", "npy").returncode == 0
     (out / "my-notes.txt").write_text("also mine")
     message = one_error_line(cli_here(capsys, "convert", source, out, "--quiet", "--overwrite"))
     assert message == (f"Output {str(out)!r} is a fastdata dataset but also holds 'my-notes.txt', which its "

@@ -174,14 +174,14 @@ def test_rerun_is_byte_identical(uniform_folder, tmp_path):
     "value, expected", [("256MB", 256 * 10**6), ("1GiB", 2**30), ("4096", 4096), (" 1.5 kB ", 1500), (7, 7)]
 )
 def test_parse_bytes(value, expected):
-    assert parse_bytes(value) == expected
+    assert parse_bytes(value, flag="--shard-bytes") == expected
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"shard_bytes": "lots"}, "Invalid size 'lots'. Use bytes or a number with kB, MB"),
-        ({"shard_bytes": "0MB"}, "Invalid size '0MB'. Use a positive size"),
+        ({"shard_bytes": "lots"}, "Invalid --shard-bytes 'lots'. Use bytes or a number with kB, MB"),
+        ({"shard_bytes": "0MB"}, "Invalid --shard-bytes '0MB'. Use a positive size"),
         ({"shard_samples": 0}, "Invalid --shard-samples 0. Use a positive integer."),
         ({"shard_samples": "many"}, "Invalid --shard-samples 'many'."),
     ],

@@ -122,7 +122,7 @@ def test_sweep_refuses_what_it_cannot_measure() -> None:
         fastdata.sweep(tensor_dataset(10), paths=["slow"])
     with pytest.raises(InvalidOptionError, match="needs a map-style Dataset"):
         fastdata.sweep(object())
-    with pytest.raises(InvalidOptionError, match="Unknown --backend"):
+    with pytest.raises(InvalidOptionError, match="Unknown --backends 'gpu'"):
         fastdata.sweep(tensor_dataset(10), backends=["gpu"])
 
 
@@ -256,7 +256,7 @@ def test_cli_tune_mnist_predicts_converting_it(mnist_root: Path, tmp_path: Path)
 
 
 def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path: Path) -> None:
-    done = run_cli("bench", f"{user_module}:dataset", "--batch-size", "10", "--workers", "0,1", "--backend", "torch,thread",
+    done = run_cli("bench", f"{user_module}:dataset", "--batch-size", "10", "--num-workers", "0,1", "--backends", "torch,thread",
                    "--epochs", "1", "--warmup", "0", "--step", f"{user_module}:step", "--out", str(tmp_path / "b"),
                    "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

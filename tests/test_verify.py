@@ -292,7 +292,7 @@ def run_cli(*args: object) -> subprocess.CompletedProcess:
 
 def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> None:
     out = convert(uniform_folder, tmp_path, "npy", "raw")
-    sound = run_cli("verify", out, "--deep")
+    sound = run_cli("verify", out, "--deep", "--quiet")
     assert (sound.returncode, sound.stdout, sound.stderr) == (
         0, f"{out}: OK (npy, 12 samples; 2 checksums match, every sample decodes)\n", ""
     )
@@ -316,6 +316,50 @@ def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> No
     ]:
         result = run_cli("verify", *args)
         assert (result.returncode, result.stdout, result.stderr) == (1, "", message)
+
+
+def cli_here(capsys, *args: object) -> tuple[int, str, str]:
+    from fastdata.cli import main
+
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_json_for_a_sound_and_a_damaged_dataset(uniform_folder: Path, tmp_path: Path, capsys) -> None:
+    out = convert(uniform_folder, tmp_path, "npy", "raw")
+    code, stdout, err = cli_here(capsys, "verify", out, "--json", "--deep", "--quiet")
+    assert (code, err) == (0, "")
+    assert json.loads(stdout) == {"path": str(out), "format": "npy", "ok": True, "deep": True, "count": 12,
+                                  "checksums": 2, "checked": ["images.npy", "labels.npy"], "problems": []}
+    recorded = json.loads((out / MANIFEST_NAME).read_text())["files"]["images.npy"]["blake2b"]
+    flip(out / "images.npy", 500)
+    (out / "junk").write_bytes(b"")
+    code, stdout, err = cli_here(capsys, "verify", out, "--json")
+    assert (code, err) == (1, "")
+    assert json.loads(stdout) == {"path": str(out), "format": "npy", "ok": False, "deep": False, "count": 12,
+                                  "checksums": 2, "checked": ["images.npy", "labels.npy"], "problems": [
+        f"{str(out / 'images.npy')!r}: blake2b {file_checksum(out / 'images.npy')[:16]}... does not match the "
+        f"manifest's {recorded[:16]}... (the file is damaged).",
+        f"{str(out / 'junk')!r}: not listed in the manifest (left by an interrupted conversion, or added later). "
+        "Remove it if it is not yours.",
+    ]}
+    assert json.loads(stdout) == fastdata.verify(out).to_dict()
+
+
+@pytest.mark.parametrize("name,store", WRITABLE, ids=IDS)
+def test_deep_verify_shows_a_progress_bar_unless_quiet(uniform_folder: Path, tmp_path: Path, capsys, name: str,
+                                                       store: str) -> None:
+    out = convert(uniform_folder, tmp_path, name, store)
+    summary = f"{out}: OK ({name}, 12 samples; "
+    code, stdout, err = cli_here(capsys, "verify", out, "--deep")
+    assert code == 0 and stdout.startswith(summary) and stdout.endswith(", every sample decodes)\n")
+    assert "verify --deep: 100%" in err and "12/12" in err and err.count("\n") == 1
+    assert cli_here(capsys, "verify", out, "--deep", "--quiet")[1:] == (stdout, "")
+    assert cli_here(capsys, "verify", out)[2] == ""  # nothing to decode: no bar
+    seen: list[tuple[int, int]] = []
+    assert fastdata.verify(out, deep=True, progress=lambda count, total: seen.append((count, total))).ok
+    assert sum(count for count, _ in seen) == 12 and {total for _, total in seen} == {12}
 
 
 def test_library_errors_for_paths_that_hold_no_dataset(uniform_folder: Path, tmp_path: Path) -> None:

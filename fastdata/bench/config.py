@@ -41,7 +41,7 @@ def parse_workers(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or counts[0] < 0:
-        raise InvalidOptionError(f"Invalid --workers {text!r}. Use a list like '0,1,2,4' or 'auto'.")
+        raise InvalidOptionError(f"Invalid --num-workers {text!r}. Use a list like '0,1,2,4' or 'auto'.")
     return counts
 
 
@@ -69,6 +69,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         from fastdata.importing import is_import_string
+        from fastdata.options import STORES
 
         checks = [
             (self.transform in TRANSFORMS or is_import_string(self.transform),
@@ -84,8 +85,10 @@ class BenchConfig:
             (self.warmup >= 0, f"Invalid --warmup {self.warmup!r}. Use 0 or more."),
             (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
             (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
+            (all(store in STORES for store in self.stores),
+             f"Unknown --stores {','.join(self.stores)!r}. Allowed: {', '.join(map(repr, STORES))}."),
             (bool(self.backends) and all(b in BACKENDS for b in self.backends),
-             f"Unknown --backend {','.join(self.backends)!r}. Allowed: {', '.join(map(repr, BACKENDS))}."),
+             f"Unknown --backends {','.join(self.backends)!r}. Allowed: {', '.join(map(repr, BACKENDS))}."),
         ]
         for ok, message in checks:
             if not ok:

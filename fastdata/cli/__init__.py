@@ -22,11 +22,18 @@ from fastdata.errors import FastdataError
 
 def build_parser() -> argparse.ArgumentParser:
     from fastdata.cli import bench, convert, inspect, tune
+    from fastdata.cli.common import HelpFormatter
 
     parser = argparse.ArgumentParser(
         prog="fastdata",
         description="Convert image datasets once into fast formats, and measure which format and "
         "DataLoader num_workers feed PyTorch fastest on this machine.",
+        epilog="Examples:\n"
+        "  fastdata convert ./photos out/photos.npy --resize 64x64\n"
+        "  fastdata bench --demo\n"
+        "  fastdata tune out/photos.npy --batch-size 256\n\n"
+        "Run 'fastdata COMMAND --help' for a command's options and more examples.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("-V", "--version", action="version", version=f"fastdata {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

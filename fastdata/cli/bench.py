@@ -6,46 +6,68 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastdata.cli.common import human_bytes
+from fastdata.cli.common import DeprecatedAlias, add_command, human_bytes
 from fastdata.errors import InvalidOptionError
 from fastdata.options import parse_source_option
+
+
+EXAMPLES = """
+  fastdata bench --demo                                  # a generated image folder: about a minute
+  fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --num-workers 0,2,4
+  fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
+  fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
+"""
 
 
 def add_parser(commands) -> None:
     from fastdata.formats import available_formats
 
-    parser = commands.add_parser(
-        "bench",
+    parser = add_command(
+        commands, "bench",
         help="measure every format x num_workers on this machine, and say why the best wins",
         description="Convert SOURCE to every format (cached under --out), read each one with every "
         "num_workers in a fresh process, and print a table plus one verdict per format.",
+        examples=EXAMPLES,
     )
-    parser.add_argument("source", nargs="?", help="image folder, torchvision:NAME, a converted dataset, or "
-                        "module:name (any map-style Dataset, or a zero-argument function returning one)")
+    parser.add_argument("source", nargs="?", metavar="SOURCE",
+                        help="image folder, torchvision:NAME, a converted dataset, or module:name (any map-style "
+                        "Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
-    parser.add_argument("--formats", default=",".join(available_formats()),
+    parser.add_argument("--formats", "--format", dest="formats", default=",".join(available_formats()), metavar="LIST",
                         help=f"comma-separated formats (default: all: {','.join(available_formats())})")
-    parser.add_argument("--store", default="raw,encoded", help="stores of the converted formats (default: raw,encoded)")
-    parser.add_argument("--resize", help="HxW: raw conversions store this size; encoded/folder reads resize to it")
-    parser.add_argument("--workers", default="auto", help="num_workers list, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=3, help="measured epochs per configuration (median reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured epochs first")
-    parser.add_argument("--step-ms", type=float, default=0.0, help="simulated training step per batch (sleep)")
+    parser.add_argument("--stores", "--store", dest="store", default="raw,encoded", metavar="LIST",
+                        help="comma-separated stores of the converted formats (default: raw,encoded)")
+    parser.add_argument("--resize", metavar="HxW",
+                        help="raw conversions store this size; encoded/folder reads resize to it")
+    parser.add_argument("--num-workers", dest="workers", default="auto", metavar="LIST",
+                        help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
+    parser.add_argument("--workers", dest="workers", action=DeprecatedAlias, command="bench", replacement="--num-workers")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="DataLoader batch_size")
+    parser.add_argument("--epochs", type=int, default=3, metavar="N",
+                        help="measured epochs per configuration (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="unmeasured epochs first")
+    parser.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
+                        help="simulated training step per batch (a sleep)")
     parser.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
-    parser.add_argument("--transform", default="none", help="none, normalize or augment (torchvision.transforms.v2), "
-                        "or MODULE:FUNCTION, a per-sample transform of your own")
-    parser.add_argument("--start-method", help="DataLoader worker start method: fork, spawn or forkserver")
-    parser.add_argument("--pin-memory", action="store_true")
-    parser.add_argument("--persistent-workers", action="store_true")
-    parser.add_argument("--prefetch-factor", type=int, default=2)
-    parser.add_argument("--cache", default="warm", help="warm, or cold: evict the dataset's files from the page cache each epoch")
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per configuration")
-    parser.add_argument("--backend", default="torch",
-                        help="fastdata.loader backends to measure on the fast path: torch,thread,process (default: torch)")
-    parser.add_argument("--out", default="bench-out", help="results and cached conversions (default: ./bench-out)")
-    parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
-    parser.add_argument("--split", default="train", help="torchvision sources: train or test")
+    parser.add_argument("--transform", default="none", metavar="NAME",
+                        help="none, normalize or augment (torchvision.transforms.v2), or MODULE:FUNCTION, a "
+                        "per-sample transform of your own")
+    parser.add_argument("--start-method", metavar="METHOD",
+                        help="DataLoader worker start method: fork, spawn or forkserver (default: the platform's)")
+    parser.add_argument("--pin-memory", action="store_true", help="DataLoader pin_memory=True")
+    parser.add_argument("--persistent-workers", action="store_true", help="DataLoader persistent_workers=True")
+    parser.add_argument("--prefetch-factor", type=int, default=2, metavar="N",
+                        help="DataLoader prefetch_factor (batches loaded ahead per worker)")
+    parser.add_argument("--cache", default="warm", metavar="warm|cold",
+                        help="warm, or cold: evict the dataset's files from the page cache each epoch")
+    parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
+    parser.add_argument("--backends", "--backend", dest="backend", default="torch", metavar="LIST",
+                        help="comma-separated fastdata.loader backends to measure on the fast path: "
+                        "torch,thread,process")
+    parser.add_argument("--out", default="bench-out", metavar="DIR",
+                        help="results and cached conversions (default: ./bench-out)")
+    parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
+    parser.add_argument("--split", default="train", metavar="train|test", help="torchvision sources: train or test")
     parser.add_argument("--download", action="store_true", help="torchvision sources: download if missing")
     parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra keyword for the torchvision dataset, e.g. size=1000 (repeatable)")

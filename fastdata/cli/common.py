@@ -1,10 +1,55 @@
-"""Helpers every ``fastdata`` command uses: sizes in words, manifests, the progress bar."""
+"""Helpers every ``fastdata`` command uses: the help layout, sizes in words, manifests, the progress bar."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every command's help: descriptions are wrapped, indented lines (the examples) are kept as
+    they are, and an option's default is shown when it has a real one (not None, False, an empty
+    list, or unset), unless its help already says it."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines: list[str] = []
+        for line in text.splitlines():
+            if line.startswith(" ") or not line.strip():
+                lines.append(indent + line)
+            else:
+                lines += textwrap.wrap(line, width, initial_indent=indent, subsequent_indent=indent)
+        return "\n".join(lines)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default is argparse.SUPPRESS
+                or default == [] or action.nargs == 0):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, kept for a release: it sets the new option's value and prints
+    one line to stderr naming the new spelling; it is left out of ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, command: str, replacement: str, **kwargs: Any):
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.command, self.replacement = command, replacement
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"fastdata: {option_string} is deprecated for {self.command}; use {self.replacement}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_command(commands, name: str, *, help: str, description: str, examples: str) -> argparse.ArgumentParser:
+    """A subcommand with the shared formatter and an ``Examples:`` epilog (one command a line,
+    each runnable as written; ``#`` starts a comment)."""
+    return commands.add_parser(name, help=help, description=description, formatter_class=HelpFormatter,
+                               epilog="Examples:\n" + examples.strip("\n"))
 
 
 def human_bytes(count: float) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import LazyBar, disk_usage, find_manifest, human_bytes
+from fastdata.cli.common import LazyBar, add_command, disk_usage, find_manifest, human_bytes
 from fastdata.errors import FastdataError
 
 _GROUPS = {"conversion": "conversion options", "run": "running", "source": "torchvision sources"}
@@ -46,12 +46,13 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     groups = {key: parser.add_argument_group(title) for key, title in _GROUPS.items()}
     for field in cli_fields():
         meta = field.metadata
-        help_text = meta["help"].format(formats=", ".join(available_formats(writable=True))) + _default_text(field)
+        writable = available_formats(writable=True)
+        help_text = meta["help"].format(formats=", ".join(writable)) + _default_text(field)
         kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
         if meta["kind"] == "flag":
             kwargs["action"] = "store_true"
         else:
-            kwargs["metavar"] = meta.get("metavar")
+            kwargs["metavar"] = meta["metavar"].format(formats="|".join(writable))
             if meta["kind"] == "append":
                 kwargs["action"] = "append"
         groups[meta["group"]].add_argument(_flag(field.name), **kwargs)
@@ -71,14 +72,28 @@ def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[s
     return given
 
 
+EXAMPLES = """
+  fastdata convert ./photos out/photos.npy --resize 64x64        # .npy: decoded pixels, memory-mapped
+  fastdata convert ./photos out/photos.h5 --store encoded        # .h5: the original bytes in one HDF5 file
+  fastdata convert torchvision:CIFAR10 --root ~/data out/cifar   # no extension: WebDataset tar shards
+  fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after Ctrl-C or a crash
+"""
+
+
 def add_parser(commands) -> None:
-    parser = commands.add_parser(
-        "convert",
+    parser = add_command(
+        commands, "convert",
         help="convert an image folder or torchvision dataset into a fast format",
-        description="Convert SOURCE (an image folder, 'torchvision:NAME', or a converted dataset) into OUTPUT.",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, or a converted "
+        "dataset) into OUTPUT, in the format its extension names (or --format).",
+        examples=EXAMPLES,
     )
-    parser.add_argument("source", help="image folder (ImageFolder layout), torchvision:NAME, or a converted dataset")
-    parser.add_argument("output", help="the dataset to create: a directory for npy and tar, a file for hdf5")
+    parser.add_argument("source", metavar="SOURCE",
+                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, or a converted "
+                        "dataset")
+    parser.add_argument("output", metavar="OUTPUT",
+                        help="the dataset to create: a directory for npy and tar, a file for hdf5; its extension "
+                        "picks the format unless --format is given (.npy npy, .h5/.hdf5 hdf5, .tar or none tar)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_option_flags(parser)
     parser.set_defaults(run=run_convert)
@@ -86,9 +101,12 @@ def add_parser(commands) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion import convert
+    from fastdata.formats import format_for_output
     from fastdata.options import ConvertOptions
 
-    options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))
+    given = options_from(args, skip=("source", "output", "quiet", "command", "run"))
+    given["format"] = format_for_output(args.output, given.get("format"))
+    options = ConvertOptions.build(**given)
     before = _manifest_digest(Path(args.output)) if options.resume else None
     bar = LazyBar(disable=args.quiet, desc=f"convert -> {options.format}")
     try:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import disk_usage, human_bytes
+from fastdata.cli.common import LazyBar, add_command, disk_usage, human_bytes
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -57,7 +57,14 @@ def run_info(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from fastdata.verification import verify
 
-    report = verify(args.path, deep=args.deep)
+    bar = LazyBar(disable=args.quiet, desc="verify --deep")
+    try:
+        report = verify(args.path, deep=args.deep, progress=bar.update)
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0 if report.ok else 1
     print(report.summary())
     if report.ok:
         return 0
@@ -67,20 +74,31 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-
-
 def add_parsers(commands) -> None:
-    info = commands.add_parser("info", help="show a converted dataset's manifest",
-                               description="Show what a converted dataset holds: format, samples, image shape, "
-                               "classes, files and where it came from.")
-    info.add_argument("path", help="a dataset written by 'fastdata convert'")
-    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    info = add_command(
+        commands, "info", help="show a converted dataset's manifest",
+        description="Show what a converted dataset holds: format, samples, image shape, classes, files and where "
+        "it came from.",
+        examples="""
+  fastdata info out/photos.npy
+  fastdata info out/cifar.h5 --json      # the whole manifest, for scripts
+""")
+    info.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
+    info.add_argument("--json", action="store_true", help="print the manifest (and size_bytes) as JSON")
     info.set_defaults(run=run_info)
-    check = commands.add_parser(
-        "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
+    check = add_command(
+        commands, "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
         description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "
         "label range and the manifest itself. Exit 0 when sound; otherwise list each problem and exit 1.",
-    )
-    check.add_argument("path", help="a dataset written by 'fastdata convert'")
+        examples="""
+  fastdata verify out/photos.npy           # every checksum, count and label
+  fastdata verify out/cifar.h5 --deep      # also decode every sample, with a progress bar
+  fastdata verify out/photos-tar --json    # the result for scripts; exit 1 when damaged
+""")
+    check.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
     check.add_argument("--deep", action="store_true", help="also decode every sample through the reader")
+    check.add_argument("--json", action="store_true",
+                       help="print the result as JSON (path, format, ok, deep, count, checksums, checked, problems); "
+                       "the exit status is the same")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
     check.set_defaults(run=run_verify)

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastdata.cli.common import add_command
 from fastdata.errors import InvalidOptionError
 from fastdata.options import parse_source_option
 
-EPILOG = """examples:
+EXAMPLES = """
   fastdata tune ./photos --resize 64x64          # an image folder (also predicts converting it)
   fastdata tune out/photos.npy --step-ms 30      # a converted dataset, a 30 ms training step
   fastdata tune mydata:train_set --batch-size 32 # any Dataset: module:name (a Dataset or a
@@ -21,13 +22,13 @@ EPILOG = """examples:
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser(
-        "tune",
+    parser = add_command(
+        commands, "tune",
         help="recommend backend, num_workers and loader options for a dataset, and say why",
         description="Measure the fetch, the cost of handing a batch from a worker to the loop, worker start-up, "
         "the training step and the usable cores; predict every backend x num_workers; confirm the best few with "
         "short probes within --budget-s; print the recommendation, what was measured, and why.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument("source", metavar="SOURCE",
                         help="module:name (a Dataset or a function returning one), an image folder, "
@@ -38,14 +39,14 @@ def add_parser(commands) -> None:
                       help="the training step per batch, simulated by a sleep (default: 0)")
     step.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
     parser.add_argument("--budget-s", type=float, default=60.0, metavar="S", help="time limit for the whole run (default: 60)")
-    parser.add_argument("--backend", default="torch,thread,process", metavar="LIST",
-                        help="backends to choose among (default: torch,thread,process)")
+    parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
+                        help="comma-separated backends to choose among (default: torch,thread,process)")
     parser.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
                         help="worker start method to plan for (default: this platform's; spawn on Windows/macOS)")
     parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
                         "(needed when image sizes differ)")
-    parser.add_argument("--root", help="torchvision sources: the dataset's root folder")
-    parser.add_argument("--split", default="train", help="torchvision sources: train or test (default: train)")
+    parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
+    parser.add_argument("--split", default="train", metavar="train|test", help="torchvision sources: train or test (default: train)")
     parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra keyword for the torchvision dataset (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the recommendation as JSON only")

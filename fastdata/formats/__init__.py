@@ -17,6 +17,7 @@ from fastdata.errors import InvalidOptionError, UnknownFormatError
 
 _BUILTIN_MODULES = ("fastdata.formats.folder", "fastdata.formats.hdf5", "fastdata.formats.npy", "fastdata.formats.tar")
 _REGISTRY: dict[str, "FormatSpec"] = {}
+NO_EXTENSION_FORMAT = "tar"  # an output named without an extension (a directory of shards)
 _loaded = False
 
 
@@ -29,7 +30,8 @@ class FormatSpec:
     DataLoader and a conversion from this format use), and ``self_batching`` says that it can
     collate whole batches itself (``dataset(path, batch_size=...)``). ``writer`` is None for
     read-only formats; ``baseline`` marks what the bench compares against (the source as it
-    is). ``options`` is a frozen dataclass of format-specific conversion options; each field's
+    is). ``suffixes`` are the output-name extensions (lower case) that select this format when
+    ``--format`` is not given (:func:`format_for_output`). ``options`` is a frozen dataclass of format-specific conversion options; each field's
     ``metadata`` may hold ``help`` and ``metavar`` for the CLI. ``read_manifest(path)`` (single-file
     formats only; directories carry ``manifest.json``) returns the manifest dict when the file
     holds a dataset of this format, else None. ``verify(path, manifest, *, deep)`` returns the
@@ -42,6 +44,7 @@ class FormatSpec:
     writer: type | None = None
     stores: tuple[str, ...] = ("raw", "encoded")
     suffix: str = ""
+    suffixes: tuple[str, ...] = ()
     layout_version: int = 1
     options: type | None = None
     read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
@@ -136,6 +139,40 @@ def get_format(name: str, *, writable: bool = False) -> FormatSpec:
         kind = "output format" if writable and spec is not None else "format"
         raise UnknownFormatError(f"Unknown {kind} {name!r}. Available formats: {names}.")
     return spec
+
+
+def format_for_output(output: str | Path, given: str | None = None) -> str:
+    """The format to write ``output`` in, the way ``fastdata convert`` decides it.
+
+    Without ``given``, the output's extension names it (``.h5``/``.hdf5`` hdf5, ``.npy`` npy,
+    ``.tar`` tar; see each format's ``suffixes``), and a name without an extension is tar; an
+    extension no format claims is refused rather than guessed. ``given`` is checked against a
+    recognised extension (``--format npy out/x.h5`` is refused); with no extension, or one no
+    format claims, ``given`` is used as it is.
+    """
+    path = Path(output)
+    extension = path.suffix.lower()
+    named = next((spec for spec in all_formats() if spec.writable and extension in spec.suffixes), None)
+    if given is not None:
+        spec = get_format(given, writable=True)
+        if named is not None and named.name != spec.name:
+            renamed = path.with_suffix(spec.suffixes[0] if spec.suffixes else "")
+            raise InvalidOptionError(
+                f"--format {spec.name} does not match the output name {str(path)!r} ({path.suffix} is {named.name}). "
+                f"Leave out --format (or pass --format {named.name}) to write {named.name}, "
+                f"or name the output {str(renamed)!r} to write {spec.name}."
+            )
+        return spec.name
+    if named is not None:
+        return named.name
+    if not extension:
+        return NO_EXTENSION_FORMAT
+    known = ", ".join(sorted(s for spec in all_formats() if spec.writable for s in spec.suffixes))
+    raise InvalidOptionError(
+        f"Cannot tell the output format from the name {str(path)!r}: no format uses {path.suffix!r} "
+        f"(known: {known}; no extension is {NO_EXTENSION_FORMAT}). Pass --format "
+        f"({', '.join(available_formats(writable=True))}), or rename the output."
+    )
 
 
 def all_formats() -> list[FormatSpec]:

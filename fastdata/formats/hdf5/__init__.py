@@ -38,6 +38,7 @@ register(
         dataset=HDF5Dataset,
         writer=HDF5Writer,
         suffix=".h5",
+        suffixes=(".h5", ".hdf5"),
         layout_version=LAYOUT_VERSION,
         options=HDF5Options,
         read_manifest=read_manifest,

@@ -27,18 +27,19 @@ def parse_compression(value: str | None) -> str | None:
     match = re.fullmatch(r"(gzip|lzf|blosc|lz4|zstd)(?::(\d+))?", text)
     allowed = "'none', 'gzip[:0-9]', 'lzf', and with hdf5plugin 'blosc[:0-9]', 'lz4', 'zstd[:1-22]'"
     if not match:
-        raise InvalidOptionError(f"Unknown compression {value!r}. Allowed: {allowed}.")
+        raise InvalidOptionError(f"Invalid --compression {value!r}. Allowed: {allowed}.")
     codec, level = match.group(1), match.group(2)
     if codec in PLUGIN_CODECS:
         import_hdf5plugin(f"compression {value!r}")
     if codec not in _LEVELS:
         if level is not None:
-            raise InvalidOptionError(f"Compression {codec!r} takes no level, got {value!r}. Use {codec!r}.")
+            raise InvalidOptionError(f"Invalid --compression {value!r}: {codec} takes no level. Use {codec!r}.")
         return codec
     low, high, default = _LEVELS[codec]
     level_value = default if level is None else int(level)
     if not low <= level_value <= high:
-        raise InvalidOptionError(f"Invalid {codec} level in compression {value!r}. Use {low}..{high}.")
+        raise InvalidOptionError(f"Invalid --compression {value!r}: the {codec} level must be in {low}..{high}. "
+                                 f"Use e.g. '{codec}:{default}'.")
     return f"{codec}:{level_value}"
 
 
@@ -75,7 +76,7 @@ class HDF5Options:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compression", parse_compression(self.compression))
-        object.__setattr__(self, "chunk_images", parse_count(self.chunk_images, flag="chunk_images", allow_none=True))
+        object.__setattr__(self, "chunk_images", parse_count(self.chunk_images, flag="--chunk-images", allow_none=True))
 
 
 def default_chunk_images(image_shape: tuple[int, ...], count: int) -> int:

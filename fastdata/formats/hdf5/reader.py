@@ -34,7 +34,9 @@ class HDF5Dataset(StoredDataset):
 
     The file is opened lazily in each process (never shared across fork). ``cache_bytes``
     bounds the decompressed chunks kept per process; ``use_memmap=False`` reads contiguous
-    data through h5py instead of memory-mapping it.
+    data through h5py instead of memory-mapping it. ``batch_transform`` takes image tensors
+    [B, C, H, W] on every path: each batch from ``ds[indices]``/``fastdata.loader``, each image as
+    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.OutputSpec`).
     """
 
     format_name = FORMAT

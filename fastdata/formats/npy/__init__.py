@@ -26,6 +26,7 @@ register(
         dataset=MemmapDataset,
         writer=MemmapWriter,
         suffix=".npy",
+        suffixes=(".npy",),
         layout_version=LAYOUT_VERSION,
         description="memory-mapped numpy arrays in a directory",
         verify=verify_files,

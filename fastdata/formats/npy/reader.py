@@ -17,6 +17,10 @@ class MemmapDataset(StoredDataset):
     >>> ds = MemmapDataset("out/cifar.npy")
     >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
     >>> images, labels = ds[[3, 1, 2]]  # uint8 (3, C, H, W), int64 (3,)
+
+    ``transform``/``target_transform`` apply per sample; ``batch_transform`` to image tensors
+    [B, C, H, W] on every path: each batch from ``ds[indices]``/``fastdata.loader``, each image as
+    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.OutputSpec`).
     """
 
     format_name = "npy"

@@ -31,6 +31,7 @@ register(
         name=FORMAT,
         dataset=TarDataset,
         writer=TarWriter,
+        suffixes=(".tar",),
         layout_version=LAYOUT_VERSION,
         options=TarOptions,
         verify=verify_shards,

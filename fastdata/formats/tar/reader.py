@@ -76,6 +76,8 @@ class TarIndexedDataset(StoredDataset):
 
     >>> ds = TarIndexedDataset("out/shards")
     >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
+
+    ``batch_transform`` applies on every path, as in :class:`fastdata.reader.OutputSpec`.
     """
 
     format_name = FORMAT

@@ -44,6 +44,8 @@ class TarDataset(ReaderOutput, IterableDataset):
     are left out per epoch). Yields ``(image, label)`` like the map-style readers, or with
     ``batch_size`` collated batches ``(uint8 [B, C, H, W], int64 [B])`` from one stacked read
     (each worker's last batch may be short); use those with ``DataLoader(batch_size=None)``.
+    ``batch_transform`` takes image tensors [B, C, H, W]: each batch with ``batch_size``, else
+    each image as a batch of one (see :class:`fastdata.reader.OutputSpec`).
 
     >>> loader = DataLoader(TarDataset("out/shards", seed=1), batch_size=256, num_workers=4)
     >>> loader = DataLoader(TarDataset("out/shards", batch_size=256), batch_size=None, num_workers=4)

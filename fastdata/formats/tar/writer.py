@@ -39,7 +39,7 @@ class TarOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shard_samples", parse_count(self.shard_samples, flag="--shard-samples"))
-        object.__setattr__(self, "shard_bytes", parse_bytes(self.shard_bytes))
+        object.__setattr__(self, "shard_bytes", parse_bytes(self.shard_bytes, flag="--shard-bytes"))
 
 
 class _ShardFile:
