@@ -8,7 +8,7 @@
    conversions store 224x224; the folder and encoded rows decode and resize per sample),
    1 warm-up + 2 measured epochs.
 
-Results (tables, verdicts, results.json/csv, throughput.png) go to benchmarks/out/readme-*/.
+Results (recommendation, tables, reasons, results.json/csv, throughput.png) go to benchmarks/out/readme-*/.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def main() -> None:
             if item["conversion_s"] is not None:
                 print(f"- {item['format']} {item['store']}: {item['disk_bytes'] / 1e6:.1f} MB, "
                       f"converted in {item['conversion_s']:.1f} s")
+        print(f"\nrecommendation: {result.recommendation}")
+        print("\n".join(result.warnings))
         print("\n```\n" + result.table + "\n```\n")
         print("\n".join(f"- {line}" for line in result.verdicts))
 

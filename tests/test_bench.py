@@ -267,8 +267,8 @@ def test_ties_inside_the_noise_go_to_the_simpler_setting() -> None:
     rows += cell_rows("npy", "encoded", "fast", {1: [1580, 1640, 1700]}, backend="thread")
     text = "\n".join(verdicts(rows, None))
     assert ("npy encoded fast: num_workers=1: a batch takes 10 ms to read and decode in one process, so 1 worker "
-            "overlaps it (transfer costs unmeasured) (num_workers=2 measured 1,650/s, within the noise: fewer workers "
-            "win the tie)") in text
+            "overlaps it (transfer costs unmeasured); num_workers=2 measured 1,650/s, within the noise: fewer workers "
+            "win the tie") in text
     assert "npy encoded fast: backend torch wins (1,600/s at num_workers=1; thread 1,640/s (nw=1)): a tie within " \
            "the noise with thread: the simpler one wins" in text
 
@@ -283,7 +283,7 @@ def test_recommendation_text_and_summary_fields() -> None:
     document = summary_document(rows, "folder")
     recommendation = document["recommendation"]
     assert recommendation["text"] == (
-        "use npy raw through fastdata.loader (the fast path) with num_workers=0: 100,000 samples/s, 50.0x the image "
+        "use npy raw through fastdata.loader (the fast path) with num_workers=0: 100,000 samples/s, 50x the image "
         "folder at its best; also within the noise: hdf5 raw fast nw=0; if you keep the image folder, use "
         "num_workers=2 (2,000 samples/s).")
     assert {key: recommendation[key] for key in ("format", "store", "read_path", "backend", "num_workers",
@@ -345,8 +345,8 @@ def test_plot_says_it_at_a_glance() -> None:
     bars, curves = fig.axes
     assert [t.get_text() for t in bars.get_yticklabels()] == ["folder standard", "hdf5 raw fast", "npy raw fast"]
     assert [t.get_text() for t in bars.texts] == ["2,000/s at nw=2 (baseline)",  # a tie: the first name wins
-                                                  "100,000/s at nw=0, 50.0x folder  <- recommended",
-                                                  "100,000/s at nw=0, 50.0x folder"]
+                                                  "100,000/s at nw=0, 50x folder  <- recommended",
+                                                  "100,000/s at nw=0, 50x folder"]
     lines = [line for line in curves.get_lines() if not line.get_label().startswith("_")]
     assert [line.get_label() for line in lines] == ["folder standard", "hdf5 raw fast", "npy raw fast",
                                                     "folder at its best (baseline)"]

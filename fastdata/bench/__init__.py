@@ -187,8 +187,11 @@ def run_bench(
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
                   on_case: Callable[[Case, int, int], None] | None = None) -> BenchResult:
-    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset, with
-    ``config``'s grid and loader options; the same results, table, verdicts and plot."""
+    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset (``source``
+    is ``"module:name"``, naming a map-style Dataset or a zero-argument function returning one),
+    with ``config``'s workers, backends and loader options (its formats and stores do not apply:
+    nothing is converted). Writes the same files and returns the same :class:`BenchResult` as
+    :func:`run_bench`; there is no baseline, so the recommendation has no speed-up."""
     from fastdata.bench.sweep import sweep
     from fastdata.importing import load_dataset
 

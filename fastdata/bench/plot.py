@@ -20,6 +20,7 @@ from typing import Any
 
 from fastdata.bench.report import _order, label
 from fastdata.bench.summary import choose, recommend, summarize
+from fastdata.explain import times
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf", "#000000")
@@ -72,7 +73,7 @@ def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None
         if key[0] == baseline:
             text += " (baseline)"
         elif base:
-            text += f", {rate / base:,.1f}x {baseline}"
+            text += f", {times(rate / base)} {baseline}"
         if recommendation and (recommendation["format"], recommendation["store"], recommendation["read_path"],
                                recommendation["backend"], recommendation["num_workers"]) == (*key, workers):
             text += "  <- recommended"
@@ -82,7 +83,7 @@ def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None
     ax.set_xscale("log")
     ax.set_xlabel("samples/s at the row's best num_workers (log; bars: min..max of the epochs)", fontsize=8)
     low, high = ax.get_xlim()
-    ax.set_xlim(low, high * 30)  # room for the annotations
+    ax.set_xlim(low, high * 12)  # room for the annotations
 
 
 def _curves(ax: Any, summary: dict, keys: list, baseline: str | None, metric: str) -> None:

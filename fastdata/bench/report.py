@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
-from fastdata.bench.summary import best_workers, choose, spread, summarize
+from fastdata.bench.summary import NOISE_FLOOR, best_workers, choose, spread, summarize
 from fastdata.explain import PATH_WORDS, ms, why_best_workers
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
@@ -69,8 +69,8 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
         why = _why(by_workers, best, batch, transfer)
         choice = choose([(keys[0], w, cell) for w, cell in by_workers.items()])
         if choice["fastest"][1] != best:
-            why += (f" (num_workers={choice['fastest'][1]} measured {choice['fastest'][2]['samples_per_s']:,.0f}/s, "
-                    "within the noise: fewer workers win the tie)")
+            why += (f"; num_workers={choice['fastest'][1]} measured {choice['fastest'][2]['samples_per_s']:,.0f}/s, "
+                    "within the noise: fewer workers win the tie")
         lines.append(f"{name}: num_workers={best}: {why}")
     step = next((r.get("step_ms") for r in rows if r.get("step_ms")), None)
     if step:
@@ -154,8 +154,8 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
         key[2] in PATH_WORDS for key in summary) else []
     return "\n".join([
         render(head), render(["-" * w for w in widths]), *map(render, body),
-        "samples/s: median of the measured epochs, ± half their range; * = the row's best num_workers (the fewest "
-        "workers within the noise of its fastest); = within the noise of it",
+        "samples/s: median of the epochs ± half their range; * = the row's best num_workers (the fewest within the "
+        f"noise of its fastest: ranges overlap or medians within {NOISE_FLOOR:.0%}); = within the noise",
         *(f"{path}: {PATH_WORDS[path]}" for path in paths),
     ])
 

@@ -205,7 +205,7 @@ def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], conf
         prefetch_factor=config.prefetch_factor, cpu_count=os.cpu_count(),
         disk_bytes=prepared.disk_bytes if prepared else None,
         conversion_s=prepared.conversion_s if prepared else None,
-        path=case.path,  # deprecated: the read path's name until fastdata 0.3 (``read_path`` now; ``path`` is a file elsewhere)
+        path=case.path,  # deprecated name of read_path, kept through 0.2 (a conversion's path is a location)
     )
     return row
 
