@@ -82,8 +82,9 @@ def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("samples/s at the row's best num_workers (log; bars: min..max of the epochs)", fontsize=8)
-    low, high = ax.get_xlim()
-    ax.set_xlim(low, high * 12)  # room for the annotations
+    lows = [choose([(key, w, c) for w, c in summary[key].items()])["cell"]["min_samples_per_s"] for key in keys]
+    highs = [choose([(key, w, c) for w, c in summary[key].items()])["cell"]["max_samples_per_s"] for key in keys]
+    ax.set_xlim(max(min(lows), 1e-3) / 3, max(highs) * 12)  # bars start inside the axes; room for the annotations
 
 
 def _curves(ax: Any, summary: dict, keys: list, baseline: str | None, metric: str) -> None:
