@@ -409,6 +409,7 @@ def test_cli_exits_1_when_every_configuration_failed(tmp_path: Path) -> None:
     assert {r["status"] for r in data["rows"]} == {"failed: ValueError: sample unreadable"}
     as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["summary"]["recommendation"] is None
+    assert as_json.stderr.startswith("fastdata: error: every configuration failed; nothing to recommend.")
 
 
 def test_run_bench_is_public_and_the_documented_example_runs(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -110,16 +110,19 @@ def run_bench(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.update(bar.total - bar.n)
             bar.close()
+    failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
+              f"Rows with each failure: {out / 'results.json'}")
     if args.json:
         import json
 
         print(json.dumps(result.document, indent=2, default=str))
+        if result.all_failed:
+            print(failed.replace(" (see the table above)", ""), file=sys.stderr)
         return 1 if result.all_failed else 0
     report = report_text(result, source, config)
     if result.all_failed:
         print(report, file=sys.stderr)
-        print(f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
-              f"Rows with each failure: {out / 'results.json'}", file=sys.stderr)
+        print(failed, file=sys.stderr)
         return 1
     print(report)
     return 0
