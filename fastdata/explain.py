@@ -57,13 +57,13 @@ def bench_recommendation(picked: dict[str, Any], *, fastest: dict[str, Any], tie
     if (fastest["format"], fastest["store"], fastest["read_path"], fastest["backend"], fastest["num_workers"]) != \
             (picked["format"], picked["store"], picked["read_path"], picked["backend"], picked["num_workers"]):
         if fastest["num_workers"] != picked["num_workers"]:
-            why = "fewer workers"
+            why = ", and fewer workers wins"
         elif fastest["backend"] != picked["backend"]:
-            why = "the plain DataLoader backend"
+            why = f", and the {'DataLoader' if picked['backend'] == 'torch' else picked['backend']} backend wins"
         else:
-            why = "no conversion" if baseline and picked["format"] == baseline["format"] else "its median"
+            why = ", and no conversion wins" if baseline and picked["format"] == baseline["format"] else ""
         text += (f" ({row_label(fastest)} at num_workers={fastest['num_workers']} measured "
-                 f"{fastest['samples_per_s']:,.0f}, within the noise: a tie, and {why} wins)")
+                 f"{fastest['samples_per_s']:,.0f}, within the noise: a tie{why})")
     others = [t for t in ties if t != fastest]
     if others:
         named = ", ".join(f"{row_label(t)} nw={t['num_workers']}" for t in others[:3])

@@ -424,3 +424,18 @@ def test_run_bench_is_public_and_the_documented_example_runs(tmp_path: Path, mon
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("use ") and printed[1] in {"0", "1"}
     assert (tmp_path / "bench-out" / "results.json").exists()
+
+
+def test_recommendation_prefers_the_dataloader_and_the_source_as_it_is_in_a_tie() -> None:
+    from fastdata.bench.summary import summary_document
+
+    backends = (cell_rows("npy", "raw", "fast", {0: [900, 1000, 1100], 1: [1900, 2000, 2100]})
+                + cell_rows("npy", "raw", "fast", {1: [2000, 2060, 2120]}, backend="process"))
+    assert summary_document(backends, None)["recommendation"]["text"] == (
+        "use npy raw through fastdata.loader (the fast path) with num_workers=1: 2,000 samples/s (npy raw fast "
+        "[process] at num_workers=1 measured 2,060, within the noise: a tie, and the DataLoader backend wins).")
+    folder = (cell_rows("folder", "-", "standard", {0: [1900, 2000, 2100]})
+              + cell_rows("npy", "encoded", "fast", {0: [2000, 2050, 2100]}))
+    assert summary_document(folder, "folder")["recommendation"]["text"] == (
+        "use the image folder through a plain DataLoader (the standard path) with num_workers=0: 2,000 samples/s "
+        "(npy encoded fast at num_workers=0 measured 2,050, within the noise: a tie, and no conversion wins).")

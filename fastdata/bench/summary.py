@@ -118,7 +118,8 @@ def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
 
 def batches_warning(summary: dict[Key, dict[int, dict[str, Any]]], batch_size: int) -> str | None:
     """A warning when a measured epoch has fewer than :data:`MIN_TIMED_BATCHES` batches."""
-    cells = [cell for by_workers in summary.values() for cell in by_workers.values() if cell["status"] == "ok"]
+    cells = [cell for by_workers in summary.values() for cell in by_workers.values()
+             if cell["status"] == "ok" and cell["batches"]]  # rows from before batches were counted have none
     if not cells:
         return None
     fewest = min(cells, key=lambda cell: cell["batches"])
