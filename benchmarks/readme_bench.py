@@ -6,9 +6,10 @@
    store, num_workers auto, 1 warm-up + 3 measured epochs.
 2. large: 500 JPEGs with sides of 256-512 px (ImageNet-like), ``--resize 224x224`` (raw
    conversions store 224x224; the folder and encoded rows decode and resize per sample),
-   1 warm-up + 2 measured epochs.
+   batch 16 (32 batches an epoch: fewer than 20 is mostly worker start-up), 1 warm-up + 2
+   measured epochs.
 
-Results (tables, verdicts, results.json/csv, throughput.png) go to benchmarks/out/readme-*/.
+Results (recommendation, tables, reasons, results.json/csv, throughput.png) go to benchmarks/out/readme-*/.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> None:
         ("small", folder(f"readme-small-{20000 // scale}", small=20000 // scale, small_size=32),
          BenchConfig(epochs=3, warmup=1)),
         ("large", folder(f"readme-large-{500 // scale}", small=0, large=500 // scale, large_sides=(256, 512)),
-         BenchConfig(epochs=2, warmup=1, resize="224x224")),
+         BenchConfig(epochs=2, warmup=1, resize="224x224", batch_size=16)),  # 32 batches an epoch
     ]
     info = machine_info()
     print(f"machine: {info}")
@@ -50,6 +51,8 @@ def main() -> None:
             if item["conversion_s"] is not None:
                 print(f"- {item['format']} {item['store']}: {item['disk_bytes'] / 1e6:.1f} MB, "
                       f"converted in {item['conversion_s']:.1f} s")
+        print(f"\nrecommendation: {result.recommendation}")
+        print("\n".join(result.warnings))
         print("\n```\n" + result.table + "\n```\n")
         print("\n".join(f"- {line}" for line in result.verdicts))
 

@@ -8,11 +8,70 @@ from __future__ import annotations
 
 from typing import Any
 
+# Measured rates within 5% are a tie and the simpler setting wins (fewer workers, the torch
+# DataLoader): ``fastdata tune``'s choice and ``fastdata bench``'s noise floor.
+TIE = 0.05
+
 BACKEND_NAMES = {
     "torch": "DataLoader workers",
     "process": "fastdata's shared-memory process workers",
     "thread": "threads",
 }
+
+
+PATH_WORDS = {
+    "fast": "fastdata.loader(ds, batch_size): one ds[indices] read per batch",
+    "standard": "DataLoader(ds, batch_size, shuffle=True): one ds[i] per sample, then collate",
+    "stream": "DataLoader over the iterable (tar) dataset: shards read in order",
+}
+BASELINE_NAMES = {"folder": "the image folder", "torchvision": "the torchvision dataset"}
+
+
+def row_label(entry: dict[str, Any]) -> str:
+    """``npy raw fast``, ``folder standard``, ``npy raw fast [thread]`` for a summary entry."""
+    parts = [entry[name] for name in ("format", "store", "read_path") if entry.get(name) and entry[name] != "-"]
+    backend = entry.get("backend") or "torch"
+    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
+
+
+def _how(entry: dict[str, Any]) -> str:
+    """What to train with, in the words of the API: ``npy raw through fastdata.loader (the fast path)``."""
+    name = BASELINE_NAMES.get(entry["format"], " ".join(p for p in (entry["format"], entry["store"]) if p != "-"))
+    backend = entry.get("backend") or "torch"
+    if entry["read_path"] == "fast":
+        api = "fastdata.loader" + (f"(..., backend={backend!r})" if backend != "torch" else "")
+        return f"{name} through {api} (the fast path)"
+    if entry["read_path"] == "stream":
+        return f"{name} streamed through a DataLoader"
+    return f"{name} through a plain DataLoader (the standard path)"
+
+
+def bench_recommendation(picked: dict[str, Any], *, fastest: dict[str, Any], ties: list[dict[str, Any]],
+                         baseline: dict[str, Any] | None, speedup: float | None) -> str:
+    """``fastdata bench``'s answer: what to train with, what it is within the noise of, and the
+    best num_workers for the source as it is. Entries are ``summary["recommendation"]``-shaped."""
+    base = BASELINE_NAMES.get(baseline["format"], baseline["format"]) if baseline else None
+    text = f"use {_how(picked)} with num_workers={picked['num_workers']}: {picked['samples_per_s']:,.0f} samples/s"
+    if speedup and baseline and baseline["format"] != picked["format"]:
+        text += f", {times(speedup)} {base} at its best"
+    if (fastest["format"], fastest["store"], fastest["read_path"], fastest["backend"], fastest["num_workers"]) != \
+            (picked["format"], picked["store"], picked["read_path"], picked["backend"], picked["num_workers"]):
+        if fastest["num_workers"] != picked["num_workers"]:
+            why = ", and fewer workers wins"
+        elif fastest["backend"] != picked["backend"]:
+            why = f", and the {'DataLoader' if picked['backend'] == 'torch' else picked['backend']} backend wins"
+        else:
+            why = ", and no conversion wins" if baseline and picked["format"] == baseline["format"] else ""
+        text += (f" ({row_label(fastest)} at num_workers={fastest['num_workers']} measured "
+                 f"{fastest['samples_per_s']:,.0f}, within the noise: a tie{why})")
+    others = [t for t in ties if t != fastest]
+    if others:
+        named = ", ".join(f"{row_label(t)} nw={t['num_workers']}" for t in others[:3])
+        text += f"; also within the noise: {named}" + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    if baseline and baseline["format"] != picked["format"]:
+        text += (f"; if you keep {base}, use num_workers={baseline['num_workers']} "
+                 f"({baseline['samples_per_s']:,.0f} samples/s)")
+    return text + "."
 
 
 def ms(value: float) -> str:
@@ -22,6 +81,11 @@ def ms(value: float) -> str:
     if value < 9.95:
         return f"{value:.1f} ms"
     return f"{value:,.0f} ms"
+
+
+def times(ratio: float) -> str:
+    """A speed-up with the precision it needs: 1.8x, 28x, 282x."""
+    return f"{ratio:.1f}x" if ratio < 9.95 else f"{ratio:,.0f}x"
 
 
 def duration(seconds: float) -> str:
@@ -36,8 +100,9 @@ def why_best_workers(*, best: int, read_ms: float | None, transfer_ms: float | N
     cost = ms(transfer_ms) + "/batch" if transfer_ms is not None else "unmeasured"
     if best > 0:
         workers = f"{best} worker" + ("s" if best > 1 else "")
+        verb = "overlaps" if best == 1 else "overlap"
         why = (f"a batch takes {ms(read_ms)} to read and decode in one process, so {workers} "
-               f"overlap it (transfer costs {cost})" if read_ms else f"{workers} overlap the reads")
+               f"{verb} it (transfer costs {cost})" if read_ms else f"{workers} {verb} the reads")
         if best == largest:
             why += "; still rising at the largest num_workers tried"
         return why

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,13 @@ def test_rows_files_and_plot(uniform_folder: Path, tmp_path: Path) -> None:
     measured = [r for r in rows if r["format"] != "probe"]
     # folder standard + npy raw/encoded x fast/standard = 5 read paths x 2 worker counts x 3 epochs
     assert len(measured) == 5 * 2 * 3
-    assert {(r["format"], r["store"], r["path"]) for r in measured} == {
+    assert {(r["format"], r["store"], r["read_path"]) for r in measured} == {
         ("folder", "-", "standard"), ("npy", "raw", "fast"), ("npy", "raw", "standard"),
         ("npy", "encoded", "fast"), ("npy", "encoded", "standard"),
     }
     for row in rows:
         assert list(row)[: len(ROW_FIELDS)] == list(ROW_FIELDS)
+        assert row["path"] == row["read_path"]  # the deprecated name, kept for a release
         assert row["status"] == "ok", row["status"]
         assert row["samples_per_s"] > 0 and 0 <= row["wait_fraction"] <= 1 and row["uss_mb"] > 0
         assert row["cpu_count"] == os.cpu_count()
@@ -54,18 +56,30 @@ def test_rows_files_and_plot(uniform_folder: Path, tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["machine"]["cpu_count"] == os.cpu_count() and len(data["rows"]) == len(rows)
     assert data["baseline"] == "folder" and data["verdicts"] == result.verdicts
+    assert data["summary"] == json.loads(json.dumps(result.summary)) and data == json.loads(json.dumps(result.document))
+    summary_rows = {(r["format"], r["store"], r["read_path"], r["backend"]): r for r in data["summary"]["rows"]}
+    assert set(summary_rows) == {(*key, "torch") for key in {(r["format"], r["store"], r["read_path"]) for r in measured}}
+    for row in summary_rows.values():
+        assert row["best_num_workers"] in (0, 1) and [c["num_workers"] for c in row["cells"]] == [0, 1]
+        for cell in row["cells"]:
+            assert cell["epochs"] == 2 and cell["batches"] == 3 and cell["samples"] == 12
+            assert cell["min_samples_per_s"] <= cell["samples_per_s"] <= cell["max_samples_per_s"]
+    assert data["summary"]["warnings"][0].startswith("warning: an epoch here is 3 batches (12 samples at batch 4)")
+    assert data["summary"]["recommendation"]["text"] == result.recommendation and result.recommendation.startswith("use ")
     with open(tmp_path / "out" / "results.csv") as handle:
         reader = csv.reader(handle)
         assert next(reader)[: len(ROW_FIELDS)] == list(ROW_FIELDS)
         assert sum(1 for _ in reader) == len(rows)
     assert (tmp_path / "out" / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(result.verdicts) == 5 and result.verdicts[0].startswith("folder standard: best num_workers=")
+    assert result.verdicts[0].startswith("folder standard: num_workers=")
+    assert {part for line in result.verdicts for part in line.split(":")[0].split(", ")} >= {
+        "folder standard", "npy raw fast", "npy encoded fast"}
 
 
 def make_rows(rates: dict[int, float], fmt: str = "npy") -> list[dict]:
     return [
         {"format": fmt, "store": "raw", "path": "fast", "num_workers": w, "epoch": e, "warmup": e == 0,
-         "samples_per_s": rate * (1 + e / 100), "first_batch_s": 0.1, "wait_fraction": 0.5, "cpu_s": 1.0,
+         "samples_per_s": rate * (1 + e / 100), "first_batch_s": 0.1, "wait_fraction": 1.0, "cpu_s": 1.0,
          "uss_mb": 10.0, "status": "ok", "batch_size": 256}
         for w, rate in rates.items() for e in range(3)
     ]
@@ -77,9 +91,9 @@ def test_verdict_picks_the_maximum() -> None:
     assert best_workers(summary[("npy", "raw", "fast", "torch")]) == 1
     assert summary[("npy", "raw", "fast", "torch")][1]["samples_per_s"] == pytest.approx(2000 * 1.015)
     lines = verdicts(rows, "folder")
-    assert lines[0].startswith("folder raw fast: best num_workers=1 (406 samples/s)")
-    assert lines[1].startswith("npy raw fast: best num_workers=1 (2,030 samples/s, 5.0x folder)")
-    assert "a batch takes 280 ms to read and decode in one process, so 1 worker overlap" in lines[1]
+    assert lines[0].startswith("folder raw fast: num_workers=1: a batch takes 2,522 ms to read")
+    assert lines[1] == ("npy raw fast: num_workers=1: a batch takes 280 ms to read and decode in one process, so 1 "
+                        "worker overlaps it (transfer costs unmeasured)")
 
 
 def test_conversions_are_cached_and_invalidated(uniform_folder: Path, tmp_path: Path) -> None:
@@ -131,7 +145,7 @@ def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path
     assert {r["num_workers"] for r in failed} == {1} and len(failed) == 2  # fast and standard
     assert all(r["status"].startswith("failed: RuntimeError: DataLoader worker (pid") for r in failed)
     assert all(r["status"] == "ok" for r in result.rows if r["format"] == "npy")
-    assert "crashing raw fast: best num_workers=0" in "\n".join(result.verdicts)
+    assert "crashing raw fast, standard: num_workers=0: " in "\n".join(result.verdicts)
     assert "failed" in result.table
 
 
@@ -142,8 +156,17 @@ def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> No
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"os.cpu_count()={os.cpu_count()}" in result.stdout
-    assert "npy raw fast: best num_workers=0" in result.stdout
+    assert re.search(r"\nrecommendation: use (the image folder|npy raw) through (fastdata.loader \(the fast path\)|a "
+                     r"plain DataLoader \(the standard path\)) with num_workers=0: [\d,]+ samples/s", result.stdout)
+    assert "\nwhy:\n  folder standard: num_workers=0: " in result.stdout
+    assert "\nfast: fastdata.loader(ds, batch_size): one ds[indices] read per batch\n" in result.stdout
+    assert "warning: an epoch here is 3 batches (12 samples at batch 4)" in result.stdout
     assert (tmp_path / "b" / "results.json").exists()
+    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=300)
+    assert as_json.returncode == 0 and as_json.stderr == ""
+    document = json.loads(as_json.stdout)  # nothing but the document on stdout
+    assert document == json.loads((tmp_path / "b" / "results.json").read_text())
+    assert document["summary"]["recommendation"]["format"] in ("folder", "npy")
     bad = subprocess.run(command + ["--transform", "blur"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "fastdata: error: Unknown --transform 'blur'" in bad.stderr
     unknown = subprocess.run(command[:5] + ["--formats", "npy,zarr"], capture_output=True, text=True, timeout=120)
@@ -179,9 +202,11 @@ def test_torchvision_source_is_the_baseline(tmp_path: Path) -> None:
     config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0,), batch_size=8, epochs=1, warmup=0)
     result = run_bench("torchvision:FakeData", config, tmp_path / "out",
                        source_options={"source_options": {"size": 16, "image_size": (3, 6, 6)}})
-    statuses = {(r["format"], r["path"]): r["status"] for r in result.rows}
+    statuses = {(r["format"], r["read_path"]): r["status"] for r in result.rows}
     assert statuses == {("torchvision", "standard"): "ok", ("npy", "fast"): "ok", ("npy", "standard"): "ok"}
-    assert "x torchvision)" in result.verdicts[1]
+    assert result.summary["recommendation"]["baseline"]["format"] == "torchvision"
+    assert "x the torchvision dataset at its best" in result.recommendation or \
+        result.recommendation.startswith("use the torchvision dataset through a plain DataLoader")
 
 
 def test_verdict_names_worker_start_up_when_it_decides() -> None:
@@ -190,7 +215,7 @@ def test_verdict_names_worker_start_up_when_it_decides() -> None:
         row["samples"] = 1000
         row["first_batch_s"] = 0.01 if row["num_workers"] == 0 else 0.5
     (line,) = verdicts(rows, None)
-    assert line.startswith("npy raw fast: best num_workers=0 (1,015 samples/s); starting workers costs 490 ms")
+    assert line.startswith("npy raw fast: num_workers=0: starting workers costs 490 ms")
     assert "against a 985 ms epoch in one process" in line and "persistent_workers=True" in line
 
 
@@ -198,7 +223,7 @@ def test_backends_are_measured_apart(uniform_folder: Path, tmp_path: Path) -> No
     config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0, 1), backends=("torch", "thread", "process"),
                          **TINY)
     result = run_bench(uniform_folder, config, tmp_path / "out")
-    measured = {(r["format"], r["path"], r["backend"], r["num_workers"]) for r in result.rows
+    measured = {(r["format"], r["read_path"], r["backend"], r["num_workers"]) for r in result.rows
                 if r["status"] == "ok" and r["format"] == "npy"}
     assert measured == {("npy", "fast", "torch", 0), ("npy", "fast", "torch", 1), ("npy", "standard", "torch", 0),
                         ("npy", "standard", "torch", 1), ("npy", "fast", "thread", 1), ("npy", "fast", "process", 1)}
@@ -208,3 +233,209 @@ def test_backends_are_measured_apart(uniform_folder: Path, tmp_path: Path) -> No
     assert len(winner) == 1 and " wins (" in winner[0]
     header = (tmp_path / "out" / "results.csv").read_text().splitlines()[0].split(",")
     assert header[: len(ROW_FIELDS)] == list(ROW_FIELDS) and header[len(ROW_FIELDS) - 1] == "backend"
+
+
+def cell_rows(fmt: str, store: str, path: str, rates: dict[int, list[float]], *, backend: str = "torch",
+              wait: float = 1.0, step_ms: float = 0.0, batches: int = 40) -> list[dict]:
+    """Hand-built measured rows: one per epoch of each num_workers, the given samples/s."""
+    return [
+        {"format": fmt, "store": store, "read_path": path, "backend": backend, "num_workers": w, "epoch": e,
+         "warmup": False, "samples_per_s": rate, "first_batch_s": 0.01, "wait_fraction": wait, "cpu_s": 1.0,
+         "uss_mb": 10.0, "status": "ok", "batch_size": 10, "samples": batches * 10, "batches": batches,
+         "step_ms": step_ms}
+        for w, epochs in rates.items() for e, rate in enumerate(epochs)
+    ]
+
+
+def test_ties_inside_the_noise_go_to_the_simpler_setting() -> None:
+    from fastdata.bench.summary import NOISE_FLOOR, choose, within_noise
+
+    cell = lambda *rates: {"status": "ok", "samples_per_s": sorted(rates)[len(rates) // 2],  # noqa: E731
+                           "min_samples_per_s": min(rates), "max_samples_per_s": max(rates)}
+    assert NOISE_FLOOR == 0.05
+    assert within_noise(cell(5350, 9000, 10500), cell(9800, 10077, 10300))  # ranges overlap: a tie
+    assert not within_noise(cell(5000, 5100, 5200), cell(9800, 10077, 10300))
+    assert within_noise(cell(1000, 1000, 1000), cell(1040, 1040, 1040))  # no spread, but under 5%
+    assert not within_noise(cell(1000, 1000, 1000), cell(1060, 1060, 1060))
+    rows = cell_rows("npy", "encoded", "fast", {0: [900, 1000, 1100], 1: [1500, 1600, 1700], 2: [1550, 1650, 1750]})
+    summary = summarize(rows)
+    by_workers = summary[("npy", "encoded", "fast", "torch")]
+    assert best_workers(by_workers) == 1  # nw=2 is fastest (1,650) but inside nw=1's noise
+    choice = choose([(("npy", "encoded", "fast", "torch"), w, c) for w, c in by_workers.items()])
+    assert choice["fastest"][1] == 2 and [w for _, w, _ in choice["ties"]] == [2]
+    # backends: thread at nw=1 ties with torch at nw=1: the DataLoader wins
+    rows += cell_rows("npy", "encoded", "fast", {1: [1580, 1640, 1700]}, backend="thread")
+    text = "\n".join(verdicts(rows, None))
+    assert ("npy encoded fast: num_workers=1: a batch takes 10 ms to read and decode in one process, so 1 worker "
+            "overlaps it (transfer costs unmeasured); num_workers=2 measured 1,650/s, within the noise: fewer workers "
+            "win the tie") in text
+    assert "npy encoded fast: backend torch wins (1,600/s at num_workers=1; thread 1,640/s (nw=1)): a tie within " \
+           "the noise with thread: the simpler one wins" in text
+
+
+def test_recommendation_text_and_summary_fields() -> None:
+    from fastdata.bench.summary import MIN_TIMED_BATCHES, summary_document
+
+    rows = (cell_rows("folder", "-", "standard", {0: [900, 1000, 1100], 2: [1900, 2000, 2100]})
+            + cell_rows("npy", "raw", "fast", {0: [99000, 100000, 101000], 2: [20000, 21000, 22000]})
+            + cell_rows("hdf5", "raw", "fast", {0: [97000, 98500, 100500], 2: [19000, 20000, 21000]})
+            + cell_rows("npy", "encoded", "fast", {0: [1000, 1100, 1200], 2: [2300, 2400, 2500]}))
+    document = summary_document(rows, "folder")
+    recommendation = document["recommendation"]
+    assert recommendation["text"] == (
+        "use npy raw through fastdata.loader (the fast path) with num_workers=0: 100,000 samples/s, 50x the image "
+        "folder at its best; also within the noise: hdf5 raw fast nw=0; if you keep the image folder, use "
+        "num_workers=2 (2,000 samples/s).")
+    assert {key: recommendation[key] for key in ("format", "store", "read_path", "backend", "num_workers",
+                                                 "samples_per_s", "spread", "speedup_over_baseline")} == {
+        "format": "npy", "store": "raw", "read_path": "fast", "backend": "torch", "num_workers": 0,
+        "samples_per_s": 100000, "spread": 0.01, "speedup_over_baseline": 50.0}
+    assert [(t["format"], t["num_workers"]) for t in recommendation["ties"]] == [("hdf5", 0)]
+    assert recommendation["baseline"]["num_workers"] == 2 and recommendation["baseline"]["samples_per_s"] == 2000
+    folder = next(r for r in document["rows"] if r["format"] == "folder")
+    assert folder == {
+        "format": "folder", "store": "-", "read_path": "standard", "backend": "torch", "best_num_workers": 2,
+        "fastest_num_workers": 2, "tied_num_workers": [],
+        "cells": [{"num_workers": w, "status": "ok", "samples_per_s": m, "min_samples_per_s": m - 100,
+                   "max_samples_per_s": m + 100, "first_batch_s": 0.01, "wait_fraction": 1.0, "cpu_s": 1.0,
+                   "uss_mb": 10.0, "epochs": 3, "samples": 400, "batches": 40, "read_ms": 10 / m * 1000,
+                   "spread": round(100 / m, 4)} for w, m in ((0, 1000), (2, 2000))]}
+    assert document["warnings"] == [] and document["noise_floor"] == 0.05
+    assert document["min_timed_batches"] == MIN_TIMED_BATCHES == 20
+    # a tie between a converted format with fewer workers and the folder: the fewer workers win, and it says so
+    tied = (cell_rows("folder", "-", "standard", {0: [900, 1000, 1100], 2: [1900, 2000, 2100]})
+            + cell_rows("npy", "encoded", "fast", {0: [1950, 1990, 2030], 2: [2000, 2050, 2100]}))
+    assert summary_document(tied, "folder")["recommendation"]["text"] == (
+        "use npy encoded through fastdata.loader (the fast path) with num_workers=0: 1,990 samples/s, 1.0x the image "
+        "folder at its best (npy encoded fast at num_workers=2 measured 2,050, within the noise: a tie, and fewer "
+        "workers wins); also within the noise: folder standard nw=2; if you keep the image folder, use "
+        "num_workers=2 (2,000 samples/s).")
+
+
+def test_step_is_kept_apart_from_the_read_cost_and_short_epochs_warn() -> None:
+    from fastdata.bench.summary import summary_document
+
+    # nw=0: 9.2 ms read + 20 ms step per batch of 10: 29.2 ms a batch, 31.5% of it waiting for data
+    rows = cell_rows("npy", "raw", "fast", {0: [10 / 29.2 * 1000] * 3}, wait=9.2 / 29.2, step_ms=20.0, batches=8)
+    document = summary_document(rows, None)
+    assert document["rows"][0]["cells"][0]["read_ms"] == pytest.approx(9.2)
+    lines = verdicts(rows, None)
+    assert lines == ["npy raw fast: num_workers=0: workers only add transfer cost (unmeasured) to a 9.2 ms/batch read",
+                     "The simulated training step (20 ms/batch) is not in these read costs: they are the time the "
+                     "loop waits for each batch."]
+    assert document["warnings"] == [
+        "warning: an epoch here is 8 batches (80 samples at batch 10); below 20 batches an epoch is mostly worker "
+        "start-up and the first batch, so these rates say little about training. Use a larger dataset or a smaller "
+        "--batch-size."]
+    one_epoch = summary_document(cell_rows("npy", "raw", "fast", {0: [100.0]}), None)
+    assert one_epoch["warnings"] == [
+        "warning: one measured epoch per configuration shows no noise; differences under 5% are called ties, larger "
+        "ones may be noise too. Use --epochs 3."]
+
+
+def test_plot_says_it_at_a_glance() -> None:
+    pytest.importorskip("matplotlib")
+    from fastdata.bench.plot import figure
+
+    rows = (cell_rows("folder", "-", "standard", {0: [900, 1000, 1100], 1: [1400, 1500, 1600], 2: [1900, 2000, 2100]})
+            + cell_rows("npy", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]})
+            + cell_rows("hdf5", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]}))
+    fig = figure(rows, title="t", baseline="folder")
+    assert len(fig.axes) == 2  # no step simulated: no data-wait panel
+    bars, curves = fig.axes
+    assert [t.get_text() for t in bars.get_yticklabels()] == ["folder standard", "hdf5 raw fast", "npy raw fast"]
+    assert [t.get_text() for t in bars.texts] == ["2,000/s at nw=2 (baseline)",  # a tie: the first name wins
+                                                  "100,000/s at nw=0, 50x folder  <- recommended",
+                                                  "100,000/s at nw=0, 50x folder"]
+    lines = [line for line in curves.get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in lines] == ["folder standard", "hdf5 raw fast", "npy raw fast",
+                                                    "folder at its best (baseline)"]
+    hdf5, npy = lines[1], lines[2]
+    assert list(hdf5.get_ydata()) == list(npy.get_ydata())  # the same numbers: told apart by colour, style, marker
+    assert (hdf5.get_color(), hdf5.get_linestyle(), hdf5.get_marker()) != (npy.get_color(), npy.get_linestyle(),
+                                                                           npy.get_marker())
+    assert hdf5.get_color() != npy.get_color() and hdf5.get_marker() != npy.get_marker()
+    stars = [line for line in curves.get_lines() if line.get_label() == "_best"]
+    assert [(list(s.get_xdata()), list(s.get_ydata())) for s in stars] == [([2], [2000]), ([0], [100000]),
+                                                                           ([0], [100000])]
+    stepped = figure([dict(r, wait_fraction=0.3, step_ms=20.0) for r in rows], title="t", baseline="folder", step=True)
+    assert len(stepped.axes) == 3 and stepped.axes[2].get_ylabel() == "data-wait share of the loop"
+    assert figure([dict(r, status="failed: x") for r in rows], baseline="folder") is None
+
+
+def test_mixed_sizes_are_refused_before_anything_is_measured(mixed_folder: Path, tmp_path: Path) -> None:
+    from fastdata.errors import ShapeMismatchError
+
+    config = BenchConfig(formats=("folder", "npy"), stores=("raw", "encoded"), workers=(0,), batch_size=4, epochs=1)
+    with pytest.raises(ShapeMismatchError, match=r"cat/a\.png is 20x30 \(HxW\) but .*cat/B\.JPG is 25x18; every batch "
+                                                 r"the benchmark reads needs one image size\. Use --resize HxW"):
+        run_bench(mixed_folder, config, tmp_path / "out")
+    assert not (tmp_path / "out" / "datasets").exists() and not (tmp_path / "out" / "results.json").exists()
+    command = [sys.executable, "-m", "fastdata", "bench", str(mixed_folder), "--formats", "folder,npy", "--num-workers",
+               "0", "--out", str(tmp_path / "cli"), "--quiet"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("fastdata: error: ") and "Use --resize HxW" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "cli" / "throughput.png").exists()
+
+
+BROKEN = '''
+import torch
+
+class Broken(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        raise ValueError("sample unreadable")
+
+dataset = Broken()
+'''
+
+
+def test_cli_exits_1_when_every_configuration_failed(tmp_path: Path) -> None:
+    (tmp_path / "brokenset.py").write_text(BROKEN)
+    command = [sys.executable, "-m", "fastdata", "bench", "brokenset:dataset", "--num-workers", "0", "--epochs", "1",
+               "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "out"), "--quiet"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    table = [line.split() for line in result.stderr.splitlines()]
+    assert ["Broken", "fast", "failed"] in table and ["Broken", "standard", "failed"] in table
+    assert "fastdata: error: every configuration failed (see the table above); nothing to recommend." in result.stderr
+    assert "throughput.png" not in result.stderr and not (tmp_path / "out" / "throughput.png").exists()
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["summary"]["recommendation"] is None
+    assert {r["status"] for r in data["rows"]} == {"failed: ValueError: sample unreadable"}
+    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["summary"]["recommendation"] is None
+    assert as_json.stderr.startswith("fastdata: error: every configuration failed; nothing to recommend.")
+
+
+def test_run_bench_is_public_and_the_documented_example_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    import fastdata.bench
+
+    assert {"run_bench", "bench_dataset", "BenchConfig", "BenchResult"} <= set(fastdata.bench.__all__)
+    assert "results.json" in fastdata.bench.run_bench.__doc__
+    docs = (Path(__file__).parent.parent / "docs" / "benchmarking.md").read_text()
+    example = docs.split("<!-- example: run_bench -->\n```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/benchmarking.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("use ") and printed[1] in {"0", "1"}
+    assert (tmp_path / "bench-out" / "results.json").exists()
+
+
+def test_recommendation_prefers_the_dataloader_and_the_source_as_it_is_in_a_tie() -> None:
+    from fastdata.bench.summary import summary_document
+
+    backends = (cell_rows("npy", "raw", "fast", {0: [900, 1000, 1100], 1: [1900, 2000, 2100]})
+                + cell_rows("npy", "raw", "fast", {1: [2000, 2060, 2120]}, backend="process"))
+    assert summary_document(backends, None)["recommendation"]["text"] == (
+        "use npy raw through fastdata.loader (the fast path) with num_workers=1: 2,000 samples/s (npy raw fast "
+        "[process] at num_workers=1 measured 2,060, within the noise: a tie, and the DataLoader backend wins).")
+    folder = (cell_rows("folder", "-", "standard", {0: [1900, 2000, 2100]})
+              + cell_rows("npy", "encoded", "fast", {0: [2000, 2050, 2100]}))
+    assert summary_document(folder, "folder")["recommendation"]["text"] == (
+        "use the image folder through a plain DataLoader (the standard path) with num_workers=0: 2,000 samples/s "
+        "(npy encoded fast at num_workers=0 measured 2,050, within the noise: a tie, and no conversion wins).")

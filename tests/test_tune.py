@@ -20,7 +20,7 @@ from fastdata.importing import is_import_string, load_dataset
 from fastdata.loading import BACKENDS
 from fastdata.tuning import Measurements, predict
 
-ROW_FIELDS = ["format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
+ROW_FIELDS = ["format", "store", "read_path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
               "wait_fraction", "cpu_s", "uss_mb", "status", "backend"]
 JSON_FIELDS = ["backend", "num_workers", "batch_size", "persistent_workers", "prefetch_factor", "pin_memory",
                "predicted_samples_per_s", "measured_samples_per_s", "measurements", "loader_kwargs", "explanation"]
@@ -107,9 +107,10 @@ def test_sweep_returns_bench_rows_for_any_dataset() -> None:
     assert all(list(row)[:len(ROW_FIELDS)] == ROW_FIELDS for row in rows)
     assert {row["status"] for row in rows} == {"ok"}
     probes = [row for row in rows if row["format"] == "probe"]  # the hand-over of a real batch, nw=0 and nw=1
-    assert {(row["path"], row["num_workers"]) for row in probes} == {("transfer", 0), ("transfer", 1)}
+    assert {(row["read_path"], row["num_workers"]) for row in probes} == {("transfer", 0), ("transfer", 1)}
     rows = [row for row in rows if row["format"] != "probe"]
-    cells = {(row["path"], row["backend"], row["num_workers"]) for row in rows}
+    assert all(row["path"] == row["read_path"] for row in rows)  # the deprecated name, kept for a release
+    cells = {(row["read_path"], row["backend"], row["num_workers"]) for row in rows}
     assert cells == {("fast", "torch", 0), ("fast", "torch", 1), ("fast", "thread", 1),
                      ("standard", "torch", 0), ("standard", "torch", 1)}
     assert {row["format"] for row in rows} == {"TensorDataset"}

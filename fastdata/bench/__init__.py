@@ -2,7 +2,9 @@
 
 The grid is declared by :class:`BenchConfig`; :func:`run_bench` converts the source to each
 format (cached), runs each configuration in a fresh process, and writes ``results.json``,
-``results.csv`` and ``throughput.png``. Tables and verdicts are rendered from those rows.
+``results.csv`` and ``throughput.png``. The recommendation, table, reasons and plot are
+rendered from those rows (:mod:`~fastdata.bench.summary`, :mod:`~fastdata.bench.report`,
+:mod:`~fastdata.bench.plot`).
 """
 
 from __future__ import annotations
@@ -13,28 +15,56 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastdata.bench.config import BenchConfig, Case, auto_workers, parse_workers
-from fastdata.bench.report import plot, table, verdicts, write_results
+from fastdata.bench.plot import plot
+from fastdata.bench.report import table, verdicts, write_results
 from fastdata.bench.runner import (
-    Prepared, baseline, fingerprint, make_row, parse_resize, prepare_conversion, read_paths, resolve,
-    run_isolated, select_formats,
+    Prepared, baseline, check_image_sizes, fingerprint, make_row, parse_resize, prepare_conversion, read_paths,
+    resolve, run_isolated, select_formats,
 )
+from fastdata.bench.summary import summary_document
 from fastdata.formats import find_manifest, get_format
 from fastdata.machine import machine_info
 from fastdata.manifest import disk_usage
 
-__all__ = ["BenchConfig", "BenchResult", "auto_workers", "machine_info", "parse_workers", "run_bench"]
+__all__ = ["BenchConfig", "BenchResult", "auto_workers", "bench_dataset", "machine_info", "parse_workers", "run_bench"]
 
 TRANSFER_PROBE_BATCHES = 50
 
 
 @dataclass
 class BenchResult:
+    """What :func:`run_bench` measured and wrote.
+
+    ``rows``: one per configuration and epoch (``results.json``'s ``rows``); ``summary``: per
+    row the median and spread of its epochs, its best num_workers, the recommendation and
+    warnings (``results.json``'s ``summary``); ``recommendation``: its one sentence (None when
+    nothing was measured); ``table`` and ``verdicts`` (the short reasons): the text
+    ``fastdata bench`` prints; ``plot``: ``throughput.png``, None when not written (no
+    matplotlib, or nothing measured); ``conversions``: format, store, dataset path, size on disk
+    and conversion time of each converted dataset."""
+
     rows: list[dict[str, Any]]
     table: str
     verdicts: list[str]
     out: Path
     plot: Path | None
     conversions: list[dict[str, Any]]
+    summary: dict[str, Any]
+    document: dict[str, Any]  # results.json as written
+
+    @property
+    def recommendation(self) -> str | None:
+        choice = self.summary["recommendation"]
+        return choice["text"] if choice else None
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.summary["warnings"]
+
+    @property
+    def all_failed(self) -> bool:
+        """True when no configuration was measured (``fastdata bench`` exits 1 then)."""
+        return self.summary["recommendation"] is None
 
 
 def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: dict[str, Any],
@@ -51,6 +81,7 @@ def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: di
         prepared.append(base)
     source_key = fingerprint(source)
     cache_dir = out / "datasets"
+    check_image_sizes(source, config.resize, cache_dir, source_key)
     cache_dir.mkdir(parents=True, exist_ok=True)
     for name in select_formats(config.formats):
         for store in config.stores:
@@ -104,7 +135,20 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     on_case: Callable[[Case, int, int], None] | None = None,
 ) -> BenchResult:
-    """Measure every configuration of ``config`` on ``source``; write results under ``out``."""
+    """Measure every configuration of ``config`` on ``source``; write results under ``out``.
+
+    ``source``: an image folder, ``"torchvision:NAME"`` (options such as ``root`` in
+    ``source_options``), or a converted dataset. It is converted to each format and store of
+    ``config`` (cached under ``out/datasets/``), then every read path x backend x num_workers is
+    measured in a fresh process. Writes ``results.json`` (rows, summary, recommendation),
+    ``results.csv`` (rows) and ``throughput.png`` (with matplotlib, when anything was measured)
+    under ``out`` and returns a :class:`BenchResult`.
+
+    Raises :class:`~fastdata.errors.ShapeMismatchError` before converting or measuring anything
+    when a folder's images differ in size and ``config.resize`` is None. A configuration that
+    fails is recorded as rows whose ``status`` is ``failed: <reason>``; when all fail,
+    :attr:`BenchResult.all_failed` is True. ``progress`` receives one line per conversion,
+    ``on_case`` each configuration before it runs (with its number and the total)."""
     out = Path(out)
     progress = progress or (lambda message: None)
     prepared, reference = _prepare(source, config, out, source_options or {}, progress)
@@ -143,8 +187,11 @@ def run_bench(
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
                   on_case: Callable[[Case, int, int], None] | None = None) -> BenchResult:
-    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset, with
-    ``config``'s grid and loader options; the same results, table, verdicts and plot."""
+    """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset (``source``
+    is ``"module:name"``, naming a map-style Dataset or a zero-argument function returning one),
+    with ``config``'s workers, backends and loader options (its formats and stores do not apply:
+    nothing is converted). Writes the same files and returns the same :class:`BenchResult` as
+    :func:`run_bench`; there is no baseline, so the recommendation has no speed-up."""
     from fastdata.bench.sweep import sweep
     from fastdata.importing import load_dataset
 
@@ -161,9 +208,12 @@ def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
 
 def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, Any], out: Path,
             config: BenchConfig) -> BenchResult:
-    """Verdicts, results.json/csv and the plot of measured rows."""
+    """Summary, reasons, results.json/csv and the plot of measured rows."""
     lines = verdicts(rows, reference)
-    meta["verdicts"] = lines
-    write_results(out, rows, meta)
+    summary = summary_document(rows, reference)
+    document = {**meta, "verdicts": lines, "summary": summary, "rows": rows}
+    write_results(out, document)
     title = f"fastdata bench on {meta['source']} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"
-    return BenchResult(rows, table(rows, reference), lines, out, plot(out, rows, title), meta["conversions"])
+    stepped = bool(config.step_ms) or config.step is not None
+    image = plot(out, rows, title, baseline=reference, step=stepped) if summary["recommendation"] else None
+    return BenchResult(rows, table(rows, reference), lines, out, image, meta["conversions"], summary, document)

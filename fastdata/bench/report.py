@@ -1,49 +1,22 @@
-"""Rendering benchmark rows: summary per configuration, table, verdicts, JSON/CSV, plot.
+"""Rendering benchmark rows: the table, the short reasons, ``results.json``/``results.csv``.
 
-Everything here is derived from the rows (never the reverse).
+Everything here is derived from the rows (never the reverse): cells, ties and the
+recommendation come from :mod:`fastdata.bench.summary`, the plot from :mod:`fastdata.bench.plot`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
-from fastdata.explain import why_best_workers
+from fastdata.bench.summary import NOISE_FLOOR, best_workers, choose, spread, summarize
+from fastdata.explain import PATH_WORDS, ms, why_best_workers
 
-
-def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[int, dict[str, Any]]]:
-    """(format, store, path, backend) -> num_workers -> median of the measured epochs (or the
-    failure). The thread and process backends share the torch row's num_workers=0 cell (at
-    num_workers=0 every backend computes in the main thread)."""
-    grouped: dict[tuple[str, str, str, str], dict[int, list[dict[str, Any]]]] = {}
-    for row in rows:
-        if row["format"] == "probe":
-            continue
-        key = (row["format"], row["store"], row["path"], row.get("backend") or "torch")
-        grouped.setdefault(key, {}).setdefault(row["num_workers"], []).append(row)
-    summary: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
-    for key, by_workers in grouped.items():
-        for workers, group in by_workers.items():
-            measured = [r for r in group if r["status"] == "ok" and not r["warmup"]]
-            if not measured:
-                summary.setdefault(key, {})[workers] = {"status": group[0]["status"]}
-                continue
-            summary.setdefault(key, {})[workers] = {
-                "status": "ok",
-                **{name: statistics.median(r[name] for r in measured)
-                   for name in ("samples_per_s", "first_batch_s", "wait_fraction", "cpu_s", "uss_mb")},
-                "samples": statistics.median(r.get("samples") or 0 for r in measured),
-                "batches": statistics.median(r.get("batches") or 0 for r in measured),
-            }
-    for key, by_workers in summary.items():
-        serial = summary.get((*key[:3], "torch"), {}).get(0)
-        if key[3] != "torch" and 0 not in by_workers and serial is not None:
-            by_workers[0] = serial
-    return summary
+__all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
+           "write_results"]
 
 
 def label(key: tuple[str, ...]) -> str:
@@ -62,63 +35,68 @@ BACKEND_REASONS = {
 }
 
 
-def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
-    ok = {w: s["samples_per_s"] for w, s in by_workers.items() if s["status"] == "ok"}
-    return max(ok, key=ok.__getitem__) if ok else None
-
-
 def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
-    """Per-batch cost of moving a batch from a worker: probe(num_workers>0) - probe(0)."""
+    """Per-batch cost of moving a batch from a worker: the probe's data wait per batch at the
+    fewest workers minus at num_workers=0 (a training step is outside the wait, so not in here)."""
     summary = summarize([dict(r, format="p") for r in rows if r["format"] == "probe"])
     probe = summary.get(("p", "-", "transfer", "torch"))
     if not probe or 0 not in probe or len(probe) < 2:
         return None
-    batch = next(r["batch_size"] for r in rows if r["format"] == "probe")
     with_workers = min(w for w in probe if w > 0)
     if probe[0]["status"] != "ok" or probe[with_workers]["status"] != "ok":
         return None
-    per_batch = lambda w: batch / probe[w]["samples_per_s"] * 1000  # noqa: E731
-    return max(0.0, per_batch(with_workers) - per_batch(0))
+    return max(0.0, probe[with_workers]["read_ms"] - probe[0]["read_ms"])
 
 
 def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
+    """Short reasons, one per (format, store, backend): the best num_workers and why (its fast
+    and standard read paths share a line when they agree), then which backend wins where several
+    read the same data."""
     summary = summarize(rows)
     transfer = transfer_ms(rows)
     batch = rows[0]["batch_size"] if rows else 0
-    reference = None
-    for key, by_workers in summary.items():
-        if key[0] == baseline and best_workers(by_workers) is not None:
-            reference = by_workers[best_workers(by_workers)]["samples_per_s"]
-    lines = []
+    groups: dict[tuple, list[tuple]] = {}
     for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
-        fmt = key[0]
         best = best_workers(by_workers)
+        groups.setdefault((key[0], key[1], key[3], best), []).append(key)
+    lines = []
+    for (_, _, _, best), keys in groups.items():
+        by_workers = summary[keys[0]]
+        name = label(keys[0]) + "".join(f", {k[2]}" for k in keys[1:])
         if best is None:
-            lines.append(f"{label(key)}: every configuration failed ({next(iter(by_workers.values()))['status']})")
+            lines.append(f"{name}: every configuration failed ({next(iter(by_workers.values()))['status']})")
             continue
-        rate = by_workers[best]["samples_per_s"]
-        ratio = f", {rate / reference:,.1f}x {baseline}" if reference and fmt != baseline else ""
         why = _why(by_workers, best, batch, transfer)
-        lines.append(f"{label(key)}: best num_workers={best} ({rate:,.0f} samples/s{ratio}); {why}")
+        choice = choose([(keys[0], w, cell) for w, cell in by_workers.items()])
+        if choice["fastest"][1] != best:
+            why += (f"; num_workers={choice['fastest'][1]} measured {choice['fastest'][2]['samples_per_s']:,.0f}/s, "
+                    "within the noise: fewer workers win the tie")
+        lines.append(f"{name}: num_workers={best}: {why}")
+    step = next((r.get("step_ms") for r in rows if r.get("step_ms")), None)
+    if step:
+        lines.append(f"The simulated training step ({ms(step)}/batch) is not in these read costs: they are the time "
+                     "the loop waits for each batch.")
     return lines + _backend_verdicts(summary)
 
 
 def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[str]:
-    """Where several backends read the same data: which wins, and why."""
-    groups: dict[tuple, dict[str, tuple[int, float]]] = {}
+    """Where several backends read the same data: which wins (the simpler one in a tie), and why."""
+    groups: dict[tuple, list[tuple]] = {}
     for key, by_workers in summary.items():
         best = best_workers(by_workers)
         if best is not None:
-            groups.setdefault(key[:3], {})[key[3]] = (best, by_workers[best]["samples_per_s"])
+            groups.setdefault(key[:3], []).append((key, best, by_workers[best]))
     lines = []
     for group, results in sorted(groups.items()):
         if len(results) < 2:
             continue
-        winner = max(results, key=lambda backend: results[backend][1])
-        workers, rate = results[winner]
-        others = ", ".join(f"{b} {r:,.0f}/s (nw={w})" for b, (w, r) in sorted(results.items()) if b != winner)
+        choice = choose(results)
+        winner, workers, rate = choice["key"][3], choice["num_workers"], choice["cell"]["samples_per_s"]
+        others = ", ".join(f"{k[3]} {c['samples_per_s']:,.0f}/s (nw={w})" for k, w, c in sorted(results) if k[3] != winner)
         if workers == 0:
             reason = "num_workers=0 wins: no backend's workers repay their hand-over cost here"
+        elif choice["ties"]:
+            reason = f"a tie within the noise with {', '.join(k[3] for k, _, _ in choice['ties'])}: the simpler one wins"
         elif winner == "thread" and group[0] == "hdf5" and group[1] == "raw":
             reason = "threads: " + BACKEND_REASONS["thread"] + " (memory-mapped HDF5; h5py reads would serialise on its global lock)"
         else:
@@ -129,13 +107,13 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
 
 
 def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer: float | None) -> str:
-    """Why ``best`` wins (:func:`fastdata.explain.why_best_workers`, from this row's cells)."""
+    """Why ``best`` wins (:func:`fastdata.explain.why_best_workers`, from this row's cells). The
+    read cost is the data wait per batch at num_workers=0: a training step is not part of it."""
     serial = by_workers.get(0, {})
     read_ms = startup = epoch_s = None
-    if serial.get("status") == "ok":  # per batch actually read (an epoch may be shorter than one batch)
-        samples_per_batch = serial["samples"] / serial["batches"] if serial.get("batches") else batch
-        read_ms = samples_per_batch / serial["samples_per_s"] * 1000
-        epoch_s = serial["samples"] / serial["samples_per_s"]
+    if serial.get("status") == "ok":
+        read_ms = serial["read_ms"]
+        epoch_s = serial["samples"] / serial["samples_per_s"] if serial.get("samples") else None
     parallel = sorted(w for w, s in by_workers.items() if w > 0 and s.get("status") == "ok")
     if parallel and read_ms:
         startup = by_workers[parallel[0]]["first_batch_s"] - serial["first_batch_s"]
@@ -149,12 +127,15 @@ def _order(key: tuple[str, ...], baseline: str | None) -> tuple:
 
 
 def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
+    """Rows = format/store/read path (and backend), columns = num_workers; each cell the median
+    samples/s and the spread of its epochs; ``*`` the row's best, ``=`` a tie with its fastest."""
     summary = summarize(rows)
     workers = sorted({w for by_workers in summary.values() for w in by_workers})
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
     body = []
     for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
-        best = best_workers(by_workers)
+        choice = choose([(key, w, cell) for w, cell in by_workers.items()])
+        tied = {w for _, w, _ in choice["ties"]} if choice else set()
         cells = []
         for w in workers:
             cell = by_workers.get(w)
@@ -163,60 +144,33 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
             elif cell["status"] != "ok":
                 cells.append("failed")
             else:
-                cells.append(f"{cell['samples_per_s']:,.0f}" + ("*" if w == best else ""))
+                mark = "*" if choice and w == choice["num_workers"] else "=" if w in tied else " "
+                noise = f" ±{spread(cell):.0%}" if cell["epochs"] > 1 else ""
+                cells.append(f"{cell['samples_per_s']:,.0f}{mark}{noise}")
         body.append([label(key)] + cells)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     render = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))  # noqa: E731
-    return "\n".join([render(head), render(["-" * w for w in widths]), *map(render, body)]) + \
-        "\nsamples/s, median of the measured epochs; * = best num_workers of the row"
+    paths = sorted({key[2] for key in summary}, key=list(PATH_WORDS).index) if all(
+        key[2] in PATH_WORDS for key in summary) else []
+    return "\n".join([
+        render(head), render(["-" * w for w in widths]), *map(render, body),
+        "samples/s: median of the epochs ± half their range; * = the row's best num_workers (the fewest within the "
+        f"noise of its fastest: ranges overlap or medians within {NOISE_FLOOR:.0%}); = within the noise",
+        *(f"{path}: {PATH_WORDS[path]}" for path in paths),
+    ])
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write_results(out: Path, document: dict[str, Any]) -> None:
+    """``results.json`` (the whole ``document``: machine, config, conversions, summary, rows) and
+    ``results.csv`` (its rows)."""
+    rows = document["rows"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+    (out / "results.json").write_text(json.dumps(document, indent=2, default=str))
     extra = sorted({key for row in rows for key in row} - set(ROW_FIELDS))
     with open(out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=[*ROW_FIELDS, *extra])
         writer.writeheader()
         writer.writerows(rows)
-
-
-def plot(out: Path, rows: list[dict[str, Any]], title: str) -> Path | None:
-    """``throughput.png``: samples/s and data-wait fraction vs num_workers, one line per row."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    summary = summarize(rows)
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
-    colours = plt.get_cmap("tab10")
-    formats = sorted({key[0] for key in summary})
-    for key, by_workers in sorted(summary.items()):
-        points = sorted((w, s) for w, s in by_workers.items() if s["status"] == "ok")
-        if not points:
-            continue
-        style = {"color": colours(formats.index(key[0]) % 10), "label": label(key),
-                 "linestyle": {"thread": ":", "process": "-."}.get(key[3], "--" if key[1] == "encoded" else "-"),
-                 "marker": {"thread": "^", "process": "D"}.get(key[3], "s" if key[2] == "standard" else "o")}
-        xs = [w for w, _ in points]
-        top.plot(xs, [s["samples_per_s"] for _, s in points], **style)
-        bottom.plot(xs, [s["wait_fraction"] for _, s in points], **style)
-    bottom.set_xticks(sorted({w for by_workers in summary.values() for w in by_workers}))
-    top.set_yscale("log")
-    top.set_ylabel("samples/s (log)")
-    top.set_title(title, fontsize=9)
-    top.legend(fontsize=7)
-    bottom.set_ylabel("data-wait fraction of loop time")
-    bottom.set_xlabel("DataLoader num_workers")
-    bottom.set_ylim(0, 1.05)
-    figure.tight_layout()
-    target = out / "throughput.png"
-    figure.savefig(target, dpi=100)
-    plt.close(figure)
-    return target
 
 
 def rates_table(rows: list[dict[str, Any]], *, key: str = "reader") -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from fastdata._version import __version__
 from fastdata.bench.config import BenchConfig, Case
-from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.errors import FastdataError, InvalidOptionError, ShapeMismatchError
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
 from fastdata.options import parse_size
@@ -27,7 +27,7 @@ from fastdata.outputs import remove_path
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (
-    "format", "store", "path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
+    "format", "store", "read_path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
     "wait_fraction", "cpu_s", "uss_mb", "status", "backend",
 )
 
@@ -194,7 +194,7 @@ def run_isolated(case: Case, config: BenchConfig, image_size, *, single_thread: 
 
 def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], config: BenchConfig) -> dict[str, Any]:
     row = {name: result.get(name) for name in ROW_FIELDS}
-    row.update(format=case.format, store=case.store, path=case.path, num_workers=case.num_workers,
+    row.update(format=case.format, store=case.store, read_path=case.path, num_workers=case.num_workers,
                backend=case.backend)
     extra = {key: value for key, value in result.items() if key not in row}
     row.update(extra)
@@ -205,8 +205,36 @@ def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], conf
         prefetch_factor=config.prefetch_factor, cpu_count=os.cpu_count(),
         disk_bytes=prepared.disk_bytes if prepared else None,
         conversion_s=prepared.conversion_s if prepared else None,
+        path=case.path,  # deprecated name of read_path, kept through 0.2 (a conversion's path is a location)
     )
     return row
+
+
+def check_image_sizes(source: Source, resize: str | None, cache_dir: Path, source_key: str) -> None:
+    """Before anything is converted or measured: without ``--resize`` every image of a folder must
+    have one size (every read path collates whole batches), else the error names two files and
+    the fix. Headers only; the answer is cached per source fingerprint under ``cache_dir``."""
+    if resize is not None or not isinstance(source, FolderSource):
+        return
+    record = cache_dir / f"sizes-{source_key[:12]}.bench.json"
+    if record.exists():
+        return
+    first = None
+    for index in range(len(source)):
+        try:
+            _, width, height = source.header(index)
+        except Exception:  # an unreadable file: the conversion and the reads name it
+            continue
+        if first is None:
+            first = (index, height, width)
+        elif (height, width) != first[1:]:
+            raise ShapeMismatchError(
+                f"{source.sample_name(index)} is {height}x{width} (HxW) but {source.sample_name(first[0])} is "
+                f"{first[1]}x{first[2]}; every batch the benchmark reads needs one image size. Use --resize HxW "
+                "(raw conversions store that size; the folder and encoded rows resize each image as they read it)."
+            )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"size": list(first[1:]) if first else None}))
 
 
 def check_source(source: Any) -> None:

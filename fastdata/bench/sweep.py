@@ -2,7 +2,7 @@
 
 Every (read path, backend, num_workers) runs in a fresh process forked from this one (the
 dataset travels by fork; under spawn it is pickled), warm-up epochs first, and yields the same
-rows as ``fastdata bench``: ``format`` is the dataset's class name, ``store`` is ``-``, ``path``
+rows as ``fastdata bench``: ``format`` is the dataset's class name, ``store`` is ``-``, ``read_path``
 is ``fast`` (``fastdata.loader``, one ``dataset[indices]`` call per batch where the dataset
 accepts index arrays) or ``standard`` (``DataLoader(dataset, batch_size, shuffle=True)``, what
 most training scripts do).

@@ -72,6 +72,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra keyword for the torchvision dataset, e.g. size=1000 (repeatable)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--json", action="store_true", help="print results.json's document on stdout instead of "
+                        "the report (progress still goes to stderr; exit status as without it)")
     parser.set_defaults(run=run_bench)
 
 
@@ -130,22 +132,44 @@ def run_bench(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.update(bar.total - bar.n)
             bar.close()
+    failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
+              f"Rows with each failure: {out / 'results.json'}")
+    if args.json:
+        import json
+
+        print(json.dumps(result.document, indent=2, default=str))
+        if result.all_failed:
+            print(failed.replace(" (see the table above)", ""), file=sys.stderr)
+        return 1 if result.all_failed else 0
+    report = report_text(result, source, config)
+    if result.all_failed:
+        print(report, file=sys.stderr)
+        print(failed, file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+
+def report_text(result, source: str, config) -> str:
+    """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
+    short reasons and the files written."""
     from fastdata.bench import machine_info
 
     info = machine_info()
-    print(f"fastdata bench: {source}, batch {config.batch_size}, os.cpu_count()={info['cpu_count']}, "
-          f"{info['ram_gb']} GiB RAM, torch {info['torch']}")
+    lines = [f"fastdata bench: {source}, batch {config.batch_size}, os.cpu_count()={info['cpu_count']}, "
+             f"{info['ram_gb']} GiB RAM, torch {info['torch']}"]
     for item in result.conversions:
         if item["conversion_s"] is not None:
             state = "cached" if item["cached"] else "converted"
-            print(f"  {item['format']} {item['store']}: {human_bytes(item['disk_bytes'])}, "
-                  f"{state} in {item['conversion_s']:.1f} s")
-    print()
-    print(result.table)
-    print()
-    print("\n".join(result.verdicts))
+            lines.append(f"  {item['format']} {item['store']}: {human_bytes(item['disk_bytes'])}, "
+                         f"{state} in {item['conversion_s']:.1f} s")
+    if result.recommendation:
+        lines += ["", "recommendation: " + result.recommendation]
+    lines += ["", *result.warnings, *([""] if result.warnings else []), result.table, "", "why:"]
+    lines += [f"  {line}" for line in result.verdicts]
+    out = result.out
     written = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
-    print(f"\nwrote {', '.join(str(out / name) for name in written)}")
-    if result.plot is None:
-        print("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
-    return 0
+    lines.append(f"\nwrote {', '.join(str(out / name) for name in written)}")
+    if result.plot is None and not result.all_failed:
+        lines.append("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
+    return "\n".join(lines)

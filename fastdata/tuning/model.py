@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fastdata.explain import TIE
 from fastdata.tuning.measure import Measurements
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
-TIE = 0.05  # measured rates within 5% are a tie: the simpler setting wins
 _PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 

@@ -1,0 +1,181 @@
+"""From measured rows to answers: the median and spread of each cell, ties inside the noise,
+each row's best num_workers, and the one recommendation of a run.
+
+Pure functions of the rows (hand-built rows work as well as measured ones); nothing here
+measures, prints or writes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from fastdata.explain import TIE, bench_recommendation
+
+# An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
+# ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
+# never reaches its steady state: its samples/s says little about a real epoch.
+MIN_TIMED_BATCHES = 20
+# Two cells whose medians differ by less than this share of the larger are a tie even when their
+# per-epoch ranges do not overlap: with 2 or 3 epochs the range under-states the noise of a shared
+# machine. The same 5% ``fastdata tune`` calls a tie.
+NOISE_FLOOR = TIE
+BACKEND_PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
+
+Key = tuple[str, str, str, str]  # (format, store, read path, backend)
+
+
+def read_path(row: dict[str, Any]) -> str:
+    """A row's read path (``read_path``; rows written before it was named carry ``path``)."""
+    return row.get("read_path") or row.get("path") or ""
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[Key, dict[int, dict[str, Any]]]:
+    """(format, store, read path, backend) -> num_workers -> the cell: median of the measured
+    epochs, their min and max samples/s (the noise), the data wait per batch; or the failure.
+    The thread and process backends share the torch row's num_workers=0 cell (at num_workers=0
+    every backend computes in the main thread)."""
+    grouped: dict[Key, dict[int, list[dict[str, Any]]]] = {}
+    for row in rows:
+        if row["format"] == "probe":
+            continue
+        key = (row["format"], row["store"], read_path(row), row.get("backend") or "torch")
+        grouped.setdefault(key, {}).setdefault(row["num_workers"], []).append(row)
+    summary: dict[Key, dict[int, dict[str, Any]]] = {}
+    for key, by_workers in grouped.items():
+        for workers, group in by_workers.items():
+            summary.setdefault(key, {})[workers] = _cell(group)
+    for key, by_workers in summary.items():
+        serial = summary.get((*key[:3], "torch"), {}).get(0)
+        if key[3] != "torch" and 0 not in by_workers and serial is not None:
+            by_workers[0] = serial
+    return summary
+
+
+def _cell(group: list[dict[str, Any]]) -> dict[str, Any]:
+    measured = [r for r in group if r["status"] == "ok" and not r["warmup"]]
+    if not measured:
+        return {"status": group[0]["status"]}
+    rates = [r["samples_per_s"] for r in measured]
+    cell = {
+        "status": "ok",
+        **{name: statistics.median(r[name] for r in measured)
+           for name in ("samples_per_s", "first_batch_s", "wait_fraction", "cpu_s", "uss_mb")},
+        "min_samples_per_s": min(rates),
+        "max_samples_per_s": max(rates),
+        "epochs": len(measured),
+        "samples": statistics.median(r.get("samples") or 0 for r in measured),
+        "batches": statistics.median(r.get("batches") or 0 for r in measured),
+    }
+    cell["read_ms"] = statistics.median(_read_ms(r) for r in measured)
+    return cell
+
+
+def _read_ms(row: dict[str, Any]) -> float:
+    """Time the loop waited for one batch: the loop's time per batch times the share of it spent
+    in ``next()``. A simulated (or real) training step is outside ``next()``, so it is not in here."""
+    per_batch = row["samples"] / row["batches"] if row.get("samples") and row.get("batches") else row["batch_size"]
+    return per_batch / row["samples_per_s"] * 1000 * row["wait_fraction"] if row["samples_per_s"] else 0.0
+
+
+def spread(cell: dict[str, Any]) -> float:
+    """Half the range of the per-epoch rates, as a share of the median (0 with one epoch)."""
+    return (cell["max_samples_per_s"] - cell["min_samples_per_s"]) / 2 / cell["samples_per_s"] \
+        if cell.get("samples_per_s") else 0.0
+
+
+def within_noise(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """True when two measured cells are a tie: their per-epoch ranges (min..max samples/s)
+    overlap, or their medians differ by less than :data:`NOISE_FLOOR` of the larger."""
+    if a["min_samples_per_s"] <= b["max_samples_per_s"] and b["min_samples_per_s"] <= a["max_samples_per_s"]:
+        return True
+    return abs(a["samples_per_s"] - b["samples_per_s"]) < NOISE_FLOOR * max(a["samples_per_s"], b["samples_per_s"])
+
+
+def _simplicity(key: Key, workers: int, cell: dict[str, Any], baseline: str | None) -> tuple:
+    return (workers, BACKEND_PREFERENCE.get(key[3], 3), key[0] != baseline, -cell["samples_per_s"], key)
+
+
+def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = None) -> dict[str, Any] | None:
+    """Among measured ``(key, num_workers, cell)``: the fastest, the ones within its noise, and
+    the one chosen — the simplest of those (fewest workers, then the torch backend, then the
+    source as it is, then the faster median, then the name: the same rows give the same answer)."""
+    ok = [(key, workers, cell) for key, workers, cell in cells if cell["status"] == "ok"]
+    if not ok:
+        return None
+    fastest = max(ok, key=lambda item: item[2]["samples_per_s"])
+    tied = [item for item in ok if within_noise(item[2], fastest[2])]
+    chosen = min(tied, key=lambda item: _simplicity(*item, baseline))
+    return {"key": chosen[0], "num_workers": chosen[1], "cell": chosen[2], "fastest": fastest,
+            "ties": [item for item in tied if item[:2] != chosen[:2]]}
+
+
+def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
+    """A row's best num_workers: the fewest workers within the noise of the fastest cell."""
+    choice = choose([(("", "", "", "torch"), w, cell) for w, cell in by_workers.items()])
+    return choice["num_workers"] if choice else None
+
+
+def batches_warning(summary: dict[Key, dict[int, dict[str, Any]]], batch_size: int) -> str | None:
+    """A warning when a measured epoch has fewer than :data:`MIN_TIMED_BATCHES` batches."""
+    cells = [cell for by_workers in summary.values() for cell in by_workers.values()
+             if cell["status"] == "ok" and cell["batches"]]  # rows from before batches were counted have none
+    if not cells:
+        return None
+    fewest = min(cells, key=lambda cell: cell["batches"])
+    if fewest["batches"] >= MIN_TIMED_BATCHES:
+        return None
+    return (f"warning: an epoch here is {fewest['batches']:.0f} batch{'es' if fewest['batches'] != 1 else ''} "
+            f"({fewest['samples']:.0f} samples at batch {batch_size}); below {MIN_TIMED_BATCHES} batches an epoch is "
+            "mostly worker start-up and the first batch, so these rates say little about training. Use a larger "
+            "dataset or a smaller --batch-size.")
+
+
+def epochs_warning(summary: dict[Key, dict[int, dict[str, Any]]]) -> str | None:
+    epochs = [cell["epochs"] for by_workers in summary.values() for cell in by_workers.values() if cell["status"] == "ok"]
+    if epochs and min(epochs) < 2:
+        return (f"warning: one measured epoch per configuration shows no noise; differences under "
+                f"{NOISE_FLOOR:.0%} are called ties, larger ones may be noise too. Use --epochs 3.")
+    return None
+
+
+def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
+    """``results.json``'s ``summary``: per row its cells (median, min, max, spread), best and
+    fastest num_workers; the recommendation; warnings. See docs/benchmarking.md for the schema."""
+    summary = summarize(rows)
+    batch = next((r["batch_size"] for r in rows if r.get("batch_size")), 0)
+    out_rows = []
+    for key, by_workers in summary.items():
+        choice = choose([(key, w, cell) for w, cell in by_workers.items()])
+        out_rows.append({
+            "format": key[0], "store": key[1], "read_path": key[2], "backend": key[3],
+            "best_num_workers": choice["num_workers"] if choice else None,
+            "fastest_num_workers": choice["fastest"][1] if choice else None,
+            "tied_num_workers": sorted(w for _, w, _ in choice["ties"]) if choice else [],
+            "cells": [{"num_workers": w, **({**cell, "spread": round(spread(cell), 4)} if cell["status"] == "ok" else cell)}
+                      for w, cell in sorted(by_workers.items())],
+        })
+    warnings = [w for w in (batches_warning(summary, batch), epochs_warning(summary)) if w]
+    return {"rows": out_rows, "recommendation": recommend(summary, baseline), "warnings": warnings,
+            "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
+
+
+def recommend(summary: dict[Key, dict[int, dict[str, Any]]], baseline: str | None) -> dict[str, Any] | None:
+    """The one answer of a run: which row and num_workers to train with, and for the source as it
+    is (``baseline``) its own best num_workers. None when nothing was measured."""
+    cells = [(key, w, cell) for key, by_workers in summary.items() for w, cell in by_workers.items()]
+    choice = choose(cells, baseline)
+    if choice is None:
+        return None
+    base = choose([item for item in cells if item[0][0] == baseline], baseline) if baseline else None
+    entry = lambda key, workers, cell: {  # noqa: E731
+        "format": key[0], "store": key[1], "read_path": key[2], "backend": key[3], "num_workers": workers,
+        "samples_per_s": cell["samples_per_s"], "spread": round(spread(cell), 4)}
+    picked = entry(choice["key"], choice["num_workers"], choice["cell"])
+    speedup = picked["samples_per_s"] / base["cell"]["samples_per_s"] if base else None
+    ties = [entry(*item) for item in choice["ties"]]
+    fastest = entry(*choice["fastest"])
+    keep = entry(base["key"], base["num_workers"], base["cell"]) if base else None
+    return {**picked, "speedup_over_baseline": round(speedup, 2) if speedup else None,
+            "fastest": fastest, "ties": ties, "baseline": keep,
+            "text": bench_recommendation(picked, fastest=fastest, ties=ties, baseline=keep, speedup=speedup)}
