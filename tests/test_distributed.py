@@ -302,3 +302,23 @@ def test_two_gloo_ranks_read_every_sample_exactly_once(folder, tmp_path):
             assert gathered[0][key][1] == gathered[1][key][1] == [4, 4, 4], key
     for name in references:  # set_epoch reshuffles
         assert gathered[0][(name, "thread", 0)][0] != gathered[0][(name, "thread", 1)][0]
+
+
+def test_the_ddp_example_trains_on_two_ranks_and_resumes_mid_epoch(folder, tmp_path):
+    """examples/ddp_train.py, as docs/scale-out.md runs it: torchrun, 2 ranks, a stop after 3
+    batches, then a restart that finishes the epoch from batch 3 on every rank."""
+    data = convert_to(folder, tmp_path, "npy", "raw")
+    example = Path(__file__).parent.parent / "examples" / "ddp_train.py"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(example),
+               str(data), "--epochs", "2", "--batch-size", "2", "--checkpoint", str(tmp_path / "ck.pt")]
+    stopped = subprocess.run(command + ["--stop-after", "3"], capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    state = torch.load(tmp_path / "ck.pt", weights_only=False)
+    assert [(s["rank"], s["epoch"], s["consumed"], s["world_size"]) for s in state["loaders"]] == \
+        [(0, 0, 3, 2), (1, 0, 3, 2)]
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    lines = sorted(line for line in resumed.stdout.splitlines() if line.startswith(("rank", "resumed")))
+    # 23 samples, 2 ranks, drop_last: 11 per rank, 5 batches of 2; 3 were done before the stop
+    assert lines == ["rank 0 epoch 0: 4 samples", "rank 0 epoch 1: 10 samples", "rank 1 epoch 0: 4 samples",
+                     "rank 1 epoch 1: 10 samples", "resumed at epoch 0, batch 3"]
