@@ -225,3 +225,21 @@ def test_auto_mode_restarts_as_rgb_when_a_late_image_is_colour(tmp_path: Path) -
     images = np.load(tmp_path / "late.npy" / "images.npy")
     np.testing.assert_array_equal(images[3], np.repeat(pattern(5, 5, 3)[:, :, :1], 3, axis=2))
     np.testing.assert_array_equal(images[70], pattern(5, 5, 99))
+
+
+def test_classic_transforms_as_docs_reading_says(uniform_folder, tmp_path):
+    """docs/reading.md: a ToTensor pipeline fails on the uint8 tensor; with image_format="pil" it
+    works, and the v2 pipeline on the tensor gives the same values."""
+    from torchvision import transforms
+    from torchvision.transforms import v2
+
+    out = tmp_path / "o.npy"
+    fastdata.convert(uniform_folder, out, workers=0)
+    classic = transforms.Compose([transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.25] * 3)])
+    with pytest.raises(TypeError, match="pic should be PIL Image or ndarray"):
+        fastdata.open_dataset(out, transform=classic)[0]
+    via_pil = fastdata.open_dataset(out, image_format="pil", transform=classic)[5][0]
+    modern = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)])
+    via_v2 = fastdata.open_dataset(out, transform=modern)[5][0]
+    assert via_pil.dtype == via_v2.dtype == torch.float32 and via_pil.shape == (3, 12, 10)
+    torch.testing.assert_close(via_pil, via_v2)
