@@ -125,19 +125,31 @@ class EpochSampler(Sampler):
         return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        order = self.rank_order(self.epoch)
+        epoch = self.epoch
+        order = self.rank_order(epoch)
         self.epoch += 1
         first, self.resume_at = self.resume_at, 0
+        self._pass = [epoch, first]
         if self.batch_size is None:
-            yield from order[first:].tolist()
-            return
-        for batch in range(first, len(self)):
-            yield np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size])
+            items: Iterator[Any] = iter(order[first:].tolist())
+        else:
+            items = (np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size])
+                     for batch in range(first, len(self)))
+        for item in items:
+            self._pass[1] += 1
+            yield item
+        self._pass = None
+
+    _pass: list[int] | None = None  # [epoch, items yielded] while a pass is under way
 
     def state_dict(self) -> dict[str, Any]:
-        """What a restart needs to continue this sampler's order: ``epoch`` is the pass to come,
-        ``consumed`` how many of its items were already used (see :meth:`load_state_dict`)."""
-        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.resume_at, "length": self.length,
+        """What a restart needs to continue this sampler's order: the epoch and how many of its
+        items this sampler has yielded (between passes: the next epoch and 0; see
+        :meth:`load_state_dict`). Under a DataLoader with workers, items are drawn ahead of use
+        (``prefetch_factor``): ``fastdata.loader(...).state_dict()`` counts the batches that reached
+        the training loop instead."""
+        epoch, consumed = self._pass if self._pass is not None else (self.epoch, self.resume_at)
+        return {"seed": self.seed, "epoch": epoch, "consumed": consumed, "length": self.length,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                 "world_size": self.world_size, "even": self.even}
 
@@ -148,6 +160,7 @@ class EpochSampler(Sampler):
         check_state(state, self.state_dict(), kind=type(self).__name__)
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
+        self._pass = None
         consumed = int(state["consumed"])
         if not 0 <= consumed <= len(self):
             raise InvalidOptionError(f"Invalid state: consumed={consumed} of an epoch of {len(self)}.")

@@ -322,3 +322,20 @@ def test_the_ddp_example_trains_on_two_ranks_and_resumes_mid_epoch(folder, tmp_p
     # 23 samples, 2 ranks, drop_last: 11 per rank, 5 batches of 2; 3 were done before the stop
     assert lines == ["rank 0 epoch 0: 4 samples", "rank 0 epoch 1: 10 samples", "rank 1 epoch 0: 4 samples",
                      "rank 1 epoch 1: 10 samples", "resumed at epoch 0, batch 3"]
+
+
+def test_a_sampler_alone_saves_where_its_pass_is():
+    """ChunkShuffleSampler under a plain DataLoader (num_workers=0): its own state continues the pass."""
+    sampler = ChunkShuffleSampler(50, chunk_images=10, window_chunks=2, seed=4, batch_size=8)
+    reference = [b.tolist() for b in ChunkShuffleSampler(50, chunk_images=10, window_chunks=2, seed=4, batch_size=8)]
+    seen = []
+    for batch in DataLoader(torch.arange(50), batch_size=None, sampler=sampler):
+        seen.append(batch.tolist())
+        if len(seen) == 2:
+            state = sampler.state_dict()
+            break
+    assert (state["epoch"], state["consumed"]) == (0, 2)
+    resumed = ChunkShuffleSampler(50, chunk_images=10, window_chunks=2, seed=0, batch_size=8)
+    resumed.load_state_dict(state)
+    assert seen + [b.tolist() for b in resumed] == reference
+    assert (resumed.state_dict()["epoch"], resumed.state_dict()["consumed"]) == (1, 0)
