@@ -95,6 +95,12 @@ def run_convert(args: argparse.Namespace) -> int:
         manifest = convert(args.source, args.output, options, progress=bar.update)
     finally:
         bar.close()
+    if options.part is not None:
+        part, parts = options.part
+        print(f"wrote part {part}/{parts} of {args.output}: {manifest['count']:,} samples"
+              + (f" ({manifest['skipped']:,} skipped)" if manifest["skipped"] else "")
+              + f" into {args.output}.partial.units; when all {parts} parts are done: fastdata merge {args.output}")
+        return 0
     if before is not None and before == manifest.get("manifest_blake2b"):
         print(f"{args.output} is already complete ({manifest['count']:,} samples, same source and options); "
               "nothing to do")
