@@ -229,6 +229,11 @@ class ConvertOptions:
             raise InvalidOptionError(
                 "--part and --engine ray are two ways to spread one conversion over machines; use one of them."
             )
+        if self.engine == "ray" and self.resume:
+            raise InvalidOptionError(
+                "--resume does not apply to --engine ray: a Ray conversion run again keeps the units it already "
+                "finished (same source and options) and converts only the rest. Drop --resume."
+            )
         if self.part is not None and self.resume:
             raise InvalidOptionError(
                 "--resume does not apply to --part: a part run again keeps the units it already finished (same "

@@ -254,3 +254,14 @@ def test_a_part_cannot_join_a_whole_conversion(tmp_path: Path) -> None:
         whole.join(60)
     assert whole.exitcode == 0 and out.is_dir() and not out.with_name("out.partial.units").exists()
     assert np.load(out / "labels.npy").shape == (30,)
+
+
+def test_engine_ray_without_ray_installed_is_one_clear_error(tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "src", 3, bad=False)
+    code = ("import sys; sys.modules['ray'] = None; from fastdata.cli import main; "  # 'import ray' now fails
+            f"sys.exit(main(['convert', {str(source)!r}, {str(tmp_path / 'out')!r}, '--format', 'npy', '--engine', 'ray']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == ('fastdata: error: --engine ray needs Ray, which is not installed. Install it with: pip '
+                             'install "fastdata[ray]" (or use --engine local, or --part I/N on a job array).\n')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -155,8 +155,9 @@ def duplicate_error(output: Path, earlier: dict[str, Any]) -> PartsError:
 
 
 def check_no_parts(output: Path, *, overwrite: bool) -> None:
-    """A whole conversion (its caller holds the exclusive lock) refuses an output whose parts are
-    being converted; with ``overwrite`` it discards them."""
+    """A whole conversion (its caller holds the exclusive lock) refuses an output of which some
+    parts are finished; with ``overwrite`` it discards them. Units without a finished part (a Ray
+    run or parts that failed, none running now) are removed."""
     staging = staging_path(output)
     if not (staging.exists() or staging.is_symlink()):
         return
@@ -165,11 +166,11 @@ def check_no_parts(output: Path, *, overwrite: bool) -> None:
             f"{str(staging)!r} exists, but fastdata has no record of writing it (no {_MARK_NAME!r} inside); it is "
             "not removed. Move it away, or choose another output path."
         )
-    if overwrite:
+    records = read_records(staging)
+    if overwrite or not records:  # no part finished: units of a Ray run, or of parts that failed
         remove_staging(staging)
         return
-    records = read_records(staging)
-    done = ", ".join(f"{r['part']}/{r['parts']}" for r in records) or "none yet"
+    done = ", ".join(f"{r['part']}/{r['parts']}" for r in records)
     raise OutputExistsError(
         f"Output {str(output)!r} is being converted in parts: {str(staging)!r} holds their units (finished parts: "
         f"{done}). Finish it with the remaining --part runs and 'fastdata merge {output}', or pass --overwrite "
