@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fastdata import journal
 from fastdata.engine import Target, build_manifest
@@ -47,6 +47,7 @@ def merge(output: str | Path, *, progress: Progress | None = None, source: Any =
     with ConversionLock(output):
         records = read_records(staging)
         check_complete(output, records)
+        remove_temporaries(staging)  # what killed parts left half-written (none runs now: the lock is ours)
         first = records[0]
         options = options_from_fields(first["fields"])
         spec = get_format(options.format, writable=True)
@@ -170,17 +171,18 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
     return convert_here(job, units, staging_path(output), record["key"], min(usable_cores(), len(units)))
 
 
-def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: list[dict[str, Any]], *,
+def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: Iterable[dict[str, Any]], *,
                  key: str, fields: dict[str, Any], fingerprint: dict[str, Any], source: dict[str, Any],
                  existing: dict[str, Any] | None, progress: Progress | None = None) -> dict[str, Any]:
     """Stream finished units, in order, through the format's writer into ``OUTPUT.partial``; write
-    the manifest and rename it into place. The caller holds the exclusive lock."""
+    the manifest and rename it into place. The caller holds the exclusive lock. ``units`` may be
+    a generator that yields each unit's record once it is finished (the Ray driver writes while
+    later units are still converted); an error it raises removes the partial output."""
     from fastdata.conversion import _claim_partial
 
     staging = staging_path(output)
     target = Target(output, spec, key, fingerprint, progress)
     _claim_partial(target, fields, options.replace(resume=False))
-    remove_temporaries(staging)
     journal.start(output, key=key, fields=fields, fingerprint=fingerprint)
     writer, written, skipped = None, 0, {}
     try:

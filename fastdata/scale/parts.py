@@ -74,8 +74,7 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
     part, parts = options.part
     check_output_path(output)
     check_not_source(output, src.protected())
-    if not options.overwrite:
-        check_existing(output, overwrite=False, resume=False)
+    check_existing(output, overwrite=options.overwrite, resume=False)  # only a fastdata dataset may be replaced
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

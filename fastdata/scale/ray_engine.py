@@ -14,10 +14,11 @@ file, and npy and tar come out byte-identical to ``--engine local``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fastdata.errors import DependencyMissingError, EngineError
 from fastdata.formats import get_format
@@ -73,16 +74,17 @@ def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
         units = plan_units(len(src), options.unit_samples)
         started = _connect(ray, options.ray_address)
         try:
-            counter = _Counter(progress, len(src))
-            records = run_units(ray, job, src, units, staging, key, counter)
-            plan, records = settle_mode(job.plan, job.gray_guess, units, records,
-                                        lambda stale: run_units(ray, job.on(job.src, mode="RGB"), src, stale, staging,
-                                                                key, None))
+            records = run_units(ray, job, src, units, staging, key, _Counter(progress, len(src)))
+            plan = job.plan
+            if job.gray_guess:  # the mode is known only once every unit is done
+                plan, records = settle_mode(plan, True, units, list(records), lambda stale: list(run_units(
+                    ray, job.on(job.src, mode="RGB"), src, stale, staging, key, None)))
+            # otherwise the driver writes each unit as soon as the ones before it are done
+            manifest = write_output(output, spec, plan, options, records, key=key, fields=fields,
+                                    fingerprint=fingerprint, source=src.describe(), existing=existing)
         finally:
             if started:
                 ray.shutdown()
-        manifest = write_output(output, spec, plan, options, records, key=key, fields=fields, fingerprint=fingerprint,
-                                source=src.describe(), existing=existing)
         remove_staging(staging)
     return manifest
 
@@ -100,8 +102,9 @@ def _connect(ray, address: str | None) -> bool:
 
 
 def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key: str,
-              counter: Callable[[int], None] | None) -> list[dict[str, Any]]:
-    """Run ``units`` as Ray tasks (finished ones of this conversion are kept); their records in order."""
+              counter: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
+    """Run ``units`` as Ray tasks (finished ones of this conversion are kept); yield their records
+    in unit order, each as soon as it and every unit before it are finished."""
     records: dict[int, dict[str, Any]] = {}
     todo = []
     for unit in units:
@@ -118,32 +121,45 @@ def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key:
     task = ray.remote(_unit_task).options(max_retries=MAX_RETRIES, num_cpus=1)
     tasks = {task.remote(job_ref, src.take(u.start, u.stop) if cut else None, u, str(staging), key): u for u in todo}
     failures: dict[int, BaseException] = {}
-    pending = list(tasks)
-    while pending:
-        (ref,), pending = ray.wait(pending, num_returns=1)
-        unit = tasks[ref]
-        try:
-            record = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:  # the task raised: bad input, or a bug
-            failures[unit.number] = getattr(exc, "cause", None) or exc
-        except ray.exceptions.RayError as exc:  # worker, node or object lost, more often than retried
-            failures[unit.number] = EngineError(
-                f"{unit.name} (samples {unit.start}..{unit.stop - 1}) failed on Ray after {MAX_RETRIES} retries: "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Check the cluster, then "
-                "convert again (finished units are kept)."
-            )
-        else:
-            records[unit.number] = record
-            if counter:
-                counter(record["count"] + len(record["skipped"]))
-            continue
-        first = min(failures)  # later units cannot change which error a local conversion reports
-        for later in [r for r in pending if tasks[r].number > first]:
-            ray.cancel(later)
-        pending = [r for r in pending if tasks[r].number < first]
+    pending, position = list(tasks), 0
+    try:
+        while pending:
+            while position < len(units) and units[position].number in records:
+                yield records[units[position].number]
+                position += 1
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            unit = tasks[ref]
+            try:
+                record = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:  # the task raised: bad input, or a bug
+                failures[unit.number] = getattr(exc, "cause", None) or exc
+            except ray.exceptions.RayError as exc:  # worker, node or object lost, more often than retried
+                failures[unit.number] = _lost(unit, exc)
+            else:
+                records[unit.number] = record
+                if counter:
+                    counter(record["count"] + len(record["skipped"]))
+                continue
+            first = min(failures)  # later units cannot change which error a local conversion reports
+            for later in [r for r in pending if tasks[r].number > first]:
+                ray.cancel(later)
+            pending = [r for r in pending if tasks[r].number < first]
+    finally:  # the caller stopped early (an error, Ctrl-C): no task keeps running for nothing
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
     if failures:
         raise failures[min(failures)]
-    return [records[unit.number] for unit in units]
+    for unit in units[position:]:
+        yield records[unit.number]
+
+
+def _lost(unit: Unit, exc: Exception) -> EngineError:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return EngineError(
+        f"{unit.name} (samples {unit.start}..{unit.stop - 1}) failed on Ray after {MAX_RETRIES} retries: "
+        f"{type(exc).__name__}: {first_line}. Check the cluster, then convert again (finished units are kept)."
+    )
 
 
 def _unit_task(job: Job, src: Source | None, unit: Unit, staging: str, key: str) -> dict[str, Any]:
