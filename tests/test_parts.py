@@ -154,6 +154,17 @@ def test_a_mismatched_record_is_refused_by_the_merge(tmp_path: Path) -> None:
     with pytest.raises(PartsError, match=r"do not match \(different source or options\): unit_samples 4 in part "
                        r"1/2, 5 in part 2/2\."):
         fastdata.merge(out)
+    record.write_text(record.read_text().replace('"unit_samples": 5', '"unit_samples": 4'))
+    copy = record.with_name("part-0002-of-0002 (copy).json")
+    copy.write_bytes(record.read_bytes())
+    with pytest.raises(PartsError) as twice:
+        fastdata.merge(out)
+    assert str(twice.value) == (
+        f"Cannot merge {str(out)!r}: part 2/2 is recorded twice in {str(out) + '.partial.units'!r} (two records of "
+        "one part); each --part I/N runs once. Remove the copy that the job array did not write, then merge again."
+    )
+    copy.unlink()
+    assert fastdata.merge(out)["count"] == 30
 
 
 def test_part_options_are_checked(tmp_path: Path) -> None:
@@ -265,3 +276,24 @@ def test_engine_ray_without_ray_installed_is_one_clear_error(tmp_path: Path) -> 
     assert result.stderr == ('fastdata: error: --engine ray needs Ray, which is not installed. Install it with: pip '
                              'install "fastdata[ray]" (or use --engine local, or --part I/N on a job array).\n')
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_bad_image_fails_its_part_as_it_fails_a_local_conversion(tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "src", 80, bad=False)
+    (source / "b" / "070.png").write_bytes(b"not a png")  # sample 75: after the 64 the plan reads, in part 2/2
+    with pytest.raises(fastdata.FastdataError) as local:
+        fastdata.convert(source, tmp_path / "local", format="tar", workers=0)
+    out = tmp_path / "out"
+    fastdata.convert(source, out, format="tar", part="1/2", unit_samples=8, workers=0)
+    with pytest.raises(type(local.value)) as part:
+        fastdata.convert(source, out, format="tar", part="2/2", unit_samples=8, workers=0)
+    assert str(part.value) == str(local.value) == (
+        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad to "
+        "leave it out."
+    )
+    result = subprocess.run([sys.executable, "-m", "fastdata", "merge", str(out)], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"fastdata: error: Cannot merge {str(out)!r}: 1 of 2 parts missing (2/2). Run them with "
+                             f"'fastdata convert SOURCE {out} --part I/2' (same source and options), then merge again.\n")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out.partial.units", "src"]

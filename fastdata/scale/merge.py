@@ -86,7 +86,15 @@ def check_complete(output: Path, records: list[dict[str, Any]]) -> None:
     for other in records[1:]:
         check_agreement(output, other, records[0])
     parts = records[0]["parts"]
-    present = {r["part"] for r in records}
+    numbers = [r["part"] for r in records]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    if twice:
+        raise PartsError(
+            f"Cannot merge {shown!r}: part {twice[0]}/{parts} is recorded twice in {str(staging_path(output))!r} "
+            "(two records of one part); each --part I/N runs once. Remove the copy that the job array did not "
+            "write, then merge again."
+        )
+    present = set(numbers)
     missing = [i for i in range(1, parts + 1) if i not in present]
     if missing:
         names = ", ".join(f"{i}/{parts}" for i in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
