@@ -138,7 +138,11 @@ def test_missing_mismatched_and_duplicate_parts_are_refused(tmp_path: Path) -> N
                        r"it with the remaining --part runs and 'fastdata merge .*', or pass --overwrite"):
         fastdata.convert(source, out, format="npy", workers=0)
     assert not out.exists()
-    fastdata.convert(source, out, format="npy", part="1/3", unit_samples=4, workers=0, overwrite=True)  # run again
+    resized = fastdata.convert(source, out, format="npy", part="1/3", unit_samples=4, workers=0, overwrite=True,
+                               resize="8x8")  # converted again, with other options: its units are replaced
+    assert resized["plan"]["shape"] == [8, 8, 3]
+    again = fastdata.convert(source, out, format="npy", part="1/3", unit_samples=4, workers=0, overwrite=True)
+    assert again["plan"]["shape"] == [10, 12, 3] and again["count"] == 8
     for i in (2, 3):
         fastdata.convert(source, out, format="npy", part=f"{i}/3", unit_samples=4, workers=0)
     assert fastdata.merge(out)["count"] == 30

@@ -149,8 +149,7 @@ def _convert_units(job: Job, units: list[Unit], staging: Path, key: str, workers
             records[unit.number] = record  # kept: an RGB unit when guessing grayscale means a colour image
             counter(len(unit))
         else:
-            if record is not None:
-                remove_unit(staging, unit)  # converted in the other mode
+            remove_unit(staging, unit)  # converted in the other mode or for other options, or none
             todo.append(unit)
     with WorkerPool(job, workers, sum(len(u) for u in todo)) as pool:
         for unit in todo:
