@@ -261,8 +261,8 @@ def test_a_part_cannot_join_a_whole_conversion(tmp_path: Path) -> None:
     whole.start()
     try:
         assert started.wait(60)
-        with pytest.raises(OutputLockedError, match=rf"^A whole conversion or merge is writing {str(out)!r} "
-                           rf"\(process {whole.pid} on .*\); a --part run cannot join it\."):
+        with pytest.raises(OutputLockedError, match=rf"^A whole conversion \(local or Ray\) or a merge is writing "
+                           rf"{str(out)!r} \(process {whole.pid} on .*\); a --part run cannot join it\."):
             fastdata.convert(source, out, format="npy", part="1/2", unit_samples=4, workers=0)
     finally:
         release.set()

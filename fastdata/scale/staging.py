@@ -47,7 +47,7 @@ class PartLock(ConversionLock):
             holder = _describe(_parse_holder(os.pread(descriptor, 4096, 0)))
             os.close(descriptor)
             raise _os_error(
-                OutputLockedError, errno.EAGAIN, f"A whole conversion or merge is writing {str(self.output)!r} "
+                OutputLockedError, errno.EAGAIN, f"A whole conversion (local or Ray) or a merge is writing {str(self.output)!r} "
                 f"({holder}); a --part run cannot join it. Wait for it to finish, or stop it."
             ) from None
         try:
