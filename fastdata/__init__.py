@@ -25,6 +25,7 @@ _EXPORTS = {
     "WorkerError": "fastdata.loading",
     "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
+    "merge": "fastdata.scale.merge",
     "open_dataset": "fastdata.api",
     "Recommendation": "fastdata.tuning",
     "sweep": "fastdata.bench.sweep",

@@ -27,6 +27,7 @@ from fastdata.outputs import (
     write_error,
 )
 from fastdata.pipeline import ModeConflict, plan_job
+from fastdata.scale.staging import check_no_parts
 from fastdata.sources import FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source
 
 __all__ = ["PARTIAL_SUFFIX", "convert", "open_source", "parse_reencode", "parse_size", "remove_path", "run_conversion"]
@@ -52,11 +53,25 @@ def convert(
     decides it: ``.h5``/``.hdf5`` hdf5, ``.npy`` npy, ``.tar`` or no extension tar (another
     extension is refused); a ``format`` that contradicts the extension is refused. ``progress(n,
     total)`` is called as each n more samples complete.
+
+    ``engine="ray"`` runs the work as Ray tasks (``ray_address`` names the cluster); ``part=(I, N)``
+    (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
+    :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
     output = Path(output)
     overrides["format"] = format_for_output(output, overrides.get("format", options.format if options else None))
     options = ConvertOptions.build(options, **overrides)
     check_output_path(output)
+    if options.engine == "ray":
+        from fastdata.scale.ray_engine import convert_on_ray, import_ray
+
+        import_ray()  # says how to install it before the source is read
+        return convert_on_ray(open_source(source, options), output, options, progress)
+    if options.part is not None:
+        from fastdata.scale.parts import convert_part, source_argument
+
+        return convert_part(open_source(source, options), output, options, progress,
+                            source=source_argument(source, options))
     return run_conversion(open_source(source, options), output, options, progress)
 
 
@@ -100,6 +115,7 @@ def run_conversion(
     workers = usable_cores() if options.workers is None else options.workers
     options = dataclasses.replace(options, workers=_cap_workers(workers, len(src), explicit=options.workers))
     with ConversionLock(output):
+        check_no_parts(output, overwrite=options.overwrite)
         existing = check_existing(output, overwrite=options.overwrite, resume=options.resume)
         if options.resume and existing is not None:
             kept = _keep_complete(output, existing, target, overwrite=options.overwrite)

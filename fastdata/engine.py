@@ -18,6 +18,8 @@ from fastdata import journal
 from fastdata._version import __version__
 from fastdata.errors import BadSampleError
 from fastdata.formats import FormatSpec
+from fastdata.formats.base import Plan
+from fastdata.options import ConvertOptions
 from fastdata.outputs import partial_path, remove_path
 from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches
 
@@ -77,7 +79,7 @@ def write_job(job: Job, target: Target, state: dict[str, Any] | None = None) -> 
                     last_checkpoint = time.monotonic()
         if written == 0:
             raise BadSampleError(f"No sample could be converted; all {len(src)} were skipped as unreadable.")
-        manifest = build_manifest(spec, job, written, skipped)
+        manifest = build_manifest(spec, plan, options, src.describe(), written, skipped)
         manifest["conversion_key"] = target.key
         manifest["source_fingerprint"] = target.fingerprint
         return writer.close(manifest)
@@ -91,9 +93,10 @@ def write_job(job: Job, target: Target, state: dict[str, Any] | None = None) -> 
         raise
 
 
-def build_manifest(spec: FormatSpec, job: Job, written: int, skipped: dict[int, dict[str, str]]) -> dict[str, Any]:
-    """The manifest of a finished conversion (the writer adds ``files`` and its layout)."""
-    plan, src, options = job.plan, job.src, job.options
+def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any], written: int,
+                   skipped: dict[int, dict[str, str]]) -> dict[str, Any]:
+    """The manifest of a finished conversion (the writer adds ``files`` and its layout); ``source``
+    is the source's description."""
     classes = sorted(plan.class_to_idx, key=plan.class_to_idx.__getitem__)
     return {
         "format": spec.name,
@@ -112,7 +115,7 @@ def build_manifest(spec: FormatSpec, job: Job, written: int, skipped: dict[int, 
         "label_dtype": "int64",
         "classes": classes,
         "class_to_idx": plan.class_to_idx,
-        "source": src.describe(),
+        "source": source,
         "options": options.describe(),
         "skipped": [skipped[i] for i in sorted(skipped)],
     }

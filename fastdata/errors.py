@@ -73,3 +73,11 @@ class SourceChangedError(FastdataError, ValueError):
 
 class UnknownDatasetFormatError(UnknownFormatError, ManifestError):
     """A dataset's manifest names a format this fastdata does not know."""
+
+
+class EngineError(FastdataError, RuntimeError):
+    """The engine that runs a conversion's units failed (a lost worker, node or cluster)."""
+
+
+class PartsError(FastdataError, ValueError):
+    """The parts of a job-array conversion are missing, run twice or do not match each other."""

@@ -21,6 +21,7 @@ from fastdata.errors import InvalidOptionError
 from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions
 
 STORES = ("raw", "encoded")
+ENGINES = ("local", "ray")
 SPLITS = ("train", "test")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -97,6 +98,21 @@ def parse_count(value: Any, *, flag: str, minimum: int = 1, allow_none: bool = F
     return number
 
 
+def parse_part(value: Any) -> tuple[int, int] | None:
+    """``"2/4"`` -> (2, 4): part I of N, 1-based (the first part of four is ``1/4``)."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", value) if isinstance(value, str) else None
+    numbers = tuple(int(g) for g in match.groups()) if match else value
+    if not (isinstance(numbers, (tuple, list)) and len(numbers) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in numbers) and 1 <= numbers[0] <= numbers[1]):
+        raise InvalidOptionError(
+            f"Invalid --part {value!r}. Use I/N with 1 <= I <= N, e.g. --part 1/4 ... --part 4/4 "
+            "(a 0-based array index is I-1: --part $((SLURM_ARRAY_TASK_ID + 1))/N)."
+        )
+    return int(numbers[0]), int(numbers[1])
+
+
 def parse_source_option(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` of ``--source-option``; VALUE as a Python literal when it is one."""
     key, sep, value = text.partition("=")
@@ -161,6 +177,15 @@ class ConvertOptions:
                               kind="flag", group="run")
     resume: bool = _option(False, "continue an interrupted conversion of the same, unchanged source from its "
                            "last checkpoint (a finished one is kept)", kind="flag", group="run")
+    engine: str = _option("local", "where the work runs: local (a process pool here) or ray (tasks on a Ray "
+                          "cluster; pip install 'fastdata[ray]')", metavar="local|ray", group="run")
+    ray_address: str | None = _option(None, "--engine ray: the cluster to join (ray.init's address, e.g. 'auto' or "
+                                      "'ray://head:10001'; default: start a local one)", metavar="ADDRESS", group="run")
+    part: tuple[int, int] | None = _option(None, "write part I of N (1-based) of a job array into OUTPUT.partial.units; "
+                                           "'fastdata merge OUTPUT' finishes the output once all N are done",
+                                           metavar="I/N", group="run")
+    unit_samples: int = _option(1000, "--part and --engine ray: samples per unit of work (every part must use the "
+                                "same)", metavar="N", group="run")
     root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
                                metavar="DIR", group="source")
     split: str = _option("train", "torchvision sources: train or test (mapped to the dataset's own argument)",
@@ -190,6 +215,7 @@ class ConvertOptions:
         set_(self, "max_pixels", parse_count(self.max_pixels, flag="--max-pixels", allow_none=True))
         set_(self, "workers", parse_count(self.workers, flag="--workers", minimum=0, allow_none=True))
         _choice(self.split, SPLITS, "split")
+        self._check_engine()
         set_(self, "source_options", dict(self.source_options or {}))
         given = self.format_options
         if spec is None:  # checked by the format once the output's name decides it
@@ -199,6 +225,27 @@ class ConvertOptions:
             set_(self, "format_options", spec.make_options(dict(given or {})))
         elif spec.options is None or not isinstance(given, spec.options):
             raise InvalidOptionError(f"format_options {given!r} are not options of format {self.format!r}.")
+
+    def _check_engine(self) -> None:
+        _choice(self.engine, ENGINES, "engine")
+        object.__setattr__(self, "part", parse_part(self.part))
+        object.__setattr__(self, "unit_samples", parse_count(self.unit_samples, flag="--unit-samples"))
+        if self.ray_address is not None and self.engine != "ray":
+            raise InvalidOptionError(f"--ray-address {self.ray_address!r} applies to --engine ray only. Add --engine ray.")
+        if self.part is not None and self.engine != "local":
+            raise InvalidOptionError(
+                "--part and --engine ray are two ways to spread one conversion over machines; use one of them."
+            )
+        if self.engine == "ray" and self.resume:
+            raise InvalidOptionError(
+                "--resume does not apply to --engine ray: a Ray conversion run again keeps the units it already "
+                "finished (same source and options) and converts only the rest. Drop --resume."
+            )
+        if self.part is not None and self.resume:
+            raise InvalidOptionError(
+                "--resume does not apply to --part: a part run again keeps the units it already finished (same "
+                "source and options) and converts only the rest. Drop --resume."
+            )
 
     # --- building ---------------------------------------------------------------------------
 

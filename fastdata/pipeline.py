@@ -6,6 +6,7 @@ resize and encode in a process pool, yielding batches in source order.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 from typing import Any, Iterator
 
@@ -106,6 +107,12 @@ def _reason(exc: BaseException) -> str:
     return text[:200]
 
 
+def with_mode(plan: Plan, mode: str) -> Plan:
+    """``plan`` in another mode (its raw shape gets that mode's channels)."""
+    shape = (*plan.shape[:2], CHANNELS[mode]) if plan.shape else None
+    return dataclasses.replace(plan, mode=mode, channels=CHANNELS[mode], shape=shape)
+
+
 class ModeConflict(Exception):
     """Auto mode planned grayscale, but a colour image came up: the conversion restarts as RGB."""
 
@@ -114,12 +121,21 @@ class Job:
     """The per-sample work of one conversion; pickled once into each worker process."""
 
     def __init__(self, src: Source, plan: Plan | None, options: ConvertOptions, *, reference: int = 0,
-                 gray_guess: bool = False):
+                 gray_guess: bool = False, reference_name: str | None = None):
         self.src = src
         self.plan = plan
         self.options = options
         self.reference = reference  # the sample whose size raw storage adopted
+        self.reference_name = reference_name  # its name, for a job that runs on a slice of the source
         self.gray_guess = gray_guess
+
+    def on(self, src: Source, *, mode: str | None = None) -> "Job":
+        """This job's work on ``src`` (a slice of the source, see :meth:`Source.take`), optionally
+        in another mode (``"RGB"`` after auto mode met a colour image: no more guessing)."""
+        plan = self.plan if mode is None else with_mode(self.plan, mode)
+        name = self.reference_name or (self.src.sample_name(self.reference) if self.src is not None else None)
+        return Job(src, plan, self.options, reference=self.reference, reference_name=name,
+                   gray_guess=self.gray_guess and mode is None)
 
     def fail(self, index: int, exc: BaseException, stage: str) -> BadSampleError:
         """The error for a sample that failed while reading its header (``stage="read"``) or
@@ -150,7 +166,7 @@ class Job:
             height, width = plan.shape[:2]
             raise ShapeMismatchError(
                 f"{self.src.sample_name(index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
-                f"{self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
+                f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
                 "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
             )
         return label, array
@@ -248,18 +264,19 @@ def _chunk_size(plan: Plan, count: int, workers: int) -> int:
     return max(1, min(256, by_bytes, by_balance))
 
 
-def batches(job: Job, pool: WorkerPool, start: int = 0) -> Iterator[tuple[Batch, int]]:
-    """Converted batches in source order from index ``start``, each with the next index."""
+def batches(job: Job, pool: WorkerPool, start: int = 0, stop: int | None = None) -> Iterator[tuple[Batch, int]]:
+    """Converted batches in source order from index ``start`` (to ``stop``), each with the next index."""
     plan, src = job.plan, job.src
+    stop = len(src) if stop is None else stop
     if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
         plan.mode == src.native_mode or src.native_mode == "L"
     ):
         step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
-        for first in range(start, len(src), step):
-            stop = min(first + step, len(src))
-            yield job.array_chunk(first, stop), stop
+        for first in range(start, stop, step):
+            last = min(first + step, stop)
+            yield job.array_chunk(first, last), last
         return
-    indices = list(range(start, len(src)))
+    indices = list(range(start, stop))
     size = _chunk_size(plan, len(indices), pool.workers)
     for number, batch in enumerate(pool.convert(indices, size)):
-        yield batch, min(start + (number + 1) * size, len(src))
+        yield batch, min(start + (number + 1) * size, stop)

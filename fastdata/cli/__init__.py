@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, verify, bench, tune (one module per command).
+"""The ``fastdata`` command line: convert, merge, info, verify, bench, tune (one module per command).
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
@@ -21,7 +21,7 @@ from fastdata._version import __version__
 from fastdata.errors import FastdataError
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastdata.cli import bench, convert, inspect, tune
+    from fastdata.cli import bench, convert, inspect, merge, tune
     from fastdata.cli.common import HelpFormatter
 
     parser = argparse.ArgumentParser(
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"fastdata {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     convert.add_parser(commands)
+    merge.add_parser(commands)
     bench.add_parser(commands)
     inspect.add_parsers(commands)
     tune.add_parser(commands)

@@ -77,6 +77,8 @@ EXAMPLES = """
   fastdata convert ./photos out/photos.h5 --store encoded        # .h5: the original bytes in one HDF5 file
   fastdata convert torchvision:CIFAR10 --root ~/data out/cifar   # no extension: WebDataset tar shards
   fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after Ctrl-C or a crash
+  fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
+  fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
 """
 
 
@@ -113,6 +115,12 @@ def run_convert(args: argparse.Namespace) -> int:
         manifest = convert(args.source, args.output, options, progress=bar.update)
     finally:
         bar.close()
+    if options.part is not None:
+        part, parts = options.part
+        print(f"wrote part {part}/{parts} of {args.output}: {manifest['count']:,} samples"
+              + (f" ({manifest['skipped']:,} skipped)" if manifest["skipped"] else "")
+              + f" into {args.output}.partial.units; when all {parts} parts are done: fastdata merge {args.output}")
+        return 0
     if before is not None and before == manifest.get("manifest_blake2b"):
         print(f"{args.output} is already complete ({manifest['count']:,} samples, same source and options); "
               "nothing to do")

@@ -47,6 +47,11 @@ class Source:
         """Paths this source reads, which the output may not be, lie in, or contain."""
         return []
 
+    def take(self, start: int, stop: int) -> "Source | None":
+        """Samples ``start:stop`` as a small source of their own (index 0 is ``start``), for work
+        sent to another machine; None when this source cannot be cut (it is then sent whole)."""
+        return None
+
     def file_bytes(self, index: int) -> bytes | None:
         """The sample's original encoded bytes, or None when the source has no files."""
         return None

@@ -37,6 +37,12 @@ class FolderSource(Source):
     def protected(self) -> list[Protected]:
         return [Protected(self.root, "source folder")]
 
+    def take(self, start: int, stop: int) -> "FolderSource":
+        part = FolderSource.__new__(FolderSource)
+        part.root, part._root, part.class_to_idx = self.root, self._root, self.class_to_idx
+        part.keys, part.labels = self.keys[start:stop], self.labels[start:stop].copy()
+        return part
+
     def file_bytes(self, index: int) -> bytes:
         return (self.root / self.keys[index]).read_bytes()
 

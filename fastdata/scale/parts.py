@@ -1,0 +1,165 @@
+"""``fastdata convert SOURCE OUTPUT --part I/N``: one part of a job array (Slurm array, Kubernetes
+indexed job). Every part plans the same units from the source (:mod:`fastdata.scale.units`),
+converts its own block of them into ``OUTPUT.partial.units`` with a local process pool, and
+records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.scale.merge`) writes the output once
+every part is there.
+
+``--mode auto`` across parts: each part plans from the same first 64 readable images. When they
+are all grayscale, a part that meets a colour image converts *its* units again as RGB (as a local
+conversion restarts) and records the mode per unit; the merge then converts the other parts'
+grayscale units again as RGB, so the output is the one a local conversion gives.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from fastdata.formats import get_format
+from fastdata.formats.base import Plan
+from fastdata.machine import usable_cores
+from fastdata.options import ConvertOptions
+from fastdata.outputs import check_existing, check_not_source, check_output_path, write_error
+from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
+from fastdata.scale.staging import (
+    PART_PATTERN, PartLock, claim_staging, duplicate_error, read_records, write_record,
+)
+from fastdata.scale.units import Unit, part_units, plan_units, read_unit, remove_unit, write_unit
+from fastdata.sources import Source
+
+Progress = Callable[[int, int], None]
+
+
+def conversion_key(src: Source, options: ConvertOptions) -> tuple[dict[str, Any], str]:
+    """The fields that determine the output's bytes, and their digest (the manifest's ``conversion_key``)."""
+    from fastdata import journal
+    from fastdata.conversion import _key_fields
+
+    fields = _key_fields(get_format(options.format, writable=True), src, options)
+    return fields, journal.conversion_key(fields)
+
+
+def plan_record(job: Job) -> dict[str, Any]:
+    plan = job.plan
+    return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
+            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
+            "gray_guess": job.gray_guess}
+
+
+def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
+    from fastdata.images import CHANNELS
+
+    return Plan(count=record["count"], store=record["store"], mode=record["mode"], channels=CHANNELS[record["mode"]],
+                shape=tuple(record["shape"]) if record["shape"] else None, encoding=record["encoding"],
+                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"])
+
+
+def source_argument(source: Any, options: ConvertOptions) -> dict[str, Any] | None:
+    """How ``fastdata merge`` can open the source again (None for a Python dataset object)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    text = str(source)
+    if not text.startswith("torchvision:"):
+        text = os.path.abspath(text)
+    arguments = dict(options.source_arguments)
+    if arguments.get("root"):
+        arguments["root"] = os.path.abspath(arguments["root"])
+    return {"source": text, **{k: v for k, v in arguments.items() if v is not None}}
+
+
+def convert_part(src: Source, output: Path, options: ConvertOptions, progress: Progress | None = None,
+                 *, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Convert part ``options.part`` of ``src`` into ``OUTPUT.partial.units``; return the part's record."""
+    part, parts = options.part
+    check_output_path(output)
+    check_not_source(output, src.protected())
+    check_existing(output, overwrite=options.overwrite, resume=False)  # only a fastdata dataset may be replaced
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(output, exc) from exc
+    fields, key = conversion_key(src, options)
+    fingerprint = src.fingerprint()
+    with PartLock(output):
+        staging = claim_staging(output)
+        mine = staging / PART_PATTERN.format(part, parts)
+        earlier = read_records(staging)
+        for record in earlier:
+            if (record.get("part"), record.get("parts")) == (part, parts):
+                if not options.overwrite:
+                    raise duplicate_error(output, record)
+                mine.unlink()
+                earlier.remove(record)
+        job = plan_job(src, options)
+        record = {"part": part, "parts": parts, "key": key, "fields": fields, "fingerprint": fingerprint,
+                  "unit_samples": options.unit_samples, "plan": plan_record(job), "source": src.describe(),
+                  "options": options.describe(), "reopen": source, "overwrite": options.overwrite}
+        from fastdata.scale.merge import check_agreement
+
+        for other in earlier:
+            check_agreement(output, record, other)
+        units = part_units(plan_units(len(src), options.unit_samples), part, parts)
+        total = sum(len(unit) for unit in units)
+        workers = usable_cores() if options.workers is None else min(options.workers, usable_cores())
+        results = convert_here(job, units, staging, key, workers, _Counter(progress, total))
+        record["count"] = sum(r["count"] for r in results)
+        record["skipped"] = sum(len(r["skipped"]) for r in results)
+        record["units"] = [units[0].number, units[-1].number + 1] if units else [0, 0]
+        write_record(output, record)
+    return record
+
+
+class _Counter:
+    """Progress of one process's units: the total, and a way to take back a restarted unit's share."""
+
+    def __init__(self, progress: Progress | None, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, count: int) -> None:
+        self.done += count
+        if self.progress is not None and count:
+            self.progress(count, self.total)
+
+    def restart(self) -> None:
+        self(-self.done)
+
+
+def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
+                 counter: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Convert ``units`` with a process pool here; finished units of the same conversion (``key``)
+    and mode are kept. In auto mode, a colour image among grayscale ones converts every unit of
+    this call again as RGB."""
+    counter = counter or _Counter(None, 0)
+    try:
+        return _convert_units(job, units, staging, key, workers, counter)
+    except ModeConflict:
+        if isinstance(counter, _Counter):
+            counter.restart()
+        return _convert_units(job.on(job.src, mode="RGB"), units, staging, key, workers, counter)
+
+
+def _convert_units(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
+                   counter: Callable[[int], None]) -> list[dict[str, Any]]:
+    records: dict[int, dict[str, Any]] = {}
+    todo = []
+    for unit in units:
+        record = read_unit(staging, unit, key)
+        if record is not None and (record["mode"] == job.plan.mode or job.gray_guess):
+            records[unit.number] = record  # kept: an RGB unit when guessing grayscale means a colour image
+            counter(len(unit))
+        else:
+            remove_unit(staging, unit)  # converted in the other mode or for other options, or none
+            todo.append(unit)
+    with WorkerPool(job, workers, sum(len(u) for u in todo)) as pool:
+        for unit in todo:
+            records[unit.number] = write_unit(staging, unit, job.plan, key, _counted(job, pool, unit, counter))
+    if job.gray_guess and any(r["mode"] != job.plan.mode for r in records.values()):
+        raise ModeConflict()
+    return [records[unit.number] for unit in units]
+
+
+def _counted(job: Job, pool: WorkerPool, unit: Unit, counter: Callable[[int], None]):
+    for batch, _ in batches(job, pool, unit.start, unit.stop):
+        counter(len(batch) + len(batch.skipped))
+        yield batch

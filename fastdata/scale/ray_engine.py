@@ -1,0 +1,189 @@
+"""``fastdata convert SOURCE OUTPUT --engine ray [--ray-address ADDRESS]``: units as Ray tasks.
+
+The driver (this process) holds the output's lock, plans the units, and sends each Ray task only
+its unit: the range and, for an image folder, the unit's own file names and labels (never the full
+list; other sources that cannot be cut are put in Ray's object store once). A task decodes,
+resizes, encodes and writes its unit into ``OUTPUT.partial.units`` (shared storage on a real
+cluster), under a temporary name renamed when complete, so a worker killed mid-task leaves no
+unit that looks finished; Ray runs the task again (``max_retries``). Bad input fails the task
+with the same error as the local engine (not retried: it would fail again); the driver reports
+the first bad unit in source order. The driver then writes the output from the units with the
+format's writer (:func:`fastdata.scale.merge.write_output`): it is the single writer of an HDF5
+file, and npy and tar come out byte-identical to ``--engine local``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from fastdata.errors import DependencyMissingError, EngineError
+from fastdata.formats import get_format
+from fastdata.images import disable_pillow_limit
+from fastdata.options import ConvertOptions
+from fastdata.outputs import ConversionLock, check_existing, check_not_source, check_output_path, write_error
+from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
+from fastdata.scale.merge import settle_mode, write_output
+from fastdata.scale.parts import _Counter, conversion_key
+from fastdata.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
+from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, write_unit
+from fastdata.sources import Source
+
+MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
+INSTALL_HINT = 'pip install "fastdata[ray]"'
+# tests: "NUMBER:MARKER" kills the worker converting unit NUMBER of an output that lies beside MARKER, once
+_KILL_HOOK = "FASTDATA_TEST_KILL_UNIT"
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise DependencyMissingError(
+            f"--engine ray needs Ray, which is not installed. Install it with: {INSTALL_HINT} "
+            "(or use --engine local, or --part I/N on a job array)."
+        ) from exc
+    return ray
+
+
+def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
+                   progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Convert ``src`` into ``output`` with Ray tasks; return the manifest."""
+    ray = import_ray()
+    check_output_path(output)
+    check_not_source(output, src.protected())
+    if not options.overwrite:
+        check_existing(output, overwrite=False, resume=False)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(output, exc) from exc
+    spec = get_format(options.format, writable=True)
+    fields, key = conversion_key(src, options)
+    fingerprint = src.fingerprint()
+    with ConversionLock(output):
+        existing = check_existing(output, overwrite=options.overwrite, resume=False)
+        if staging_path(output).exists() and read_records(staging_path(output)):
+            check_no_parts(output, overwrite=options.overwrite)  # a job array's parts: refused or discarded
+        staging = claim_staging(output)  # units of an earlier run of this conversion are kept
+        remove_temporaries(staging)
+        job = plan_job(src, options)
+        units = plan_units(len(src), options.unit_samples)
+        started = _connect(ray, options.ray_address)
+        try:
+            records = run_units(ray, job, src, units, staging, key, _Counter(progress, len(src)))
+            plan = job.plan
+            if job.gray_guess:  # the mode is known only once every unit is done
+                plan, records = settle_mode(plan, True, units, list(records), lambda stale: list(run_units(
+                    ray, job.on(job.src, mode="RGB"), src, stale, staging, key, None)))
+            # otherwise the driver writes each unit as soon as the ones before it are done
+            manifest = write_output(output, spec, plan, options, records, key=key, fields=fields,
+                                    fingerprint=fingerprint, source=src.describe(), existing=existing)
+        finally:
+            if started:
+                ray.shutdown()
+        remove_staging(staging)
+    return manifest
+
+
+def _connect(ray, address: str | None) -> bool:
+    """Join the cluster at ``address`` (or start a local one); True when this call started Ray."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise EngineError(f"Cannot connect to the Ray cluster at {address!r}: {exc}. Check --ray-address "
+                          "(e.g. 'auto' on a cluster node, or 'ray://HEAD:10001').") from exc
+    return True
+
+
+def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key: str,
+              counter: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
+    """Run ``units`` as Ray tasks (finished ones of this conversion are kept); yield their records
+    in unit order, each as soon as it and every unit before it are finished."""
+    records: dict[int, dict[str, Any]] = {}
+    todo = []
+    for unit in units:
+        record = read_unit(staging, unit, key)
+        if record is not None and (record["mode"] == job.plan.mode or job.gray_guess):
+            records[unit.number] = record
+            if counter:
+                counter(record["count"] + len(record["skipped"]))
+            continue
+        remove_unit(staging, unit)
+        todo.append(unit)
+    cut = src.take(0, 0) is not None
+    job_ref = ray.put(job.on(None) if cut else job)  # once into the object store, not once per task
+    task = ray.remote(_unit_task).options(max_retries=MAX_RETRIES, num_cpus=1)
+    tasks = {task.remote(job_ref, src.take(u.start, u.stop) if cut else None, u, str(staging), key): u for u in todo}
+    failures: dict[int, BaseException] = {}
+    pending, position = list(tasks), 0
+    try:
+        while pending:
+            while position < len(units) and units[position].number in records:
+                yield records[units[position].number]
+                position += 1
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            unit = tasks[ref]
+            try:
+                record = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:  # the task raised: bad input, or a bug
+                failures[unit.number] = getattr(exc, "cause", None) or exc
+            except ray.exceptions.RayError as exc:  # worker, node or object lost, more often than retried
+                failures[unit.number] = _lost(unit, exc)
+            else:
+                records[unit.number] = record
+                if counter:
+                    counter(record["count"] + len(record["skipped"]))
+                continue
+            first = min(failures)  # later units cannot change which error a local conversion reports
+            for later in [r for r in pending if tasks[r].number > first]:
+                ray.cancel(later)
+            pending = [r for r in pending if tasks[r].number < first]
+    finally:  # the caller stopped early (an error, Ctrl-C): no task keeps running for nothing
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+    if failures:
+        raise failures[min(failures)]
+    for unit in units[position:]:
+        yield records[unit.number]
+
+
+def _lost(unit: Unit, exc: Exception) -> EngineError:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return EngineError(
+        f"{unit.name} (samples {unit.start}..{unit.stop - 1}) failed on Ray after {MAX_RETRIES} retries: "
+        f"{type(exc).__name__}: {first_line}. Check the cluster, then convert again (finished units are kept)."
+    )
+
+
+def _unit_task(job: Job, src: Source | None, unit: Unit, staging: str, key: str) -> dict[str, Any]:
+    """One Ray task: convert ``unit`` (of ``src``, a cut of the source, or of the job's own source)."""
+    disable_pillow_limit()
+    mode = None
+    while True:
+        work = job.on(src if src is not None else job.src, mode=mode)
+        start, stop, offset = (0, len(unit), unit.start) if src is not None else (unit.start, unit.stop, 0)
+        try:
+            with WorkerPool(work, 0, 0) as pool:
+                converted = _hooked((batch for batch, _ in batches(work, pool, start, stop)), unit, staging)
+                return write_unit(Path(staging), unit, work.plan, key, converted, offset)
+        except ModeConflict:  # auto mode guessed grayscale and met a colour image: this unit is RGB
+            mode = "RGB"
+
+
+def _hooked(converted, unit: Unit, staging: str):
+    """The unit's batches; the test hook ends the worker after the first one, once."""
+    hook = os.environ.get(_KILL_HOOK, "")
+    number, _, marker = hook.partition(":")
+    armed = hook and int(number) == unit.number and Path(marker).parent == Path(staging).parent
+    for batch in converted:
+        yield batch
+        if armed and not os.path.exists(marker):
+            open(marker, "x").close()
+            os._exit(1)

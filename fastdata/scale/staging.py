@@ -1,0 +1,178 @@
+"""The staging folder ``OUTPUT.partial.units`` that parts and Ray tasks write into together, the
+records of finished parts, and the lock that lets parts share an output.
+
+* Parts of one job array (``--part I/N``) hold ``OUTPUT.partial.lock`` *shared*: they run at the
+  same time without waiting for each other. A whole conversion, a Ray driver and ``fastdata merge``
+  hold it *exclusively*, so none of them starts while a part runs, and no part starts while one of
+  them runs. (Both are ``flock``\\ s, released by the kernel when a process dies.)
+* Each unit is written under a temporary name and renamed into place (:mod:`fastdata.scale.units`),
+  so concurrent writers never see each other's half-written units; a unit finished twice (a
+  retried task) keeps the first copy, which is identical.
+* A finished part leaves ``part-IIII-of-NNNN.json``: the conversion key and its fields, the
+  source fingerprint and the plan. The merge compares them: parts of another source, other
+  options or another N are refused, and so is a part run twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import InvalidOptionError, OutputExistsError, OutputLockedError, PartsError
+from fastdata.outputs import _LOCK_MARK, ConversionLock, _describe, _holder_record, _os_error, _parse_holder, fcntl
+from fastdata.scale.units import staging_path
+
+STAGING_MARK = "fastdata conversion units"
+_MARK_NAME = "staging.json"
+PART_PATTERN = "part-{:04d}-of-{:04d}.json"
+
+
+class PartLock(ConversionLock):
+    """``OUTPUT.partial.lock`` held shared by one part of a job array (see the module docstring)."""
+
+    def _try_once(self) -> bool:
+        if fcntl is None:  # pragma: no cover - Windows
+            raise InvalidOptionError("--part needs POSIX file locks (flock); it is not available on this platform.")
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(_parse_holder(os.pread(descriptor, 4096, 0)))
+            os.close(descriptor)
+            raise _os_error(
+                OutputLockedError, errno.EAGAIN, f"A whole conversion (local or Ray) or a merge is writing {str(self.output)!r} "
+                f"({holder}); a --part run cannot join it. Wait for it to finish, or stop it."
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
+        except FileNotFoundError:
+            same = False
+        if not same:  # removed by an exclusive holder as we opened it: lock the new file
+            os.close(descriptor)
+            return False
+        text = os.pread(descriptor, 4096, 0)
+        if text and _LOCK_MARK.encode() not in text:
+            os.close(descriptor)
+            raise OutputExistsError(
+                f"{str(self.path)!r} exists and was not written by fastdata; it is not replaced. "
+                "Move it away, or choose another output path."
+            )
+        if not text:  # parts share the file: only the first one describes itself
+            os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+        self.descriptor = descriptor
+        return True
+
+    def release(self) -> None:
+        """Unlock, leaving the file: other parts may hold it (the next exclusive holder removes it)."""
+        if self.descriptor is not None:
+            os.close(self.descriptor)
+            self.descriptor = None
+
+
+def claim_staging(output: Path) -> Path:
+    """``OUTPUT.partial.units``, created with fastdata's mark (atomically: a complete folder is
+    renamed into place) when missing; refused when it exists without the mark."""
+    staging = staging_path(output)
+    if not staging.exists():
+        temporary = staging.with_name(f"{staging.name}.tmp-{secrets.token_hex(4)}")
+        temporary.mkdir()
+        (temporary / _MARK_NAME).write_text(json.dumps({"mark": STAGING_MARK, "version": 1}))
+        try:
+            os.rename(temporary, staging)
+        except OSError:  # another part created it first
+            shutil.rmtree(temporary, ignore_errors=True)
+    if not is_staging(staging):
+        raise OutputExistsError(
+            f"{str(staging)!r} exists, but fastdata has no record of writing it (no {_MARK_NAME!r} inside); it is "
+            "not removed. Move it away, or choose another output path."
+        )
+    return staging
+
+
+def is_staging(staging: Path) -> bool:
+    try:
+        return json.loads((staging / _MARK_NAME).read_text(encoding="utf-8")).get("mark") == STAGING_MARK
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def remove_staging(staging: Path) -> None:
+    """Remove a staging folder of ours (callers hold the exclusive lock)."""
+    if staging.is_dir() and not staging.is_symlink() and is_staging(staging):
+        shutil.rmtree(staging)
+
+
+def read_records(staging: Path) -> list[dict[str, Any]]:
+    """The records of the finished parts, by part number."""
+    records = []
+    for path in sorted(staging.glob("part-*-of-*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PartsError(f"{str(path)!r} cannot be read ({exc}). Remove it and run that part again.") from exc
+        records.append(record)
+    return sorted(records, key=lambda r: (r.get("parts", 0), r.get("part", 0)))
+
+
+def describe_part(record: dict[str, Any]) -> str:
+    owner = record.get("owner") or {}
+    return f"process {owner.get('pid')} on {owner.get('host')}, finished {owner.get('finished')}"
+
+
+def write_record(output: Path, record: dict[str, Any]) -> Path:
+    """Write a part's record; refused when the part was written already (it runs once)."""
+    staging = staging_path(output)
+    record["owner"] = {"pid": os.getpid(), "host": socket.gethostname(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path = staging / PART_PATTERN.format(record["part"], record["parts"])
+    temporary = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    with open(temporary, "x", encoding="utf-8") as handle:
+        json.dump(record, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(temporary, path)  # fails if the part's record exists: never replaces one
+    except FileExistsError:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        raise duplicate_error(output, earlier) from None
+    finally:
+        temporary.unlink()
+    return path
+
+
+def duplicate_error(output: Path, earlier: dict[str, Any]) -> PartsError:
+    part = f"{earlier['part']}/{earlier['parts']}"
+    return PartsError(
+        f"Part {part} of {str(output)!r} was already written ({describe_part(earlier)}); each --part I/N runs once. "
+        f"Check the job array's indices, or pass --overwrite to convert part {part} again."
+    )
+
+
+def check_no_parts(output: Path, *, overwrite: bool) -> None:
+    """A whole conversion (its caller holds the exclusive lock) refuses an output of which some
+    parts are finished; with ``overwrite`` it discards them. Units without a finished part (a Ray
+    run or parts that failed, none running now) are removed."""
+    staging = staging_path(output)
+    if not (staging.exists() or staging.is_symlink()):
+        return
+    if not is_staging(staging) or staging.is_symlink():
+        raise OutputExistsError(
+            f"{str(staging)!r} exists, but fastdata has no record of writing it (no {_MARK_NAME!r} inside); it is "
+            "not removed. Move it away, or choose another output path."
+        )
+    records = read_records(staging)
+    if overwrite or not records:  # no part finished: units of a Ray run, or of parts that failed
+        remove_staging(staging)
+        return
+    done = ", ".join(f"{r['part']}/{r['parts']}" for r in records)
+    raise OutputExistsError(
+        f"Output {str(output)!r} is being converted in parts: {str(staging)!r} holds their units (finished parts: "
+        f"{done}). Finish it with the remaining --part runs and 'fastdata merge {output}', or pass --overwrite "
+        "to discard the parts and convert it whole."
+    )

@@ -1,0 +1,211 @@
+"""Units: the deterministic pieces of work of a conversion that runs on many processes or machines.
+
+A unit is a range of source indices, ``[start, stop)``, planned from the sample count alone
+(:func:`plan_units`), so every part of a job array and every Ray task computes the same plan
+without talking to the others. A unit's converted samples go to the staging folder beside the
+output, ``OUTPUT.partial.units/unit-NNNNNN/``: written under a temporary name and renamed into place
+when complete, so a process killed mid-unit leaves no unit that looks finished. A finished unit
+holds ``data.bin`` (raw rows, or encoded files back to back), ``sizes.npy`` (encoded: each
+sample's byte count), ``labels.npy`` and ``unit.json`` (its range, count, mode, skipped samples).
+
+The output itself is written afterwards by one process (the merge): it streams the units, in
+order, through the format's own writer. That is why the output's bytes never depend on how the
+work was split: skipped samples, encoded offsets and tar shard bounds (by count and by bytes)
+come out exactly as in a local conversion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from fastdata.formats.base import Batch, Plan
+
+UNIT_SAMPLES = 1000
+STAGING_SUFFIX = ".partial.units"
+UNIT_RECORD = "unit.json"
+_TEMPORARY_INFIX = ".tmp-"
+_READ_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Source indices ``start:stop``, the ``number``-th unit of the plan."""
+
+    number: int
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"unit-{self.number:06d}"
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def plan_units(count: int, unit_samples: int = UNIT_SAMPLES) -> list[Unit]:
+    """Consecutive units of ``unit_samples`` samples (the last may be shorter) covering ``count``."""
+    return [Unit(number, start, min(start + unit_samples, count))
+            for number, start in enumerate(range(0, count, unit_samples))]
+
+
+def part_units(units: list[Unit], part: int, parts: int) -> list[Unit]:
+    """The units of part ``part`` of ``parts`` (1-based): a contiguous block, sizes differing by at most one."""
+    return units[len(units) * (part - 1) // parts : len(units) * part // parts]
+
+
+def staging_path(output: Path) -> Path:
+    return output.with_name(output.name + STAGING_SUFFIX)
+
+
+class UnitWriter:
+    """Writes one unit's batches under a temporary name; :meth:`commit` renames it into place."""
+
+    def __init__(self, staging: Path, unit: Unit, plan: Plan, key: str):
+        self.unit, self.plan, self.key = unit, plan, key
+        self.final = staging / unit.name
+        self.temporary = staging / f"{unit.name}{_TEMPORARY_INFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self.temporary.mkdir()
+        self.data = open(self.temporary / "data.bin", "wb")
+        self.sizes: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.skipped: list[list[Any]] = []
+        self.count = 0
+
+    def write(self, batch: Batch, offset: int = 0) -> None:
+        """Append a batch; ``offset`` turns the batch's (slice-relative) skipped indices into source indices."""
+        if batch.images is not None and len(batch):
+            self.data.write(memoryview(np.ascontiguousarray(batch.images)).cast("B"))
+        elif batch.blobs:
+            self.data.write(b"".join(batch.blobs))
+            self.sizes.append(np.fromiter((len(b) for b in batch.blobs), dtype=np.int64, count=len(batch)))
+        self.labels.append(batch.labels.astype(np.int64, copy=False))
+        self.skipped.extend([int(index) + offset, entry] for index, entry in batch.skipped)
+        self.count += len(batch)
+
+    def commit(self) -> dict[str, Any]:
+        """Make the unit durable and visible; the unit's record. When another process finished the
+        same unit first (a retried task, a part run twice), its unit is kept and this one dropped."""
+        self.data.flush()
+        os.fsync(self.data.fileno())
+        self.data.close()
+        _save(self.temporary / "labels.npy", np.concatenate(self.labels) if self.labels else np.empty(0, np.int64))
+        if self.plan.store == "encoded":
+            _save(self.temporary / "sizes.npy", np.concatenate(self.sizes) if self.sizes else np.empty(0, np.int64))
+        record = {"unit": self.unit.number, "start": self.unit.start, "stop": self.unit.stop, "count": self.count,
+                  "mode": self.plan.mode, "key": self.key, "skipped": self.skipped}
+        _save_json(self.temporary / UNIT_RECORD, record)
+        try:
+            os.rename(self.temporary, self.final)
+        except OSError:  # ENOTEMPTY/EEXIST: the unit is already there
+            shutil.rmtree(self.temporary, ignore_errors=True)
+            existing = read_unit(self.final.parent, self.unit, self.key)
+            if existing is None:
+                raise
+            return existing
+        _sync_folder(self.final.parent)
+        return record
+
+    def abort(self) -> None:
+        self.data.close()
+        shutil.rmtree(self.temporary, ignore_errors=True)
+
+
+def write_unit(staging: Path, unit: Unit, plan: Plan, key: str, batches: Iterable[Batch], offset: int = 0) -> dict[str, Any]:
+    """Write ``batches`` (the unit's converted samples, in order) as finished unit ``unit``."""
+    writer = UnitWriter(staging, unit, plan, key)
+    try:
+        for batch in batches:
+            writer.write(batch, offset)
+        return writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def read_unit(staging: Path, unit: Unit, key: str) -> dict[str, Any] | None:
+    """The record of finished unit ``unit`` when it was written for conversion ``key``, else None."""
+    try:
+        record = json.loads((staging / unit.name / UNIT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key or (record.get("start"), record.get("stop")) != (
+        unit.start, unit.stop
+    ):
+        return None
+    return record
+
+
+def remove_unit(staging: Path, unit: Unit) -> None:
+    shutil.rmtree(staging / unit.name, ignore_errors=True)
+
+
+def remove_temporaries(staging: Path) -> None:
+    """Units that a killed process left half-written (never visible as finished units)."""
+    for entry in staging.glob(f"unit-*{_TEMPORARY_INFIX}*"):
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def unit_batches(staging: Path, record: dict[str, Any], plan: Plan) -> Iterator[Batch]:
+    """A finished unit's samples as batches of at most 16 MB, for the format writer."""
+    folder = staging / f"unit-{record['unit']:06d}"
+    labels = np.load(folder / "labels.npy", allow_pickle=False)
+    count = len(labels)
+    with open(folder / "data.bin", "rb") as data:
+        if plan.store == "raw":
+            row = int(np.prod(plan.shape))
+            step = max(1, _READ_BYTES // max(row, 1))
+            for first in range(0, count, step):
+                number = min(step, count - first)
+                images = np.frombuffer(data.read(number * row), dtype=np.uint8).reshape(number, *plan.shape)
+                yield Batch(keys=[""] * number, labels=labels[first:first + number], images=images)
+            return
+        sizes = np.load(folder / "sizes.npy", allow_pickle=False)
+        first = 0
+        while first < count:
+            last = first + 1
+            total = int(sizes[first])
+            while last < count and total + int(sizes[last]) <= _READ_BYTES:
+                total += int(sizes[last])
+                last += 1
+            block = data.read(total)
+            ends = np.cumsum(sizes[first:last])
+            blobs = [block[int(a):int(b)] for a, b in zip(np.concatenate(([0], ends[:-1])), ends)]
+            # keys are not written by any format (tar keys are the output index); only their count matters
+            yield Batch(keys=[""] * len(blobs), labels=labels[first:last], blobs=blobs)
+            first = last
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _save_json(path: Path, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,84 @@
+"""``--engine ray`` on a local Ray cluster (``ray.init(num_cpus=2)``): the output equals the local
+engine's, a worker killed mid-task is retried and leaves nothing behind, bad input fails alike.
+Skipped when Ray is not installed (``pip install "fastdata[ray]"``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import fastdata
+from fastdata.errors import BadSampleError
+from test_parts import make_folder, same_output
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One local cluster for the module; its workers kill themselves once while converting unit 2 of
+    an output in the ``kill`` folder (the test hook of fastdata.scale.ray_engine)."""
+    kill = tmp_path_factory.mktemp("kill")
+    marker = kill / "killed"
+    previous = os.environ.get("FASTDATA_TEST_KILL_UNIT")
+    os.environ["FASTDATA_TEST_KILL_UNIT"] = f"2:{marker}"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield kill, marker
+    finally:
+        ray.shutdown()
+        if previous is None:
+            os.environ.pop("FASTDATA_TEST_KILL_UNIT")
+        else:
+            os.environ["FASTDATA_TEST_KILL_UNIT"] = previous
+
+
+def test_a_killed_worker_is_retried_and_the_output_is_identical(cluster, tmp_path: Path) -> None:
+    kill, marker = cluster
+    source = make_folder(tmp_path / "src", 40)
+    options = dict(format="tar", store="encoded", shard_bytes="3000", skip_bad=True)
+    local = tmp_path / "local"
+    fastdata.convert(source, local, workers=0, **options)
+    out = kill / "out"
+    manifest = fastdata.convert(source, out, engine="ray", unit_samples=4, **options)
+    assert marker.exists()  # the worker of unit 2 did die mid-task
+    assert manifest["count"] == 40 and [s["key"] for s in manifest["skipped"]] == ["a/007-bad.png"]
+    same_output(local, out)
+    assert sorted(p.name for p in kill.iterdir()) == ["killed", "out"]  # no unit, staging, lock or journal left
+
+
+@pytest.mark.parametrize("fmt,store,extra", [("npy", "encoded", {}), ("npy", "raw", {"mode": "L"}),
+                                             ("hdf5", "raw", {"compression": "lzf"})])
+def test_ray_output_equals_the_local_engines(cluster, tmp_path: Path, fmt: str, store: str, extra: dict) -> None:
+    source = make_folder(tmp_path / "src", 30)
+    local, out = tmp_path / "local", tmp_path / "ray"
+    fastdata.convert(source, local, format=fmt, store=store, skip_bad=True, workers=0, **extra)
+    fastdata.convert(source, out, format=fmt, store=store, skip_bad=True, engine="ray", unit_samples=7, **extra)
+    same_output(local, out)
+
+
+def test_auto_mode_on_ray_turns_rgb_when_a_later_unit_meets_colour(cluster, tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "src", 80, bad=False, colour_at=70)
+    local, out = tmp_path / "local", tmp_path / "ray"
+    fastdata.convert(source, local, format="npy", store="raw", workers=0)
+    assert fastdata.convert(source, out, format="npy", store="raw", engine="ray", unit_samples=8)["image"]["mode"] == "RGB"
+    same_output(local, out)
+
+
+def test_a_bad_image_in_a_task_fails_as_in_the_local_engine(cluster, tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "src", 80, bad=False)
+    for name in ("b/070.png", "b/078.png"):  # after the 64 images the plan reads; in two units
+        (source / name).write_bytes(b"not a png")
+    with pytest.raises(BadSampleError) as local:
+        fastdata.convert(source, tmp_path / "local", format="npy", workers=0)
+    with pytest.raises(BadSampleError) as remote:
+        fastdata.convert(source, tmp_path / "ray", format="npy", engine="ray", unit_samples=4)
+    assert str(remote.value) == str(local.value) == (
+        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad "
+        "to leave it out."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.partial.units", "src"]  # finished units kept for a rerun
+    fastdata.convert(source, tmp_path / "ray", format="npy", skip_bad=True, workers=0)  # a local run clears them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ray", "src"]
