@@ -62,7 +62,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None:
     commands = subcommands()
-    assert sorted(commands) == ["bench", "convert", "info", "tune", "verify"]
+    assert sorted(commands) == ["bench", "convert", "info", "merge", "tune", "verify"]
     for name, parser in commands.items():
         for action in parser._actions:
             shown = action.option_strings or [action.dest]
@@ -98,14 +98,14 @@ def example_lines(parser: argparse.ArgumentParser) -> list[list[str]]:
     return [shlex.split(command)[1:] for command in commands]
 
 
-@pytest.mark.parametrize("name", ["bench", "convert", "info", "tune", "verify"])
+@pytest.mark.parametrize("name", ["bench", "convert", "info", "merge", "tune", "verify"])
 def test_every_command_has_a_description_and_examples_that_parse(name: str) -> None:
     from fastdata.cli import build_parser
 
     parser = subcommands()[name]
     assert parser.description and parser.epilog.startswith("Examples:\n")
     examples = example_lines(parser)
-    assert 2 <= len(examples) <= 4 and all(args[0] == name for args in examples)
+    assert 2 <= len(examples) <= 6 and all(args[0] == name for args in examples)
     for args in examples:
         parsed = build_parser().parse_args(args)  # an example that does not parse exits here
         assert parsed.command == name

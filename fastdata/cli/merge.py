@@ -22,7 +22,7 @@ def add_parser(commands) -> None:
         "source with one set of options, then write OUTPUT (byte-identical to a conversion on one machine).",
         examples=EXAMPLES,
     )
-    parser.add_argument("output", help="the OUTPUT the parts were converted into")
+    parser.add_argument("output", metavar="OUTPUT", help="the OUTPUT the parts were converted into")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_merge)
 
