@@ -78,9 +78,11 @@ def test_public_names_import_without_traps() -> None:
     assert callable(fastdata.loader) and fastdata.loader is loading_module.loader
     assert fastdata.convert is fastdata.conversion.convert and fastdata.verify is fastdata.verification.verify
     assert type(loading_module).__name__ == "module"
-    with mock.patch("fastdata.loading.DataLoader") as patched:
+    with mock.patch("fastdata.loading.TorchLoader") as patched:
         fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(4)), batch_size=2)
     assert patched.called
+    built = fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(4)), batch_size=2)
+    assert isinstance(built, torch.utils.data.DataLoader) and type(built).__name__ == "TorchLoader"
     assert fastdata.__version__ == importlib.import_module("fastdata._version").__version__
     assert fastdata.BatchIndexSampler is importlib.import_module("fastdata.samplers").BatchIndexSampler
     for name in fastdata.__all__:
