@@ -140,10 +140,10 @@ def ceiling(path: Path, size: int | None, *, fast: bool = False, plain: bool = F
 # --- workloads measured ------------------------------------------------------------------------
 
 
-def raw(path: Path, batch: int, report: dict[str, Any]) -> list[dict[str, Any]]:
+def raw(path: Path, batch: int, report: dict[str, Any], epochs: int = 3) -> list[dict[str, Any]]:
     ds = fastdata.MemmapDataset(path)
     cells = loader_cells(ds, batch)
-    rows = compare(cells, epochs=3)
+    rows = compare(cells, epochs=epochs)
     report["startup_s"] = startup(cells)
     nw0 = best_rate(rows, "nw=0")
     report["ratios_to_nw0"] = {f"{r['reader']} nw={r['num_workers']}": round(r["samples_per_s"] / nw0, 3)
@@ -300,13 +300,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="raw32,raw224,png32,jpeg,memory,libraries")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "bench_loaders.json")
+    parser.add_argument("--raw32-epochs", type=int, default=20,
+                        help="measured epochs of raw32 (an epoch takes ~10 ms there: few epochs are noise)")
     args = parser.parse_args()
     parts = args.only.split(",")
     paths = datasets()
     results: dict[str, Any] = {"machine": machine_info(), "command": " ".join(sys.argv), "workloads": {}}
     print(f"machine: {results['machine']}", flush=True)
     jobs: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]] | None]] = {
-        "raw32": lambda report: raw(paths["raw32"], 256, report),
+        "raw32": lambda report: raw(paths["raw32"], 256, report, epochs=args.raw32_epochs),
         "raw224": lambda report: raw(paths["raw224"], 64, report),
         "png32": lambda report: encoded(paths["png32"], 256, report, size=None),
         "jpeg": lambda report: encoded(paths["jpeg"], 64, report, size=224),

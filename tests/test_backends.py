@@ -257,3 +257,17 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     list(loader)  # ... the next loader that starts removes what it left
     loader.close()
     assert {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")} == set()
+
+
+def test_the_consumer_polls_only_where_a_core_is_left_for_it(monkeypatch):
+    from fastdata.loading.processes import spare_core
+    from fastdata.machine import usable_cores
+
+    cores = usable_cores()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert spare_core(cores - 1) and not spare_core(cores)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # torchrun: one rank per core, each with its consumer
+    assert not spare_core(1)
+    assert spare_core(0)  # no workers: each rank's consumer has its core
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert spare_core(cores - 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import pickle
 import signal
 import time
@@ -30,9 +31,15 @@ import torch
 from fastdata.loading import shm
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.worker import HEADER_BYTES, IN_SLOT, STATUS, worker_main
-from fastdata.machine import release_free_memory, stop_signals_held
+from fastdata.machine import release_free_memory, stop_signals_held, usable_cores
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
+# A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
+# it: waking a sleeping process takes tens of microseconds (an inter-processor interrupt, more on a
+# VM), and the scheduler tends to wake it on the worker's own core. Raw 32x32 batches of 256 take
+# ~90 us to gather: sleeping per batch cost 0.71x num_workers=0 there, polling 0.82-0.86x
+# (benchmarks/bench_loaders.py, docs/reading.md). Never where the workers already fill the cores.
+_SPIN_S = 0.0005
 _SLOT_HEADROOM = 1.1
 _STOP_GRACE_S = 0.5
 
@@ -60,6 +67,7 @@ class ProcessLoader(BatchLoader):
         self.context = multiprocessing_context
         self.zero_copy = zero_copy
         self.slots = self.prefetch_factor + math.ceil(zero_copy / self.num_workers)
+        self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._workers: list[_Worker] = []
         self._segments: list[Any] = [None] * self.num_workers  # each worker's current data segment
         self._slot_bytes = [0] * self.num_workers
@@ -148,7 +156,7 @@ class ProcessLoader(BatchLoader):
         """Batch ``number`` from its worker, and whether it still lies in the worker's slot."""
         worker = self._workers[worker_id]
         deadline = time.monotonic() + self.timeout if self.timeout else None
-        while not worker.ready.acquire(timeout=_POLL_S):
+        while not (_poll(worker.ready, self.spin_s) or worker.ready.acquire(timeout=_POLL_S)):
             if not worker.process.is_alive():
                 raise self._died(worker_id, number, indices)
             if deadline is not None and time.monotonic() > deadline:
@@ -230,6 +238,29 @@ class ProcessLoader(BatchLoader):
         error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
         error.__cause__ = original
         return error
+
+
+def _poll(ready: Any, seconds: float) -> bool:
+    """Take ``ready`` if it is released within ``seconds``, without sleeping (see ``_SPIN_S``)."""
+    if ready.acquire(False):
+        return True
+    if not seconds:
+        return False
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        if ready.acquire(False):
+            return True
+    return False
+
+
+def spare_core(num_workers: int) -> bool:
+    """Whether this process's workers, and those of the other ranks on this node (torchrun's
+    ``LOCAL_WORLD_SIZE``), leave a core for each consumer to poll on."""
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return (num_workers + 1) * local_ranks <= usable_cores()
 
 
 def _pinned_empty_like(tensor: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ strings) is pickled: a few hundred bytes, not the pixels.
 
 from __future__ import annotations
 
+import functools
+import math
 import mmap
 import os
 import pickle
@@ -145,6 +147,7 @@ class _Leaf(tuple):
     __slots__ = ()
 
 
+@functools.lru_cache(maxsize=256)  # a loader sees a handful of layouts: the batch's, the last batch's
 def _storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
     """The permutation that makes an array with these strides C-contiguous, or None when it is
     not dense (overlapping or with gaps)."""
@@ -157,24 +160,37 @@ def _storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[in
     return order
 
 
+@functools.lru_cache(maxsize=64)
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The permutation that undoes ``order`` (None for the identity)."""
+    inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+    return None if inverse == tuple(range(len(order))) else inverse
+
+
 class SlotWriter:
     """Packs batches into one slot: ``buffer`` is the slot's bytes (a numpy uint8 view)."""
 
     def __init__(self, buffer: np.ndarray):
         self.buffer = buffer
-        self.base = buffer.ctypes.data
+        self.base = buffer.__array_interface__["data"][0]
+        self.size = len(buffer)
         self.used = 0
 
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
         """A new C-contiguous array in the slot (None when it does not fit): for datasets that
         can write a batch straight into shared memory."""
+        reserved = self._reserve(shape, dtype)
+        return None if reserved is None else reserved[0]
+
+    def _reserve(self, shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, int] | None:
+        """:meth:`allocate`'s array and its offset in the slot."""
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         start = -(-self.used // ALIGN) * ALIGN
-        if start + size > len(self.buffer):
+        if start + size > self.size:
             return None
         self.used = start + size
-        return self.buffer[start : start + size].view(dtype).reshape(shape)
+        return self.buffer[start : start + size].view(dtype).reshape(shape), start
 
     def pack(self, batch: Any) -> bytes | None:
         """The pickled structure of ``batch`` with every array placed in the slot; None when the
@@ -199,24 +215,24 @@ class SlotWriter:
         return value
 
     def _place_array(self, array: np.ndarray | None, tensor: torch.Tensor | None) -> Any:
+        # runs once per array per batch, in the worker's critical path: no ctypes, cached layouts
         if array is None:  # a dtype numpy cannot hold: leave it to pickling
             return tensor
         kind = "tensor" if tensor is not None else "numpy"
         order = _storage_order(array.shape, array.strides) if array.size else tuple(range(array.ndim))
-        dense = array.transpose(order) if order is not None else np.ascontiguousarray(array)
-        order = order if order is not None else tuple(range(array.ndim))
-        start = dense.ctypes.data - self.base
-        if array.size and 0 <= start and start + dense.nbytes <= len(self.buffer) and dense.flags.c_contiguous:
-            offset = start  # written there by the dataset: nothing to copy
+        if order is None:  # not dense: copied into the slot below
+            dense, order = np.ascontiguousarray(array), tuple(range(array.ndim))
         else:
-            target = self.allocate(dense.shape, dense.dtype)
-            if target is None:
+            dense = array.transpose(order)  # C-contiguous by construction
+        start = dense.__array_interface__["data"][0] - self.base
+        if not (array.size and 0 <= start and start + dense.nbytes <= self.size):
+            reserved = self._reserve(dense.shape, dense.dtype)
+            if reserved is None:
                 raise _NoRoom
+            target, start = reserved
             np.copyto(target, dense)
-            offset = target.ctypes.data - self.base
-        inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
-        identity = inverse == tuple(range(len(order)))
-        return _Leaf((kind, dense.dtype.str, offset, dense.size, tuple(dense.shape), None if identity else inverse))
+        # else: written there by the dataset, nothing to copy
+        return _Leaf((kind, dense.dtype.str, start, dense.size, dense.shape, _inverse(order)))
 
 
 class _NoRoom(Exception):
