@@ -339,3 +339,17 @@ def test_a_sampler_alone_saves_where_its_pass_is():
     resumed.load_state_dict(state)
     assert seen + [b.tolist() for b in resumed] == reference
     assert (resumed.state_dict()["epoch"], resumed.state_dict()["consumed"]) == (1, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_right_after_iter_says_nothing_was_consumed(backend):
+    """A DataLoader's workers draw from the sampler as soon as the iterator exists; the state counts
+    what reached the loop."""
+    ds = torch.utils.data.TensorDataset(torch.arange(SAMPLES))
+    loader = fastdata.loader(ds, batch_size=BATCH, seed=1, num_workers=2, backend=backend)
+    iterator = iter(loader)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (0, 0)
+    next(iterator)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (0, 1)
+    del iterator
+    getattr(loader, "close", lambda: None)()

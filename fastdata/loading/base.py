@@ -38,12 +38,11 @@ class Resumable:
         position is read before ``start`` runs: a DataLoader draws from the sampler (and moves
         its epoch on) as soon as its iterator exists."""
         sampler = self.index_sampler
-        position = (sampler.epoch, sampler.resume_at)
+        self._position = position = (sampler.epoch, sampler.resume_at)
         return self._counted(position, start())
 
     def _counted(self, position: tuple[int, int], batches: Iterator[Any]) -> Iterator[Any]:
         epoch, consumed = position
-        self._position = position
         try:
             for batch in batches:
                 consumed += 1
