@@ -8,7 +8,6 @@ complete, so a failed or interrupted conversion never leaves something that look
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -17,14 +16,14 @@ from typing import Any, Callable
 
 from fastdata import journal
 from fastdata.engine import Target, write_job
-from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, SourceChangedError
+from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
 from fastdata.fingerprint import describe_changes
 from fastdata.formats import find_manifest, format_for_output, get_format
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions, parse_reencode, parse_size
 from fastdata.outputs import (
-    PARTIAL_SUFFIX, ConversionLock, check_existing, check_not_source, check_output_path, publish, remove_path,
-    write_error,
+    PARTIAL_SUFFIX, ConversionLock, check_existing, check_output_path, partial_removed_on_failure,
+    prepare_output, publish, remove_path,
 )
 from fastdata.pipeline import ModeConflict, plan_job
 from fastdata.scale.staging import check_no_parts
@@ -101,14 +100,8 @@ def run_conversion(
 ) -> dict[str, Any]:
     """Convert ``src`` into ``output`` under the output rules of :mod:`fastdata.outputs`."""
     options = options.for_output(output)
-    check_output_path(output)
-    check_not_source(output, src.protected())
-    if not (options.overwrite or options.resume):  # refuse at once, before fingerprinting the source
-        check_existing(output, overwrite=False, resume=False)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise write_error(output, exc) from exc
+    # an existing output is refused at once, before fingerprinting the source
+    prepare_output(output, src.protected(), overwrite=options.overwrite, resume=options.resume)
     spec = get_format(options.format, writable=True)
     fields = _key_fields(spec, src, options)
     target = Target(output, spec, journal.conversion_key(fields), src.fingerprint(), progress)
@@ -122,17 +115,9 @@ def run_conversion(
             if kept is not None:
                 return kept
         state = _claim_partial(target, fields, options)
-        try:
+        with partial_removed_on_failure(output, target.partial):
             manifest = _convert_once(src, options, target, fields, state)
             publish(target.partial, output, replace=existing is not None)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                remove_path(target.partial)  # ours: the lock is held and the journal names it
-            journal.remove(output)
-            if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
-                raise write_error(output, exc) from exc
-            raise
-        journal.remove(output)
     return manifest
 
 

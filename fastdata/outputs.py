@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError
 
@@ -223,19 +223,28 @@ class ConversionLock:
             OutputLockedError, errno.EAGAIN, f"Cannot lock {str(self.path)!r}: it keeps being replaced. Is another program using it?"
         )
 
+    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.scale.staging.PartLock)
+
+    def _busy(self, holder: str) -> str:
+        """Why the lock is refused while ``holder`` has it."""
+        return (f"Another conversion is writing {str(self.output)!r} ({holder}). Wait for it to finish, or stop it; "
+                "two conversions of one output would corrupt it.")
+
+    def _describe_self(self, descriptor: int, text: bytes) -> None:
+        """Say in the lock file who holds it (``text``: what it said before)."""
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+
     def _try_once(self) -> bool:
         if fcntl is None:  # pragma: no cover
             return self._try_exclusive_create()
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(descriptor)
             os.close(descriptor)
-            raise _os_error(
-                OutputLockedError, errno.EAGAIN, f"Another conversion is writing {str(self.output)!r} ({holder}). Wait for it to "
-                "finish, or stop it; two conversions of one output would corrupt it."
-            ) from None
+            raise _os_error(OutputLockedError, errno.EAGAIN, self._busy(holder)) from None
         try:
             same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
         except FileNotFoundError:
@@ -250,8 +259,7 @@ class ConversionLock:
                 f"{str(self.path)!r} exists and was not written by fastdata; it is not replaced. "
                 "Move it away, or choose another output path."
             )
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+        self._describe_self(descriptor, text)
         self.descriptor = descriptor
         return True
 
@@ -396,3 +404,36 @@ def write_error(output: Path, exc: OSError) -> OutputWriteError:
     return _os_error(
         OutputWriteError, exc.errno, f"Cannot write {str(output)!r}: {cause}{where}; no partial output was left behind."
     )
+
+
+def prepare_output(output: Path, protected: list[Protected], *, overwrite: bool, resume: bool) -> None:
+    """What every writer of OUTPUT (a conversion, a part, the Ray driver) checks before it reads
+    the source: a usable path, not the source or inside it, an existing output refused at once
+    unless ``overwrite``/``resume`` decide later; then OUTPUT's folder is made."""
+    check_output_path(output)
+    check_not_source(output, protected)
+    if not (overwrite or resume):
+        check_existing(output, overwrite=False, resume=False)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(output, exc) from exc
+
+
+@contextlib.contextmanager
+def partial_removed_on_failure(output: Path, partial: Path) -> Iterator[None]:
+    """Around writing ``partial`` (ours: the lock is held and the journal names it): on any
+    failure it and the journal are removed and an OSError is reported by its cause; on success
+    the journal is removed (the output has been published)."""
+    from fastdata import journal
+
+    try:
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            remove_path(partial)
+        journal.remove(output)
+        if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
+            raise write_error(output, exc) from exc
+        raise
+    journal.remove(output)

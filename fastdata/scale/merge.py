@@ -16,13 +16,13 @@ from typing import Any, Callable, Iterable
 
 from fastdata import journal
 from fastdata.engine import Target, build_manifest
-from fastdata.errors import BadSampleError, FastdataError, PartsError, SourceChangedError
+from fastdata.errors import BadSampleError, PartsError, SourceChangedError
 from fastdata.fingerprint import describe_changes
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions
-from fastdata.outputs import ConversionLock, check_existing, check_output_path, publish, remove_path, write_error
+from fastdata.outputs import ConversionLock, check_existing, check_output_path, partial_removed_on_failure, publish
 from fastdata.pipeline import with_mode
 from fastdata.scale.staging import is_staging, read_records, remove_staging
 from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, unit_batches
@@ -193,31 +193,26 @@ def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOpt
     _claim_partial(target, fields, options.replace(resume=False))
     journal.start(output, key=key, fields=fields, fingerprint=fingerprint)
     writer, written, skipped = None, 0, {}
-    try:
-        writer = spec.writer(target.partial, plan, options.format_options)
-        for record in units:
-            for batch in unit_batches(staging, record, plan):
-                writer.write(batch)
-                written += len(batch)
-                target.report(len(batch), plan.count)
-            skipped.update({int(index): entry for index, entry in record["skipped"]})
-            target.report(len(record["skipped"]), plan.count)
-        if written == 0:
-            raise BadSampleError(f"No sample could be converted; all {plan.count} were skipped as unreadable.")
-        manifest = build_manifest(spec, plan, options, source, written, skipped)
-        manifest["conversion_key"] = key
-        manifest["source_fingerprint"] = fingerprint
-        manifest = writer.close(manifest)
-        publish(target.partial, output, replace=existing is not None)
-    except BaseException as exc:
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.abort()
-        with contextlib.suppress(OSError):
-            remove_path(target.partial)
-        journal.remove(output)
-        if isinstance(exc, OSError) and not isinstance(exc, FastdataError):
-            raise write_error(output, exc) from exc
-        raise
-    journal.remove(output)
+    with partial_removed_on_failure(output, target.partial):
+        try:
+            writer = spec.writer(target.partial, plan, options.format_options)
+            for record in units:
+                for batch in unit_batches(staging, record, plan):
+                    writer.write(batch)
+                    written += len(batch)
+                    target.report(len(batch), plan.count)
+                skipped.update({int(index): entry for index, entry in record["skipped"]})
+                target.report(len(record["skipped"]), plan.count)
+            if written == 0:
+                raise BadSampleError(f"No sample could be converted; all {plan.count} were skipped as unreadable.")
+            manifest = build_manifest(spec, plan, options, source, written, skipped)
+            manifest["conversion_key"] = key
+            manifest["source_fingerprint"] = fingerprint
+            manifest = writer.close(manifest)
+            publish(target.partial, output, replace=existing is not None)
+        except BaseException:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.abort()
+            raise
     return manifest

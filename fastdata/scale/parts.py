@@ -20,7 +20,7 @@ from fastdata.formats import get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions
-from fastdata.outputs import check_existing, check_not_source, check_output_path, write_error
+from fastdata.outputs import check_existing, prepare_output
 from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.scale.staging import (
     PART_PATTERN, PartLock, claim_staging, duplicate_error, read_records, write_record,
@@ -72,13 +72,9 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
                  *, source: dict[str, Any] | None = None) -> dict[str, Any]:
     """Convert part ``options.part`` of ``src`` into ``OUTPUT.partial.units``; return the part's record."""
     part, parts = options.part
-    check_output_path(output)
-    check_not_source(output, src.protected())
-    check_existing(output, overwrite=options.overwrite, resume=False)  # only a fastdata dataset may be replaced
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise write_error(output, exc) from exc
+    prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
+    if options.overwrite:  # only a fastdata dataset may be replaced: known before converting a part
+        check_existing(output, overwrite=True, resume=False)
     fields, key = conversion_key(src, options)
     fingerprint = src.fingerprint()
     with PartLock(output):

@@ -24,7 +24,7 @@ from fastdata.errors import DependencyMissingError, EngineError
 from fastdata.formats import get_format
 from fastdata.images import disable_pillow_limit
 from fastdata.options import ConvertOptions
-from fastdata.outputs import ConversionLock, check_existing, check_not_source, check_output_path, write_error
+from fastdata.outputs import ConversionLock, check_existing, prepare_output
 from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.scale.merge import settle_mode, write_output
 from fastdata.scale.parts import _Counter, conversion_key
@@ -53,14 +53,7 @@ def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
                    progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Convert ``src`` into ``output`` with Ray tasks; return the manifest."""
     ray = import_ray()
-    check_output_path(output)
-    check_not_source(output, src.protected())
-    if not options.overwrite:
-        check_existing(output, overwrite=False, resume=False)
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise write_error(output, exc) from exc
+    prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     spec = get_format(options.format, writable=True)
     fields, key = conversion_key(src, options)
     fingerprint = src.fingerprint()

@@ -15,7 +15,6 @@ records of finished parts, and the lock that lets parts share an output.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import secrets
@@ -25,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import InvalidOptionError, OutputExistsError, OutputLockedError, PartsError
-from fastdata.outputs import _LOCK_MARK, ConversionLock, _describe, _holder_record, _os_error, _parse_holder, fcntl
+from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError
+from fastdata.outputs import ConversionLock, _holder_record
 from fastdata.scale.units import staging_path
 
 STAGING_MARK = "fastdata conversion units"
@@ -37,37 +36,18 @@ PART_PATTERN = "part-{:04d}-of-{:04d}.json"
 class PartLock(ConversionLock):
     """``OUTPUT.partial.lock`` held shared by one part of a job array (see the module docstring)."""
 
-    def _try_once(self) -> bool:
-        if fcntl is None:  # pragma: no cover - Windows
-            raise InvalidOptionError("--part needs POSIX file locks (flock); it is not available on this platform.")
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _describe(_parse_holder(os.pread(descriptor, 4096, 0)))
-            os.close(descriptor)
-            raise _os_error(
-                OutputLockedError, errno.EAGAIN, f"A whole conversion (local or Ray) or a merge is writing {str(self.output)!r} "
-                f"({holder}); a --part run cannot join it. Wait for it to finish, or stop it."
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
-        except FileNotFoundError:
-            same = False
-        if not same:  # removed by an exclusive holder as we opened it: lock the new file
-            os.close(descriptor)
-            return False
-        text = os.pread(descriptor, 4096, 0)
-        if text and _LOCK_MARK.encode() not in text:
-            os.close(descriptor)
-            raise OutputExistsError(
-                f"{str(self.path)!r} exists and was not written by fastdata; it is not replaced. "
-                "Move it away, or choose another output path."
-            )
+    shared = True
+
+    def _busy(self, holder: str) -> str:
+        return (f"A whole conversion (local or Ray) or a merge is writing {str(self.output)!r} ({holder}); a --part "
+                "run cannot join it. Wait for it to finish, or stop it.")
+
+    def _describe_self(self, descriptor: int, text: bytes) -> None:
         if not text:  # parts share the file: only the first one describes itself
             os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
-        self.descriptor = descriptor
-        return True
+
+    def _try_exclusive_create(self) -> bool:  # pragma: no cover - Windows
+        raise InvalidOptionError("--part needs POSIX file locks (flock); it is not available on this platform.")
 
     def release(self) -> None:
         """Unlock, leaving the file: other parts may hold it (the next exclusive holder removes it)."""
