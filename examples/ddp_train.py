@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ def main() -> None:
         loader.load_state_dict(state["loaders"][rank])  # each rank continues its own share
         start_epoch = state["loaders"][rank]["epoch"]
         if rank == 0:
-            print(f"resumed at epoch {start_epoch}, batch {state['loaders'][rank]['consumed']}", flush=True)
+            say(f"resumed at epoch {start_epoch}, batch {state['loaders'][rank]['consumed']}")
 
     steps = 0
     for epoch in range(start_epoch, args.epochs):
@@ -77,9 +78,15 @@ def main() -> None:
             if steps == args.stop_after:
                 dist.destroy_process_group()
                 return
-        print(f"rank {rank} epoch {epoch}: {seen} samples", flush=True)
+        say(f"rank {rank} epoch {epoch}: {seen} samples")
     save(args.checkpoint, model, optimizer, loader, rank)
     dist.destroy_process_group()
+
+
+def say(line: str) -> None:
+    """One line in one write: the ranks share torchrun's stdout, and print's two writes interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader, rank: int) -> None:

@@ -9,6 +9,7 @@ import hashlib
 import multiprocessing
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -318,7 +319,7 @@ def test_the_ddp_example_trains_on_two_ranks_and_resumes_mid_epoch(folder, tmp_p
         [(0, 0, 3, 2), (1, 0, 3, 2)]
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    lines = sorted(line for line in resumed.stdout.splitlines() if line.startswith(("rank", "resumed")))
+    lines = sorted(re.findall(r"(?:rank \d epoch \d: \d+ samples|resumed at epoch \d, batch \d)", resumed.stdout))
     # 23 samples, 2 ranks, drop_last: 11 per rank, 5 batches of 2; 3 were done before the stop
     assert lines == ["rank 0 epoch 0: 4 samples", "rank 0 epoch 1: 10 samples", "rank 1 epoch 0: 4 samples",
                      "rank 1 epoch 1: 10 samples", "resumed at epoch 0, batch 3"]
