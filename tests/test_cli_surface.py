@@ -85,7 +85,8 @@ def test_defaults_are_shown_once_and_none_or_false_never() -> None:
             text = formatter._expand_help(action)
             assert text.count("default") <= 1 and "default: None" not in text and "default: False" not in text, text
     helps = {name: " ".join(parser.format_help().split()) for name, parser in subcommands().items()}
-    assert "--batch-size N DataLoader batch_size (default: 256)" in helps["bench"]
+    assert "--batch-size N DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 25 batches " \
+           "long: fewer are too short to time)" in helps["bench"]
     assert "--epochs N measured epochs per configuration (median reported) (default: 3)" in helps["bench"]
     assert "--format hdf5|npy|tar output format: hdf5, npy, tar (default: from OUTPUT's name: .npy npy, .h5/.hdf5 " \
            "hdf5, .tar or no extension tar)" in helps["convert"]
@@ -162,3 +163,13 @@ def test_an_unknown_bench_store_is_refused_not_skipped(tmp_path: Path, capsys) -
                          "--stores", "raw,zip", "--quiet", "--out", tmp_path / "b")
     assert (code, out, err) == (1, "", "fastdata: error: Unknown --stores 'raw,zip'. Allowed: 'raw', 'encoded'.\n")
     assert not (tmp_path / "b").exists()
+
+
+def test_bench_batch_size_defaults_to_256_and_to_128_for_the_small_demo() -> None:
+    from fastdata.cli import build_parser
+    from fastdata.cli.bench import batch_size_of
+
+    parser = build_parser()
+    assert batch_size_of(parser.parse_args(["bench", "photos"])) == 256
+    assert batch_size_of(parser.parse_args(["bench", "--demo"])) == 128  # 3,150 images: 25 batches an epoch
+    assert batch_size_of(parser.parse_args(["bench", "--demo", "--batch-size", "64"])) == 64

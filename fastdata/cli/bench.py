@@ -45,7 +45,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--num-workers", dest="workers", default="auto", metavar="LIST",
                         help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
     parser.add_argument("--workers", dest="workers", action=DeprecatedAlias, command="bench", replacement="--num-workers")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="DataLoader batch_size")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 25 batches "
+                        "long: fewer are too short to time)")
     parser.add_argument("--epochs", type=int, default=3, metavar="N",
                         help="measured epochs per configuration (median reported)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="unmeasured epochs first")
@@ -80,7 +82,15 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run_bench)
 
 
-DEMO = {"small": 3000, "large": 150, "resize": "32x32"}
+DEMO = {"small": 3000, "large": 150, "resize": "32x32", "batch_size": 128}
+BATCH_SIZE = 256
+
+
+def batch_size_of(args: argparse.Namespace) -> int:
+    """``--batch-size``, or its default: smaller for ``--demo``, whose folder is small."""
+    if args.batch_size is not None:
+        return args.batch_size
+    return DEMO["batch_size"] if args.demo else BATCH_SIZE
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -102,7 +112,7 @@ def run_bench(args: argparse.Namespace) -> int:
         formats=tuple(f for f in args.formats.split(",") if f),
         stores=tuple(s for s in args.store.split(",") if s),
         workers=tuple(parse_workers(args.workers)),
-        resize=resize, batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
+        resize=resize, batch_size=batch_size_of(args), epochs=args.epochs, warmup=args.warmup,
         step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
         pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
