@@ -25,7 +25,7 @@ from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.scale.staging import (
     PART_PATTERN, PartLock, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.scale.units import Unit, part_units, plan_units, read_unit, remove_unit, write_unit
+from fastdata.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
 from fastdata.sources import Source
 
 Progress = Callable[[int, int], None]
@@ -137,16 +137,10 @@ def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: 
 
 def _convert_units(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
                    counter: Callable[[int], None]) -> list[dict[str, Any]]:
-    records: dict[int, dict[str, Any]] = {}
-    todo = []
+    records, todo = reusable_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
     for unit in units:
-        record = read_unit(staging, unit, key)
-        if record is not None and (record["mode"] == job.plan.mode or job.gray_guess):
-            records[unit.number] = record  # kept: an RGB unit when guessing grayscale means a colour image
+        if unit.number in records:
             counter(len(unit))
-        else:
-            remove_unit(staging, unit)  # converted in the other mode or for other options, or none
-            todo.append(unit)
     with WorkerPool(job, workers, sum(len(u) for u in todo)) as pool:
         for unit in todo:
             records[unit.number] = write_unit(staging, unit, job.plan, key, _counted(job, pool, unit, counter))

@@ -29,7 +29,7 @@ from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.scale.merge import settle_mode, write_output
 from fastdata.scale.parts import _Counter, conversion_key
 from fastdata.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
-from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, write_unit
+from fastdata.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
 from fastdata.sources import Source
 
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
@@ -98,17 +98,10 @@ def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key:
               counter: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
     """Run ``units`` as Ray tasks (finished ones of this conversion are kept); yield their records
     in unit order, each as soon as it and every unit before it are finished."""
-    records: dict[int, dict[str, Any]] = {}
-    todo = []
-    for unit in units:
-        record = read_unit(staging, unit, key)
-        if record is not None and (record["mode"] == job.plan.mode or job.gray_guess):
-            records[unit.number] = record
-            if counter:
-                counter(record["count"] + len(record["skipped"]))
-            continue
-        remove_unit(staging, unit)
-        todo.append(unit)
+    records, todo = reusable_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
+    if counter:
+        for record in records.values():
+            counter(record["count"] + len(record["skipped"]))
     cut = src.take(0, 0) is not None
     job_ref = ray.put(job.on(None) if cut else job)  # once into the object store, not once per task
     task = ray.remote(_unit_task).options(max_retries=MAX_RETRIES, num_cpus=1)

@@ -148,6 +148,23 @@ def remove_unit(staging: Path, unit: Unit) -> None:
     shutil.rmtree(staging / unit.name, ignore_errors=True)
 
 
+def reusable_units(staging: Path, units: list[Unit], key: str, *, mode: str,
+                   gray_guess: bool) -> tuple[dict[int, dict[str, Any]], list[Unit]]:
+    """The records of ``units`` already finished for this conversion (``key``) in this ``mode``,
+    by unit number, and the units still to convert (any other copy of them removed). While auto
+    mode guesses grayscale, a unit finished as RGB is kept: it met a colour image."""
+    records: dict[int, dict[str, Any]] = {}
+    todo = []
+    for unit in units:
+        record = read_unit(staging, unit, key)
+        if record is not None and (record["mode"] == mode or gray_guess):
+            records[unit.number] = record
+        else:
+            remove_unit(staging, unit)  # converted in the other mode or for other options, or none
+            todo.append(unit)
+    return records, todo
+
+
 def remove_temporaries(staging: Path) -> None:
     """Units that a killed process left half-written (never visible as finished units)."""
     for entry in staging.glob(f"unit-*{_TEMPORARY_INFIX}*"):
