@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.report import _order, label
-from fastdata.bench.summary import choose, recommend, summarize
+from fastdata.bench.summary import choose_workers, recommend, summarize
 from fastdata.explain import times
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -62,8 +62,8 @@ def figure(rows: list[dict[str, Any]], *, title: str = "", baseline: str | None 
 def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None:
     recommendation = recommend({key: summary[key] for key in keys}, baseline)
     base = recommendation["baseline"]["samples_per_s"] if recommendation and recommendation["baseline"] else None
-    for position, key in enumerate(keys):
-        choice = choose([(key, w, cell) for w, cell in summary[key].items()])
+    choices = [choose_workers(key, summary[key]) for key in keys]
+    for position, (key, choice) in enumerate(zip(keys, choices)):
         cell, workers = choice["cell"], choice["num_workers"]
         rate = cell["samples_per_s"]
         error = [[rate - cell["min_samples_per_s"]], [cell["max_samples_per_s"] - rate]]
@@ -82,8 +82,8 @@ def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("samples/s at the row's best num_workers (log; bars: min..max of the epochs)", fontsize=8)
-    lows = [choose([(key, w, c) for w, c in summary[key].items()])["cell"]["min_samples_per_s"] for key in keys]
-    highs = [choose([(key, w, c) for w, c in summary[key].items()])["cell"]["max_samples_per_s"] for key in keys]
+    lows = [choice["cell"]["min_samples_per_s"] for choice in choices]
+    highs = [choice["cell"]["max_samples_per_s"] for choice in choices]
     ax.set_xlim(max(min(lows), 1e-3) / 3, max(highs) * 12)  # bars start inside the axes; room for the annotations
 
 
@@ -92,7 +92,7 @@ def _curves(ax: Any, summary: dict, keys: list, baseline: str | None, metric: st
         points = sorted((w, cell) for w, cell in summary[key].items() if cell["status"] == "ok")
         ax.plot([w for w, _ in points], [cell[metric] for _, cell in points], label=label(key), markersize=5,
                 linewidth=1.2, **style(position))
-        choice = choose([(key, w, cell) for w, cell in points])
+        choice = choose_workers(key, summary[key])
         ax.plot([choice["num_workers"]], [choice["cell"][metric]], marker="*", markersize=13, linestyle="none",
                 color=style(position)["color"], markeredgecolor="black", label="_best")
     workers = sorted({w for by_workers in summary.values() for w in by_workers})
@@ -101,7 +101,7 @@ def _curves(ax: Any, summary: dict, keys: list, baseline: str | None, metric: st
     if metric == "samples_per_s":
         base = [key for key in keys if key[0] == baseline]
         if base:
-            choice = choose([(base[0], w, cell) for w, cell in summary[base[0]].items()])
+            choice = choose_workers(base[0], summary[base[0]])
             ax.axhline(choice["cell"]["samples_per_s"], color="grey", linestyle=(0, (5, 5)), linewidth=1,
                        label=f"{baseline} at its best (baseline)")
         ax.set_yscale("log")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
-from fastdata.bench.summary import NOISE_FLOOR, best_workers, choose, spread, summarize
+from fastdata.bench.summary import NOISE_FLOOR, best_workers, choose, choose_workers, spread, summarize
 from fastdata.explain import PATH_WORDS, ms, why_best_workers
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
@@ -67,7 +67,7 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
             lines.append(f"{name}: every configuration failed ({next(iter(by_workers.values()))['status']})")
             continue
         why = _why(by_workers, best, batch, transfer)
-        choice = choose([(keys[0], w, cell) for w, cell in by_workers.items()])
+        choice = choose_workers(keys[0], by_workers)
         if choice["fastest"][1] != best:
             why += (f"; num_workers={choice['fastest'][1]} measured {choice['fastest'][2]['samples_per_s']:,.0f}/s, "
                     "within the noise: fewer workers win the tie")
@@ -134,7 +134,7 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
     body = []
     for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
-        choice = choose([(key, w, cell) for w, cell in by_workers.items()])
+        choice = choose_workers(key, by_workers)
         tied = {w for _, w, _ in choice["ties"]} if choice else set()
         cells = []
         for w in workers:

@@ -110,9 +110,14 @@ def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = 
             "ties": [item for item in tied if item[:2] != chosen[:2]]}
 
 
+def choose_workers(key: Key, by_workers: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """:func:`choose` among one row's num_workers."""
+    return choose([(key, w, cell) for w, cell in by_workers.items()])
+
+
 def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
     """A row's best num_workers: the fewest workers within the noise of the fastest cell."""
-    choice = choose([(("", "", "", "torch"), w, cell) for w, cell in by_workers.items()])
+    choice = choose_workers(("", "", "", "torch"), by_workers)
     return choice["num_workers"] if choice else None
 
 
@@ -146,7 +151,7 @@ def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[s
     batch = next((r["batch_size"] for r in rows if r.get("batch_size")), 0)
     out_rows = []
     for key, by_workers in summary.items():
-        choice = choose([(key, w, cell) for w, cell in by_workers.items()])
+        choice = choose_workers(key, by_workers)
         out_rows.append({
             "format": key[0], "store": key[1], "read_path": key[2], "backend": key[3],
             "best_num_workers": choice["num_workers"] if choice else None,
