@@ -73,7 +73,8 @@ def find_manifest(path: Path) -> dict[str, Any] | None:
 
 
 class LazyBar:
-    """A tqdm bar created at the first progress report, so failed validation prints no bar."""
+    """A tqdm bar created at the first progress report, so failed validation prints no bar;
+    ``with LazyBar(...) as bar: work(progress=bar.update)`` closes it however the work ends."""
 
     def __init__(self, *, disable: bool, desc: str):
         self.disable, self.desc, self.bar = disable, desc, None
@@ -88,3 +89,9 @@ class LazyBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+    def __enter__(self) -> "LazyBar":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

@@ -110,11 +110,8 @@ def run_convert(args: argparse.Namespace) -> int:
     given["format"] = format_for_output(args.output, given.get("format"))
     options = ConvertOptions.build(**given)
     before = _manifest_digest(Path(args.output)) if options.resume else None
-    bar = LazyBar(disable=args.quiet, desc=f"convert -> {options.format}")
-    try:
+    with LazyBar(disable=args.quiet, desc=f"convert -> {options.format}") as bar:
         manifest = convert(args.source, args.output, options, progress=bar.update)
-    finally:
-        bar.close()
     if options.part is not None:
         part, parts = options.part
         print(f"wrote part {part}/{parts} of {args.output}: {manifest['count']:,} samples"

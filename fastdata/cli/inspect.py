@@ -57,11 +57,8 @@ def run_info(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from fastdata.verification import verify
 
-    bar = LazyBar(disable=args.quiet, desc="verify --deep")
-    try:
+    with LazyBar(disable=args.quiet, desc="verify --deep") as bar:
         report = verify(args.path, deep=args.deep, progress=bar.update)
-    finally:
-        bar.close()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.ok else 1

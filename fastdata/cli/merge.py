@@ -30,11 +30,8 @@ def add_parser(commands) -> None:
 def run_merge(args: argparse.Namespace) -> int:
     from fastdata.scale.merge import merge
 
-    bar = LazyBar(disable=args.quiet, desc="merge")
-    try:
+    with LazyBar(disable=args.quiet, desc="merge") as bar:
         manifest = merge(args.output, progress=bar.update)
-    finally:
-        bar.close()
     line = f"merged into {args.output}: {manifest['count']:,} samples ({human_bytes(disk_usage(Path(args.output)))})"
     if manifest["skipped"]:
         line += f"; skipped {len(manifest['skipped'])} (listed in the manifest)"
