@@ -77,20 +77,34 @@ def write_job(job: Job, target: Target, state: dict[str, Any] | None = None) -> 
                                   writer=writer.checkpoint())
                     journal.save(target.output, record)
                     last_checkpoint = time.monotonic()
-        if written == 0:
-            raise BadSampleError(f"No sample could be converted; all {len(src)} were skipped as unreadable.")
-        manifest = build_manifest(spec, plan, options, src.describe(), written, skipped)
-        manifest["conversion_key"] = target.key
-        manifest["source_fingerprint"] = target.fingerprint
-        return writer.close(manifest)
+        return close_writer(writer, spec, plan, options, src.describe(), written, skipped, total=len(src),
+                            key=target.key, fingerprint=target.fingerprint)
     except BaseException as exc:
-        if writer is not None:
-            with contextlib.suppress(Exception):  # closing may fail the same way; report the first error
-                writer.abort()
+        abort_writer(writer)
         remove_path(target.partial)
         if isinstance(exc, ModeConflict):
             target.report(-reported, len(src))
         raise
+
+
+def close_writer(writer: Any, spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any],
+                 written: int, skipped: dict[int, dict[str, str]], *, total: int, key: str,
+                 fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """Finish a conversion's writer with its manifest (refused when nothing of the ``total``
+    samples could be converted); the manifest as written."""
+    if written == 0:
+        raise BadSampleError(f"No sample could be converted; all {total} were skipped as unreadable.")
+    manifest = build_manifest(spec, plan, options, source, written, skipped)
+    manifest["conversion_key"] = key
+    manifest["source_fingerprint"] = fingerprint
+    return writer.close(manifest)
+
+
+def abort_writer(writer: Any) -> None:
+    """Abandon a writer after a failure (if it was made); its own errors would hide the first one."""
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.abort()
 
 
 def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any], written: int,

@@ -10,13 +10,12 @@ offsets are computed from the units' sample sizes, and tar shards are cut by cou
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fastdata import journal
-from fastdata.engine import Target, build_manifest
-from fastdata.errors import BadSampleError, PartsError, SourceChangedError
+from fastdata.engine import Target, abort_writer, close_writer
+from fastdata.errors import PartsError, SourceChangedError
 from fastdata.fingerprint import describe_changes
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
@@ -203,16 +202,10 @@ def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOpt
                     target.report(len(batch), plan.count)
                 skipped.update({int(index): entry for index, entry in record["skipped"]})
                 target.report(len(record["skipped"]), plan.count)
-            if written == 0:
-                raise BadSampleError(f"No sample could be converted; all {plan.count} were skipped as unreadable.")
-            manifest = build_manifest(spec, plan, options, source, written, skipped)
-            manifest["conversion_key"] = key
-            manifest["source_fingerprint"] = fingerprint
-            manifest = writer.close(manifest)
+            manifest = close_writer(writer, spec, plan, options, source, written, skipped, total=plan.count, key=key,
+                                    fingerprint=fingerprint)
             publish(target.partial, output, replace=existing is not None)
         except BaseException:
-            if writer is not None:
-                with contextlib.suppress(Exception):
-                    writer.abort()
+            abort_writer(writer)
             raise
     return manifest
