@@ -21,8 +21,9 @@ from fastdata.fingerprint import describe_changes
 from fastdata.formats import find_manifest, format_for_output, get_format
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions, parse_reencode, parse_size
+from fastdata.locks import ConversionLock
 from fastdata.outputs import (
-    PARTIAL_SUFFIX, ConversionLock, check_existing, check_output_path, partial_removed_on_failure,
+    PARTIAL_SUFFIX, check_existing, check_output_path, partial_removed_on_failure,
     prepare_output, publish, remove_path,
 )
 from fastdata.pipeline import ModeConflict, plan_job

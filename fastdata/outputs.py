@@ -3,7 +3,7 @@
 * ``OUTPUT`` is written under ``OUTPUT.partial`` and renamed into place only when complete.
   ``OUTPUT.partial.json`` (the journal) records that fastdata made that partial output, and
   ``OUTPUT.partial.lock`` lets one conversion at a time write it (an ``flock``, released by
-  the kernel when its process dies, so a stale lock is simply taken over).
+  the kernel when its process dies, so a stale lock is simply taken over; :mod:`fastdata.locks`).
 * An OUTPUT equal to a source, inside it or containing it is refused before anything happens,
   with or without ``--overwrite``.
 * ``--overwrite`` replaces only a dataset fastdata wrote: a manifest it can read, and no file
@@ -16,37 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import secrets
 import shutil
-import socket
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError
+from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
+from fastdata.locks import ConversionLock, _os_error  # noqa: F401 - ConversionLock: imported from here
 
 PARTIAL_SUFFIX = ".partial"
-LOCK_SUFFIX = ".partial.lock"
 _OLD_INFIX = ".fastdata-old-"
 # room for the longest name fastdata puts next to OUTPUT (e.g. OUTPUT.partial.json.1a2b3c4d.tmp)
 _LONGEST_SUFFIX = 32
-_LOCK_MARK = "fastdata conversion lock"
-
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: an exclusive lock file instead
-    fcntl = None
-
-
-def _os_error(cls: type, code: int, message: str) -> OSError:
-    """``cls(message)`` carrying ``errno`` (``OSError(code, message)`` would prefix "[Errno N]")."""
-    error = cls(message)
-    error.errno = code
-    return error
 
 
 def partial_path(output: Path) -> Path:
@@ -193,136 +176,6 @@ def check_existing(output: Path, *, overwrite: bool, resume: bool) -> dict[str, 
 
 
 # --- one writer per output ------------------------------------------------------------------
-
-
-class ConversionLock:
-    """An exclusive lock on ``OUTPUT.partial.lock`` for the whole conversion.
-
-    A second conversion of the same output is refused at once, naming the process that holds
-    the lock. The lock is an ``flock``: when its holder dies (even by SIGKILL) the kernel
-    releases it and the next conversion takes it over. The file is removed on release.
-    """
-
-    def __init__(self, output: Path):
-        self.output = output
-        self.path = output.with_name(output.name + LOCK_SUFFIX)
-        self.descriptor: int | None = None
-
-    def __enter__(self) -> "ConversionLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-    def acquire(self) -> None:
-        for _ in range(20):
-            if self._try_once():
-                return
-        raise _os_error(  # pragma: no cover - the lock file kept changing under us
-            OutputLockedError, errno.EAGAIN, f"Cannot lock {str(self.path)!r}: it keeps being replaced. Is another program using it?"
-        )
-
-    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.scale.staging.PartLock)
-
-    def _busy(self, holder: str) -> str:
-        """Why the lock is refused while ``holder`` has it."""
-        return (f"Another conversion is writing {str(self.output)!r} ({holder}). Wait for it to finish, or stop it; "
-                "two conversions of one output would corrupt it.")
-
-    def _describe_self(self, descriptor: int, text: bytes) -> None:
-        """Say in the lock file who holds it (``text``: what it said before)."""
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
-
-    def _try_once(self) -> bool:
-        if fcntl is None:  # pragma: no cover
-            return self._try_exclusive_create()
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(descriptor)
-            os.close(descriptor)
-            raise _os_error(OutputLockedError, errno.EAGAIN, self._busy(holder)) from None
-        try:
-            same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
-        except FileNotFoundError:
-            same = False
-        if not same:  # the previous holder removed the file as we opened it: lock the new one
-            os.close(descriptor)
-            return False
-        text = os.pread(descriptor, 4096, 0)
-        if text and _LOCK_MARK.encode() not in text:
-            os.close(descriptor)
-            raise OutputExistsError(
-                f"{str(self.path)!r} exists and was not written by fastdata; it is not replaced. "
-                "Move it away, or choose another output path."
-            )
-        self._describe_self(descriptor, text)
-        self.descriptor = descriptor
-        return True
-
-    def _try_exclusive_create(self) -> bool:  # pragma: no cover - platforms without flock
-        try:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            record = _parse_holder(self.path.read_bytes())
-            if record and not _alive(record):
-                self.path.unlink(missing_ok=True)  # stale: its process is gone
-                return False
-            raise _os_error(
-                OutputLockedError, errno.EAGAIN, f"Another conversion is writing {str(self.output)!r} ({_describe(record)})."
-            ) from None
-        os.write(descriptor, json.dumps(_holder_record()).encode())
-        self.descriptor = descriptor
-        return True
-
-    def release(self) -> None:
-        if self.descriptor is None:
-            return
-        try:
-            if os.path.samestat(os.fstat(self.descriptor), os.stat(self.path)):
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
-        finally:
-            os.close(self.descriptor)  # releases the flock
-            self.descriptor = None
-
-
-def _holder_record() -> dict[str, Any]:
-    return {"lock": _LOCK_MARK, "pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:300]}
-
-
-def _parse_holder(text: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("lock") == _LOCK_MARK else None
-
-
-def _read_holder(descriptor: int) -> str:
-    return _describe(_parse_holder(os.pread(descriptor, 4096, 0)))
-
-
-def _describe(record: dict[str, Any] | None) -> str:
-    if not record:
-        return "process unknown"
-    return f"process {record.get('pid')} on {record.get('host')}, started {record.get('started')}"
-
-
-def _alive(record: dict[str, Any]) -> bool:  # pragma: no cover - platforms without flock
-    if record.get("host") != socket.gethostname():
-        return True  # cannot tell: assume it is
-    import psutil
-
-    return psutil.pid_exists(int(record.get("pid", -1)))
-
-
-# --- the partial output ---------------------------------------------------------------------
 
 
 def remove_path(path: Path) -> None:

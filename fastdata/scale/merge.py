@@ -21,7 +21,8 @@ from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
 from fastdata.options import ConvertOptions
-from fastdata.outputs import ConversionLock, check_existing, check_output_path, partial_removed_on_failure, publish
+from fastdata.locks import ConversionLock
+from fastdata.outputs import check_existing, check_output_path, partial_removed_on_failure, publish
 from fastdata.pipeline import with_mode
 from fastdata.scale.staging import is_staging, read_records, remove_staging
 from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, unit_batches

@@ -24,7 +24,8 @@ from fastdata.errors import DependencyMissingError, EngineError
 from fastdata.formats import get_format
 from fastdata.images import disable_pillow_limit
 from fastdata.options import ConvertOptions
-from fastdata.outputs import ConversionLock, check_existing, prepare_output
+from fastdata.locks import ConversionLock
+from fastdata.outputs import check_existing, prepare_output
 from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
 from fastdata.scale.merge import settle_mode, write_output
 from fastdata.scale.parts import _Counter, conversion_key

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError
-from fastdata.outputs import ConversionLock, _holder_record
+from fastdata.locks import ConversionLock, _holder_record
 from fastdata.scale.units import staging_path
 
 STAGING_MARK = "fastdata conversion units"
