@@ -200,20 +200,24 @@ def pil_equals_plain(path: Path, ds: Any, size: int, count: int = 50) -> bool:
 
 
 def memory(path: Path, batch: int, report: dict[str, Any]) -> None:
-    """Peak PSS of the main process and its workers during one epoch, per backend."""
+    """Peak PSS of the main process and its workers during one epoch, per backend, and the peak of
+    the machine's shared memory above its level before (batches in flight that PSS cannot see)."""
     ds = fastdata.MemmapDataset(path)
-    found = {}
+    found, shared = {}, {}
     for backend in ("torch", "process"):
         for workers in range(1, usable_cores() + 1):
             release_free_memory()  # each measurement starts from a trimmed heap: nothing earlier counts
+            peak = MemoryPeak()  # its shared-memory baseline: before the loader made any
             loader = fastdata.loader(ds, batch_size=batch, seed=0, num_workers=workers, backend=backend,
                                      persistent_workers=True)
             time_epoch(loader)
-            with MemoryPeak() as peak:
+            with peak:
                 time_epoch(loader, on_first=peak.start_sampling)
             found[f"{backend} nw={workers}"] = round(peak.peak_pss / 2**20, 1)
+            shared[f"{backend} nw={workers}"] = round(peak.peak_shm / 2**20, 1)
             getattr(loader, "close", lambda: None)()
     report["pss_mb"] = found
+    report["shm_mb"] = shared
 
 
 # --- the libraries looked at first ---------------------------------------------------------------

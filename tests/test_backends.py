@@ -147,6 +147,128 @@ def test_prefetch_factor_sets_the_slots_and_zero_copy_views_stay_valid() -> None
     loader.close()
 
 
+class Growing(Dataset):
+    """Index-array dataset with one large batch: samples 40-43 are 64x64, the others 8x8, so the
+    slots sized from the first batch are too small for batch 10 (batch size 4, in order)."""
+
+    supports_index_arrays = True
+
+    def __len__(self) -> int:
+        return 80
+
+    def __getitem__(self, indices):
+        side = 64 if 40 <= indices[0] < 44 else 8
+        images = torch.stack([torch.full((side, side), int(i) % 251, dtype=torch.uint8) for i in indices])
+        return images, torch.as_tensor(indices)
+
+
+def modes(monkeypatch) -> list[str]:
+    """How the process backend handed out each batch from a slot: "lend" (its slot lent), "copy" or
+    "view" (zero_copy)."""
+    from fastdata.loading import shm
+
+    seen: list[str] = []
+    unpack = shm.unpack
+
+    def recording(*args, mode, **kwargs):
+        unpacked = unpack(*args, mode=mode, **kwargs)
+        seen.append("copy" if mode == "lend" and unpacked.lease is None else mode)
+        return unpacked
+
+    monkeypatch.setattr(shm, "unpack", recording)
+    return seen
+
+
+# 8 images a batch are 96 KiB: lent (arrays under shm.LEND_MIN_BYTES, such as the labels, are copied)
+RAW = TensorDataset(torch.randint(0, 256, (96, 3, 64, 64), generator=torch.Generator().manual_seed(0),
+                                  dtype=torch.uint8), torch.arange(96))
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_a_plain_loop_is_lent_every_batch_and_gives_the_slots_back(monkeypatch, num_workers: int) -> None:
+    serial = fastdata.loader(RAW, batch_size=8, seed=3)
+    want = [batches(serial), batches(serial)]
+    seen = modes(monkeypatch)
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=num_workers,
+                             persistent_workers=True)
+    for epoch in range(2):
+        for number, (images, labels) in enumerate(loader):
+            assert torch.equal(images, want[epoch][number][0]) and torch.equal(labels, want[epoch][number][1])
+    assert loader.slots == 2 + (num_workers == 1)  # prefetch_factor, and one more for a lone worker
+    assert seen == ["lend"] * 24  # the first batch too: the worker asks for slots of its size and copies it in
+    del images, labels
+    loader._take_back()
+    assert loader._lent == [set()] * num_workers  # every slot came back when the loop dropped its batch
+    loader.close()
+
+
+def test_a_loop_that_keeps_every_batch_gets_copies_beyond_the_spare_slots(monkeypatch) -> None:
+    want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
+    seen = modes(monkeypatch)
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=2, prefetch_factor=3)
+    kept = list(loader)  # lent batches stay valid while held: no worker ever reuses their slots
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kept, want)) and len(kept) == 12
+    assert seen == ["lend"] * 4 + ["copy"] * 8  # 2 lent per worker (3 slots each, one always cycles)
+    epoch_two = list(loader)  # new workers start without the 4 slots the loop still holds
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))
+    assert len(epoch_two) == 12 and seen[12:] == ["copy"] * 12
+    kept.clear()
+    epoch_two.clear()
+    third = batches(loader)  # the slots came back; a loop that drops each batch is lent every one
+    assert seen[24:] == ["lend"] * 12 and len(third) == 12
+    loader.close()
+
+
+def test_a_batch_dropped_in_another_thread_gives_its_slot_back() -> None:
+    import threading
+
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, persistent_workers=True)
+    iterator = iter(loader)
+    box = [next(iterator)]
+    while not loader._lent[0]:  # the first batches travel pickled, until the slots are sized
+        box = [next(iterator)]
+    assert len(loader._lent[0]) == 1
+    thread = threading.Thread(target=box.clear)
+    thread.start()
+    thread.join()
+    kept = next(iterator)
+    assert len(loader._lent[0]) == 1  # the batch dropped in the thread gave its slot back; the new one is lent
+    del kept, iterator
+    loader.close()
+
+
+def test_a_lent_batch_outlives_close_and_the_segment_is_still_removed() -> None:
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
+    kept = list(loader)
+    names = set(loader._all_segments)
+    loader.close()
+    assert names and not (names & segments())  # unlinked at once ...
+    want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # ... mapped while a batch needs it
+
+
+def test_batches_in_flight_when_slots_grow_are_read_from_the_segment_they_were_written_to() -> None:
+    want = batches(fastdata.loader(Growing(), batch_size=4, shuffle=False))
+    for zero_copy in (0, 1):  # a worker well ahead: batches 11- go into the small slots while batch 10 grows them
+        loader = fastdata.loader(Growing(), batch_size=4, shuffle=False, backend="process", num_workers=1,
+                                 prefetch_factor=8, zero_copy=zero_copy)
+        got = batches(loader)
+        assert len(got) == 20 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want))
+        loader.close()
+
+
+def test_zero_copy_views_stay_valid_across_a_worker_restart() -> None:
+    want = batches(fastdata.loader(RAW, batch_size=8, shuffle=False))
+    loader = fastdata.loader(RAW, batch_size=8, shuffle=False, backend="process", num_workers=1, zero_copy=2)
+    *_, last = loader  # non-persistent: the workers stop at the end of the epoch
+    iterator = iter(loader)
+    first = next(iterator)  # new workers; `last` is within zero_copy=2 batches of it
+    time.sleep(0.5)  # let them fill every slot they may use
+    assert torch.equal(last[0], want[-1][0]) and torch.equal(first[0], want[0][0])
+    del iterator
+    loader.close()
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_worker_that_raises_is_named_with_the_batch_and_cause(backend: str) -> None:
     loader = fastdata.loader(FailsOn(13), batch_size=4, shuffle=False, backend=backend, num_workers=2)
@@ -201,6 +323,10 @@ def test_options_are_checked() -> None:
         (dict(backend="thread", zero_copy=1), "zero_copy applies to backend='process' only (got backend='thread')."),
         (dict(backend="process", zero_copy=-1), "Invalid zero_copy -1."),
         (dict(num_workers=-2), "Invalid num_workers -2. Use 0 or a positive integer."),
+        (dict(backend="process", num_workers=2, prefetch_factor=0),
+         "Invalid prefetch_factor 0. Use a number of batches per worker >= 1 (or None for 2)."),
+        (dict(backend="thread", num_workers=2, prefetch_factor=1.5),
+         "Invalid prefetch_factor 1.5. Use a number of batches per worker >= 1 (or None for 2)."),
     ]
     for kwargs, message in cases:
         with pytest.raises(InvalidOptionError, match="^" + message.replace("(", r"\(").replace(")", r"\)")

@@ -439,3 +439,26 @@ def test_recommendation_prefers_the_dataloader_and_the_source_as_it_is_in_a_tie(
     assert summary_document(folder, "folder")["recommendation"]["text"] == (
         "use the image folder through a plain DataLoader (the standard path) with num_workers=0: 2,000 samples/s "
         "(npy encoded fast at num_workers=0 measured 2,050, within the noise: a tie, and no conversion wins).")
+
+
+def test_memory_peak_counts_shared_memory_that_no_process_has_mapped() -> None:
+    """A DataLoader worker unmaps a batch once it is sent: PSS cannot see it, ``peak_shm`` can."""
+    from multiprocessing import shared_memory
+
+    from fastdata.bench.measure import MemoryPeak
+
+    size = 32 * 2**20
+    with MemoryPeak() as peak:
+        peak.sample()
+        pss_before = peak.peak_pss
+        block = shared_memory.SharedMemory(create=True, size=size)
+        try:
+            pages = np.frombuffer(block.buf, dtype=np.uint8)
+            pages[:] = 1
+            del pages
+            block.close()  # written, then unmapped: in no process's PSS, still in /dev/shm
+            peak.sample()
+        finally:
+            block.unlink()
+    assert peak.peak_shm >= 0.95 * size  # machine-wide: other programs' shared memory comes and goes
+    assert peak.peak_pss - pss_before < size / 2

@@ -67,14 +67,27 @@ def evict_from_page_cache(files: tuple[str, ...]) -> None:
             os.close(descriptor)
 
 
+def shared_memory_bytes() -> int:
+    """The machine's shared memory in use (``Shmem`` of ``/proc/meminfo``: ``/dev/shm``, memfd;
+    0 where the OS does not say)."""
+    return int(getattr(psutil.virtual_memory(), "shared", 0) or 0)
+
+
 class MemoryPeak:
-    """Samples USS and PSS of this process plus all its children in a background thread.
+    """Samples USS and PSS of this process plus all its children in a background thread, and
+    the machine's shared memory above what it was at the start (``peak_shm``).
+
+    PSS counts a shared-memory page only in processes that have it mapped and touched: a
+    DataLoader worker unmaps a batch once it is sent, and the main process maps it without
+    touching it until the loop reads it, so batches in flight can be in no process's PSS.
+    ``peak_shm`` counts them; it is machine-wide, so other programs' shared memory shows too.
 
     Sampling starts at :meth:`start_sampling` (called when the first batch arrives)."""
 
     def __init__(self) -> None:
         self.process = psutil.Process()
-        self.peak_uss = self.peak_pss = 0
+        self.peak_uss = self.peak_pss = self.peak_shm = 0
+        self._shm_base = shared_memory_bytes()
         self._stop = threading.Event()
         self._go = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -92,6 +105,7 @@ class MemoryPeak:
             uss += info.uss
             pss += getattr(info, "pss", info.uss)
         self.peak_uss, self.peak_pss = max(self.peak_uss, uss), max(self.peak_pss, pss)
+        self.peak_shm = max(self.peak_shm, shared_memory_bytes() - self._shm_base)
 
     def _run(self) -> None:
         self._go.wait()
@@ -188,7 +202,7 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
 
 
 class _NoMemory:
-    peak_uss = peak_pss = 0
+    peak_uss = peak_pss = peak_shm = 0
 
     def __enter__(self) -> "_NoMemory":
         return self
@@ -218,6 +232,7 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bo
         "cpu_s": cpu_s,
         "uss_mb": sampler.peak_uss / 2**20,
         "pss_mb": sampler.peak_pss / 2**20,
+        "shm_mb": sampler.peak_shm / 2**20,
         "samples": timing.samples,
         "batches": timing.batches,
         "epoch_s": elapsed,
@@ -242,7 +257,7 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
     sampled = run_epoch(loader, config, case, memory=True)
     getattr(loader, "close", lambda: None)()
     for row in rows:
-        row.update(uss_mb=sampled["uss_mb"], pss_mb=sampled["pss_mb"])
+        row.update(uss_mb=sampled["uss_mb"], pss_mb=sampled["pss_mb"], shm_mb=sampled["shm_mb"])
     return rows
 
 

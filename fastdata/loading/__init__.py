@@ -57,8 +57,11 @@ def loader(
     is ``"torch"`` (a DataLoader; other keywords go to it), ``"thread"`` or ``"process"`` (both
     take ``pin_memory``, ``timeout``, ``worker_init_fn``, ``prefetch_factor``,
     ``persistent_workers``, ``collate_fn``; ``"process"`` also ``multiprocessing_context`` and
-    ``zero_copy``: with ``zero_copy=k`` a batch's tensors are views of shared memory that stay
-    valid until ``k`` more batches have been drawn). ``num_workers=0`` computes every batch in
+    ``zero_copy``. The process backend lends each batch's shared-memory slot to the loop: its
+    tensors are valid for as long as they are kept, and the slot returns to its worker when they
+    are dropped (batches beyond the slots a worker can spare are copied). With ``zero_copy=k``
+    a batch's tensors are views of shared memory that stay valid until ``k`` more batches have
+    been drawn, kept or not). ``num_workers=0`` computes every batch in
     this thread, whatever the backend. Reshuffle per epoch happens automatically;
     ``loader.sampler.set_epoch(e)`` (or ``loader.set_epoch(e)``) pins it.
 

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.errors import FastdataError
+from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.samplers import BatchIndexSampler
 
@@ -48,6 +48,7 @@ class Resumable:
                 consumed += 1
                 self._position = (epoch, consumed)
                 yield batch
+                del batch  # not held while the next one is fetched: a lent batch frees its slot when the loop drops it
             self._position = None
         finally:
             close = getattr(batches, "close", None)
@@ -94,6 +95,10 @@ class BatchLoader(Resumable):
         self.batch_size = sampler.batch_size
         self.num_workers = num_workers
         self.fetch = BatchFetcher(dataset, collate_fn)
+        if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
+                                            or prefetch_factor < 1):
+            raise InvalidOptionError(f"Invalid prefetch_factor {prefetch_factor!r}. Use a number of batches per worker "
+                                     f">= 1 (or None for 2).")
         self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn

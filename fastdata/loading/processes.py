@@ -4,8 +4,12 @@ preallocated shared-memory slots.
 No per-batch allocation, no pickled pixels, no file descriptor per batch: batch ``b`` goes to
 worker ``b % num_workers``, which computes it straight into one of its slots (fastdata's
 readers gather or decode into the slot itself) and sends back a few hundred bytes saying where
-it lies. The consumer gets tensors copied out of the slot (the default, safe to keep), or with
-``zero_copy=k`` views of the slot that stay valid until ``k`` more batches have been drawn. It
+it lies. By default the consumer lends the slot itself to the training loop: the batch's
+tensors are views of it, and the slot goes back to its worker when the loop drops the last of
+them (a weakref on the slot's lease), as a DataLoader batch lives in shared memory until it is
+dropped. A loop that keeps more batches than the ring can spare gets copies of the rest, so
+workers never wait on a batch the loop holds. With ``zero_copy=k`` the batches are views that
+stay valid until ``k`` more batches have been drawn, whether dropped or not. It
 behaves like the DataLoader users know: the same keyword names (``multiprocessing_context``,
 ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``, ``timeout``), per-worker seeds
 and ``torch.utils.data.get_worker_info()``; a worker that raises, dies or times out is an error
@@ -15,6 +19,8 @@ outlives it (a killed main process's segments are removed by the next loader tha
 
 from __future__ import annotations
 
+import collections
+import functools
 import math
 import multiprocessing
 import os
@@ -30,8 +36,8 @@ import torch
 
 from fastdata.loading import shm
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
-from fastdata.loading.worker import HEADER_BYTES, IN_SLOT, STATUS, worker_main
-from fastdata.machine import release_free_memory, stop_signals_held, usable_cores
+from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
+from fastdata.machine import stop_signals_held, usable_cores
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -51,8 +57,31 @@ class _Worker:
     results: Any
     free: Any  # semaphore: slots the worker may fill
     ready: Any  # semaphore: batches the worker has finished
-    control: Any  # shared-memory block: per slot, where the batch lies
-    consumed: int = 0  # batches taken from this worker in its life: batch j lies in slot j % slots
+    control: Any  # shared-memory block: per batch in flight, where it lies; then the free ring
+    consumed: int = 0  # batches taken from this worker in its life: batch j's header is j % slots
+    given: int = 0  # slot numbers written into its free ring in its life
+
+
+class _Leases:
+    """Slots lent to the training loop, watched through weakrefs to their leases. A callback runs
+    in whichever thread drops a batch's last tensor; it only appends to ``returned``, which the
+    consumer drains."""
+
+    def __init__(self) -> None:
+        self.watched: dict[tuple[int, int], Any] = {}
+        self.returned: collections.deque = collections.deque()
+
+    def watch(self, key: tuple[int, int], lease: Any) -> None:
+        self.watched[key] = weakref.ref(lease, functools.partial(self._dropped, key))
+
+    def _dropped(self, key: tuple[int, int], _ref: Any) -> None:
+        self.returned.append(key)
+
+    def drain(self) -> Iterator[tuple[int, int]]:
+        while self.returned:
+            key = self.returned.popleft()
+            self.watched.pop(key, None)
+            yield key
 
 
 class ProcessLoader(BatchLoader):
@@ -66,13 +95,27 @@ class ProcessLoader(BatchLoader):
             multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
         self.context = multiprocessing_context
         self.zero_copy = zero_copy
-        self.slots = self.prefetch_factor + math.ceil(zero_copy / self.num_workers)
+        # Slots per worker: prefetch_factor in flight, plus the batches the loop may hold. A plain
+        # loop holds one batch while it draws the next; with 2+ workers those come from different
+        # workers, so no worker needs a slot more. zero_copy=k keeps k batches' slots per loader.
+        if zero_copy:
+            self.slots = self.prefetch_factor + math.ceil(zero_copy / self.num_workers)
+        else:
+            self.slots = self.prefetch_factor + (1 if self.num_workers == 1 else 0)
+        self.lend_limit = 0 if zero_copy else self.slots - 1  # lent at once per worker; one slot always cycles
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._workers: list[_Worker] = []
+        self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
+        self._forget_slots()
+
+    def _forget_slots(self) -> None:
+        """No data segment yet (the first batch of each worker sizes them) and nothing handed out."""
         self._segments: list[Any] = [None] * self.num_workers  # each worker's current data segment
         self._slot_bytes = [0] * self.num_workers
-        self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
-        self._held: list[int] = []
+        self._generations: list[dict[int, tuple[Any, int]]] = [{} for _ in range(self.num_workers)]
+        self._lent: list[set[int]] = [set() for _ in range(self.num_workers)]  # slots the loop holds
+        self._held: list[tuple[int, int]] = []  # zero_copy: (worker, slot) of the views handed out, oldest first
+        self._leases = _Leases()  # a new one: leases of an earlier life return to the old one
         self._finalizer = weakref.finalize(self, _cleanup, self._workers, self._all_segments)
 
     # --- workers --------------------------------------------------------------------------
@@ -81,14 +124,18 @@ class ProcessLoader(BatchLoader):
         if self._workers:
             return
         shm.sweep_stale_segments()
+        self._take_back()
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         with stop_signals_held():  # a Ctrl-C mid-fork would be lost (see machine.stop_signals_held)
             for worker_id in range(self.num_workers):
                 task_read, task_write = self.context.Pipe(duplex=False)
                 result_read, result_write = self.context.Pipe(duplex=False)
-                free, ready = self.context.Semaphore(self.slots), self.context.Semaphore(0)
-                control = shm.new_segment(HEADER_BYTES * self.slots)
+                free_slots = [slot for slot in range(self.slots) if slot not in self._lent[worker_id]]
+                free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
+                control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
+                for position, slot in enumerate(free_slots):
+                    FREE.pack_into(control.buf, self.slots * HEADER_BYTES + position * FREE.size, slot)
                 # the ends this process keeps: a forked worker inherits them and must close them, or a
                 # worker blocked writing would never see its reader go (EPIPE)
                 parent_ends = [end for worker in self._workers for end in (worker.tasks, worker.results)]
@@ -101,24 +148,22 @@ class ProcessLoader(BatchLoader):
                 process.start()
                 task_read.close()
                 result_write.close()
-                worker = _Worker(process, task_write, result_read, free, ready, control)
+                worker = _Worker(process, task_write, result_read, free, ready, control, given=len(free_slots))
                 self._workers.append(worker)
                 if self._segments[worker_id] is not None:  # slots sized in an earlier epoch
-                    self._send(worker_id, ("segment", self._segments[worker_id].name, self._slot_bytes[worker_id]))
+                    self._send_segment(worker_id)
 
     def shutdown(self) -> None:
         """Stop the workers (the data segments stay for the next start; :meth:`close` frees them)."""
         controls = [worker.control.name for worker in self._workers]
-        self._held.clear()  # new workers start with every slot free
-        _stop(self._workers)
+        _stop(self._workers)  # new workers start with every slot the loop does not hold
         for name in controls:
             shm.release(self._all_segments.pop(name), unlink=True)
 
     def close(self) -> None:
         """Stop the workers and remove every shared-memory segment (the next epoch starts anew)."""
-        _cleanup(self._workers, self._all_segments)
-        self._segments = [None] * self.num_workers
-        self._slot_bytes = [0] * self.num_workers
+        _cleanup(self._workers, self._all_segments)  # batches still held keep their memory mapped
+        self._forget_slots()
 
     def _send(self, worker_id: int, message: tuple) -> None:
         try:
@@ -134,26 +179,71 @@ class ProcessLoader(BatchLoader):
         for worker_id in range(self.num_workers):
             share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
             self._send(worker_id, ("epoch", share))
-        held = self._held  # workers whose slot holds a batch handed out as views, oldest first; kept
-        finished = False   # across epochs, so views stay valid for zero_copy more batches, whatever the epoch
+        held = self._held  # kept across epochs and worker restarts: views stay valid for zero_copy more
+        finished = False   # batches, whatever the epoch
         try:
             for number, indices in enumerate(batches):
                 if self.zero_copy and len(held) >= self.zero_copy:
-                    self._workers[held.pop(0)].free.release()
-                worker_id = number % self.num_workers
-                batch, in_slot = self._receive(worker_id, number, indices)
-                if in_slot and self.zero_copy:
-                    held.append(worker_id)
-                else:
-                    self._workers[worker_id].free.release()
-                yield batch
+                    self._give(*held.pop(0))
+                yield self._receive(number % self.num_workers, number, indices)
             finished = True
         finally:
             if not finished or not self.persistent_workers:
                 self.shutdown()  # an epoch left early leaves batches in flight: start afresh
 
-    def _receive(self, worker_id: int, number: int, indices: np.ndarray) -> tuple[Any, bool]:
-        """Batch ``number`` from its worker, and whether it still lies in the worker's slot."""
+    def _give(self, worker_id: int, slot: int) -> None:
+        """Slot ``slot`` of a worker is free again: into its free ring (when it runs)."""
+        self._lent[worker_id].discard(slot)
+        if not self._workers:
+            return
+        worker = self._workers[worker_id]
+        FREE.pack_into(worker.control.buf, self.slots * HEADER_BYTES + (worker.given % self.slots) * FREE.size, slot)
+        worker.given += 1
+        worker.free.release()
+
+    def _take_back(self) -> None:
+        """The slots of lent batches the loop has dropped since last time."""
+        for worker_id, slot in self._leases.drain():
+            self._give(worker_id, slot)
+
+    def _receive(self, worker_id: int, number: int, indices: np.ndarray) -> Any:
+        """Batch ``number`` from its worker: lent, copied or as views (module docstring)."""
+        self._take_back()
+        worker = self._workers[worker_id]
+        status = worker.control.buf
+        at = (worker.consumed % self.slots) * HEADER_BYTES
+        while True:
+            self._wait_until_ready(worker_id, number, indices)
+            kind, slot, generation, length = STATUS.unpack_from(status, at)
+            if kind != NEEDS_SLOTS:
+                break
+            self._grow(worker_id, length)  # the worker copies the batch in and says "ready" again
+        worker.consumed += 1
+        if kind != IN_SLOT:
+            self._give(worker_id, slot)
+            return self._from_pipe(worker_id, number, indices)
+        segment, slot_bytes = self._generations[worker_id][generation]
+        allocate = None
+        if self.zero_copy:
+            mode = "view"
+        elif self.pin_memory and torch.cuda.is_available():
+            mode, allocate = "copy", _pinned_empty_like
+        else:
+            mode = "lend" if len(self._lent[worker_id]) < self.lend_limit else "copy"
+        start = at + STATUS.size
+        unpacked = shm.unpack(status[start : start + length], segment.buf, slot * slot_bytes, slot_bytes,
+                              mode=mode, allocate=allocate)
+        if mode == "view":
+            self._lent[worker_id].add(slot)
+            self._held.append((worker_id, slot))
+        elif unpacked.lease is not None:
+            self._lent[worker_id].add(slot)
+            self._leases.watch((worker_id, slot), unpacked.lease)
+        else:
+            self._give(worker_id, slot)
+        return unpacked.batch
+
+    def _wait_until_ready(self, worker_id: int, number: int, indices: np.ndarray) -> None:
         worker = self._workers[worker_id]
         deadline = time.monotonic() + self.timeout if self.timeout else None
         while not (_poll(worker.ready, self.spin_s) or worker.ready.acquire(timeout=_POLL_S)):
@@ -164,19 +254,6 @@ class ProcessLoader(BatchLoader):
                     f"process backend: worker {worker_id} (pid {worker.process.pid}) sent no batch within "
                     f"timeout={self.timeout} s; it was computing batch {number} (indices {describe_indices(indices)})."
                 )
-        slot = worker.consumed % self.slots
-        worker.consumed += 1
-        status = worker.control.buf
-        kind, length = STATUS.unpack_from(status, slot * HEADER_BYTES)
-        if kind != IN_SLOT:
-            return self._from_pipe(worker_id, number, indices), False
-        start = slot * HEADER_BYTES + STATUS.size
-        copy = not self.zero_copy
-        allocate = _pinned_empty_like if (copy and self.pin_memory and torch.cuda.is_available()) else None
-        segment = self._segments[worker_id]
-        batch = shm.unpack(status[start : start + length], segment.buf, slot * self._slot_bytes[worker_id],
-                           copy=copy, allocate=allocate)
-        return batch, True
 
     def _from_pipe(self, worker_id: int, number: int, indices: np.ndarray) -> Any:
         worker = self._workers[worker_id]
@@ -186,24 +263,27 @@ class ProcessLoader(BatchLoader):
             raise self._died(worker_id, number, indices) from None
         if message[0] == "error":
             raise self._failed(worker_id, number, indices, message[2], message[3])
-        _, _, needed, data = message
-        self._grow(worker_id, needed)
-        batch = pickle.loads(data)
-        del message, data
-        release_free_memory()  # the pickled bytes were as large as the batch
-        return self.pinned(batch)
+        return self.pinned(pickle.loads(message[2]))  # a batch without arrays: a few bytes
 
     def _grow(self, worker_id: int, needed: int) -> None:
         """Give a worker slots big enough for a batch it could not place (the first one, or a
-        larger one): a new segment (the old one stays until close: the worker may be using it)."""
-        if needed <= self._slot_bytes[worker_id]:
-            return
-        slot_bytes = -(-int(needed * _SLOT_HEADROOM + 4096) // 4096) * 4096
-        segment = shm.new_segment(slot_bytes * self.slots)
-        self._all_segments[segment.name] = segment
-        self._segments[worker_id] = segment
-        self._slot_bytes[worker_id] = slot_bytes
-        self._send(worker_id, ("segment", segment.name, slot_bytes))
+        larger one): a new segment (the old one stays until close: batches the loop holds, or in
+        flight, may lie in it). Sized to the first batch; with headroom when batches vary."""
+        if needed > self._slot_bytes[worker_id]:
+            headroom = _SLOT_HEADROOM if self._slot_bytes[worker_id] else 1.0
+            slot_bytes = -(-int(needed * headroom) // 4096) * 4096
+            segment = shm.new_segment(slot_bytes * self.slots)
+            self._all_segments[segment.name] = segment
+            self._segments[worker_id] = segment
+            self._slot_bytes[worker_id] = slot_bytes
+            # headers name the generation: batches in flight, or held by the loop, may lie in the old one
+            self._generations[worker_id][len(self._generations[worker_id]) + 1] = (segment, slot_bytes)
+        self._send_segment(worker_id)
+
+    def _send_segment(self, worker_id: int) -> None:
+        """Tell a worker which segment its slots are in now."""
+        generation = len(self._generations[worker_id])
+        self._send(worker_id, ("segment", self._segments[worker_id].name, self._slot_bytes[worker_id], generation))
 
     def _died(self, worker_id: int, number: int, indices: np.ndarray) -> WorkerError:
         worker = self._workers[worker_id]

@@ -15,6 +15,7 @@ strings) is pickled: a few hundred bytes, not the pixels.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import mmap
@@ -239,36 +240,71 @@ class _NoRoom(Exception):
     pass
 
 
-def unpack(header: bytes, buffer: Any, base: int, *, copy: bool,
-           allocate: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Any:
-    """The batch packed by :meth:`SlotWriter.pack` into the slot at ``base`` of ``buffer``:
-    arrays copied out (``copy``; tensors into ``allocate(like)`` when given, e.g. pinned
-    memory) or as views of the slot."""
+LEND_MIN_BYTES = 64 * 1024  # smaller arrays (labels, ids) are copied even when a batch is lent
+
+
+@functools.lru_cache(maxsize=16)
+def _slot_type(size: int) -> type:
+    return ctypes.c_char * size
+
+
+class Unpacked:
+    """A batch read back from its slot: ``batch``, and ``lease`` -- when the batch was lent, the
+    object its arrays keep alive (it goes when the last of them goes: watch it with a weakref),
+    else None."""
+
+    __slots__ = ("batch", "lease")
+
+    def __init__(self, batch: Any, lease: Any):
+        self.batch, self.lease = batch, lease
+
+
+def unpack(header: bytes, buffer: Any, base: int, size: int, *, mode: str,
+           allocate: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Unpacked:
+    """The batch packed by :meth:`SlotWriter.pack` into the slot of ``size`` bytes at ``base`` of
+    ``buffer``. ``mode`` is ``"copy"`` (arrays copied out; tensors into ``allocate(like)`` when
+    given, e.g. pinned memory), ``"view"`` (views of the slot) or ``"lend"`` (arrays of at least
+    ``LEND_MIN_BYTES`` are views that keep a lease on the slot, smaller ones are copied)."""
     structure = pickle.loads(header)
-    return _restore(structure, buffer, base, copy, allocate)
+    reader = _SlotReader(buffer, base, size, mode, allocate)
+    batch = reader.restore(structure)
+    return Unpacked(batch, reader.lease)
 
 
-def _restore(value: Any, buffer: Any, base: int, copy: bool, allocate: Any) -> Any:
-    if isinstance(value, _Leaf):
-        kind, dtype, offset, count, shape, inverse = value
-        dense = np.frombuffer(buffer, dtype=dtype, count=count, offset=base + offset).reshape(shape)
-        if copy:  # one single-threaded memcpy in storage order (torch's copy_ would start OpenMP threads)
-            if kind == "tensor" and allocate is not None:
-                target = allocate(torch.from_numpy(dense)).numpy()
-                np.copyto(target, dense)
-                dense = target
-            else:
-                dense = dense.copy()
+class _SlotReader:
+    def __init__(self, buffer: Any, base: int, size: int, mode: str, allocate: Any):
+        self.buffer, self.base, self.size, self.mode, self.allocate = buffer, base, size, mode, allocate
+        self.lease = None
+
+    def restore(self, value: Any) -> Any:
+        if isinstance(value, _Leaf):
+            return self._array(*value)
+        if isinstance(value, tuple):
+            return tuple(self.restore(item) for item in value)
+        if isinstance(value, list):
+            return [self.restore(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self.restore(item) for key, item in value.items()}
+        return value
+
+    def _array(self, kind: str, dtype: str, offset: int, count: int, shape: tuple, inverse: tuple | None) -> Any:
+        mode = self.mode
+        if mode == "lend" and count * np.dtype(dtype).itemsize >= LEND_MIN_BYTES:
+            if self.lease is None:  # one object for the whole slot: numpy views name it as their base
+                self.lease = _slot_type(self.size).from_buffer(self.buffer, self.base)
+            dense = np.frombuffer(self.lease, dtype=dtype, count=count, offset=offset).reshape(shape)
+        else:
+            dense = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.base + offset).reshape(shape)
+            if mode != "view":  # one single-threaded memcpy in storage order (torch's copy_ would start OpenMP threads)
+                if kind == "tensor" and self.allocate is not None:
+                    target = self.allocate(torch.from_numpy(dense)).numpy()
+                    np.copyto(target, dense)
+                    dense = target
+                else:
+                    dense = dense.copy()
         if inverse is not None:
             dense = dense.transpose(inverse)
         return torch.from_numpy(dense) if kind == "tensor" else dense
-    if isinstance(value, tuple):
-        return tuple(_restore(item, buffer, base, copy, allocate) for item in value)
-    if isinstance(value, list):
-        return [_restore(item, buffer, base, copy, allocate) for item in value]
-    if isinstance(value, dict):
-        return {key: _restore(item, buffer, base, copy, allocate) for key, item in value.items()}
-    return value
 
 
 def needed_bytes(batch: Any) -> int:

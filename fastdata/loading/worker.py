@@ -2,15 +2,26 @@
 
 At the start of each epoch the worker receives its share of the batches (batch ``b`` goes to
 worker ``b % num_workers``) over its task pipe. For each one it waits for a free slot (a
-semaphore the consumer releases), computes the batch straight into the slot where the dataset
-can, writes a few hundred bytes saying where the arrays lie into its control block, and
-releases the "ready" semaphore. No message per batch, no pickled pixels. What does not fit a
-slot (the first batch, before the consumer has sized the slots; a larger one; an error) goes
-through the result pipe instead, and the control block says so.
+semaphore the consumer releases, with the slot's number in the control block's free ring),
+computes the batch straight into the slot where the dataset can, writes a few hundred bytes
+saying where the arrays lie into the control block's next header, and releases the "ready"
+semaphore. No message per batch, no pickled pixels. A batch that does not fit (the first one,
+before any slot exists; a larger one later) is built on the worker's heap; its header asks
+for slots of the size it needs (``NEEDS_SLOTS``), the consumer sends a new segment, and the
+worker copies the batch in and releases "ready" again for the same header. Only what holds no
+arrays, and errors, go through the result pipe.
 
-Task pipe messages (pickled): ``("epoch", [indices, ...])``, ``("segment", name, slot_bytes)``;
-an empty message stops the worker. Result pipe messages: ``("pickled", number, needed, data)``
-(the batch itself and the slot size it needs) or ``("error", number, text, exception)``.
+Slots come back to the worker in the order the consumer frees them, not in the order it filled
+them: a batch lent to the training loop frees its slot when the loop drops it. So the free
+ring carries slot numbers, and each header names the slot (and the segment generation) its
+batch lies in.
+
+Control block: ``slots`` headers of ``HEADER_BYTES`` (header ``j`` describes the worker's
+``j``-th batch modulo ``slots``), then the free ring, ``slots`` uint32 slot numbers.
+
+Task pipe messages (pickled): ``("epoch", [indices, ...])``, ``("segment", name, slot_bytes, generation)``;
+an empty message stops the worker. Result pipe messages: ``("pickled", number, data)`` (a batch
+without arrays to place) or ``("error", number, text, exception)``.
 """
 
 from __future__ import annotations
@@ -29,8 +40,9 @@ from fastdata.loading import shm
 from fastdata.machine import become_worker, release_free_memory
 
 HEADER_BYTES = 8192  # per slot in the control block: status, then the packed batch's header
-STATUS = struct.Struct("<BQ")  # kind, header length
-IN_SLOT, IN_PIPE = 1, 2
+STATUS = struct.Struct("<BIIQ")  # kind, slot, segment generation, header length
+FREE = struct.Struct("<I")  # one entry of the free ring: a slot number
+IN_SLOT, IN_PIPE, NEEDS_SLOTS = 1, 2, 3  # NEEDS_SLOTS: the header's length field is the slot size needed
 _WAIT_S = 0.1
 
 
@@ -68,8 +80,10 @@ class _Worker:
         self.slots = slots
         self.segment = None
         self.slot_bytes = 0
-        self.produced = 0  # batches made in this worker's life: batch j uses slot j % slots
-
+        self.generation = 0
+        self.produced = 0  # batches made in this worker's life: batch j's header is j % slots
+        self.taken = 0  # slots taken from the free ring
+        self.slot = 0  # the slot the next batch goes into
     def run(self) -> None:
         while True:
             message = self._next_message(block=True)
@@ -91,50 +105,70 @@ class _Worker:
                 raise _Stop
             parsed = pickle.loads(message)
             if parsed[0] == "segment":
-                self._attach(parsed[1], parsed[2])
+                self._attach(*parsed[1:])
                 continue
             return parsed
 
-    def _attach(self, name: str, slot_bytes: int) -> None:
+    def _attach(self, name: str, slot_bytes: int, generation: int) -> None:
         if self.segment is not None:
             shm.release(self.segment, unlink=False)
-        self.segment, self.slot_bytes = shm.attach(name), slot_bytes
+        self.segment, self.slot_bytes, self.generation = shm.attach(name), slot_bytes, generation
 
     def _wait_for_slot(self) -> None:
         while not self.free.acquire(timeout=_WAIT_S):
             if os.getppid() == 1:
                 raise _Stop
             self._next_message(block=False)  # a new segment, or stop
+        ring = self.slots * HEADER_BYTES + (self.taken % self.slots) * FREE.size
+        (self.slot,) = FREE.unpack_from(self.control.buf, ring)
+        self.taken += 1
         self._next_message(block=False)
 
+    def _writer(self, slot: int) -> shm.SlotWriter | None:
+        if self.segment is None:
+            return None
+        return shm.SlotWriter(np.frombuffer(self.segment.buf, dtype=np.uint8, count=self.slot_bytes,
+                                            offset=slot * self.slot_bytes))
+
+    def _await_slots(self, status: memoryview, slot: int, needed: int) -> shm.SlotWriter:
+        """Ask the consumer for slots of ``needed`` bytes and wait until they come."""
+        STATUS.pack_into(status, 0, NEEDS_SLOTS, slot, self.generation, needed)
+        self.ready.release()
+        while self.slot_bytes < needed:
+            while not self.tasks.poll(_WAIT_S):
+                if os.getppid() == 1:
+                    raise _Stop
+            self._next_message(block=False)  # the segment (nothing else comes mid-epoch), or stop
+        return self._writer(slot)
+
     def _produce(self, number: int, indices: np.ndarray) -> None:
-        """Batch ``number`` into slot ``produced % slots``; "ready" is released once the consumer
-        can take it: after the slot is written, or before a pipe message (so the consumer reads
-        while a large one is being sent)."""
-        slot = self.produced % self.slots
+        """Batch ``number`` into the slot taken from the free ring, described in header
+        ``produced % slots``; "ready" is released once the consumer can take it: after the slot is
+        written, or before a pipe message (so the consumer reads while a large one is being sent)."""
+        slot, header_at = self.slot, self.produced % self.slots
         self.produced += 1
-        status = memoryview(self.control.buf)[slot * HEADER_BYTES : (slot + 1) * HEADER_BYTES]
+        status = memoryview(self.control.buf)[header_at * HEADER_BYTES : (header_at + 1) * HEADER_BYTES]
         message = batch = None
         try:
-            writer = None
-            if self.segment is not None:
-                buffer = np.frombuffer(self.segment.buf, dtype=np.uint8, count=self.slot_bytes,
-                                       offset=slot * self.slot_bytes)
-                writer = shm.SlotWriter(buffer)
+            writer = self._writer(slot)
             batch = self.fetch(indices, allocate=writer.allocate if writer is not None else None)
             header = writer.pack(batch) if writer is not None else None
+            needed = shm.needed_bytes(batch) if header is None else 0
+            if needed:  # built on the heap: copied into new slots, then the heap is given back
+                header = self._await_slots(status, slot, needed).pack(batch)
+                release_free_memory()
             if header is not None and STATUS.size + len(header) <= HEADER_BYTES:
-                STATUS.pack_into(status, 0, IN_SLOT, len(header))
+                STATUS.pack_into(status, 0, IN_SLOT, slot, self.generation, len(header))
                 status[STATUS.size : STATUS.size + len(header)] = header
             else:
                 data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-                message = pickle.dumps(("pickled", number, shm.needed_bytes(batch), data))
+                message = pickle.dumps(("pickled", number, data))
         except _Stop:
             raise
         except Exception as exc:
             message = error_message(number, exc, "batch")
         if message is not None:
-            STATUS.pack_into(status, 0, IN_PIPE, 0)
+            STATUS.pack_into(status, 0, IN_PIPE, slot, self.generation, 0)
         status.release()
         self.ready.release()
         if message is not None:
