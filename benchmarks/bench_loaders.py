@@ -22,6 +22,8 @@ import functools
 import io
 import json
 import multiprocessing
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,16 +62,25 @@ def datasets() -> dict[str, Path]:
     return paths
 
 
+def copying_loader(*args: Any, **kwargs: Any) -> Any:
+    """A process loader that copies every batch out of its slot: what a loop that keeps every
+    batch gets once the spare slots are lent (the default lends them)."""
+    loader = fastdata.loader(*args, **kwargs)
+    loader.lend_limit = 0
+    return loader
+
+
 def loader_cells(dataset: Any, batch: int, *, name: str = "", zero_copy: bool = True, **reader) -> list[Cell]:
     """nw=0, then every backend at 1..cores workers (persistent)."""
     cells = [Cell(f"{name}nw=0", 0, lambda: fastdata.loader(dataset, batch_size=batch, seed=0))]
+    variants = [("torch", "", {}), ("thread", "", {}), ("process", "", {})]
+    if zero_copy:  # the ways the process backend hands a raw batch over
+        variants += [("process", " copies", {}), ("process", " zero_copy=2", {"zero_copy": 2})]
     for workers in range(1, usable_cores() + 1):
-        for backend, extra in (("torch", {}), ("thread", {}), ("process", {}), ("process", {"zero_copy": 2})):
-            if extra and not zero_copy:
-                continue
-            label = f"{name}{backend}" + (" zero_copy=2" if extra else "")
-            cells.append(Cell(label, workers, functools.partial(
-                fastdata.loader, dataset, batch_size=batch, seed=0, num_workers=workers, backend=backend,
+        for backend, suffix, extra in variants:
+            make = copying_loader if suffix == " copies" else fastdata.loader
+            cells.append(Cell(f"{name}{backend}{suffix}", workers, functools.partial(
+                make, dataset, batch_size=batch, seed=0, num_workers=workers, backend=backend,
                 persistent_workers=True, **extra)))
     return cells
 
@@ -149,7 +160,8 @@ def raw(path: Path, batch: int, report: dict[str, Any], epochs: int = 3) -> list
     report["ratios_to_nw0"] = {f"{r['reader']} nw={r['num_workers']}": round(r["samples_per_s"] / nw0, 3)
                                for r in rows if r["num_workers"]}
     torch_best = best_rate([r for r in rows if r["num_workers"]], "torch")
-    report["process_copy_best_over_dataloader_best"] = round(best_rate(rows, "process") / torch_best, 2)
+    report["process_best_over_dataloader_best"] = round(best_rate(rows, "process") / torch_best, 2)
+    report["process_copies_best_over_dataloader_best"] = round(best_rate(rows, "process copies") / torch_best, 2)
     report["process_zero_copy_best_over_nw0"] = round(best_rate(rows, "process zero_copy=2") / nw0, 3)
     return rows
 
@@ -199,25 +211,36 @@ def pil_equals_plain(path: Path, ds: Any, size: int, count: int = 50) -> bool:
     return True
 
 
-def memory(path: Path, batch: int, report: dict[str, Any]) -> None:
-    """Peak PSS of the main process and its workers during one epoch, per backend, and the peak of
-    the machine's shared memory above its level before (batches in flight that PSS cannot see)."""
+def memory_cell(path: Path, batch: int, backend: str, workers: int) -> dict[str, float]:
+    """Peak PSS of this process and its workers over one epoch after a warm-up epoch, and the
+    peak of the machine's shared memory above its level before the loader existed (batches in
+    flight that PSS cannot see). Run in a fresh process per cell (see :func:`memory`)."""
     ds = fastdata.MemmapDataset(path)
-    found, shared = {}, {}
-    for backend in ("torch", "process"):
-        for workers in range(1, usable_cores() + 1):
-            release_free_memory()  # each measurement starts from a trimmed heap: nothing earlier counts
-            peak = MemoryPeak()  # its shared-memory baseline: before the loader made any
-            loader = fastdata.loader(ds, batch_size=batch, seed=0, num_workers=workers, backend=backend,
-                                     persistent_workers=True)
-            time_epoch(loader)
-            with peak:
-                time_epoch(loader, on_first=peak.start_sampling)
-            found[f"{backend} nw={workers}"] = round(peak.peak_pss / 2**20, 1)
-            shared[f"{backend} nw={workers}"] = round(peak.peak_shm / 2**20, 1)
-            getattr(loader, "close", lambda: None)()
-    report["pss_mb"] = found
-    report["shm_mb"] = shared
+    release_free_memory()
+    peak = MemoryPeak()  # its shared-memory baseline: before the loader made any
+    loader = fastdata.loader(ds, batch_size=batch, seed=0, num_workers=workers, backend=backend,
+                             persistent_workers=True)
+    time_epoch(loader)
+    with peak:
+        time_epoch(loader, on_first=peak.start_sampling)
+    getattr(loader, "close", lambda: None)()
+    return {"pss_mb": round(peak.peak_pss / 2**20, 1), "shm_mb": round(peak.peak_shm / 2**20, 1)}
+
+
+def memory(path: Path, batch: int, report: dict[str, Any], repeats: int = 3) -> None:
+    """Per backend and num_workers, the median over ``repeats`` of :func:`memory_cell`, each in a
+    fresh Python process (a process that measured one loader carries its heap into the next:
+    the order alone moved results by 2-3%), the order of the cells reversed every other round."""
+    cells = [(backend, workers) for backend in ("torch", "process") for workers in range(1, usable_cores() + 1)]
+    found: dict[str, list[dict[str, float]]] = {}
+    for round_ in range(repeats):
+        for backend, workers in cells if round_ % 2 == 0 else cells[::-1]:
+            done = subprocess.run([sys.executable, __file__, "--memory-cell", f"{path},{batch},{backend},{workers}"],
+                                  capture_output=True, text=True, check=True)
+            found.setdefault(f"{backend} nw={workers}", []).append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for key in ("pss_mb", "shm_mb"):
+        report[key] = {cell: statistics.median(run[key] for run in runs) for cell, runs in found.items()}
+    report["pss_mb_runs"] = {cell: [run["pss_mb"] for run in runs] for cell, runs in found.items()}
 
 
 # --- the libraries looked at first ---------------------------------------------------------------
@@ -306,7 +329,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "out" / "bench_loaders.json")
     parser.add_argument("--raw32-epochs", type=int, default=20,
                         help="measured epochs of raw32 (an epoch takes ~10 ms there: few epochs are noise)")
+    parser.add_argument("--memory-cell", help=argparse.SUPPRESS)  # PATH,BATCH,BACKEND,WORKERS: one memory cell
     args = parser.parse_args()
+    if args.memory_cell:
+        path, batch, backend, workers = args.memory_cell.split(",")
+        print(json.dumps(memory_cell(Path(path), int(batch), backend, int(workers))))
+        return
     parts = args.only.split(",")
     paths = datasets()
     results: dict[str, Any] = {"machine": machine_info(), "command": " ".join(sys.argv), "workloads": {}}

@@ -194,12 +194,30 @@ def test_a_plain_loop_is_lent_every_batch_and_gives_the_slots_back(monkeypatch, 
     for epoch in range(2):
         for number, (images, labels) in enumerate(loader):
             assert torch.equal(images, want[epoch][number][0]) and torch.equal(labels, want[epoch][number][1])
-    assert loader.slots == 2 + (num_workers == 1)  # prefetch_factor, and one more for a lone worker
+    assert loader.slots == 2 + 1  # prefetch_factor in flight, and the batch the loop holds
     assert seen == ["lend"] * 24  # the first batch too: the worker asks for slots of its size and copies it in
     del images, labels
     loader._take_back()
     assert loader._lent == [set()] * num_workers  # every slot came back when the loop dropped its batch
     loader.close()
+
+
+def test_large_batches_leave_the_spare_slot_unused_with_several_workers(monkeypatch) -> None:
+    from fastdata.loading import processes
+
+    monkeypatch.setattr(processes, "_SPARE_SLOT_BYTES", 64 * 1024)  # RAW's 96 KiB batches count as large
+    serial = fastdata.loader(RAW, batch_size=8, seed=3)
+    want = batches(serial)
+    seen = modes(monkeypatch)
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=2, persistent_workers=True)
+    got = batches(loader)
+    assert [loader._active_slots(w) for w in (0, 1)] == [2, 2]  # prefetch_factor: no slot for a held batch
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, want)) and seen == ["lend"] * 12
+    loader.close()
+    lone = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
+    batches(lone)
+    assert lone._active_slots(0) == 3  # a lone worker's next batch is drawn while its last one is held
+    lone.close()
 
 
 def test_a_loop_that_keeps_every_batch_gets_copies_beyond_the_spare_slots(monkeypatch) -> None:
@@ -208,8 +226,8 @@ def test_a_loop_that_keeps_every_batch_gets_copies_beyond_the_spare_slots(monkey
     loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=2, prefetch_factor=3)
     kept = list(loader)  # lent batches stay valid while held: no worker ever reuses their slots
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kept, want)) and len(kept) == 12
-    assert seen == ["lend"] * 4 + ["copy"] * 8  # 2 lent per worker (3 slots each, one always cycles)
-    epoch_two = list(loader)  # new workers start without the 4 slots the loop still holds
+    assert seen == ["lend"] * 6 + ["copy"] * 6  # 3 lent per worker (4 slots each, one always cycles)
+    epoch_two = list(loader)  # new workers start without the 6 slots the loop still holds
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))
     assert len(epoch_two) == 12 and seen[12:] == ["copy"] * 12
     kept.clear()
