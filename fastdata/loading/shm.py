@@ -10,7 +10,9 @@ A batch is packed by walking its structure (tuples, lists, dicts): every tensor 
 is placed in the slot (where it already lives when the dataset wrote it there through the
 slot's allocator; copied otherwise, in its own memory order), and replaced by a small
 :class:`_Leaf` that records where. What remains (the structure, labels that are not arrays,
-strings) is pickled: a few hundred bytes, not the pixels.
+strings) is pickled: a few hundred bytes, not the pixels. Read back (:func:`unpack`), its arrays
+are copied out, views of the slot, or lent: views through one ``ctypes`` object over the slot,
+which numpy names as every view's base, so a weakref on it says when the last of them is gone.
 """
 
 from __future__ import annotations

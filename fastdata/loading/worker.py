@@ -81,6 +81,7 @@ class _Worker:
         self.segment = None
         self.slot_bytes = 0
         self.generation = 0
+        self.attached = 0  # segment messages received: each NEEDS_SLOTS is answered by exactly one
         self.produced = 0  # batches made in this worker's life: batch j's header is j % slots
         self.taken = 0  # slots taken from the free ring
         self.slot = 0  # the slot the next batch goes into
@@ -113,6 +114,7 @@ class _Worker:
         if self.segment is not None:
             shm.release(self.segment, unlink=False)
         self.segment, self.slot_bytes, self.generation = shm.attach(name), slot_bytes, generation
+        self.attached += 1
 
     def _wait_for_slot(self) -> None:
         while not self.free.acquire(timeout=_WAIT_S):
@@ -131,10 +133,13 @@ class _Worker:
                                             offset=slot * self.slot_bytes))
 
     def _await_slots(self, status: memoryview, slot: int, needed: int) -> shm.SlotWriter:
-        """Ask the consumer for slots of ``needed`` bytes and wait until they come."""
+        """Ask the consumer for slots of ``needed`` bytes and wait for its answer (a segment
+        message; "ready" is released again only after it, so the consumer never sees this
+        header change under it)."""
         STATUS.pack_into(status, 0, NEEDS_SLOTS, slot, self.generation, needed)
         self.ready.release()
-        while self.slot_bytes < needed:
+        answered = self.attached + 1
+        while self.attached < answered:
             while not self.tasks.poll(_WAIT_S):
                 if os.getppid() == 1:
                     raise _Stop
@@ -149,14 +154,14 @@ class _Worker:
         self.produced += 1
         status = memoryview(self.control.buf)[header_at * HEADER_BYTES : (header_at + 1) * HEADER_BYTES]
         message = batch = None
+        needed = 0
         try:
             writer = self._writer(slot)
             batch = self.fetch(indices, allocate=writer.allocate if writer is not None else None)
             header = writer.pack(batch) if writer is not None else None
             needed = shm.needed_bytes(batch) if header is None else 0
-            if needed:  # built on the heap: copied into new slots, then the heap is given back
+            if needed:  # built on the heap: copied into new slots (the heap is given back below)
                 header = self._await_slots(status, slot, needed).pack(batch)
-                release_free_memory()
             if header is not None and STATUS.size + len(header) <= HEADER_BYTES:
                 STATUS.pack_into(status, 0, IN_SLOT, slot, self.generation, len(header))
                 status[STATUS.size : STATUS.size + len(header)] = header
@@ -176,8 +181,9 @@ class _Worker:
                 self.results.send_bytes(message)
             except (OSError, EOFError):  # the consumer is gone
                 raise _Stop from None
+        if needed or message is not None:
             del message, batch
-            release_free_memory()  # a pickled batch was built on the heap: do not hold it for life
+            release_free_memory()  # the batch was built on the heap: do not hold it for life
 
 
 def worker_main(worker_id: int, num_workers: int, fetch: Any, tasks: Any, results: Any, free: Any, ready: Any,
