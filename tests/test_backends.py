@@ -353,8 +353,12 @@ def test_options_are_checked() -> None:
 
 
 SCRIPT = textwrap.dedent("""
-    import os, sys, time, torch, fastdata
+    import os, signal, sys, time, torch, fastdata
     from torch.utils.data import Dataset
+
+    # Ctrl-C as in a terminal: a test run started in the background by a shell without job
+    # control (`cmd &`) hands its children SIGINT ignored, and Python then keeps it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     class Slow(Dataset):
         def __len__(self): return 10_000
