@@ -211,20 +211,28 @@ def pil_equals_plain(path: Path, ds: Any, size: int, count: int = 50) -> bool:
     return True
 
 
-def memory_cell(path: Path, batch: int, backend: str, workers: int) -> dict[str, float]:
-    """Peak PSS of this process and its workers over one epoch after a warm-up epoch, and the
-    peak of the machine's shared memory above its level before the loader existed (batches in
-    flight that PSS cannot see). Run in a fresh process per cell (see :func:`memory`)."""
+def memory_cell(path: Path, batch: int, backend: str, workers: int, seconds: float = 3.0) -> dict[str, float]:
+    """Peak PSS of this process and its workers over ``seconds`` of epochs after a warm-up
+    epoch, and the peak of the machine's shared memory above its level before the loader existed
+    (batches in flight that PSS cannot see). Memory is sampled every 0.1 s and one sample takes
+    ~30 ms, so a single epoch (15-200 ms here) would give one or two samples: a DataLoader's
+    batches come and go between them, a fixed ring of slots does not. Run in a fresh process per
+    cell (see :func:`memory`)."""
     ds = fastdata.MemmapDataset(path)
     release_free_memory()
     peak = MemoryPeak()  # its shared-memory baseline: before the loader made any
     loader = fastdata.loader(ds, batch_size=batch, seed=0, num_workers=workers, backend=backend,
                              persistent_workers=True)
     time_epoch(loader)
+    epochs = 0
     with peak:
-        time_epoch(loader, on_first=peak.start_sampling)
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            time_epoch(loader, on_first=peak.start_sampling)
+            epochs += 1
     getattr(loader, "close", lambda: None)()
-    return {"pss_mb": round(peak.peak_pss / 2**20, 1), "shm_mb": round(peak.peak_shm / 2**20, 1)}
+    return {"pss_mb": round(peak.peak_pss / 2**20, 1), "shm_mb": round(peak.peak_shm / 2**20, 1), "epochs": epochs,
+            "samples": peak.samples}
 
 
 def memory(path: Path, batch: int, report: dict[str, Any], repeats: int = 3) -> None:
@@ -241,6 +249,7 @@ def memory(path: Path, batch: int, report: dict[str, Any], repeats: int = 3) -> 
     for key in ("pss_mb", "shm_mb"):
         report[key] = {cell: statistics.median(run[key] for run in runs) for cell, runs in found.items()}
     report["pss_mb_runs"] = {cell: [run["pss_mb"] for run in runs] for cell, runs in found.items()}
+    report["samples_per_cell"] = {cell: [run["samples"] for run in runs] for cell, runs in found.items()}
 
 
 # --- the libraries looked at first ---------------------------------------------------------------

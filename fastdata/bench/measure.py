@@ -87,6 +87,7 @@ class MemoryPeak:
     def __init__(self) -> None:
         self.process = psutil.Process()
         self.peak_uss = self.peak_pss = self.peak_shm = 0
+        self.samples = 0
         self._shm_base = shared_memory_bytes()
         self._stop = threading.Event()
         self._go = threading.Event()
@@ -106,6 +107,7 @@ class MemoryPeak:
             pss += getattr(info, "pss", info.uss)
         self.peak_uss, self.peak_pss = max(self.peak_uss, uss), max(self.peak_pss, pss)
         self.peak_shm = max(self.peak_shm, shared_memory_bytes() - self._shm_base)
+        self.samples += 1
 
     def _run(self) -> None:
         self._go.wait()
