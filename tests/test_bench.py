@@ -462,3 +462,18 @@ def test_memory_peak_counts_shared_memory_that_no_process_has_mapped() -> None:
             block.unlink()
     assert peak.peak_shm >= 0.95 * size  # machine-wide: other programs' shared memory comes and goes
     assert peak.peak_pss - pss_before < size / 2
+
+
+def test_memory_is_sampled_over_a_second_of_short_epochs() -> None:
+    """One 5 ms epoch would be sampled once: a loader's short-lived batches would go unseen."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    import fastdata
+    from fastdata.bench.config import Case
+    from fastdata.bench.measure import MEMORY_INTERVAL_S, MEMORY_MIN_S, sample_memory
+
+    loader = fastdata.loader(TensorDataset(torch.zeros(64, 3)), batch_size=16)
+    case = Case(format="probe", store="raw", path="fast", num_workers=0, dataset_path="")
+    sampler = sample_memory(loader, BenchConfig(), case)
+    assert sampler.samples >= MEMORY_MIN_S / (MEMORY_INTERVAL_S * 2) and sampler.peak_pss > 0

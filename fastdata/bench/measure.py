@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
 from typing import Any, Callable
 
 import psutil
@@ -23,6 +24,7 @@ from fastdata.errors import DependencyMissingError, InvalidOptionError
 # Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
 # from when the first batch arrives (workers are up), then every 0.1 s.
 MEMORY_INTERVAL_S = 0.1
+MEMORY_MIN_S = 1.0  # memory is sampled over untimed epochs lasting at least this long: ~10 samples
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -203,42 +205,39 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
     return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, **kwargs)
 
 
-class _NoMemory:
-    peak_uss = peak_pss = peak_shm = 0
-
-    def __enter__(self) -> "_NoMemory":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        pass
-
-    def start_sampling(self) -> None:
-        pass
-
-
-def run_epoch(loader: DataLoader, config: BenchConfig, case: Case, *, memory: bool = False) -> dict[str, Any]:
-    """One full pass. Memory is sampled only when ``memory`` (its cost would distort timings)."""
+def run_epoch(loader: DataLoader, config: BenchConfig, case: Case) -> dict[str, Any]:
+    """One full, timed pass (memory is sampled apart: its cost would distort timings)."""
     if config.cache == "cold":
         evict_from_page_cache(case.files)
     clock = CpuClock()
-    with MemoryPeak() if memory else _NoMemory() as sampler:
-        cpu_start = clock.read()
-        timing = time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling,
-                            step=config.step_function())
-        cpu_s = clock.read() - cpu_start
+    cpu_start = clock.read()
+    timing = time_epoch(loader, step_s=config.step_ms / 1000, step=config.step_function())
+    cpu_s = clock.read() - cpu_start
     elapsed = timing.seconds
     return {
         "samples_per_s": timing.samples_per_s,
         "first_batch_s": timing.first_batch_s,
         "wait_fraction": min(1.0, timing.waited_s / elapsed) if elapsed > 0 else 0.0,  # sums of intervals may round up
         "cpu_s": cpu_s,
-        "uss_mb": sampler.peak_uss / 2**20,
-        "pss_mb": sampler.peak_pss / 2**20,
-        "shm_mb": sampler.peak_shm / 2**20,
         "samples": timing.samples,
         "batches": timing.batches,
         "epoch_s": elapsed,
     }
+
+
+def sample_memory(loader: DataLoader, config: BenchConfig, case: Case) -> MemoryPeak:
+    """Peak memory over untimed epochs lasting at least ``MEMORY_MIN_S`` in all: with samples
+    every ``MEMORY_INTERVAL_S``, a single short epoch would be seen once or twice, which always
+    catches memory a loader keeps and rarely the batches that come and go."""
+    with MemoryPeak() as sampler:
+        started = time.perf_counter()
+        while True:
+            if config.cache == "cold":
+                evict_from_page_cache(case.files)
+            time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling,
+                       step=config.step_function())
+            if time.perf_counter() - started >= MEMORY_MIN_S:
+                return sampler
 
 
 def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None) -> list[dict[str, Any]]:
@@ -255,11 +254,12 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
     for epoch in range(config.warmup + config.epochs):
         row = run_epoch(loader, config, case)
         rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row})
-    # peak memory comes from one more, untimed epoch: sampling smaps costs ~10 ms per process
-    sampled = run_epoch(loader, config, case, memory=True)
+    # peak memory comes from more, untimed epochs: sampling smaps costs ~10 ms per process
+    sampled = sample_memory(loader, config, case)
     getattr(loader, "close", lambda: None)()
     for row in rows:
-        row.update(uss_mb=sampled["uss_mb"], pss_mb=sampled["pss_mb"], shm_mb=sampled["shm_mb"])
+        row.update(uss_mb=sampled.peak_uss / 2**20, pss_mb=sampled.peak_pss / 2**20,
+                   shm_mb=sampled.peak_shm / 2**20)
     return rows
 
 
