@@ -121,11 +121,11 @@ class ProcessLoader(BatchLoader):
     def _active_slots(self, worker_id: int) -> int:
         """The slots a worker uses. With 2+ workers the slot for the batch the loop holds is used
         only for batches up to ``_SPARE_SLOT_BYTES``: a small batch is quick to make, so a worker
-        whose last batch is still held must not lose one batch of its lead (on raw 32x32 batches
-        at 2 workers, without it: 0.73-0.89x num_workers=0, with it: 0.81-0.98x, four interleaved runs); a large one
-        costs memory (one more batch per worker) and takes long enough to make that the lead
-        matters less. A lone worker always has it: its next batch is drawn while the loop holds
-        its last one. Slots not used are never written, so they cost no memory."""
+        whose last batch is still held must not lose one batch of its lead (raw 32x32 batches at
+        2 workers, four runs with both interleaved: 0.73-0.89x num_workers=0 without it,
+        0.81-0.98x with it); a large one costs memory (one more batch per worker) and takes long
+        enough to make that the lead matters less. A lone worker always has it: its next batch is
+        drawn while the loop holds its last one. Slots not used are never written: no memory."""
         if self.zero_copy or self.num_workers == 1 or 0 < self._slot_bytes[worker_id] <= _SPARE_SLOT_BYTES:
             return self.slots
         return self.slots - 1
