@@ -111,12 +111,17 @@ class ProcessLoader(BatchLoader):
 
     def _forget_slots(self) -> None:
         """No data segment yet (the first batch of each worker sizes them) and nothing handed out."""
-        self._segments: list[Any] = [None] * self.num_workers  # each worker's current data segment
-        self._slot_bytes = [0] * self.num_workers
-        self._generations: list[dict[int, tuple[Any, int]]] = [{} for _ in range(self.num_workers)]
+        # per worker, its data segments (segment, slot bytes) in the order made: generation g is
+        # entry g - 1, and the last one is current (the old ones stay: batches may still lie in them)
+        self._generations: list[list[tuple[Any, int]]] = [[] for _ in range(self.num_workers)]
         self._lent: list[set[int]] = [set() for _ in range(self.num_workers)]  # slots the loop holds
         self._held: list[tuple[int, int]] = []  # zero_copy: (worker, slot) of the views handed out, oldest first
         self._leases = _Leases()  # a new one: leases of an earlier life return to the old one
+
+    def _slot_bytes(self, worker_id: int) -> int:
+        """The size of a worker's current slots (0: none yet)."""
+        generations = self._generations[worker_id]
+        return generations[-1][1] if generations else 0
 
     def _active_slots(self, worker_id: int) -> int:
         """The slots a worker uses. With 2+ workers the slot for the batch the loop holds is used
@@ -126,7 +131,7 @@ class ProcessLoader(BatchLoader):
         0.81-0.98x with it); a large one costs memory (one more batch per worker) and takes long
         enough to make that the lead matters less. A lone worker always has it: its next batch is
         drawn while the loop holds its last one. Slots not used are never written: no memory."""
-        if self.zero_copy or self.num_workers == 1 or 0 < self._slot_bytes[worker_id] <= _SPARE_SLOT_BYTES:
+        if self.zero_copy or self.num_workers == 1 or 0 < self._slot_bytes(worker_id) <= _SPARE_SLOT_BYTES:
             return self.slots
         return self.slots - 1
 
@@ -168,7 +173,7 @@ class ProcessLoader(BatchLoader):
                 result_write.close()
                 worker = _Worker(process, task_write, result_read, free, ready, control, given=len(free_slots))
                 self._workers.append(worker)
-                if self._segments[worker_id] is not None:  # slots sized in an earlier epoch
+                if self._generations[worker_id]:  # slots sized in an earlier epoch
                     self._send_segment(worker_id)
 
     def shutdown(self) -> None:
@@ -240,7 +245,7 @@ class ProcessLoader(BatchLoader):
         if kind != IN_SLOT:
             self._give(worker_id, slot)
             return self._from_pipe(worker_id, number, indices)
-        segment, slot_bytes = self._generations[worker_id][generation]
+        segment, slot_bytes = self._generations[worker_id][generation - 1]
         allocate = None
         if self.zero_copy:
             mode = "view"
@@ -288,23 +293,22 @@ class ProcessLoader(BatchLoader):
         larger one): a new segment (the old one stays until close: batches the loop holds, or in
         flight, may lie in it). Sized to the first batch; with headroom when batches vary."""
         active = self._active_slots(worker_id)
-        if needed > self._slot_bytes[worker_id]:
-            headroom = _SLOT_HEADROOM if self._slot_bytes[worker_id] else 1.0
-            slot_bytes = -(-int(needed * headroom) // 4096) * 4096
+        current = self._slot_bytes(worker_id)
+        if needed > current:
+            slot_bytes = -(-int(needed * (_SLOT_HEADROOM if current else 1.0)) // 4096) * 4096
             segment = shm.new_segment(slot_bytes * self.slots)
             self._all_segments[segment.name] = segment
-            self._segments[worker_id] = segment
-            self._slot_bytes[worker_id] = slot_bytes
             # headers name the generation: batches in flight, or held by the loop, may lie in the old one
-            self._generations[worker_id][len(self._generations[worker_id]) + 1] = (segment, slot_bytes)
+            self._generations[worker_id].append((segment, slot_bytes))
         self._send_segment(worker_id)
         for slot in range(active, self._active_slots(worker_id)):  # sized small enough for the spare slot
             self._give(worker_id, slot)
 
     def _send_segment(self, worker_id: int) -> None:
         """Tell a worker which segment its slots are in now."""
-        generation = len(self._generations[worker_id])
-        self._send(worker_id, ("segment", self._segments[worker_id].name, self._slot_bytes[worker_id], generation))
+        generations = self._generations[worker_id]
+        segment, slot_bytes = generations[-1]
+        self._send(worker_id, ("segment", segment.name, slot_bytes, len(generations)))
 
     def _died(self, worker_id: int, number: int, indices: np.ndarray) -> WorkerError:
         worker = self._workers[worker_id]
