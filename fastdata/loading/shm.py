@@ -199,7 +199,7 @@ class SlotWriter:
         """The pickled structure of ``batch`` with every array placed in the slot; None when the
         arrays do not fit (the caller sends the batch another way)."""
         try:
-            structure = self._place(batch)
+            structure = rebuilt(batch, self._place)
         except _NoRoom:
             return None
         return pickle.dumps(structure, protocol=pickle.HIGHEST_PROTOCOL)
@@ -209,12 +209,6 @@ class SlotWriter:
             return self._place_array(value.detach().numpy() if value.dtype != torch.bfloat16 else None, value)
         if isinstance(value, np.ndarray) and value.dtype != object:
             return self._place_array(value, None)
-        if isinstance(value, tuple):
-            return tuple(self._place(item) for item in value)
-        if isinstance(value, list):
-            return [self._place(item) for item in value]
-        if isinstance(value, dict):
-            return {key: self._place(item) for key, item in value.items()}
         return value
 
     def _place_array(self, array: np.ndarray | None, tensor: torch.Tensor | None) -> Any:
@@ -240,6 +234,19 @@ class SlotWriter:
 
 class _NoRoom(Exception):
     pass
+
+
+def rebuilt(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with ``leaf`` applied to all that is not a tuple, list or dict (a packed
+    :class:`_Leaf` counts as a leaf), the containers rebuilt around the results: the one walk over
+    a batch's structure, packing and unpacking it."""
+    if isinstance(value, tuple) and not isinstance(value, _Leaf):
+        return tuple(rebuilt(item, leaf) for item in value)
+    if isinstance(value, list):
+        return [rebuilt(item, leaf) for item in value]
+    if isinstance(value, dict):
+        return {key: rebuilt(item, leaf) for key, item in value.items()}
+    return leaf(value)
 
 
 LEND_MIN_BYTES = 64 * 1024  # smaller arrays (labels, ids) are copied even when a batch is lent
@@ -269,7 +276,7 @@ def unpack(header: bytes, buffer: Any, base: int, size: int, *, mode: str,
     ``LEND_MIN_BYTES`` are views that keep a lease on the slot, smaller ones are copied)."""
     structure = pickle.loads(header)
     reader = _SlotReader(buffer, base, size, mode, allocate)
-    batch = reader.restore(structure)
+    batch = rebuilt(structure, reader.restore)
     return Unpacked(batch, reader.lease)
 
 
@@ -279,15 +286,7 @@ class _SlotReader:
         self.lease = None
 
     def restore(self, value: Any) -> Any:
-        if isinstance(value, _Leaf):
-            return self._array(*value)
-        if isinstance(value, tuple):
-            return tuple(self.restore(item) for item in value)
-        if isinstance(value, list):
-            return [self.restore(item) for item in value]
-        if isinstance(value, dict):
-            return {key: self.restore(item) for key, item in value.items()}
-        return value
+        return self._array(*value) if isinstance(value, _Leaf) else value
 
     def _array(self, kind: str, dtype: str, offset: int, count: int, shape: tuple, inverse: tuple | None) -> Any:
         mode = self.mode
