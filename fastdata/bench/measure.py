@@ -205,13 +205,15 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
     return DataLoader(dataset, batch_size=config.batch_size, shuffle=True, **kwargs)
 
 
-def run_epoch(loader: DataLoader, config: BenchConfig, case: Case) -> dict[str, Any]:
-    """One full, timed pass (memory is sampled apart: its cost would distort timings)."""
+def run_epoch(loader: DataLoader, config: BenchConfig, case: Case,
+              on_first: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One full, timed pass (memory is sampled apart: its cost would distort timings);
+    ``on_first`` is called when the first batch arrives."""
     if config.cache == "cold":
         evict_from_page_cache(case.files)
     clock = CpuClock()
     cpu_start = clock.read()
-    timing = time_epoch(loader, step_s=config.step_ms / 1000, step=config.step_function())
+    timing = time_epoch(loader, step_s=config.step_ms / 1000, on_first=on_first, step=config.step_function())
     cpu_s = clock.read() - cpu_start
     elapsed = timing.seconds
     return {
@@ -232,10 +234,7 @@ def sample_memory(loader: DataLoader, config: BenchConfig, case: Case) -> Memory
     with MemoryPeak() as sampler:
         started = time.perf_counter()
         while True:
-            if config.cache == "cold":
-                evict_from_page_cache(case.files)
-            time_epoch(loader, step_s=config.step_ms / 1000, on_first=sampler.start_sampling,
-                       step=config.step_function())
+            run_epoch(loader, config, case, on_first=sampler.start_sampling)
             if time.perf_counter() - started >= MEMORY_MIN_S:
                 return sampler
 
