@@ -19,8 +19,6 @@ outlives it (a killed main process's segments are removed by the next loader tha
 
 from __future__ import annotations
 
-import collections
-import functools
 import math
 import multiprocessing
 import os
@@ -63,28 +61,6 @@ class _Worker:
     given: int = 0  # slot numbers written into its free ring in its life
 
 
-class _Leases:
-    """Slots lent to the training loop, watched through weakrefs to their leases. A callback runs
-    in whichever thread drops a batch's last tensor; it only appends to ``returned``, which the
-    consumer drains."""
-
-    def __init__(self) -> None:
-        self.watched: dict[tuple[int, int], Any] = {}
-        self.returned: collections.deque = collections.deque()
-
-    def watch(self, key: tuple[int, int], lease: Any) -> None:
-        self.watched[key] = weakref.ref(lease, functools.partial(self._dropped, key))
-
-    def _dropped(self, key: tuple[int, int], _ref: Any) -> None:
-        self.returned.append(key)
-
-    def drain(self) -> Iterator[tuple[int, int]]:
-        while self.returned:
-            key = self.returned.popleft()
-            self.watched.pop(key, None)
-            yield key
-
-
 class ProcessLoader(BatchLoader):
     """Batches computed by worker processes into shared-memory slots (module docstring)."""
 
@@ -116,7 +92,7 @@ class ProcessLoader(BatchLoader):
         self._generations: list[list[tuple[Any, int]]] = [[] for _ in range(self.num_workers)]
         self._lent: list[set[int]] = [set() for _ in range(self.num_workers)]  # slots the loop holds
         self._held: list[tuple[int, int]] = []  # zero_copy: (worker, slot) of the views handed out, oldest first
-        self._leases = _Leases()  # a new one: leases of an earlier life return to the old one
+        self._leases = shm.Leases()  # a new one: leases of an earlier life return to the old one
 
     def _slot_bytes(self, worker_id: int) -> int:
         """The size of a worker's current slots (0: none yet)."""

@@ -17,6 +17,7 @@ which numpy names as every view's base, so a weakref on it says when the last of
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import math
@@ -24,8 +25,9 @@ import mmap
 import os
 import pickle
 import secrets
+import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -266,6 +268,28 @@ class Unpacked:
 
     def __init__(self, batch: Any, lease: Any):
         self.batch, self.lease = batch, lease
+
+
+class Leases:
+    """Slots lent to the training loop (keys such as ``(worker, slot)``), watched through weakrefs
+    to their leases (:attr:`Unpacked.lease`). A callback runs in whichever thread drops a batch's
+    last tensor; it only appends to ``returned``, which the consumer drains."""
+
+    def __init__(self) -> None:
+        self.watched: dict[tuple[int, int], Any] = {}
+        self.returned: collections.deque = collections.deque()
+
+    def watch(self, key: tuple[int, int], lease: Any) -> None:
+        self.watched[key] = weakref.ref(lease, functools.partial(self._dropped, key))
+
+    def _dropped(self, key: tuple[int, int], _ref: Any) -> None:
+        self.returned.append(key)
+
+    def drain(self) -> Iterator[tuple[int, int]]:
+        while self.returned:
+            key = self.returned.popleft()
+            self.watched.pop(key, None)
+            yield key
 
 
 def unpack(header: bytes, buffer: Any, base: int, size: int, *, mode: str,
