@@ -220,6 +220,36 @@ def test_large_batches_leave_the_spare_slot_unused_with_several_workers(monkeypa
     lone.close()
 
 
+class Sizes(Dataset):
+    """Index-array dataset: 128x128 images (64 KiB a batch of 4: lent), 256x256 for samples 40-43
+    (256 KiB: past a spare-slot size of 200 KiB)."""
+
+    supports_index_arrays = True
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, indices):
+        side = 256 if 40 <= indices[0] < 44 else 128
+        images = torch.stack([torch.full((side, side), int(i), dtype=torch.uint8) for i in indices])
+        return images, torch.as_tensor(indices)
+
+
+def test_new_workers_get_a_slot_when_the_loop_holds_batches_lent_before_the_slots_grew(monkeypatch) -> None:
+    from fastdata.loading import processes
+
+    monkeypatch.setattr(processes, "_SPARE_SLOT_BYTES", 200 * 1024)
+    want = batches(fastdata.loader(Sizes(), batch_size=4, shuffle=False))
+    loader = fastdata.loader(Sizes(), batch_size=4, shuffle=False, backend="process", num_workers=2, timeout=20)
+    kept = list(loader)  # worker 0 lends 2 of its 3 slots; batch 10 then grows them past the spare size: 2 slots
+    assert loader._lent[0] and len(loader._lent[0]) == loader._active_slots(0)
+    again = batches(loader)  # new workers: worker 0 still needs a slot to work in
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want)) and len(kept) == 12
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(again, want)) and len(again) == 12
+    del kept
+    loader.close()
+
+
 def test_a_loop_that_keeps_every_batch_gets_copies_beyond_the_spare_slots(monkeypatch) -> None:
     want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
     seen = modes(monkeypatch)

@@ -111,6 +111,14 @@ class ProcessLoader(BatchLoader):
             return self.slots
         return self.slots - 1
 
+    def _free_slots(self, worker_id: int) -> list[int]:
+        """The slots a new worker starts with: those it uses that the loop does not hold; at least
+        one (the loop may hold batches lent while the worker used one slot more, before its
+        batches grew past ``_SPARE_SLOT_BYTES``; fewer than ``slots`` are ever lent at once)."""
+        lent = self._lent[worker_id]
+        free = [slot for slot in range(self._active_slots(worker_id)) if slot not in lent]
+        return free or [min(set(range(self.slots)) - lent)]
+
     def _may_lend(self, worker_id: int) -> bool:
         """Whether the next batch of a worker may be lent: one of its slots must keep cycling."""
         limit = min(self.lend_limit, self._active_slots(worker_id) - 1)
@@ -128,8 +136,7 @@ class ProcessLoader(BatchLoader):
             for worker_id in range(self.num_workers):
                 task_read, task_write = self.context.Pipe(duplex=False)
                 result_read, result_write = self.context.Pipe(duplex=False)
-                lent = self._lent[worker_id]
-                free_slots = [slot for slot in range(self._active_slots(worker_id)) if slot not in lent]
+                free_slots = self._free_slots(worker_id)
                 free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
                 control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
