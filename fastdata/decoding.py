@@ -5,10 +5,12 @@ same ``--resize``/``--center-crop`` semantics as conversion, i.e. torchvision's 
 * ``decoder="pil"`` (default): Pillow decodes, converts the mode and resizes (bilinear, with
   its antialiasing), exactly what torchvision does with PIL images: pixel-equal to a plain
   ``Image.open(...).convert(...)`` and ``resize(...)``.
-* ``decoder="fast"`` (opt-in, ``pip install "fastdata[jpeg]"``): JPEGs are decoded by
+* ``decoder="fast"`` (opt-in, ``pip install "torch-fastdata[jpeg]"``): JPEGs are decoded by
   libjpeg-turbo through ``simplejpeg`` with its fast integer IDCT and upsampling, scaled in the
   DCT domain (1/2, 1/4, 1/8) when the requested size allows, then resized with torch's
-  vectorised uint8 bilinear antialiasing. Pixels differ slightly from Pillow's (measured in
+  vectorised uint8 bilinear antialiasing (``torch.nn.functional.interpolate``, the kernel
+  torchvision's ``resize`` calls for uint8 tensors: the same pixels, without needing
+  torchvision). Pixels differ slightly from Pillow's (measured in
   docs/reading.md); other image types take the Pillow path.
 
 With a fixed output size and an ``allocate`` (the process backend's shared-memory slot, or
@@ -24,6 +26,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
+from fastdata.extras import require
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, to_mode
 
 DECODERS = ("pil", "fast")
@@ -31,13 +34,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def _simplejpeg() -> Any:
-    try:
-        import simplejpeg
-    except ImportError as exc:
-        raise DependencyMissingError(
-            "decoder='fast' needs the simplejpeg package. Install it with: pip install 'fastdata[jpeg]'"
-        ) from exc
-    return simplejpeg
+    return require("simplejpeg", extra="jpeg", feature="decoder='fast'")
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,6 @@ class Decoder:
 
     def _decode_fast(self, data: bytes) -> np.ndarray:
         import torch
-        from torchvision.transforms.v2 import functional
 
         simplejpeg = _simplejpeg()
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
@@ -89,8 +85,10 @@ class Decoder:
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]
         if pixels.shape[:2] != (out_height, out_width):
-            tensor = torch.from_numpy(pixels).permute(2, 0, 1)
-            pixels = functional.resize(tensor, [out_height, out_width], antialias=True).permute(1, 2, 0).numpy()
+            tensor = torch.from_numpy(pixels).permute(2, 0, 1)[None]
+            resized = torch.nn.functional.interpolate(tensor, size=(out_height, out_width), mode="bilinear",
+                                                      antialias=True, align_corners=False)
+            pixels = resized[0].permute(1, 2, 0).numpy()
         if self.geometry.center_crop is not None:
             pixels = center_crop_array(pixels, *self.geometry.center_crop)
         return pixels
@@ -109,6 +107,8 @@ class Decoder:
         for row, blob in enumerate(blobs):
             try:
                 decoded = self.decode(blob, pil=pil)
+            except DependencyMissingError:
+                raise  # the data is fine: the install command, not "convert again"
             except Exception as exc:
                 raise CorruptDataError(
                     f"{where(row)}: cannot decode image ({exc}). Run 'fastdata verify {dataset}', or convert the "

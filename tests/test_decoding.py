@@ -101,7 +101,7 @@ def test_bad_decoding_options(photos: Path, tmp_path: Path, monkeypatch) -> None
     with pytest.raises(InvalidOptionError, match=r"^Invalid resize '0x3'"):
         Decoder.make("RGB", resize="0x3")
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
-    with pytest.raises(DependencyMissingError, match=r"pip install 'fastdata\[jpeg\]'"):
+    with pytest.raises(DependencyMissingError, match=r"pip install 'torch-fastdata\[jpeg\]'"):
         Decoder.make("RGB", decoder="fast")
 
 

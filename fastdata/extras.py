@@ -1,0 +1,48 @@
+"""The optional dependencies: which extra of the distribution installs which module, and the one
+error every feature raises when its module is missing.
+
+fastdata is installed as ``torch-fastdata`` (the name ``fastdata`` on the package index belongs
+to an unrelated library); it is imported as ``fastdata`` and its command is ``fastdata``.
+``tests/test_extras.py`` checks this table against ``pyproject.toml`` and against every import in
+the package, so an extra always installs what its feature imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from fastdata.errors import DependencyMissingError
+
+DISTRIBUTION = "torch-fastdata"
+
+# extra -> the modules its features import (each installed by that extra, imported only where used)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "torchvision": ("torchvision",),
+    "plot": ("matplotlib",),
+    "hdf5plugin": ("hdf5plugin",),
+    "jpeg": ("simplejpeg",),
+    "ray": ("ray",),
+}
+
+
+def install_command(extra: str) -> str:
+    """``pip install 'torch-fastdata[EXTRA]'``, the command that installs ``extra``."""
+    if extra not in EXTRAS:
+        raise ValueError(f"Unknown extra {extra!r}. Known: {', '.join(map(repr, EXTRAS))}.")
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def require(module: str, *, extra: str, feature: str) -> ModuleType:
+    """Import ``module`` for ``feature``, or raise :class:`DependencyMissingError` naming the
+    module and the command that installs ``extra``. Call it where the feature is asked for
+    (an option validated, a dataset opened), so a missing package is one clear error up front,
+    never a failure on every sample."""
+    if module not in EXTRAS.get(extra, ()):
+        raise ValueError(f"Module {module!r} is not installed by the extra {extra!r} (see fastdata.extras.EXTRAS).")
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise DependencyMissingError(
+            f"{feature} needs the {module} package, which is not installed. Install it with: {install_command(extra)}"
+        ) from exc
