@@ -279,12 +279,13 @@ class FormatContract:
 
     def test_unknown_layout_version_is_refused(self, converted) -> None:
         self.rewrite_manifest(converted, {"layout_version": 99})
-        message = f"'{self.format}' layout version 99 is not supported; this fastdata reads layout version 1"
+        version = get_format(self.format).layout_version
+        message = f"'{self.format}' layout version 99 is not supported; this fastdata reads layout version {version}"
         with pytest.raises(VersionMismatchError, match=message):
             fastdata.open_dataset(converted)
         with pytest.raises(VersionMismatchError, match=message):
             self.map_style(converted)
-        self.rewrite_manifest(converted, {"layout_version": 1})
+        self.rewrite_manifest(converted, {"layout_version": version})
         assert len(self.map_style(converted)) == COUNT
 
     def test_damaged_data_is_named(self, converted_layouts, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from fastdata.errors import (
     ManifestError,
     SourceNotFoundError,
 )
-from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, default_chunk_images
+from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, default_chunk_images, write_manifest
 from fastdata.samplers import ChunkShuffleSampler
 from fastdata.sources import scan_folder
 from format_contract import FormatContract
@@ -40,8 +40,8 @@ class TestHDF5Format(FormatContract):
 
     def rewrite_manifest(self, out: Path, change: dict) -> None:
         with h5py.File(out, "a") as file:
-            manifest = json.loads(file.attrs["fastdata_manifest"])
-            file.attrs["fastdata_manifest"] = json.dumps({**manifest, **change})
+            manifest = json.loads(file["fastdata_manifest"][()].tobytes())
+            write_manifest(file, json.dumps({**manifest, **change}))
 
     def damage(self, out: Path) -> str:
         with h5py.File(out, "r") as file:
@@ -146,7 +146,7 @@ def test_raw_with_skipped_samples_is_compacted(uniform_folder: Path, tmp_path: P
         assert manifest["skipped"][0]["key"] == os.path.join("bee", "broken.png")
         with h5py.File(out, "r") as file:  # no trailing rows for the missing sample
             assert file["images"].shape == (12, 12, 10, 3) and file["labels"].shape == (12,)
-            assert file["images"].attrs["blake2b"] == blake2b(images)
+            assert file["images"].attrs["blake2b"] == blake2b(images).encode()
         pixels, got_labels = HDF5Dataset(out, image_format="numpy")[np.arange(12)]
         np.testing.assert_array_equal(pixels, images)
         np.testing.assert_array_equal(got_labels, labels)
@@ -160,17 +160,18 @@ def test_plain_h5py_sees_images_labels_classes_manifest_and_checksums(raw_h5, un
     out, (chunk_rows, compression) = raw_h5
     images, labels = expected_pixels(uniform_folder)
     with h5py.File(out, "r") as file:
-        assert sorted(file) == ["images", "labels"]
+        assert sorted(file) == ["fastdata_manifest", "images", "labels"]
         np.testing.assert_array_equal(file["images"][()], images)
         np.testing.assert_array_equal(file["labels"][()], labels)
         assert file["labels"].dtype == np.int64 and file["images"].dtype == np.uint8
         assert (file["images"].chunks or (None,))[0] == chunk_rows
         assert file["images"].compression == compression
-        assert list(file.attrs["classes"]) == ["ant", "bee", "cow"]
-        manifest = json.loads(file.attrs["fastdata_manifest"])
-        assert file["images"].attrs["blake2b"] == blake2b(images)
-        assert file["labels"].attrs["blake2b"] == blake2b(labels)
-    assert manifest["format"] == "hdf5" and manifest["layout_version"] == 1 and manifest["count"] == 12
+        assert list(file.attrs["classes"]) == [b"ant", b"bee", b"cow"]  # fixed-length: bytes in h5py
+        assert file.attrs["fastdata_format"] == b"hdf5" and file.attrs["layout_version"] == 2
+        manifest = json.loads(file["fastdata_manifest"][()].tobytes())
+        assert file["images"].attrs["blake2b"] == blake2b(images).encode()
+        assert file["labels"].attrs["blake2b"] == blake2b(labels).encode()
+    assert manifest["format"] == "hdf5" and manifest["layout_version"] == 2 and manifest["count"] == 12
     assert manifest["files"]["images"] == {"dataset": "images", "bytes": images.nbytes, "blake2b": blake2b(images)}
     assert manifest["hdf5"]["images"] == ("chunked" if chunk_rows else "contiguous")
     assert manifest == fastdata.formats.find_manifest(out)

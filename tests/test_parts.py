@@ -48,10 +48,10 @@ def tree(path: Path) -> dict[str, bytes]:
 
 def h5_contents(path: Path) -> dict[str, bytes]:
     with h5py.File(path, "r") as file:
-        manifest = json.loads(file.attrs["fastdata_manifest"])
+        manifest = json.loads(file["fastdata_manifest"][()].tobytes())
         manifest.pop("created")
         manifest.pop("manifest_blake2b")
-        contents = {name: file[name][()].tobytes() for name in file}
+        contents = {name: file[name][()].tobytes() for name in file if name != "fastdata_manifest"}
         contents["manifest"] = json.dumps(manifest, sort_keys=True).encode()
     return contents
 

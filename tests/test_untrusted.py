@@ -26,7 +26,7 @@ import fastdata
 from conftest import WRITABLE, pattern, save
 from fastdata.errors import CorruptDataError, CorruptManifestError, ManifestError
 from fastdata.formats import get_format
-from fastdata.formats.hdf5 import MANIFEST_ATTR, USERBLOCK_BYTES, userblock
+from fastdata.formats.hdf5 import MANIFEST_ATTR, USERBLOCK_BYTES, userblock, write_manifest
 from fastdata.manifest import MANIFEST_NAME, seal_manifest
 
 READER_ERRORS = (CorruptDataError, ManifestError)  # what a reader may raise for a damaged dataset
@@ -50,6 +50,7 @@ def rebuild_with_images(original: Path, target: Path, make_images) -> None:
         pixels = source["images"][()]
         make_images(file, pixels)
         file.create_dataset("labels", data=source["labels"][()])
+        file.create_dataset(MANIFEST_ATTR, data=source[MANIFEST_ATTR][()])
         for name in ("images", "labels"):
             if name in file and not isinstance(file.get(name, getlink=True), h5py.ExternalLink):
                 file[name].attrs["blake2b"] = source[name].attrs["blake2b"]
@@ -279,7 +280,7 @@ def converted_all(tmp_path_factory) -> dict[tuple[str, str], Path]:
 def documents(out: Path) -> dict[str, dict]:
     if out.is_file():
         with h5py.File(out, "r") as file:
-            return {MANIFEST_ATTR: json.loads(file.attrs[MANIFEST_ATTR])}
+            return {MANIFEST_ATTR: json.loads(file[MANIFEST_ATTR][()].tobytes())}
     found = {MANIFEST_NAME: json.loads((out / MANIFEST_NAME).read_text())}
     if (out / "index.json").exists():
         found["index.json"] = json.loads((out / "index.json").read_text())
@@ -290,7 +291,7 @@ def write_document(out: Path, name: str, document) -> None:
     text = json.dumps(document)
     if out.is_file():
         with h5py.File(out, "a") as file:
-            file.attrs[MANIFEST_ATTR] = text
+            write_manifest(file, text)
     else:
         (out / name).write_text(text)
 
@@ -354,3 +355,110 @@ def test_a_data_file_that_is_a_symlink_is_refused(uniform_folder: Path, tmp_path
     report = fastdata.verify(out)
     assert (f"{str(out / member)!r} is a symbolic link (to {str(outside)!r}); a dataset's files must be stored "
             "inside its directory.") in report.problems
+
+
+# --- HDF5 metadata reads are bounded (issue #20: one flipped byte made h5py spin for minutes) ---
+
+PROBE = """
+import json, sys
+import fastdata
+from fastdata.errors import FastdataError
+path = sys.argv[1]
+report = fastdata.verify(path)
+try:
+    fastdata.open_dataset(path)
+    opened = "opened"
+except FastdataError as exc:
+    opened = type(exc).__name__ + ": " + str(exc)
+print(json.dumps({"problems": list(report.problems), "opened": opened}))
+"""
+
+
+def probe(path: Path) -> dict:
+    """verify and open_dataset on ``path`` in a child process: a read that never returns is
+    killed after 120 s (and fails the test) instead of holding the suite."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def flip_before_format(path: Path, distance: int, value: int) -> None:
+    """The damage of the report: one byte ``distance`` bytes before the manifest's '"format"'."""
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"format"') - distance] = value
+    path.write_bytes(bytes(data))
+
+
+def test_the_manifest_is_a_contiguous_dataset_and_no_value_is_variable_length(original: Path) -> None:
+    with h5py.File(original, "r") as file:
+        manifest = json.loads(file[MANIFEST_ATTR][()].tobytes())
+        assert manifest == fastdata.formats.find_manifest(original)
+        assert file[MANIFEST_ATTR].id.get_offset() is not None and file[MANIFEST_ATTR].compression is None
+        variable = []
+        for node in (file, *(file[name] for name in file)):
+            for key in node.attrs:
+                kind = h5py.h5a.open(node.id, key.encode()).get_type()
+                if isinstance(kind, h5py.h5t.TypeStringID) and kind.is_variable_str():
+                    variable.append((node.name, key))
+        assert variable == []
+
+
+@pytest.mark.parametrize("distance, value", [(9, 0xD1), (9, 0xFF), (1, 0x00), (-3, 0xFF), (200, 0xFF)])
+def test_a_flipped_byte_near_the_manifest_is_a_finding_not_a_hang(original: Path, distance: int, value: int) -> None:
+    """Where the report's byte now falls (data before the manifest, or the manifest's own JSON),
+    verify answers with a finding; opening either refuses the file or opens it (damaged pixels
+    or labels are found when read, or by verify)."""
+    flip_before_format(original, distance, value)
+    found = probe(original)
+    assert found["problems"]
+    if distance <= 1:  # inside the manifest's text: not a dataset any more
+        assert found["opened"].startswith(("CorruptManifestError: ", "ManifestError: ")), found["opened"]
+
+
+def legacy_layout(original: Path, target: Path) -> None:
+    """A file as layout 1 wrote it: the manifest in a variable-length string attribute."""
+    with h5py.File(original, "r") as source, h5py.File(target, "w", userblock_size=USERBLOCK_BYTES) as file:
+        for name in ("images", "labels"):
+            file.create_dataset(name, data=source[name][()])
+        manifest = json.loads(source[MANIFEST_ATTR][()].tobytes())
+        file.attrs["fastdata_format"] = "hdf5"
+        file.attrs["layout_version"] = 1
+        file.attrs[MANIFEST_ATTR] = json.dumps(seal_manifest({**manifest, "layout_version": 1}))
+    seal_userblock(target)
+
+
+def test_a_layout_1_file_is_refused_by_version_without_reading_its_manifest_attribute(original: Path,
+                                                                                        tmp_path: Path) -> None:
+    legacy = tmp_path / "legacy.h5"
+    legacy_layout(original, legacy)
+    with h5py.File(legacy, "r") as file:  # the attribute really is variable-length, in the global heap
+        assert h5py.h5a.open(file.id, MANIFEST_ATTR.encode()).get_type().is_variable_str()
+    flip_before_format(legacy, 9, 0xD1)  # the global heap object's size: h5py would read it forever
+    message = (f"{str(legacy)!r}: 'hdf5' layout version 1 is not supported; this fastdata reads layout version 2. "
+               "Convert the source again with this fastdata, or install the fastdata that wrote it.")
+    assert probe(legacy) == {"problems": [message], "opened": f"VersionMismatchError: {message}"}
+
+
+def test_a_variable_length_attribute_is_reported_not_read(original: Path) -> None:
+    with h5py.File(original, "a") as file:
+        classes = [name.decode() for name in file.attrs["classes"]]
+        del file.attrs["classes"]
+        file.attrs.create("classes", np.array(classes, dtype=object), dtype=h5py.string_dtype())
+    seal_userblock(original)
+    report = fastdata.verify(original)
+    assert report.problems == (f"{str(original)!r}: attribute 'classes' has a variable-length type, which fastdata "
+                               "does not write or read; the file is damaged or was not written by fastdata.",)
+
+
+def test_images_of_another_integer_type_are_refused_when_opened(original: Path, tmp_path: Path) -> None:
+    crafted = tmp_path / "int8.h5"
+    rebuild_with_images(original, crafted, lambda file, pixels: file.create_dataset("images", data=pixels.view(np.int8)))
+    with h5py.File(crafted, "r") as file:
+        shape = file["images"].shape
+    with pytest.raises(CorruptDataError) as info:
+        fastdata.open_dataset(crafted)
+    assert str(info.value) == (f"{str(crafted)!r}: dataset 'images' holds int8 {shape}, expected uint8 shape {shape}; "
+                               "the file is damaged. Convert the source again.")

@@ -21,6 +21,7 @@ import fastdata
 from conftest import WRITABLE, WRITABLE_IDS, convert_to
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, SourceNotFoundError
 from fastdata.formats.hdf5 import USERBLOCK_BYTES, userblock
+from fastdata.formats.hdf5 import write_manifest as write_hdf5_manifest
 from fastdata.formats.tar import TRAILER, member_header
 from fastdata.formats.tar import padded
 from fastdata.manifest import MANIFEST_NAME, describe_file, file_checksum, write_manifest
@@ -78,8 +79,8 @@ def reseal_hdf5(out: Path, manifest: dict) -> None:
         for name, entry in manifest["files"].items():
             content = np.ascontiguousarray(file[name][()]).tobytes()
             entry["blake2b"] = hashlib.blake2b(content, digest_size=32).hexdigest()
-            file[name].attrs["blake2b"] = entry["blake2b"]
-        file.attrs["fastdata_manifest"] = json.dumps(seal_manifest(manifest))
+            file[name].attrs["blake2b"] = np.bytes_(entry["blake2b"])
+        write_hdf5_manifest(file, json.dumps(seal_manifest(manifest)))
     data = bytearray(out.read_bytes())
     data[:USERBLOCK_BYTES] = userblock(hashlib.blake2b(data[USERBLOCK_BYTES:], digest_size=32).hexdigest())
     out.write_bytes(bytes(data))
@@ -206,7 +207,8 @@ def test_manifest_edit_that_stays_valid_json_is_caught(converted: Path) -> None:
         origin = repr(str(converted / MANIFEST_NAME))
     else:
         with h5py.File(converted, "a") as file:
-            file.attrs["fastdata_manifest"] = file.attrs["fastdata_manifest"].replace('"created": "2', '"created": "1', 1)
+            text = file["fastdata_manifest"][()].tobytes().decode()
+            write_hdf5_manifest(file, text.replace('"created": "2', '"created": "1', 1))
         origin = repr(str(converted))
     report = fastdata.verify(converted)
     assert report.problems[0] == (

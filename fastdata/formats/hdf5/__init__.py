@@ -4,9 +4,13 @@ raw:      ``images`` (N, H, W, C) uint8 -- contiguous when uncompressed, chunked
           when compressed (or ``chunk_images`` is given)
 encoded:  ``blob`` (total bytes,) uint8 -- every sample's encoded bytes, concatenated, contiguous
           ``offsets`` (N + 1,) int64 -- sample ``i`` is ``blob[offsets[i]:offsets[i + 1]]``
-both:     ``labels`` (N,) int64; root attributes ``classes`` (class names, index = label) and
-          ``fastdata_manifest`` (the manifest, JSON). Every dataset carries a ``blake2b``
-          attribute: the checksum of its contents. The file starts with a 512-byte HDF5 user block
+both:     ``labels`` (N,) int64; ``fastdata_manifest`` (M,) uint8 -- the manifest's UTF-8 JSON,
+          contiguous (layout 2; layout 1 kept it in a variable-length attribute, which a damaged
+          byte could make h5py read forever); fixed-length root attributes ``fastdata_format``,
+          ``layout_version`` and ``classes`` (class names, index = label; left out when over
+          60,000 bytes). Every dataset carries a fixed-length ``blake2b`` attribute: the checksum
+          of its contents. No variable-length value anywhere, so nothing is read from HDF5's
+          global heap. The file starts with a 512-byte HDF5 user block
           (skipped by h5py and every HDF5 tool) holding the checksum of every byte after it, so
           ``fastdata verify`` finds a flipped byte anywhere, metadata included.
 
@@ -24,12 +28,12 @@ from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, par
 from fastdata.formats.hdf5.reader import DEFAULT_CACHE_BYTES, HDF5Dataset
 from fastdata.formats.hdf5.storage import checked_dataset, read_manifest
 from fastdata.formats.hdf5.verify import verify_file
-from fastdata.formats.hdf5.writer import HDF5Writer
+from fastdata.formats.hdf5.writer import HDF5Writer, write_manifest
 
 __all__ = [
     "DEFAULT_CACHE_BYTES", "FORMAT", "LAYOUT_VERSION", "MANIFEST_ATTR", "USERBLOCK_BYTES", "HDF5Dataset",
     "HDF5Options", "HDF5Writer", "checked_dataset", "default_chunk_images", "parse_compression", "read_manifest",
-    "userblock",
+    "userblock", "write_manifest",
 ]
 
 register(

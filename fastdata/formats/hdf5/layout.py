@@ -12,8 +12,10 @@ import h5py
 from fastdata.errors import CorruptDataError
 
 FORMAT = "hdf5"
-LAYOUT_VERSION = 1
-MANIFEST_ATTR = "fastdata_manifest"
+LAYOUT_VERSION = 2  # 1 kept the manifest in a variable-length string attribute (see storage.read_manifest)
+MANIFEST_ATTR = "fastdata_manifest"  # layout 2: a contiguous uint8 dataset of UTF-8 JSON; layout 1: an attribute
+MAX_MANIFEST_BYTES = 64 << 20  # a larger manifest is damaged or crafted
+MAX_ATTRIBUTE_BYTES = 60_000  # fixed-length attributes stay in the object header (HDF5's limit is 64 KiB)
 USERBLOCK_BYTES = 512  # before the HDF5 data: holds the checksum of everything after it
 USERBLOCK_MAGIC = b"fastdata hdf5 blake2b "
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -85,13 +85,13 @@ class HDF5Dataset(StoredDataset):
         self.labels = read_small(checked_dataset(file, "labels", origin, size, shape=(count,), contiguous=True))
         if self.store == "raw":
             shape = (count, *self.manifest["image"]["shape"])
-            data = checked_dataset(file, "images", origin, size, shape=shape)
+            data = checked_dataset(file, "images", origin, size, shape=shape, dtype=np.uint8)
             self.chunk_images = data.chunks[0] if data.chunks else None
             self._check_plugin()
         else:
             offsets = checked_dataset(file, "offsets", origin, size, shape=(count + 1,), contiguous=True)
             self.offsets = read_small(offsets)
-            data = checked_dataset(file, "blob", origin, size, shape=None, contiguous=True)
+            data = checked_dataset(file, "blob", origin, size, shape=None, contiguous=True, dtype=np.uint8)
             if len(data.shape) != 1 or self.offsets[0] != 0 or np.any(np.diff(self.offsets) < 0) \
                     or self.offsets[-1] != data.shape[0]:
                 raise CorruptDataError(

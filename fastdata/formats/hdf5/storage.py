@@ -12,35 +12,91 @@ from typing import Any
 import h5py
 import numpy as np
 
-from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.errors import CorruptDataError, CorruptManifestError, FastdataError
 from fastdata.formats.hdf5.layout import (
-    FORMAT, H5_ERRORS, HDF5_SIGNATURE, MANIFEST_ATTR, USERBLOCK_BYTES, open_file,
+    FORMAT, H5_ERRORS, HDF5_SIGNATURE, LAYOUT_VERSION, MANIFEST_ATTR, MAX_MANIFEST_BYTES, USERBLOCK_BYTES, open_file,
 )
-from fastdata.manifest import parse_manifest
+from fastdata.manifest import check_layout_version, parse_manifest
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest of an ``hdf5`` dataset, or None when ``path`` is not one.
+
+    Every read is bounded by the file's size: the manifest is a contiguous uint8 dataset whose
+    offset and length are checked against the file before its bytes are read with plain file
+    I/O, and only fixed-size attributes are ever read (a variable-length one lives in HDF5's
+    global heap, where one damaged object size makes h5py spin forever, beyond any signal).
+    A layout-1 file (manifest in a variable-length attribute) is refused by its version, read
+    from a fixed-size attribute, without touching that attribute.
+    """
     if not path.is_file():
         return None
     with open(path, "rb") as handle:
         head = handle.read(USERBLOCK_BYTES + len(HDF5_SIGNATURE))
     if HDF5_SIGNATURE not in (head[: len(HDF5_SIGNATURE)], head[USERBLOCK_BYTES:]):
         return None
+    origin = repr(str(path))
     with open_file(path) as file:
         try:
-            text = file.attrs.get(MANIFEST_ATTR)
-            if text is not None:
-                text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-                text.encode("utf-8")  # a damaged attribute may decode to unpaired surrogates
-        except (*H5_ERRORS, UnicodeError) as exc:
+            if file.get(MANIFEST_ATTR, getlink=True) is None:
+                return _older_layout(file, origin)
+            offset, size = _manifest_extent(file, origin, path.stat().st_size)
+        except FastdataError:
+            raise
+        except H5_ERRORS as exc:
             raise CorruptManifestError(
-                f"{str(path)!r}: cannot read the {MANIFEST_ATTR!r} attribute ({type(exc).__name__}: {exc}). The "
-                "file is damaged; convert the source again."
+                f"{origin}: cannot read the {MANIFEST_ATTR!r} dataset ({type(exc).__name__}: {exc}). The file is "
+                "damaged; convert the source again."
             ) from exc
-    if text is None:
-        return None
-    manifest = parse_manifest(text, repr(str(path)))
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(size)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptManifestError(f"{origin}: the manifest is not valid UTF-8 (byte {exc.start}). The file is "
+                                   "damaged; convert the source again.") from exc
+    manifest = parse_manifest(text, origin)
     return manifest if manifest.get("format") == FORMAT else None
+
+
+def _manifest_extent(file: h5py.File, origin: str, file_size: int) -> tuple[int, int]:
+    """(offset, length) of the manifest's bytes, checked to lie inside the file."""
+    dataset = checked_dataset(file, MANIFEST_ATTR, origin.strip("'"), file_size, shape=None, contiguous=True,
+                              dtype=np.uint8)
+    offset = memmap_offset(dataset)
+    if dataset.ndim != 1 or offset is None or not 0 < dataset.size <= MAX_MANIFEST_BYTES:
+        raise CorruptManifestError(f"{origin}: the {MANIFEST_ATTR!r} dataset holds {dataset.dtype} {dataset.shape}, "
+                                   "not the manifest's bytes; the file is damaged. Convert the source again.")
+    return offset, int(dataset.size)
+
+
+def _older_layout(file: h5py.File, origin: str) -> None:
+    """None for an HDF5 file fastdata did not write; a layout-1 dataset is refused by version."""
+    if MANIFEST_ATTR not in file.attrs:  # names only: the attribute itself is never read
+        return None
+    version = read_attribute(file, "layout_version", origin)
+    check_layout_version({"format": FORMAT, "layout_version": version}, LAYOUT_VERSION, origin)
+    return None  # unreachable: no layout stores the manifest as an attribute any more
+
+
+def read_attribute(node: h5py.HLObject, name: str, origin: str) -> Any:
+    """Attribute ``name`` of ``node`` (None when absent), read only when its type has a fixed
+    size: a variable-length value is in HDF5's global heap, whose damaged sizes can hang the
+    read. Fixed-length strings come back as ``str``."""
+    if name not in node.attrs:
+        return None
+    attribute = h5py.h5a.open(node.id, name.encode("utf-8"))
+    kind = attribute.get_type()
+    if kind.get_class() == h5py.h5t.VLEN or (isinstance(kind, h5py.h5t.TypeStringID) and kind.is_variable_str()):
+        raise CorruptDataError(f"{origin}: attribute {name!r} has a variable-length type, which fastdata does not "
+                               "write or read; the file is damaged or was not written by fastdata.")
+    value = node.attrs[name]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        return [item.decode("utf-8", "replace") for item in value.tolist()]
+    return value.item() if isinstance(value, np.generic) else value
 
 
 # filters fastdata writes (and HDF5's own checksum filters); any other is refused
@@ -49,7 +105,7 @@ _MAX_CHUNK_BYTES = (1 << 32) - 1  # HDF5's own limit on one chunk
 
 
 def checked_dataset(file: h5py.File, name: str, origin: str, file_size: int, *, shape: tuple[int, ...] | None,
-                    contiguous: bool = False) -> h5py.Dataset:
+                    contiguous: bool = False, dtype: Any = None) -> h5py.Dataset:
     """``file[name]`` when it is a dataset fastdata could have written, else CorruptDataError.
 
     It must be a hard link to a dataset stored inside this file: not a soft or external link,
@@ -80,8 +136,10 @@ def checked_dataset(file: h5py.File, name: str, origin: str, file_size: int, *, 
         code = plist.get_filter(number)[0]
         if code not in KNOWN_FILTERS:
             raise corrupt(f"dataset {name!r} uses HDF5 filter {code}, which fastdata does not know")
-    if dataset.dtype.kind not in "iu" or (shape is not None and dataset.shape != shape):
-        expected = f"shape {shape}" if shape is not None else "integers"
+    wrong_dtype = dataset.dtype.kind not in "iu" or (dtype is not None and dataset.dtype != np.dtype(dtype))
+    if wrong_dtype or (shape is not None and dataset.shape != shape):
+        expected = " ".join(part for part in (str(np.dtype(dtype)) if dtype is not None else "",
+                                              f"shape {shape}" if shape is not None else "") if part) or "integers"
         raise CorruptDataError(f"{origin!r}: dataset {name!r} holds {dataset.dtype} {dataset.shape}, expected "
                                f"{expected}; the file is damaged. Convert the source again.")
     layout = plist.get_layout()

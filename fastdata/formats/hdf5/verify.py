@@ -12,9 +12,9 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, FastdataError
 from fastdata.formats.hdf5.layout import (
-    COPY_BYTES, FORMAT, H5_ERRORS, USERBLOCK_BYTES, USERBLOCK_MAGIC, hash_after_userblock, open_file, userblock,
+    COPY_BYTES, FORMAT, H5_ERRORS, MANIFEST_ATTR, USERBLOCK_BYTES, USERBLOCK_MAGIC, hash_after_userblock, open_file, userblock,
 )
-from fastdata.formats.hdf5.storage import checked_dataset
+from fastdata.formats.hdf5.storage import checked_dataset, read_attribute
 from fastdata.formats.hdf5.writer import ContentHash
 from fastdata.manifest import CHECKSUM_ALGORITHM
 
@@ -40,7 +40,7 @@ def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> 
                 problems += _check_dataset(file, name, entry, origin, path.stat().st_size)
             problems += _check_shapes(file, manifest, origin)
             extra: list[str] = []
-            file.visit(lambda name: extra.append(name) if name not in listed else None)
+            file.visit(lambda name: extra.append(name) if name not in listed and name != MANIFEST_ATTR else None)
             problems += [f"{origin}: object {name!r} is not listed in the manifest." for name in extra]
     except FastdataError as exc:
         problems.append(str(exc))
@@ -51,12 +51,16 @@ def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> 
 
 def _check_attributes(file: h5py.File, manifest: dict[str, Any], origin: str) -> list[str]:
     problems = []
-    classes = [c.decode() if isinstance(c, bytes) else str(c) for c in file.attrs.get("classes", [])]
-    if classes != manifest["classes"]:
-        problems.append(f"{origin}: 'classes' attribute {classes!r} differs from the manifest's {manifest['classes']!r}.")
+    try:
+        classes = read_attribute(file, "classes", origin)
+        if classes is not None and classes != manifest["classes"]:  # left out when too large for the header
+            problems.append(f"{origin}: 'classes' attribute {classes!r} differs from the manifest's "
+                            f"{manifest['classes']!r}.")
+        found_values = {name: read_attribute(file, name, origin) for name in ("fastdata_format", "layout_version")}
+    except CorruptDataError as exc:
+        return [*problems, str(exc)]
     for name, expected in (("fastdata_format", FORMAT), ("layout_version", manifest["layout_version"])):
-        found = file.attrs.get(name)
-        found = found.decode() if isinstance(found, bytes) else found
+        found = found_values[name]
         if found != expected:
             problems.append(f"{origin}: attribute {name!r} is {found!r}, expected {expected!r}.")
     return problems
@@ -90,7 +94,10 @@ def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: st
                                   contiguous=name != "images")
     except CorruptDataError as exc:
         return [str(exc)]
-    attribute = dataset.attrs.get(CHECKSUM_ALGORITHM)
+    try:
+        attribute = read_attribute(dataset, CHECKSUM_ALGORITHM, origin)
+    except CorruptDataError as exc:
+        return [str(exc)]
     if attribute != entry[CHECKSUM_ALGORITHM]:
         return [f"{origin}: dataset {name!r} has {CHECKSUM_ALGORITHM} attribute {attribute!r}, the manifest says "
                 f"{entry[CHECKSUM_ALGORITHM]!r}."]

@@ -14,7 +14,8 @@ import numpy as np
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.base import Batch, Plan, Writer
 from fastdata.formats.hdf5.layout import (
-    COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, USERBLOCK_BYTES, hash_after_userblock, userblock,
+    COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, MAX_ATTRIBUTE_BYTES, USERBLOCK_BYTES, hash_after_userblock,
+    userblock,
 )
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, filter_kwargs
 from fastdata.manifest import CHECKSUM_ALGORITHM, seal_manifest
@@ -35,6 +36,28 @@ class ContentHash:
 
     def describe(self, name: str) -> dict[str, Any]:
         return {"dataset": name, "bytes": self.bytes, CHECKSUM_ALGORITHM: self.digest.hexdigest()}
+
+
+def write_fixed_attributes(file: h5py.File, classes: list[str]) -> None:
+    """The root attributes, all of fixed size: they live in the object header and are read
+    without HDF5's global heap, whose damaged object sizes can make a read spin forever. The
+    ``classes`` attribute is left out when it would not fit in the header (the manifest always
+    has ``class_to_idx``)."""
+    file.attrs["fastdata_format"] = np.bytes_(FORMAT)
+    file.attrs["layout_version"] = np.int64(LAYOUT_VERSION)
+    encoded = [name.encode("utf-8") for name in classes]
+    length = max((len(name) for name in encoded), default=0) or 1
+    if length * len(encoded) <= MAX_ATTRIBUTE_BYTES:
+        file.attrs.create("classes", np.array(encoded, dtype=f"S{length}"), dtype=h5py.string_dtype("utf-8", length))
+
+
+def write_manifest(file: h5py.File, text: str) -> None:
+    """The manifest as the contiguous, unfiltered uint8 dataset ``fastdata_manifest`` (its
+    UTF-8 JSON), replacing one already there. Plain h5py reads it back with
+    ``json.loads(file["fastdata_manifest"][()].tobytes())``."""
+    if MANIFEST_ATTR in file:
+        del file[MANIFEST_ATTR]
+    file.create_dataset(MANIFEST_ATTR, data=np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
 
 
 class HDF5Writer(Writer):
@@ -144,12 +167,10 @@ class HDF5Writer(Writer):
         manifest["files"] = {name: self.hashes[name].describe(name) for name in (*self._names(), "labels")}
         manifest["hdf5"] = self._layout(file)
         for name, entry in manifest["files"].items():
-            file[name].attrs[CHECKSUM_ALGORITHM] = entry[CHECKSUM_ALGORITHM]
+            file[name].attrs[CHECKSUM_ALGORITHM] = np.bytes_(entry[CHECKSUM_ALGORITHM])
         classes = sorted(self.plan.class_to_idx, key=self.plan.class_to_idx.__getitem__)
-        file.attrs.create("classes", np.array(classes, dtype=object), dtype=h5py.string_dtype())
-        file.attrs["fastdata_format"] = FORMAT
-        file.attrs["layout_version"] = LAYOUT_VERSION
-        file.attrs[MANIFEST_ATTR] = json.dumps(seal_manifest(manifest), ensure_ascii=False)
+        write_fixed_attributes(file, classes)
+        write_manifest(file, json.dumps(seal_manifest(manifest), ensure_ascii=False))
         file.close()
         with open(self.path, "r+b") as handle:  # the whole-file checksum, in the user block
             handle.write(userblock(hash_after_userblock(handle)))
