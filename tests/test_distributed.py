@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -282,11 +283,32 @@ def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], res
         dist.destroy_process_group()
 
 
+def _ranks_finished(rendezvous: Path, paths: list[Path], result_file: Path, *, timeout_s: float) -> bool:
+    """Run the two ranks; False (both killed) when they have not finished after ``timeout_s``."""
+    context = mp.spawn(_rank_main, args=(2, str(rendezvous), [str(p) for p in paths], str(result_file)),
+                       nprocs=2, join=False)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if context.join(timeout=1):  # raises when a rank failed
+            return True
+    for process in context.processes:
+        process.kill()
+        process.join()
+    return False
+
+
 def test_two_gloo_ranks_read_every_sample_exactly_once(folder, tmp_path):
     paths = [convert_to(folder, tmp_path, name, store) for name, store in WRITABLE]
     result_file = tmp_path / "gathered.pkl"
-    mp.spawn(_rank_main, args=(2, str(tmp_path / "rendezvous"), [str(p) for p in paths], str(result_file)),
-             nprocs=2, join=True)
+    for attempt in (1, 2):
+        if _ranks_finished(tmp_path / f"rendezvous-{attempt}", paths, result_file, timeout_s=240):
+            break
+        # a DataLoader worker forked from a rank whose other threads (gloo's, the thread backend's) held a
+        # lock at the fork can block forever in CPython's after-fork code (gdb: PyOS_AfterFork_Child ->
+        # _PyThreadState_DeleteExcept); seen about once in 16 runs. One more try, then fail instead of
+        # holding CI until its limit.
+    else:
+        pytest.fail("the two ranks did not finish in 240 s, twice (a worker blocked after fork?)")
     gathered = pickle.loads(result_file.read_bytes())
     references = {p.name: _reference(p) for p in paths}
     assert set(gathered[0]) == set(gathered[1])
