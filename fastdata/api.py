@@ -9,11 +9,13 @@ from typing import Any
 from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
 from fastdata.formats import get_format
 from fastdata.manifest import require_manifest
+from fastdata.urls import refuse_url
 
 
 def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     """Open a dataset written by ``fastdata convert``; keyword arguments go to its reader
     (``transform``, ``target_transform``, ``image_format``, ...)."""
+    refuse_url(path, "path")
     path = Path(path)
     manifest = require_manifest(path)
     name = manifest.get("format")

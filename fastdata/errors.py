@@ -81,3 +81,7 @@ class EngineError(FastdataError, RuntimeError):
 
 class PartsError(FastdataError, ValueError):
     """The parts of a job-array conversion are missing, run twice or do not match each other."""
+
+
+class UnsupportedURLError(InvalidOptionError):
+    """A URL (``s3://``, ``https://``, ...) where fastdata takes only local paths."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastdata.errors import FastdataError, ManifestError, SourceNotFoundError
 from fastdata.formats import get_format
+from fastdata.urls import refuse_url
 from fastdata.manifest import (
     CHECKSUM_ALGORITHM,
     MANIFEST_CHECKSUM_KEY,
@@ -75,6 +76,7 @@ def verify(path: str | os.PathLike, *, deep: bool = False,
     """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too, and
     calls ``progress(n, total)`` as each n more samples are decoded (as :func:`fastdata.convert`
     does while it converts)."""
+    refuse_url(path, "path")
     path = Path(path)
     try:
         manifest = require_manifest(path)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from fastdata._version import __version__
 from fastdata.errors import FastdataError
+from fastdata.urls import refuse_url
 
 def build_parser() -> argparse.ArgumentParser:
     from fastdata.cli import bench, convert, inspect, merge, tune
@@ -140,12 +141,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
+_PATH_ARGUMENTS = ("source", "output", "path", "out")  # every command's paths: a URL is refused, not made local
+
+
 def _main(argv: Sequence[str] | None) -> int:
     _configure_logging()
     _import_heavy_modules()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        for role in _PATH_ARGUMENTS:
+            refuse_url(getattr(args, role, None), role.upper())
         return args.run(args)
     except FastdataError as exc:
         if os.environ.get("FASTDATA_TRACEBACK"):
