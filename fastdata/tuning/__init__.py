@@ -32,12 +32,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from fastdata.bench.probes import ReadyBatches, ReadyBatchesOf
+from fastdata.bench.sweep import step_options
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.explain import tune_paragraph
 from fastdata.loading import BACKENDS
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (
-    PROBE_BATCHES, Measurements, ProbeResult, ReadyBatches, ReadyBatchesOf, _batches, _loader, _start_method,
+    PROBE_BATCHES, Measurements, ProbeResult, _batches, _loader, _start_method,
     _timed_calls, measure, probe,
 )
 from fastdata.tuning.model import TIE, WAIT_TARGET, _candidates, _pick, _to_confirm, predict
@@ -157,8 +159,6 @@ def tune(
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise InvalidOptionError(f"Unknown backend {unknown[0] if unknown else ''!r}. Allowed: {', '.join(map(repr, BACKENDS))}.")
-    from fastdata.bench.sweep import step_options
-
     options = step_options(step)
     step_fn = options.get("step")
     if isinstance(step_fn, str):
