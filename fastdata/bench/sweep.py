@@ -41,7 +41,7 @@ def sweep(
     dataset: Any,
     batch_size: int = 256,
     workers: Iterable[int] | None = None,
-    backends: Iterable[str] = ("torch",),
+    backends: Iterable[str] = BACKENDS,
     step: float | Callable[[Any], Any] | str | None = None,
     *,
     paths: Iterable[str] = PATHS,
