@@ -280,6 +280,11 @@ def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path:
     assert done.returncode == 0, done.stderr
     assert "TensorDataset fast [thread]" in done.stdout and "TensorDataset standard" in done.stdout
     document = json.loads((tmp_path / "b" / "results.json").read_text())
+    effect = document["summary"]["backends"]  # the report's line on what the backends change, from the rows
+    assert f"\nbackends: {effect['text']}\n" in done.stdout
+    assert effect["text"].startswith("on TensorDataset fast at 1 worker, fastdata's thread backend ")
+    assert set(effect["ratio_to_serial"]) == {"torch", "thread"}
+    document = json.loads((tmp_path / "b" / "results.json").read_text())
     assert document["config"]["step"] == f"{user_module}:step"
     rows = [row for row in document["rows"] if row["format"] != "probe"]
     assert len(rows) == 5 and {row["samples"] for row in rows} == {50}
