@@ -74,6 +74,22 @@ def bench_recommendation(picked: dict[str, Any], *, fastest: dict[str, Any], tie
     return text + "."
 
 
+def backends_sentence(row: str, workers: int, ratios: dict[str, float]) -> str:
+    """What fastdata's backends change on one row, in one line: ``ratios`` are each backend's
+    samples/s at ``workers`` workers over num_workers=0's (``torch`` is the DataLoader's)."""
+    def verb(ratio: float, plural: bool = False) -> str:
+        return ("keep" if ratio < 1 else "reach") + ("" if plural else "s" if ratio < 1 else "es")
+
+    ours = sorted((b for b in ratios if b != "torch"), key=lambda b: -ratios[b])
+    first = ours[0]
+    text = (f"on {row} at {workers} worker{'s' if workers != 1 else ''}, fastdata's {first} backend "
+            f"{verb(ratios[first])} {ratios[first]:.2f}x the rate of num_workers=0")
+    text += "".join(f" and its {backend} backend {ratios[backend]:.2f}x" for backend in ours[1:])
+    if "torch" in ratios:
+        text += f", where the DataLoader's workers {verb(ratios['torch'], plural=True)} {ratios['torch']:.2f}x"
+    return text + "."
+
+
 def ms(value: float) -> str:
     """A per-batch duration with the precision it needs: 0.016 ms, 1.4 ms, 30 ms."""
     if value < 0.095:

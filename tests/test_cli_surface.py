@@ -85,9 +85,9 @@ def test_defaults_are_shown_once_and_none_or_false_never() -> None:
             text = formatter._expand_help(action)
             assert text.count("default") <= 1 and "default: None" not in text and "default: False" not in text, text
     helps = {name: " ".join(parser.format_help().split()) for name, parser in subcommands().items()}
-    assert "--batch-size N DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 25 batches " \
+    assert "--batch-size N DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 24 batches " \
            "long: fewer are too short to time)" in helps["bench"]
-    assert "--epochs N measured epochs per configuration (median reported) (default: 3)" in helps["bench"]
+    assert "--epochs N measured epochs per configuration (median reported; default: 3, 2 with --demo)" in helps["bench"]
     assert "--format hdf5|npy|tar output format: hdf5, npy, tar (default: from OUTPUT's name: .npy npy, .h5/.hdf5 " \
            "hdf5, .tar or no extension tar)" in helps["convert"]
     assert "--store raw|encoded raw: decoded pixels" in helps["convert"] and "read) (default: raw)" in helps["convert"]
@@ -171,5 +171,29 @@ def test_bench_batch_size_defaults_to_256_and_to_128_for_the_small_demo() -> Non
 
     parser = build_parser()
     assert batch_size_of(parser.parse_args(["bench", "photos"])) == 256
-    assert batch_size_of(parser.parse_args(["bench", "--demo"])) == 128  # 3,150 images: 25 batches an epoch
+    assert batch_size_of(parser.parse_args(["bench", "--demo"])) == 128  # 3,030 images: 24 batches an epoch
     assert batch_size_of(parser.parse_args(["bench", "--demo", "--batch-size", "64"])) == 64
+
+
+def test_bench_and_its_demo_measure_fastdatas_backends_beside_the_dataloader() -> None:
+    from fastdata.bench import _grid
+    from fastdata.bench.runner import Prepared
+    from fastdata.cli import build_parser
+    from fastdata.cli.bench import DEMO, config_of
+    from fastdata.formats import available_formats
+
+    parser = build_parser()
+    for argv in (["bench", "--demo"], ["bench", "photos"]):
+        config = config_of(parser.parse_args([*argv, "--num-workers", "0,1,2"]), DEMO["resize"])
+        assert config.backends == ("torch", "thread", "process")
+        demo = argv[1] == "--demo"  # short epochs: persistent workers, so start-up is not what is measured
+        assert (config.epochs, config.persistent_workers) == ((2, True) if demo else (3, False))
+        assert config.formats == (("folder", "npy", "hdf5") if demo else tuple(available_formats()))
+        npy = set(_grid(Prepared("npy", "raw", "npy-raw", 0), config))
+        assert npy == {("fast", backend, w) for backend in ("torch", "thread", "process") for w in (1, 2)} | {
+            ("fast", "torch", 0), *(("standard", "torch", w) for w in (0, 1, 2))}  # nw=0: one serial loop
+        tar = set(_grid(Prepared("tar", "raw", "tar-raw", 0), config))
+        assert {backend for _, backend, _ in tar} == {"torch"}  # an iterable reader: the DataLoader only
+    only = config_of(parser.parse_args(["bench", "photos", "--backends", "torch"]), None)
+    assert only.backends == ("torch",)
+    assert (DEMO["small"] + DEMO["large"]) // DEMO["batch_size"] >= 20  # MIN_TIMED_BATCHES

@@ -58,6 +58,13 @@ class BenchResult:
         return choice["text"] if choice else None
 
     @property
+    def backends(self) -> str | None:
+        """One line: what fastdata's thread and process backends change against the DataLoader's
+        workers (``summary["backends"]``; None where they were not measured beside it)."""
+        effect = self.summary.get("backends")
+        return effect["text"] if effect else None
+
+    @property
     def warnings(self) -> list[str]:
         return self.summary["warnings"]
 

@@ -64,7 +64,7 @@ class BenchConfig:
     prefetch_factor: int = 2
     cache: str = "warm"
     timeout_s: float = 600.0
-    backends: tuple[str, ...] = ("torch",)
+    backends: tuple[str, ...] = BACKENDS  # thread and process apply to the fast path of map-style formats
     step: Any = None  # the training step run on each batch: a callable or 'module:function' (else --step-ms)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from fastdata.explain import TIE, bench_recommendation
+from fastdata.explain import TIE, backends_sentence, bench_recommendation
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -161,8 +161,40 @@ def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[s
                       for w, cell in sorted(by_workers.items())],
         })
     warnings = [w for w in (batches_warning(summary, batch), epochs_warning(summary)) if w]
-    return {"rows": out_rows, "recommendation": recommend(summary, baseline), "warnings": warnings,
-            "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
+    recommendation = recommend(summary, baseline)
+    return {"rows": out_rows, "recommendation": recommendation, "backends": backend_effect(summary, recommendation),
+            "warnings": warnings, "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
+
+
+def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],
+                   recommendation: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What fastdata's thread and process backends change, on one fast-path row where they were
+    measured beside the DataLoader: each backend's samples/s at the most workers that every
+    backend was measured with, as a share of num_workers=0 (one serial loop, whatever the
+    backend). The row is the recommended format/store's when it has them, else the first in name
+    order. None where no row has them."""
+    groups: dict[tuple[str, str, str], dict[str, dict[int, dict[str, Any]]]] = {}
+    for key, by_workers in summary.items():
+        if key[2] == "fast":
+            groups.setdefault(key[:3], {})[key[3]] = by_workers
+    usable = {group: by_backend for group, by_backend in groups.items() if len(by_backend) > 1
+              and by_backend.get("torch", {}).get(0, {}).get("status") == "ok"}
+    if not usable:
+        return None
+    wanted = (recommendation["format"], recommendation["store"], "fast") if recommendation else None
+    group = wanted if wanted in usable else sorted(usable)[0]
+    by_backend = usable[group]
+    common = set.intersection(*({w for w, cell in cells.items() if w > 0 and cell["status"] == "ok"}
+                                for cells in by_backend.values()))
+    if not common:
+        return None
+    workers = max(common)
+    serial = by_backend["torch"][0]["samples_per_s"]
+    rates = {backend: cells[workers]["samples_per_s"] for backend, cells in by_backend.items()}
+    ratios = {backend: round(rate / serial, 2) for backend, rate in rates.items()}
+    return {"format": group[0], "store": group[1], "read_path": group[2], "num_workers": workers,
+            "serial_samples_per_s": serial, "samples_per_s": rates, "ratio_to_serial": ratios,
+            "text": backends_sentence(" ".join(p for p in group if p != "-"), workers, ratios)}
 
 
 def recommend(summary: dict[Key, dict[int, dict[str, Any]]], baseline: str | None) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from fastdata.bench.config import BACKENDS, BenchConfig, Case, auto_workers
+from fastdata.bench.probes import ReadyBatchesOf
 from fastdata.bench.runner import make_row, run_isolated
 from fastdata.errors import InvalidOptionError
 from fastdata.machine import usable_cores
@@ -40,7 +41,7 @@ def sweep(
     dataset: Any,
     batch_size: int = 256,
     workers: Iterable[int] | None = None,
-    backends: Iterable[str] = ("torch",),
+    backends: Iterable[str] = BACKENDS,
     step: float | Callable[[Any], Any] | str | None = None,
     *,
     paths: Iterable[str] = PATHS,
@@ -95,8 +96,6 @@ def _transfer_probe(dataset: Any, config: BenchConfig) -> list[Case]:
     a probe that returns ready copies of a real batch, at num_workers=0 and the fewest workers
     (the ``probe transfer`` rows ``fastdata bench`` writes too; verdicts use the difference).
     The batch is read in the configuration's own process, never here."""
-    from fastdata.tuning import ReadyBatchesOf
-
     with_workers = [w for w in config.workers if w > 0]
     if not with_workers or len(dataset) == 0:
         return []

@@ -12,7 +12,7 @@ from fastdata.options import parse_source_option
 
 
 EXAMPLES = """
-  fastdata bench --demo                                  # a generated image folder: about a minute
+  fastdata bench --demo                                  # a generated image folder: under 3 minutes on 2 cores
   fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --num-workers 0,2,4
   fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
   fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
@@ -36,8 +36,9 @@ def add_parser(commands) -> None:
                         help="image folder, torchvision:NAME, a converted dataset, or module:name (any map-style "
                         "Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
-    parser.add_argument("--formats", "--format", dest="formats", default=",".join(available_formats()), metavar="LIST",
-                        help=f"comma-separated formats (default: all: {','.join(available_formats())})")
+    parser.add_argument("--formats", "--format", dest="formats", default=None, metavar="LIST",
+                        help=f"comma-separated formats (default: all: {','.join(available_formats())}; "
+                        f"{','.join(DEMO['formats'])} with --demo)")
     parser.add_argument("--stores", "--store", dest="store", default="raw,encoded", metavar="LIST",
                         help="comma-separated stores of the converted formats (default: raw,encoded)")
     parser.add_argument("--resize", metavar="HxW",
@@ -46,10 +47,10 @@ def add_parser(commands) -> None:
                         help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
     parser.add_argument("--workers", dest="workers", action=DeprecatedAlias, command="bench", replacement="--num-workers")
     parser.add_argument("--batch-size", type=int, default=None, metavar="N",
-                        help="DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 25 batches "
+                        help="DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 24 batches "
                         "long: fewer are too short to time)")
-    parser.add_argument("--epochs", type=int, default=3, metavar="N",
-                        help="measured epochs per configuration (median reported)")
+    parser.add_argument("--epochs", type=int, default=None, metavar="N",
+                        help="measured epochs per configuration (median reported; default: 3, 2 with --demo)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="unmeasured epochs first")
     parser.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
                         help="simulated training step per batch (a sleep)")
@@ -60,15 +61,17 @@ def add_parser(commands) -> None:
     parser.add_argument("--start-method", metavar="METHOD",
                         help="DataLoader worker start method: fork, spawn or forkserver (default: the platform's)")
     parser.add_argument("--pin-memory", action="store_true", help="DataLoader pin_memory=True")
-    parser.add_argument("--persistent-workers", action="store_true", help="DataLoader persistent_workers=True")
+    parser.add_argument("--persistent-workers", action="store_true",
+                        help="DataLoader persistent_workers=True (always with --demo: its epochs are short, and "
+                        "starting workers every epoch would measure start-up, not loading)")
     parser.add_argument("--prefetch-factor", type=int, default=2, metavar="N",
                         help="DataLoader prefetch_factor (batches loaded ahead per worker)")
     parser.add_argument("--cache", default="warm", metavar="warm|cold",
                         help="warm, or cold: evict the dataset's files from the page cache each epoch")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
-    parser.add_argument("--backends", "--backend", dest="backend", default="torch", metavar="LIST",
-                        help="comma-separated fastdata.loader backends to measure on the fast path: "
-                        "torch,thread,process")
+    parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
+                        help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
+                        "formats (default: torch,thread,process; at num_workers=0 they are one serial loop)")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out)")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
@@ -82,7 +85,13 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run_bench)
 
 
-DEMO = {"small": 3000, "large": 150, "resize": "32x32", "batch_size": 128}
+# 3,030 images: 24 batches of 128 an epoch (fewer are too short to time); 30 large JPEGs and 2
+# measured epochs keep the whole demo, fastdata's backends included, under 3 minutes on 2 cores, and
+# so does leaving tar out (its reader streams: the backends do not apply to it); persistent workers,
+# so that an epoch of 24 batches measures loading rather than worker start-up
+DEMO = {"small": 3000, "large": 30, "resize": "32x32", "batch_size": 128, "epochs": 2, "persistent_workers": True,
+        "formats": ("folder", "npy", "hdf5")}
+EPOCHS = 3
 BATCH_SIZE = 256
 
 
@@ -96,7 +105,7 @@ def batch_size_of(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from fastdata.bench import BenchConfig, bench_dataset, parse_workers, run_bench
+    from fastdata.bench import bench_dataset, run_bench
 
     out = Path(args.out)
     source = args.source
@@ -108,16 +117,7 @@ def run_bench(args: argparse.Namespace) -> int:
         resize = resize or DEMO["resize"]
     elif source is None:
         raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), or --demo.")
-    config = BenchConfig(
-        formats=tuple(f for f in args.formats.split(",") if f),
-        stores=tuple(s for s in args.store.split(",") if s),
-        workers=tuple(parse_workers(args.workers)),
-        resize=resize, batch_size=batch_size_of(args), epochs=args.epochs, warmup=args.warmup,
-        step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
-        pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
-        prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
-        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()), step=args.step,
-    )
+    config = config_of(args, resize)
     source_options = {"root": args.root, "split": args.split, "download": args.download}
     if args.source_option:
         source_options["source_options"] = dict(parse_source_option(text) for text in args.source_option)
@@ -163,6 +163,30 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_of(args: argparse.Namespace, resize: str | None):
+    """The grid ``fastdata bench`` measures, from its options (``resize``: ``--resize``, or the
+    demo's)."""
+    from fastdata.bench import BenchConfig, parse_workers
+    from fastdata.formats import available_formats
+
+    if args.formats is not None:
+        formats = tuple(f for f in args.formats.split(",") if f)
+    else:
+        formats = DEMO["formats"] if args.demo else tuple(available_formats())
+    return BenchConfig(
+        formats=formats,
+        stores=tuple(s for s in args.store.split(",") if s),
+        workers=tuple(parse_workers(args.workers)),
+        resize=resize, batch_size=batch_size_of(args), warmup=args.warmup,
+        epochs=args.epochs if args.epochs is not None else DEMO["epochs"] if args.demo else EPOCHS,
+        step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
+        pin_memory=args.pin_memory,
+        persistent_workers=args.persistent_workers or (args.demo and DEMO["persistent_workers"]),
+        prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
+        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()), step=args.step,
+    )
+
+
 def report_text(result, source: str, config) -> str:
     """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
     short reasons and the files written."""
@@ -178,6 +202,8 @@ def report_text(result, source: str, config) -> str:
                          f"{state} in {item['conversion_s']:.1f} s")
     if result.recommendation:
         lines += ["", "recommendation: " + result.recommendation]
+    if result.backends:
+        lines.append("backends: " + result.backends)
     lines += ["", *result.warnings, *([""] if result.warnings else []), result.table, "", "why:"]
     lines += [f"  {line}" for line in result.verdicts]
     out = result.out

@@ -54,13 +54,15 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run_tune)
 
 
-def open_source(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The Dataset to tune, and the source to predict a conversion for (None: none applies)."""
+def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
+    """The Dataset to tune, the source to predict a conversion for, and when none applies
+    (None) the reason, for ``--json``'s ``conversion``."""
     from fastdata.importing import is_import_string, load_dataset
 
     source = args.source
     if is_import_string(source):
-        return load_dataset(source), None
+        return load_dataset(source), None, ("the source is a Python Dataset (module:name): a conversion is predicted "
+                                            "for an image folder or a torchvision source")
     resize = _size(args.resize)
     if source.startswith("torchvision:"):
         from torchvision.transforms.v2.functional import pil_to_tensor
@@ -76,7 +78,7 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any]:
         options = {parse_source_option(text)[0]: parse_source_option(text)[1] for text in args.source_option}
         options["transform"] = _Chain(steps)
         dataset = torchvision_dataset(source[len("torchvision:"):], root=args.root, split=args.split, options=options)
-        return dataset, source
+        return dataset, source, None
     path = Path(source)
     if not path.exists():
         raise InvalidOptionError(
@@ -90,10 +92,11 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any]:
         from fastdata.formats import get_format
 
         spec = get_format(manifest["format"])
-        return (spec.map_dataset or spec.dataset)(path), None  # tune needs random access (tar: TarIndexedDataset)
+        dataset = (spec.map_dataset or spec.dataset)(path)  # tune needs random access (tar: TarIndexedDataset)
+        return dataset, None, f"the source is already converted ({manifest['format']} {manifest['store']})"
     from fastdata.formats.folder import FolderDataset
 
-    return FolderDataset(path, resize=resize), source
+    return FolderDataset(path, resize=resize), source, None
 
 
 def _size(text: str | None) -> Any:
@@ -108,7 +111,7 @@ def _size(text: str | None) -> Any:
 def run_tune(args: argparse.Namespace) -> int:
     from fastdata.tuning import tune
 
-    dataset, convert_source = open_source(args)
+    dataset, convert_source, no_conversion = open_source(args)
     step: Any = args.step if args.step else (args.step_ms or None)
     backends = tuple(part.strip() for part in args.backend.split(",") if part.strip())
 
@@ -118,6 +121,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
     recommendation = tune(dataset, batch_size=args.batch_size, step=step, budget_s=args.budget_s, backends=backends,
                           start_method=args.start_method, convert_source=convert_source, progress=progress)
+    if no_conversion:
+        recommendation.conversion = {"skipped": no_conversion}
     if args.json:
         print(json.dumps(recommendation.to_dict(), indent=2, default=str))
         return 0

@@ -32,19 +32,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from fastdata.bench.probes import ReadyBatches, ReadyBatchesOf
+from fastdata.bench.sweep import step_options
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.explain import tune_paragraph
 from fastdata.loading import BACKENDS
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (
-    PROBE_BATCHES, Measurements, ProbeResult, ReadyBatches, ReadyBatchesOf, _batches, _loader, _start_method,
-    _timed_calls, measure, probe,
+    PROBE_BATCHES, Measurements, ProbeResult, _batches, _loader, _start_method, measure, probe,
 )
 from fastdata.tuning.model import TIE, WAIT_TARGET, _candidates, _pick, _to_confirm, predict
 
 MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
 EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)
 CONVERSION_PROBE_S = 2.0  # added for a probe conversion of a folder or torchvision source
+CONVERSION_PROBE_SAMPLES = 512  # converted by the probe (fewer when the dataset is smaller) ...
+CONVERSION_PROBE_FETCHES = 16  # ... then this many batches fetched from it, timed: work, not a time share
+NO_CONVERT_SOURCE = ("no convert_source was given: a conversion is predicted for an image folder or a torchvision "
+                     "source")
 
 __all__ = ["Measurements", "PROBE_BATCHES", "ProbeResult", "ReadyBatches", "ReadyBatchesOf", "Recommendation",
            "TIE", "WAIT_TARGET", "measure", "predict", "predict_conversion", "probe", "tune"]
@@ -71,7 +76,7 @@ class Recommendation:
     pss_mb_per_worker: float | None
     measurements: Measurements
     candidates: list[dict[str, Any]] = field(default_factory=list)
-    conversion: dict[str, Any] | None = None
+    conversion: dict[str, Any] | None = None  # tune() always sets it: a prediction, an error, or why none
     multiprocessing_context: str | None = None
     elapsed_s: float = 0.0
     budget_s: float = 0.0
@@ -146,7 +151,11 @@ def tune(
     with the batch, or ``"module:function"``. ``budget_s`` bounds the whole run. ``start_method``
     (default: this platform's) decides whether worker processes need a picklable dataset.
     ``convert_source`` (a folder path or ``torchvision:NAME``, with ``convert_options``) adds a
-    prediction of what converting it to a fastdata format would give."""
+    prediction of what converting it to a fastdata format would give: a probe conversion of a
+    sample that always runs, even once the budget is spent (it is bounded by its work, not by
+    the time left). ``Recommendation.conversion`` always says what became of it: the prediction,
+    ``{"format", "store", "error"}`` when the probe conversion failed, or ``{"skipped": reason}``
+    without a ``convert_source``."""
     started = time.perf_counter()
     say = progress or (lambda message: None)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -157,8 +166,6 @@ def tune(
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise InvalidOptionError(f"Unknown backend {unknown[0] if unknown else ''!r}. Allowed: {', '.join(map(repr, BACKENDS))}.")
-    from fastdata.bench.sweep import step_options
-
     options = step_options(step)
     step_fn = options.get("step")
     if isinstance(step_fn, str):
@@ -206,13 +213,11 @@ def tune(
         budget_s=requested_budget, effective_budget_s=budget_s,
     )
     recommendation.dataloader_settings = _dataloader_settings(rows, m, batch_size)
-    if convert_source is not None:
-        left = budget_s - (time.perf_counter() - started)
-        if left > 1.0:
-            say("probe conversion of a sample")
-            recommendation.conversion = predict_conversion(
-                dataset, m, recommendation, backends, limit_workers, seconds=left - 0.5,
-            )
+    if convert_source is not None:  # always, whatever is left of the budget: it is bounded by its work
+        say("probe conversion of a sample")
+        recommendation.conversion = predict_conversion(dataset, m, recommendation, backends, limit_workers)
+    else:
+        recommendation.conversion = {"skipped": NO_CONVERT_SOURCE}
     recommendation.elapsed_s = time.perf_counter() - started
     return recommendation
 
@@ -255,9 +260,12 @@ def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size
 
 
 def predict_conversion(dataset: Any, m: Measurements, current: Recommendation, backends: tuple[str, ...],
-                       max_workers: int, *, seconds: float, probe_samples: int = 512) -> dict[str, Any] | None:
-    """Convert a sample of ``dataset`` (what the source reads as) to npy, time its fetch, and
-    predict the best rate after a full conversion (same hand-over costs: same batch)."""
+                       max_workers: int, *, probe_samples: int = CONVERSION_PROBE_SAMPLES,
+                       fetches: int = CONVERSION_PROBE_FETCHES) -> dict[str, Any]:
+    """Convert a sample of ``dataset`` (what the source reads as) to npy, time ``fetches``
+    batch fetches from it (the median), and predict the best rate after a full conversion
+    (same hand-over costs: same batch). Bounded by that work alone, never by a time budget.
+    A conversion that fails gives ``{"format", "store", "error"}``."""
     from torch.utils.data import Subset
 
     from fastdata.api import open_dataset
@@ -274,10 +282,14 @@ def predict_conversion(dataset: Any, m: Measurements, current: Recommendation, b
         conversion_s = time.perf_counter() - start
         converted = open_dataset(out)
         fetch = BatchFetcher(converted)
-        indices = _batches(count, min(m.batch_size, count), 16)
-        position = iter(range(10**9))
-        fetch_ms = statistics.median(_timed_calls(lambda: fetch(indices[next(position) % len(indices)]),
-                                                  min(1.0, seconds / 2))) * 1000
+        indices = _batches(count, min(m.batch_size, count), fetches)
+        fetch(indices[0])  # the first read opens the files
+        times = []
+        for position in range(fetches):
+            before = time.perf_counter()
+            fetch(indices[position % len(indices)])
+            times.append(time.perf_counter() - before)
+        fetch_ms = statistics.median(times) * 1000
     scaled = dict(asdict(m), fetch_ms=fetch_ms, loop_ms=fetch_ms + m.overhead_ms)
     after = Measurements(**scaled)
     best = max(_candidates(after, backends, max_workers), key=lambda r: r["predicted_samples_per_s"])
