@@ -23,7 +23,7 @@ from fastdata.errors import InvalidOptionError
 from fastdata.formats import FormatSpec, available_formats, get_format, registered
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.formats.npyfile import npy_header
-from fastdata.options import ConvertOptions
+from fastdata.conversion.options import ConvertOptions
 from conftest import WRITABLE_FORMATS
 from format_contract import CONTRACTS
 
@@ -168,7 +168,7 @@ def test_key_fields_and_manifest_options_come_from_the_fields() -> None:
 
 def test_every_option_is_a_convert_flag_with_help() -> None:
     from fastdata.cli import build_parser
-    from fastdata.options import cli_fields
+    from fastdata.conversion.options import cli_fields
 
     parser = build_parser()
     convert = parser._subparsers._group_actions[0].choices["convert"]

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """One local cluster for the module; its workers kill themselves once while converting unit 2 of
-    an output in the ``kill`` folder (the test hook of fastdata.scale.ray_engine)."""
+    an output in the ``kill`` folder (the test hook of fastdata.conversion.scale.ray_engine)."""
     kill = tmp_path_factory.mktemp("kill")
     marker = kill / "killed"
     previous = os.environ.get("FASTDATA_TEST_KILL_UNIT")

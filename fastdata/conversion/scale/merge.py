@@ -13,19 +13,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from fastdata import journal
-from fastdata.engine import Target, abort_writer, close_writer
+from fastdata.conversion import journal
+from fastdata.conversion.engine import Target, abort_writer, close_writer
 from fastdata.errors import PartsError, SourceChangedError
-from fastdata.fingerprint import describe_changes
+from fastdata.conversion.fingerprint import describe_changes
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
-from fastdata.options import ConvertOptions
-from fastdata.locks import ConversionLock
-from fastdata.outputs import check_existing, check_output_path, partial_removed_on_failure, publish
-from fastdata.pipeline import with_mode
-from fastdata.scale.staging import is_staging, read_records, remove_staging
-from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, unit_batches
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import check_existing, check_output_path, partial_removed_on_failure, publish
+from fastdata.conversion.pipeline import with_mode
+from fastdata.conversion.scale.staging import is_staging, read_records, remove_staging
+from fastdata.conversion.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, unit_batches
 
 Progress = Callable[[int, int], None]
 
@@ -70,7 +70,7 @@ def options_from_fields(fields: dict[str, Any]) -> ConvertOptions:
 
 
 def _plan(record: dict[str, Any], options: ConvertOptions) -> Plan:
-    from fastdata.scale.parts import plan_from_record
+    from fastdata.conversion.scale.parts import plan_from_record
 
     return plan_from_record(record, options)
 
@@ -155,8 +155,8 @@ def settle_mode(plan: Plan, gray_guess: bool, units: list[Unit], records: list[d
 def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, units: list[Unit],
                source: Any) -> list[dict[str, Any]]:
     from fastdata.conversion import open_source
-    from fastdata.pipeline import plan_job
-    from fastdata.scale.parts import convert_here
+    from fastdata.conversion.pipeline import plan_job
+    from fastdata.conversion.scale.parts import convert_here
 
     reopen = record.get("reopen")
     if source is None and reopen is None:

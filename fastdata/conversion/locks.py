@@ -2,7 +2,7 @@
 when its holder dies, naming the holding process for whoever is refused.
 
 A whole conversion, the Ray driver and ``fastdata merge`` hold it exclusively; the parts of a job
-array share it (:class:`fastdata.scale.staging.PartLock`). Without ``flock`` (Windows) an
+array share it (:class:`fastdata.conversion.scale.staging.PartLock`). Without ``flock`` (Windows) an
 exclusively created file stands in, taken over when its process is gone.
 """
 
@@ -63,7 +63,7 @@ class ConversionLock:
             OutputLockedError, errno.EAGAIN, f"Cannot lock {str(self.path)!r}: it keeps being replaced. Is another program using it?"
         )
 
-    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.scale.staging.PartLock)
+    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.conversion.scale.staging.PartLock)
 
     def _busy(self, holder: str) -> str:
         """Why the lock is refused while ``holder`` has it."""

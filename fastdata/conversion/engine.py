@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata import journal
+from fastdata.conversion import journal
 from fastdata._version import __version__
 from fastdata.errors import BadSampleError
 from fastdata.formats import FormatSpec
 from fastdata.formats.base import Plan
-from fastdata.options import ConvertOptions
-from fastdata.outputs import partial_path, remove_path
-from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.outputs import partial_path, remove_path
+from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``fastdata convert SOURCE OUTPUT --part I/N``: one part of a job array (Slurm array, Kubernetes
-indexed job). Every part plans the same units from the source (:mod:`fastdata.scale.units`),
+indexed job). Every part plans the same units from the source (:mod:`fastdata.conversion.scale.units`),
 converts its own block of them into ``OUTPUT.partial.units`` with a local process pool, and
-records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.scale.merge`) writes the output once
+records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.conversion.scale.merge`) writes the output once
 every part is there.
 
 ``--mode auto`` across parts: each part plans from the same first 64 readable images. When they
@@ -19,13 +19,13 @@ from typing import Any, Callable
 from fastdata.formats import get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
-from fastdata.options import ConvertOptions
-from fastdata.outputs import check_existing, prepare_output
-from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
-from fastdata.scale.staging import (
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.outputs import check_existing, prepare_output
+from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
+from fastdata.conversion.scale.staging import (
     PART_PATTERN, PartLock, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
+from fastdata.conversion.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
 from fastdata.sources import Source
 
 Progress = Callable[[int, int], None]
@@ -33,7 +33,7 @@ Progress = Callable[[int, int], None]
 
 def conversion_key(src: Source, options: ConvertOptions) -> tuple[dict[str, Any], str]:
     """The fields that determine the output's bytes, and their digest (the manifest's ``conversion_key``)."""
-    from fastdata import journal
+    from fastdata.conversion import journal
     from fastdata.conversion import _key_fields
 
     fields = _key_fields(get_format(options.format, writable=True), src, options)
@@ -91,7 +91,7 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
         record = {"part": part, "parts": parts, "key": key, "fields": fields, "fingerprint": fingerprint,
                   "unit_samples": options.unit_samples, "plan": plan_record(job), "source": src.describe(),
                   "options": options.describe(), "reopen": source, "overwrite": options.overwrite}
-        from fastdata.scale.merge import check_agreement
+        from fastdata.conversion.scale.merge import check_agreement
 
         for other in earlier:
             check_agreement(output, record, other)

@@ -18,8 +18,8 @@ from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
 )
 from fastdata.formats.base import Batch, Plan
-from fastdata.options import ConvertOptions
-from fastdata.folders import printable
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.folders import printable
 from fastdata.machine import become_worker, stop_signals_held
 from fastdata.sources import ArraySource, Source
 

@@ -8,7 +8,7 @@ cluster), under a temporary name renamed when complete, so a worker killed mid-t
 unit that looks finished; Ray runs the task again (``max_retries``). Bad input fails the task
 with the same error as the local engine (not retried: it would fail again); the driver reports
 the first bad unit in source order. The driver then writes the output from the units with the
-format's writer (:func:`fastdata.scale.merge.write_output`): it is the single writer of an HDF5
+format's writer (:func:`fastdata.conversion.scale.merge.write_output`): it is the single writer of an HDF5
 file, and npy and tar come out byte-identical to ``--engine local``.
 """
 
@@ -23,14 +23,14 @@ from typing import Any, Callable, Iterator
 from fastdata.errors import DependencyMissingError, EngineError
 from fastdata.formats import get_format
 from fastdata.images import disable_pillow_limit
-from fastdata.options import ConvertOptions
-from fastdata.locks import ConversionLock
-from fastdata.outputs import check_existing, prepare_output
-from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
-from fastdata.scale.merge import settle_mode, write_output
-from fastdata.scale.parts import _Counter, conversion_key
-from fastdata.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
-from fastdata.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import check_existing, prepare_output
+from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
+from fastdata.conversion.scale.merge import settle_mode, write_output
+from fastdata.conversion.scale.parts import _Counter, conversion_key
+from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
+from fastdata.conversion.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
 from fastdata.sources import Source
 
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times

@@ -1,7 +1,7 @@
 """The conversion driver behind ``fastdata.convert``: source -> parallel decode/resize/encode -> format writer -> dataset.
 
 This module decides *whether* and *where* a conversion writes (the output rules of
-:mod:`fastdata.outputs`, the lock, ``--resume`` and "already complete"); :mod:`fastdata.engine`
+:mod:`fastdata.conversion.outputs`, the lock, ``--resume`` and "already complete"); :mod:`fastdata.conversion.engine`
 does the writing. Output goes to ``<output>.partial`` and is renamed to ``<output>`` only when
 complete, so a failed or interrupted conversion never leaves something that looks like a dataset.
 """
@@ -14,20 +14,20 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata import journal
-from fastdata.engine import Target, write_job
+from fastdata.conversion import journal
+from fastdata.conversion.engine import Target, write_job
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
-from fastdata.fingerprint import describe_changes
+from fastdata.conversion.fingerprint import describe_changes
 from fastdata.formats import find_manifest, format_for_output, get_format
 from fastdata.machine import usable_cores
-from fastdata.options import ConvertOptions, parse_reencode, parse_size
-from fastdata.locks import ConversionLock
-from fastdata.outputs import (
+from fastdata.conversion.options import ConvertOptions, parse_reencode, parse_size
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import (
     PARTIAL_SUFFIX, check_existing, check_output_path, partial_removed_on_failure,
     prepare_output, publish, remove_path,
 )
-from fastdata.pipeline import ModeConflict, plan_job
-from fastdata.scale.staging import check_no_parts
+from fastdata.conversion.pipeline import ModeConflict, plan_job
+from fastdata.conversion.scale.staging import check_no_parts
 from fastdata.sources import FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source
 
 __all__ = ["PARTIAL_SUFFIX", "convert", "open_source", "parse_reencode", "parse_size", "remove_path", "run_conversion"]
@@ -46,7 +46,7 @@ def convert(
 
     ``source`` is an image folder, ``"torchvision:NAME"``, a map-style dataset of
     ``(image, label)``, or a dataset written by ``fastdata convert``. ``options`` is a
-    :class:`~fastdata.options.ConvertOptions`; keyword ``overrides`` set its fields (``format``,
+    :class:`~fastdata.conversion.options.ConvertOptions`; keyword ``overrides`` set its fields (``format``,
     ``store``, ``resize="64x64"``, ``workers``, ``resume``, ``root``/``split``/``download``/
     ``source_options`` for torchvision sources, ...) or the format's own options
     (``compression`` for hdf5, ``shard_bytes`` for tar). Without ``format``, the output's name
@@ -63,12 +63,12 @@ def convert(
     options = ConvertOptions.build(options, **overrides)
     check_output_path(output)
     if options.engine == "ray":
-        from fastdata.scale.ray_engine import convert_on_ray, import_ray
+        from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray
 
         import_ray()  # says how to install it before the source is read
         return convert_on_ray(open_source(source, options), output, options, progress)
     if options.part is not None:
-        from fastdata.scale.parts import convert_part, source_argument
+        from fastdata.conversion.scale.parts import convert_part, source_argument
 
         return convert_part(open_source(source, options), output, options, progress,
                             source=source_argument(source, options))
@@ -99,7 +99,7 @@ def run_conversion(
     options: ConvertOptions,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert ``src`` into ``output`` under the output rules of :mod:`fastdata.outputs`."""
+    """Convert ``src`` into ``output`` under the output rules of :mod:`fastdata.conversion.outputs`."""
     options = options.for_output(output)
     # an existing output is refused at once, before fingerprinting the source
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=options.resume)

@@ -3,7 +3,7 @@
 * ``OUTPUT`` is written under ``OUTPUT.partial`` and renamed into place only when complete.
   ``OUTPUT.partial.json`` (the journal) records that fastdata made that partial output, and
   ``OUTPUT.partial.lock`` lets one conversion at a time write it (an ``flock``, released by
-  the kernel when its process dies, so a stale lock is simply taken over; :mod:`fastdata.locks`).
+  the kernel when its process dies, so a stale lock is simply taken over; :mod:`fastdata.conversion.locks`).
 * An OUTPUT equal to a source, inside it or containing it is refused before anything happens,
   with or without ``--overwrite``.
 * ``--overwrite`` replaces only a dataset fastdata wrote: a manifest it can read, and no file
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
-from fastdata.locks import ConversionLock, _os_error  # noqa: F401 - ConversionLock: imported from here
+from fastdata.conversion.locks import ConversionLock, _os_error  # noqa: F401 - ConversionLock: imported from here
 
 PARTIAL_SUFFIX = ".partial"
 _OLD_INFIX = ".fastdata-old-"
@@ -278,7 +278,7 @@ def partial_removed_on_failure(output: Path, partial: Path) -> Iterator[None]:
     """Around writing ``partial`` (ours: the lock is held and the journal names it): on any
     failure it and the journal are removed and an OSError is reported by its cause; on success
     the journal is removed (the output has been published)."""
-    from fastdata import journal
+    from fastdata.conversion import journal
 
     try:
         yield
