@@ -28,7 +28,8 @@ from fastdata.errors import (
     InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError, SourceChangedError,
 )
 from fastdata.machine import cgroup_cpu_quota
-from fastdata.conversion.outputs import ConversionLock, write_error
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import write_error
 
 
 

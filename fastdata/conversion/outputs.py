@@ -21,10 +21,11 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from fastdata.conversion import journal
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
-from fastdata.conversion.locks import ConversionLock, _os_error  # noqa: F401 - ConversionLock: imported from here
+from fastdata.conversion.locks import os_error
 
 PARTIAL_SUFFIX = ".partial"
 _OLD_INFIX = ".fastdata-old-"
@@ -34,6 +35,26 @@ _LONGEST_SUFFIX = 32
 
 def partial_path(output: Path) -> Path:
     return output.with_name(output.name + PARTIAL_SUFFIX)
+
+
+@dataclass
+class Target:
+    """Where and how one conversion writes: the output, its format, the conversion key, the
+    source's fingerprint and the progress callback."""
+
+    output: Path
+    spec: Any  # a fastdata.formats.FormatSpec
+    key: str
+    fingerprint: dict[str, Any]
+    progress: Callable[[int, int], None] | None = None
+
+    @property
+    def partial(self) -> Path:
+        return partial_path(self.output)
+
+    def report(self, count: int, total: int) -> None:
+        if self.progress is not None and count:
+            self.progress(count, total)
 
 
 # --- the output path ----------------------------------------------------------------------
@@ -66,7 +87,7 @@ def check_output_path(output: Path) -> None:
             "Choose an output path in a folder."
         )
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise _os_error(
+        raise os_error(
             OutputWriteError, errno.EACCES, f"Cannot create output {shown!r}: no permission to write in folder "
             f"{str(ancestor)!r}. Choose a folder you can write to."
         )
@@ -254,7 +275,7 @@ def write_error(output: Path, exc: OSError) -> OutputWriteError:
     where = f" ({exc.filename})" if exc.filename and exc.errno in (errno.ENOENT, errno.EEXIST, errno.EACCES) else ""
     if cause is None:
         cause = f"{exc.strerror or exc}. Check the output folder and convert again"
-    return _os_error(
+    return os_error(
         OutputWriteError, exc.errno, f"Cannot write {str(output)!r}: {cause}{where}; no partial output was left behind."
     )
 
@@ -278,8 +299,6 @@ def partial_removed_on_failure(output: Path, partial: Path) -> Iterator[None]:
     """Around writing ``partial`` (ours: the lock is held and the journal names it): on any
     failure it and the journal are removed and an OSError is reported by its cause; on success
     the journal is removed (the output has been published)."""
-    from fastdata.conversion import journal
-
     try:
         yield
     except BaseException as exc:
