@@ -9,7 +9,6 @@ import io
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -96,19 +95,6 @@ def test_import_fastdata_is_light() -> None:
     code = "import sys, fastdata, fastdata.cli; print(sorted(m for m in ('torch', 'numpy', 'h5py', 'PIL') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
-
-
-@pytest.mark.parametrize("module,replacement", [
-    ("fastdata.formats.tar_reader", "fastdata.formats.tar"),
-    ("fastdata.formats.tar_split", "fastdata.formats.tar.split"),
-    ("fastdata.plan", "fastdata.formats.base"),
-])
-def test_moved_modules_still_import_with_a_deprecation_warning(module: str, replacement: str) -> None:
-    sys.modules.pop(module, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        importlib.import_module(module)
-    assert any(issubclass(w.category, DeprecationWarning) and replacement in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 2, 3), (7, 32, 32, 3), (10**6, 224, 224, 1), (1,)])
