@@ -23,7 +23,7 @@ from fastdata.errors import FastdataError, InvalidOptionError, ShapeMismatchErro
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
 from fastdata.conversion.options import parse_size
-from fastdata.conversion.outputs import remove_path
+from fastdata.conversion.files import remove_path
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (

@@ -103,12 +103,9 @@ def add_parser(commands) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion import convert
-    from fastdata.formats import format_for_output
-    from fastdata.conversion.options import ConvertOptions
+    from fastdata.conversion.plan import decide_options
 
-    given = options_from(args, skip=("source", "output", "quiet", "command", "run"))
-    given["format"] = format_for_output(args.output, given.get("format"))
-    options = ConvertOptions.build(**given)
+    options = decide_options(args.output, **options_from(args, skip=("source", "output", "quiet", "command", "run")))
     before = _manifest_digest(Path(args.output)) if options.resume else None
     with LazyBar(disable=args.quiet, desc=f"convert -> {options.format}") as bar:
         manifest = convert(args.source, args.output, options, progress=bar.update)

@@ -17,15 +17,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fastdata.conversion import journal
+from fastdata.conversion.files import remove_path, sync_folder, unique_sibling
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
 from fastdata.conversion.locks import os_error
+from fastdata.formats import find_manifest
+from fastdata.manifest import MANIFEST_NAME
 
 PARTIAL_SUFFIX = ".partial"
 _OLD_INFIX = ".fastdata-old-"
@@ -142,8 +143,6 @@ def check_not_source(output: Path, protected: list[Protected]) -> None:
 
 def unlisted_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Entries of a dataset directory that its manifest does not list (someone else's files)."""
-    from fastdata.manifest import MANIFEST_NAME
-
     listed = set(manifest.get("files") or {}) | {MANIFEST_NAME}
     found = []
     for entry in sorted(directory.rglob("*")):
@@ -159,8 +158,6 @@ def unlisted_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
 def replaceable_manifest(output: Path) -> dict[str, Any]:
     """The manifest of the fastdata dataset at ``output``, which ``--overwrite`` may replace;
     anything else is refused with a message that suggests no destructive flag."""
-    from fastdata.formats import find_manifest
-
     shown = str(output)
     try:
         manifest = find_manifest(output)
@@ -199,22 +196,6 @@ def check_existing(output: Path, *, overwrite: bool, resume: bool) -> dict[str, 
 # --- one writer per output ------------------------------------------------------------------
 
 
-def remove_path(path: Path) -> None:
-    """Remove a file or directory tree that fastdata wrote (callers check that first)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def unique_sibling(path: Path, infix: str) -> Path:
-    """A name next to ``path`` that does not exist yet (random, so never a user's file)."""
-    while True:
-        candidate = path.with_name(f"{path.name}{infix}{secrets.token_hex(4)}")
-        if not (candidate.exists() or candidate.is_symlink()):
-            return candidate
-
-
 def publish(partial: Path, output: Path, *, replace: bool) -> None:
     """Rename the complete partial output into place.
 
@@ -234,21 +215,11 @@ def publish(partial: Path, output: Path, *, replace: bool) -> None:
         except BaseException:
             os.rename(old, output)
             raise
-        _sync_folder(output.parent)
+        sync_folder(output.parent)
         remove_path(old)
     else:
         os.rename(partial, output)
-    _sync_folder(output.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (POSIX: fsync the directory)."""
-    with contextlib.suppress(OSError):
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+    sync_folder(output.parent)
 
 
 # --- write errors ---------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import Any
 from fastdata.conversion import journal
 from fastdata.conversion.fingerprint import describe_changes
 from fastdata.conversion.options import ConvertOptions
-from fastdata.conversion.outputs import Target, remove_path
+from fastdata.conversion.files import remove_path
+from fastdata.conversion.outputs import Target
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
 
 
