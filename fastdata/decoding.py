@@ -47,7 +47,7 @@ class Decoder:
 
     @classmethod
     def make(cls, mode: str, *, resize: Any = None, center_crop: Any = None, decoder: str = "pil") -> "Decoder":
-        from fastdata.options import parse_size
+        from fastdata.conversion.options import parse_size
 
         if decoder not in DECODERS:
             raise InvalidOptionError(f"Unknown decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS))}.")

@@ -97,15 +97,6 @@ def parse_manifest(text: str, origin: str) -> dict[str, Any]:
     return manifest
 
 
-def read_directory_manifest(path: Path, format_name: str) -> dict[str, Any] | None:
-    """The manifest of a dataset directory of format ``format_name``, or None if it is not one."""
-    candidate = path / MANIFEST_NAME
-    if not path.is_dir() or not candidate.is_file():
-        return None
-    manifest = read_manifest_file(candidate)
-    return manifest if manifest.get("format") == format_name else None
-
-
 def read_manifest_file(path: Path) -> dict[str, Any]:
     """Read a ``manifest.json`` file."""
     try:

@@ -9,7 +9,6 @@ import io
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -23,7 +22,7 @@ from fastdata.errors import InvalidOptionError
 from fastdata.formats import FormatSpec, available_formats, get_format, registered
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.formats.npyfile import npy_header
-from fastdata.options import ConvertOptions
+from fastdata.conversion.options import ConvertOptions
 from conftest import WRITABLE_FORMATS
 from format_contract import CONTRACTS
 
@@ -98,19 +97,6 @@ def test_import_fastdata_is_light() -> None:
     assert result.stdout.strip() == "[]", result.stderr
 
 
-@pytest.mark.parametrize("module,replacement", [
-    ("fastdata.formats.tar_reader", "fastdata.formats.tar"),
-    ("fastdata.formats.tar_split", "fastdata.formats.tar.split"),
-    ("fastdata.plan", "fastdata.formats.base"),
-])
-def test_moved_modules_still_import_with_a_deprecation_warning(module: str, replacement: str) -> None:
-    sys.modules.pop(module, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        importlib.import_module(module)
-    assert any(issubclass(w.category, DeprecationWarning) and replacement in str(w.message) for w in caught)
-
-
 @pytest.mark.parametrize("shape", [(0, 2, 2, 3), (7, 32, 32, 3), (10**6, 224, 224, 1), (1,)])
 def test_the_one_npy_header_writer_equals_numpys(shape: tuple[int, ...]) -> None:
     buffer = io.BytesIO()
@@ -168,7 +154,7 @@ def test_key_fields_and_manifest_options_come_from_the_fields() -> None:
 
 def test_every_option_is_a_convert_flag_with_help() -> None:
     from fastdata.cli import build_parser
-    from fastdata.options import cli_fields
+    from fastdata.conversion.options import cli_fields
 
     parser = build_parser()
     convert = parser._subparsers._group_actions[0].choices["convert"]

@@ -254,7 +254,7 @@ def test_cli_flags_come_from_the_options() -> None:
         ["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"]
     )
     from fastdata.cli.convert import options_from
-    from fastdata.options import ConvertOptions
+    from fastdata.conversion.options import ConvertOptions
 
     options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))
     assert options.format_options == HDF5Options(compression="gzip:4", chunk_images=64)

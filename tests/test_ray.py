@@ -19,20 +19,30 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """One local cluster for the module; its workers kill themselves once while converting unit 2 of
-    an output in the ``kill`` folder (the test hook of fastdata.scale.ray_engine)."""
+    an output in the ``kill`` folder: a Ray ``worker_process_setup_hook`` wraps ``UnitWriter.write``
+    in every worker so that the worker exits (``os._exit``) after writing that unit's first batch."""
     kill = tmp_path_factory.mktemp("kill")
     marker = kill / "killed"
-    previous = os.environ.get("FASTDATA_TEST_KILL_UNIT")
-    os.environ["FASTDATA_TEST_KILL_UNIT"] = f"2:{marker}"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    def die_in_unit_2() -> None:  # runs in each Ray worker as it starts (pickled by value: a local function)
+        from fastdata.conversion.scale import units
+
+        write = units.UnitWriter.write
+
+        def write_then_die(self, batch, offset=0):
+            write(self, batch, offset)
+            if self.unit.number == 2 and self.final.parent.parent == kill and not marker.exists():
+                marker.touch()
+                os._exit(1)
+
+        units.UnitWriter.write = write_then_die
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": die_in_unit_2})
     try:
         yield kill, marker
     finally:
         ray.shutdown()
-        if previous is None:
-            os.environ.pop("FASTDATA_TEST_KILL_UNIT")
-        else:
-            os.environ["FASTDATA_TEST_KILL_UNIT"] = previous
 
 
 def test_a_killed_worker_is_retried_and_the_output_is_identical(cluster, tmp_path: Path) -> None:

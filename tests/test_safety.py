@@ -23,12 +23,13 @@ from PIL import Image
 
 import fastdata
 from conftest import WRITABLE_FORMATS, pattern, save
-from fastdata import journal
+from fastdata.conversion import journal
 from fastdata.errors import (
     InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError, SourceChangedError,
 )
 from fastdata.machine import cgroup_cpu_quota
-from fastdata.outputs import ConversionLock, write_error
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import write_error
 
 
 

@@ -69,7 +69,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         from fastdata.importing import is_import_string
-        from fastdata.options import STORES
+        from fastdata.conversion.options import STORES
 
         checks = [
             (self.transform in TRANSFORMS or is_import_string(self.transform),

@@ -22,8 +22,8 @@ from fastdata.bench.config import BenchConfig, Case
 from fastdata.errors import FastdataError, InvalidOptionError, ShapeMismatchError
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
-from fastdata.options import parse_size
-from fastdata.outputs import remove_path
+from fastdata.conversion.options import parse_size
+from fastdata.conversion.files import remove_path
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (
@@ -245,7 +245,7 @@ def check_source(source: Any) -> None:
 
 def resolve(source: Any, options: dict[str, Any]) -> Source:
     from fastdata.conversion import open_source
-    from fastdata.options import ConvertOptions
+    from fastdata.conversion.options import ConvertOptions
 
     check_source(source)
     return open_source(source, ConvertOptions(**options))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastdata.cli.common import DeprecatedAlias, add_command, human_bytes
 from fastdata.errors import InvalidOptionError
-from fastdata.options import parse_source_option
+from fastdata.conversion.options import parse_source_option
 
 
 EXAMPLES = """

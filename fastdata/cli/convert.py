@@ -1,4 +1,4 @@
-"""``fastdata convert``: its flags come from :class:`~fastdata.options.ConvertOptions` (and the
+"""``fastdata convert``: its flags come from :class:`~fastdata.conversion.options.ConvertOptions` (and the
 format options of every registered format), so a new option is one dataclass field."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`ConvertOptions` field and per format option; flags not given are not
     set at all (``argparse.SUPPRESS``), so the dataclass defaults apply and parse the values."""
     from fastdata.formats import available_formats
-    from fastdata.options import cli_fields
+    from fastdata.conversion.options import cli_fields
 
     groups = {key: parser.add_argument_group(title) for key, title in _GROUPS.items()}
     for field in cli_fields():
@@ -64,7 +64,7 @@ def add_option_flags(parser: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The option values given on the command line, as ConvertOptions keywords."""
-    from fastdata.options import parse_source_option
+    from fastdata.conversion.options import parse_source_option
 
     given = {key: value for key, value in vars(args).items() if key not in skip}
     if "source_options" in given:
@@ -103,12 +103,9 @@ def add_parser(commands) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion import convert
-    from fastdata.formats import format_for_output
-    from fastdata.options import ConvertOptions
+    from fastdata.conversion.plan import decide_options
 
-    given = options_from(args, skip=("source", "output", "quiet", "command", "run"))
-    given["format"] = format_for_output(args.output, given.get("format"))
-    options = ConvertOptions.build(**given)
+    options = decide_options(args.output, **options_from(args, skip=("source", "output", "quiet", "command", "run")))
     before = _manifest_digest(Path(args.output)) if options.resume else None
     with LazyBar(disable=args.quiet, desc=f"convert -> {options.format}") as bar:
         manifest = convert(args.source, args.output, options, progress=bar.update)

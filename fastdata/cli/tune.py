@@ -10,7 +10,7 @@ from typing import Any
 
 from fastdata.cli.common import add_command
 from fastdata.errors import InvalidOptionError
-from fastdata.options import parse_source_option
+from fastdata.conversion.options import parse_source_option
 
 EXAMPLES = """
   fastdata tune ./photos --resize 64x64          # an image folder (also predicts converting it)
@@ -102,7 +102,7 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 def _size(text: str | None) -> Any:
     if not text:
         return None
-    from fastdata.options import parse_size
+    from fastdata.conversion.options import parse_size
 
     size = parse_size(text, flag="--resize", allow_single=True)
     return size[0] if len(size) == 1 else tuple(size)

@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.images import ReadOptions
-from fastdata.outputs import Protected
+from fastdata.conversion.outputs import Protected
 
 
 class Source:
@@ -40,7 +40,7 @@ class Source:
         raise NotImplementedError
 
     def fingerprint(self) -> dict[str, Any]:
-        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.fingerprint`)."""
+        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.conversion.fingerprint`)."""
         raise NotImplementedError
 
     def protected(self) -> list[Protected]:

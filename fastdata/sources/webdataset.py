@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata import fingerprint
+from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
-from fastdata.outputs import Protected
+from fastdata.conversion.outputs import Protected
 from fastdata.sources.base import Source
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")

@@ -16,7 +16,7 @@ from fastdata.errors import CorruptDataError, InvalidOptionError
 from fastdata.formats import FormatSpec, register
 from fastdata.decoding import Decoder
 from fastdata.reader import MapDataset
-from fastdata.folders import scan_folder
+from fastdata.conversion.folders import scan_folder
 
 
 class FolderDataset(MapDataset):

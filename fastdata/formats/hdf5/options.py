@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import DependencyMissingError, InvalidOptionError
-from fastdata.options import parse_count
+from fastdata.conversion.options import parse_count
 
 CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
 PLUGIN_CODECS = ("blosc", "lz4", "zstd")  # need the hdf5plugin package

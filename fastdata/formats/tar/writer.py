@@ -21,7 +21,7 @@ from fastdata.formats.tar.layout import (
 )
 from fastdata.images import sniff_extension
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
-from fastdata.options import parse_bytes, parse_count
+from fastdata.conversion.options import parse_bytes, parse_count
 
 
 @dataclass(frozen=True)

@@ -149,8 +149,8 @@ class ConvertOptions:
     >>> ConvertOptions(format="hdf5", resize="64x64", compression="lzf")   # doctest: +SKIP
     Unknown fields are the format's own options (``compression``, ``shard_bytes``, ...), checked
     by that format. :meth:`replace` returns a copy with some values changed (validated again).
-    ``format=None`` (the default) means "from the output's name": :meth:`for_output` decides it
-    (:func:`fastdata.formats.format_for_output`) and checks the format's own options then.
+    ``format=None`` (the default) means "from the output's name":
+    :func:`fastdata.conversion.plan.decide_options` decides it and checks the format's own options then.
     """
 
     format: str | None = _option(None, "output format: {formats} (default: from OUTPUT's name: .npy npy, "
@@ -269,14 +269,6 @@ class ConvertOptions:
         format_options.update({k: overrides.pop(k) for k in list(overrides) if k not in names})
         values.update(overrides)
         return ConvertOptions(**values, format_options=format_options)
-
-    def for_output(self, output: Any) -> "ConvertOptions":
-        """These options with the format decided for ``output`` (its extension, checked against
-        an explicit ``format``; see :func:`fastdata.formats.format_for_output`)."""
-        from fastdata.formats import format_for_output
-
-        chosen = format_for_output(output, self.format)
-        return self if chosen == self.format else self.replace(format=chosen)
 
     # --- what other parts derive from the fields --------------------------------------------
 

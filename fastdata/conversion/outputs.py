@@ -3,7 +3,7 @@
 * ``OUTPUT`` is written under ``OUTPUT.partial`` and renamed into place only when complete.
   ``OUTPUT.partial.json`` (the journal) records that fastdata made that partial output, and
   ``OUTPUT.partial.lock`` lets one conversion at a time write it (an ``flock``, released by
-  the kernel when its process dies, so a stale lock is simply taken over; :mod:`fastdata.locks`).
+  the kernel when its process dies, so a stale lock is simply taken over; :mod:`fastdata.conversion.locks`).
 * An OUTPUT equal to a source, inside it or containing it is refused before anything happens,
   with or without ``--overwrite``.
 * ``--overwrite`` replaces only a dataset fastdata wrote: a manifest it can read, and no file
@@ -17,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from fastdata.conversion import journal
+from fastdata.conversion.files import remove_path, sync_folder, unique_sibling
 from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
-from fastdata.locks import ConversionLock, _os_error  # noqa: F401 - ConversionLock: imported from here
+from fastdata.conversion.locks import os_error
+from fastdata.formats import find_manifest
+from fastdata.manifest import MANIFEST_NAME
 
 PARTIAL_SUFFIX = ".partial"
 _OLD_INFIX = ".fastdata-old-"
@@ -34,6 +36,26 @@ _LONGEST_SUFFIX = 32
 
 def partial_path(output: Path) -> Path:
     return output.with_name(output.name + PARTIAL_SUFFIX)
+
+
+@dataclass
+class Target:
+    """Where and how one conversion writes: the output, its format, the conversion key, the
+    source's fingerprint and the progress callback."""
+
+    output: Path
+    spec: Any  # a fastdata.formats.FormatSpec
+    key: str
+    fingerprint: dict[str, Any]
+    progress: Callable[[int, int], None] | None = None
+
+    @property
+    def partial(self) -> Path:
+        return partial_path(self.output)
+
+    def report(self, count: int, total: int) -> None:
+        if self.progress is not None and count:
+            self.progress(count, total)
 
 
 # --- the output path ----------------------------------------------------------------------
@@ -66,7 +88,7 @@ def check_output_path(output: Path) -> None:
             "Choose an output path in a folder."
         )
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise _os_error(
+        raise os_error(
             OutputWriteError, errno.EACCES, f"Cannot create output {shown!r}: no permission to write in folder "
             f"{str(ancestor)!r}. Choose a folder you can write to."
         )
@@ -121,8 +143,6 @@ def check_not_source(output: Path, protected: list[Protected]) -> None:
 
 def unlisted_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Entries of a dataset directory that its manifest does not list (someone else's files)."""
-    from fastdata.manifest import MANIFEST_NAME
-
     listed = set(manifest.get("files") or {}) | {MANIFEST_NAME}
     found = []
     for entry in sorted(directory.rglob("*")):
@@ -138,8 +158,6 @@ def unlisted_files(directory: Path, manifest: dict[str, Any]) -> list[str]:
 def replaceable_manifest(output: Path) -> dict[str, Any]:
     """The manifest of the fastdata dataset at ``output``, which ``--overwrite`` may replace;
     anything else is refused with a message that suggests no destructive flag."""
-    from fastdata.formats import find_manifest
-
     shown = str(output)
     try:
         manifest = find_manifest(output)
@@ -178,22 +196,6 @@ def check_existing(output: Path, *, overwrite: bool, resume: bool) -> dict[str, 
 # --- one writer per output ------------------------------------------------------------------
 
 
-def remove_path(path: Path) -> None:
-    """Remove a file or directory tree that fastdata wrote (callers check that first)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def unique_sibling(path: Path, infix: str) -> Path:
-    """A name next to ``path`` that does not exist yet (random, so never a user's file)."""
-    while True:
-        candidate = path.with_name(f"{path.name}{infix}{secrets.token_hex(4)}")
-        if not (candidate.exists() or candidate.is_symlink()):
-            return candidate
-
-
 def publish(partial: Path, output: Path, *, replace: bool) -> None:
     """Rename the complete partial output into place.
 
@@ -213,21 +215,11 @@ def publish(partial: Path, output: Path, *, replace: bool) -> None:
         except BaseException:
             os.rename(old, output)
             raise
-        _sync_folder(output.parent)
+        sync_folder(output.parent)
         remove_path(old)
     else:
         os.rename(partial, output)
-    _sync_folder(output.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (POSIX: fsync the directory)."""
-    with contextlib.suppress(OSError):
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+    sync_folder(output.parent)
 
 
 # --- write errors ---------------------------------------------------------------------------
@@ -254,7 +246,7 @@ def write_error(output: Path, exc: OSError) -> OutputWriteError:
     where = f" ({exc.filename})" if exc.filename and exc.errno in (errno.ENOENT, errno.EEXIST, errno.EACCES) else ""
     if cause is None:
         cause = f"{exc.strerror or exc}. Check the output folder and convert again"
-    return _os_error(
+    return os_error(
         OutputWriteError, exc.errno, f"Cannot write {str(output)!r}: {cause}{where}; no partial output was left behind."
     )
 
@@ -278,8 +270,6 @@ def partial_removed_on_failure(output: Path, partial: Path) -> Iterator[None]:
     """Around writing ``partial`` (ours: the lock is held and the journal names it): on any
     failure it and the journal are removed and an OSError is reported by its cause; on success
     the journal is removed (the output has been published)."""
-    from fastdata import journal
-
     try:
         yield
     except BaseException as exc:

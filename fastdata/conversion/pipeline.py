@@ -1,8 +1,5 @@
-"""The conversion pipeline: planning from the first samples, then per-sample decode, convert,
-resize and encode in a process pool, yielding batches in source order.
-
-:mod:`fastdata.conversion` drives it and hands the batches to the format's writer.
-"""
+"""The per-sample work of a conversion: decode, convert, resize and encode, in this process or a
+process pool, yielding batches in source order (planned by :mod:`fastdata.conversion.plan`)."""
 
 from __future__ import annotations
 
@@ -18,77 +15,12 @@ from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
 )
 from fastdata.formats.base import Batch, Plan
-from fastdata.options import ConvertOptions
-from fastdata.folders import printable
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.folders import printable
 from fastdata.machine import become_worker, stop_signals_held
 from fastdata.sources import ArraySource, Source
 
 _CHUNK_BYTES = 16 * 1024 * 1024
-
-
-# --- planning ---------------------------------------------------------------------------
-
-
-_PROBE_SAMPLES = 64
-
-
-def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, int, int]]]:
-    """Headers (mode, width, height) of the first readable samples (up to 64)."""
-    if isinstance(src, ArraySource):
-        return [(0, src.header(0))]
-    found, first_error = [], None
-    for index in range(len(src)):
-        try:
-            found.append((index, src.header(index, options.read)))
-        except Exception as exc:
-            first_error = first_error or (index, exc)
-            if not options.skip_bad:
-                break
-        if len(found) >= _PROBE_SAMPLES:
-            break
-    if not found or (first_error and not options.skip_bad):
-        index, exc = first_error
-        error = Job(src, None, options).fail(index, exc, "read")
-        raise error from exc
-    return found
-
-
-def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "Job":
-    """Decide mode, shape and encoding from the first readable samples.
-
-    ``--mode auto`` gives RGB as soon as one probed image is in colour; when all probed
-    images are grayscale it plans L, and the workers report a later colour image
-    (:class:`ModeConflict`), after which the conversion restarts as RGB.
-    """
-    probe = _probe(src, options)
-    reference, (_, width, height) = probe[0]
-    gray_guess = False
-    if mode is None and options.mode == "auto":
-        gray_guess = all(is_grayscale(header[0]) for _, header in probe)
-        mode = "L" if gray_guess else "RGB"
-    mode = mode or options.mode
-    channels = CHANNELS[mode]
-    shape = None
-    if options.store == "raw":
-        out_width, out_height = options.geometry.output_size(width, height)
-        shape = (out_height, out_width, channels)
-    encoding = "raw"
-    if options.store == "encoded":
-        keeps_files = (src.has_files and options.geometry.is_identity and not options.reencode
-                       and not options.exif_transpose)
-        encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
-    plan = Plan(
-        count=len(src),
-        store=options.store,
-        mode=mode,
-        channels=channels,
-        shape=shape,
-        encoding=encoding,
-        class_to_idx=src.class_to_idx,
-        geometry=options.geometry,
-        jpeg_quality=options.reencode[1] if options.reencode else None,
-    )
-    return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 
 # --- per-sample work (runs in worker processes) -------------------------------------------

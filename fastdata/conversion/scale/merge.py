@@ -13,19 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from fastdata import journal
-from fastdata.engine import Target, abort_writer, close_writer
+from fastdata.conversion.fingerprint import describe_changes
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.outputs import Target, check_existing, check_output_path
+from fastdata.conversion.pipeline import with_mode
+from fastdata.conversion.plan import open_source, plan_from_record, plan_job
+from fastdata.conversion.scale.parts import convert_here
+from fastdata.conversion.scale.staging import check_complete, is_staging, read_records, remove_staging
+from fastdata.conversion.scale.units import (
+    Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged, staging_path,
+)
+from fastdata.conversion.write import write_units, written_once
 from fastdata.errors import PartsError, SourceChangedError
-from fastdata.fingerprint import describe_changes
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
-from fastdata.options import ConvertOptions
-from fastdata.locks import ConversionLock
-from fastdata.outputs import check_existing, check_output_path, partial_removed_on_failure, publish
-from fastdata.pipeline import with_mode
-from fastdata.scale.staging import is_staging, read_records, remove_staging
-from fastdata.scale.units import Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path, unit_batches
 
 Progress = Callable[[int, int], None]
 
@@ -51,7 +54,7 @@ def merge(output: str | Path, *, progress: Progress | None = None, source: Any =
         first = records[0]
         options = options_from_fields(first["fields"])
         spec = get_format(options.format, writable=True)
-        plan = _plan(first["plan"], options)
+        plan = plan_from_record(first["plan"], options)
         units = plan_units(plan.count, first["unit_samples"])
         unit_records = [_finished(staging, unit, first) for unit in units]
         plan, unit_records = settle_mode(plan, first["plan"]["gray_guess"], units, unit_records,
@@ -67,66 +70,6 @@ def merge(output: str | Path, *, progress: Progress | None = None, source: Any =
 def options_from_fields(fields: dict[str, Any]) -> ConvertOptions:
     """The conversion options recorded in a conversion key's fields."""
     return ConvertOptions.build(**{k: v for k, v in fields.items() if k not in ("layout_version", "source")})
-
-
-def _plan(record: dict[str, Any], options: ConvertOptions) -> Plan:
-    from fastdata.scale.parts import plan_from_record
-
-    return plan_from_record(record, options)
-
-
-def check_complete(output: Path, records: list[dict[str, Any]]) -> None:
-    """Refuse parts that are missing or that do not match each other."""
-    shown = str(output)
-    if not records:
-        raise PartsError(
-            f"Nothing to merge for {shown!r}: no part has finished yet. Run 'fastdata convert SOURCE {output} "
-            "--part I/N' for I = 1..N, then merge."
-        )
-    for other in records[1:]:
-        check_agreement(output, other, records[0])
-    parts = records[0]["parts"]
-    numbers = [r["part"] for r in records]
-    twice = sorted({n for n in numbers if numbers.count(n) > 1})
-    if twice:
-        raise PartsError(
-            f"Cannot merge {shown!r}: part {twice[0]}/{parts} is recorded twice in {str(staging_path(output))!r} "
-            "(two records of one part); each --part I/N runs once. Remove the copy that the job array did not "
-            "write, then merge again."
-        )
-    present = set(numbers)
-    missing = [i for i in range(1, parts + 1) if i not in present]
-    if missing:
-        names = ", ".join(f"{i}/{parts}" for i in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-        raise PartsError(
-            f"Cannot merge {shown!r}: {len(missing)} of {parts} parts missing ({names}). Run them with "
-            f"'fastdata convert SOURCE {output} --part I/{parts}' (same source and options), then merge again."
-        )
-
-
-def check_agreement(output: Path, record: dict[str, Any], other: dict[str, Any]) -> None:
-    """Refuse two parts of one output that differ in source, options, N or unit size, or whose
-    source changed in between."""
-    mine, theirs = f"{record['part']}/{record['parts']}", f"{other['part']}/{other['parts']}"
-    mine_fields = {**record["fields"], "parts": record["parts"], "unit_samples": record["unit_samples"]}
-    their_fields = {**other["fields"], "parts": other["parts"], "unit_samples": other["unit_samples"]}
-    names = sorted(n for n in set(mine_fields) | set(their_fields) if mine_fields.get(n) != their_fields.get(n))
-    if names:
-        differences = "; ".join(
-            f"{name} {their_fields.get(name)!r} in part {theirs}, {mine_fields.get(name)!r} in part {mine}" for name in names
-        )
-        raise PartsError(
-            f"Parts of {str(output)!r} do not match (different source or options): {differences}. Every part "
-            f"must convert the same source with the same options and the same N; run part {mine} again with the "
-            f"others' (--overwrite), or remove {str(staging_path(output))!r} to start over."
-        )
-    changes = describe_changes(other["fingerprint"], record["fingerprint"])
-    if changes is not None:
-        raise SourceChangedError(
-            f"Parts of {str(output)!r} do not match: the source changed between part {theirs} and part {mine}: "
-            f"{changes}. Convert the parts again from the unchanged source (--overwrite), or remove "
-            f"{str(staging_path(output))!r} to start over."
-        )
 
 
 def _finished(staging: Path, unit: Unit, record: dict[str, Any]) -> dict[str, Any]:
@@ -154,10 +97,6 @@ def settle_mode(plan: Plan, gray_guess: bool, units: list[Unit], records: list[d
 
 def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, units: list[Unit],
                source: Any) -> list[dict[str, Any]]:
-    from fastdata.conversion import open_source
-    from fastdata.pipeline import plan_job
-    from fastdata.scale.parts import convert_here
-
     reopen = record.get("reopen")
     if source is None and reopen is None:
         raise PartsError(
@@ -182,31 +121,11 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
 def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: Iterable[dict[str, Any]], *,
                  key: str, fields: dict[str, Any], fingerprint: dict[str, Any], source: dict[str, Any],
                  existing: dict[str, Any] | None, progress: Progress | None = None) -> dict[str, Any]:
-    """Stream finished units, in order, through the format's writer into ``OUTPUT.partial``; write
-    the manifest and rename it into place. The caller holds the exclusive lock. ``units`` may be
-    a generator that yields each unit's record once it is finished (the Ray driver writes while
-    later units are still converted); an error it raises removes the partial output."""
-    from fastdata.conversion import _claim_partial
-
-    staging = staging_path(output)
+    """Write ``output`` from finished units' records, in order, through the one write loop
+    (:func:`~fastdata.conversion.write.write_units`); the caller holds the exclusive lock. ``units``
+    may be a generator that yields each unit's record once it is finished (the Ray driver writes
+    while later units are still converted); an error it raises removes the partial output."""
     target = Target(output, spec, key, fingerprint, progress)
-    _claim_partial(target, fields, options.replace(resume=False))
-    journal.start(output, key=key, fields=fields, fingerprint=fingerprint)
-    writer, written, skipped = None, 0, {}
-    with partial_removed_on_failure(output, target.partial):
-        try:
-            writer = spec.writer(target.partial, plan, options.format_options)
-            for record in units:
-                for batch in unit_batches(staging, record, plan):
-                    writer.write(batch)
-                    written += len(batch)
-                    target.report(len(batch), plan.count)
-                skipped.update({int(index): entry for index, entry in record["skipped"]})
-                target.report(len(record["skipped"]), plan.count)
-            manifest = close_writer(writer, spec, plan, options, source, written, skipped, total=plan.count, key=key,
-                                    fingerprint=fingerprint)
-            publish(target.partial, output, replace=existing is not None)
-        except BaseException:
-            abort_writer(writer)
-            raise
-    return manifest
+    finished = staged(staging_path(output), units, plan)
+    return written_once(target, fields, options.replace(resume=False), existing,
+                        lambda state: write_units(target, plan, options, finished, source=source))

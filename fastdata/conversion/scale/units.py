@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from fastdata.conversion.write import Finished
 from fastdata.formats.base import Batch, Plan
 
 UNIT_SAMPLES = 1000
@@ -199,6 +200,13 @@ def unit_batches(staging: Path, record: dict[str, Any], plan: Plan) -> Iterator[
             # keys are not written by any format (tar keys are the output index); only their count matters
             yield Batch(keys=[""] * len(blobs), labels=labels[first:last], blobs=blobs)
             first = last
+
+
+def staged(staging: Path, records: Iterable[dict[str, Any]], plan: Plan) -> Iterator[Finished]:
+    """Finished units read back from the staging folder, in the order of ``records``, for the write loop."""
+    for record in records:
+        yield Finished(unit_batches(staging, record, plan), {int(i): entry for i, entry in record["skipped"]},
+                       record["stop"])
 
 
 def _save(path: Path, array: np.ndarray) -> None:

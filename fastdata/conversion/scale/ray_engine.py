@@ -8,7 +8,7 @@ cluster), under a temporary name renamed when complete, so a worker killed mid-t
 unit that looks finished; Ray runs the task again (``max_retries``). Bad input fails the task
 with the same error as the local engine (not retried: it would fail again); the driver reports
 the first bad unit in source order. The driver then writes the output from the units with the
-format's writer (:func:`fastdata.scale.merge.write_output`): it is the single writer of an HDF5
+format's writer (:func:`fastdata.conversion.scale.merge.write_output`): it is the single writer of an HDF5
 file, and npy and tar come out byte-identical to ``--engine local``.
 """
 
@@ -16,27 +16,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fastdata.errors import DependencyMissingError, EngineError
 from fastdata.formats import get_format
 from fastdata.images import disable_pillow_limit
-from fastdata.options import ConvertOptions
-from fastdata.locks import ConversionLock
-from fastdata.outputs import check_existing, prepare_output
-from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
-from fastdata.scale.merge import settle_mode, write_output
-from fastdata.scale.parts import _Counter, conversion_key
-from fastdata.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
-from fastdata.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.outputs import check_existing, prepare_output
+from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
+from fastdata.conversion.plan import plan_job
+from fastdata.conversion.scale.merge import settle_mode, write_output
+from fastdata.conversion.plan import conversion_key
+from fastdata.conversion.scale.parts import Counter
+from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
+from fastdata.conversion.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
 from fastdata.sources import Source
 
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
 INSTALL_HINT = 'pip install "fastdata[ray]"'
-# tests: "NUMBER:MARKER" kills the worker converting unit NUMBER of an output that lies beside MARKER, once
-_KILL_HOOK = "FASTDATA_TEST_KILL_UNIT"
 
 
 def import_ray():
@@ -56,7 +55,7 @@ def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
     ray = import_ray()
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     spec = get_format(options.format, writable=True)
-    fields, key = conversion_key(src, options)
+    fields, key = conversion_key(spec, src, options)
     fingerprint = src.fingerprint()
     with ConversionLock(output):
         existing = check_existing(output, overwrite=options.overwrite, resume=False)
@@ -68,7 +67,7 @@ def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
         units = plan_units(len(src), options.unit_samples)
         started = _connect(ray, options.ray_address)
         try:
-            records = run_units(ray, job, src, units, staging, key, _Counter(progress, len(src)))
+            records = run_units(ray, job, src, units, staging, key, Counter(progress, len(src)))
             plan = job.plan
             if job.gray_guess:  # the mode is known only once every unit is done
                 plan, records = settle_mode(plan, True, units, list(records), lambda stale: list(run_units(
@@ -158,19 +157,7 @@ def _unit_task(job: Job, src: Source | None, unit: Unit, staging: str, key: str)
         start, stop, offset = (0, len(unit), unit.start) if src is not None else (unit.start, unit.stop, 0)
         try:
             with WorkerPool(work, 0, 0) as pool:
-                converted = _hooked((batch for batch, _ in batches(work, pool, start, stop)), unit, staging)
+                converted = (batch for batch, _ in batches(work, pool, start, stop))
                 return write_unit(Path(staging), unit, work.plan, key, converted, offset)
         except ModeConflict:  # auto mode guessed grayscale and met a colour image: this unit is RGB
             mode = "RGB"
-
-
-def _hooked(converted, unit: Unit, staging: str):
-    """The unit's batches; the test hook ends the worker after the first one, once."""
-    hook = os.environ.get(_KILL_HOOK, "")
-    number, _, marker = hook.partition(":")
-    armed = hook and int(number) == unit.number and Path(marker).parent == Path(staging).parent
-    for batch in converted:
-        yield batch
-        if armed and not os.path.exists(marker):
-            open(marker, "x").close()
-            os._exit(1)

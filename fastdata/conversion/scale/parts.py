@@ -1,7 +1,7 @@
 """``fastdata convert SOURCE OUTPUT --part I/N``: one part of a job array (Slurm array, Kubernetes
-indexed job). Every part plans the same units from the source (:mod:`fastdata.scale.units`),
+indexed job). Every part plans the same units from the source (:mod:`fastdata.conversion.scale.units`),
 converts its own block of them into ``OUTPUT.partial.units`` with a local process pool, and
-records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.scale.merge`) writes the output once
+records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.conversion.scale.merge`) writes the output once
 every part is there.
 
 ``--mode auto`` across parts: each part plans from the same first 64 readable images. When they
@@ -16,43 +16,19 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from fastdata.formats import get_format
-from fastdata.formats.base import Plan
-from fastdata.machine import usable_cores
-from fastdata.options import ConvertOptions
-from fastdata.outputs import check_existing, prepare_output
-from fastdata.pipeline import Job, ModeConflict, WorkerPool, batches, plan_job
-from fastdata.scale.staging import (
-    PART_PATTERN, PartLock, claim_staging, duplicate_error, read_records, write_record,
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.outputs import check_existing, prepare_output
+from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
+from fastdata.conversion.plan import conversion_key, plan_job, plan_record
+from fastdata.conversion.scale.staging import (
+    PART_PATTERN, PartLock, check_agreement, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
+from fastdata.conversion.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
+from fastdata.formats import get_format
+from fastdata.machine import usable_cores
 from fastdata.sources import Source
 
 Progress = Callable[[int, int], None]
-
-
-def conversion_key(src: Source, options: ConvertOptions) -> tuple[dict[str, Any], str]:
-    """The fields that determine the output's bytes, and their digest (the manifest's ``conversion_key``)."""
-    from fastdata import journal
-    from fastdata.conversion import _key_fields
-
-    fields = _key_fields(get_format(options.format, writable=True), src, options)
-    return fields, journal.conversion_key(fields)
-
-
-def plan_record(job: Job) -> dict[str, Any]:
-    plan = job.plan
-    return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
-            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
-            "gray_guess": job.gray_guess}
-
-
-def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
-    from fastdata.images import CHANNELS
-
-    return Plan(count=record["count"], store=record["store"], mode=record["mode"], channels=CHANNELS[record["mode"]],
-                shape=tuple(record["shape"]) if record["shape"] else None, encoding=record["encoding"],
-                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"])
 
 
 def source_argument(source: Any, options: ConvertOptions) -> dict[str, Any] | None:
@@ -75,7 +51,7 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     if options.overwrite:  # only a fastdata dataset may be replaced: known before converting a part
         check_existing(output, overwrite=True, resume=False)
-    fields, key = conversion_key(src, options)
+    fields, key = conversion_key(get_format(options.format, writable=True), src, options)
     fingerprint = src.fingerprint()
     with PartLock(output):
         staging = claim_staging(output)
@@ -91,14 +67,12 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
         record = {"part": part, "parts": parts, "key": key, "fields": fields, "fingerprint": fingerprint,
                   "unit_samples": options.unit_samples, "plan": plan_record(job), "source": src.describe(),
                   "options": options.describe(), "reopen": source, "overwrite": options.overwrite}
-        from fastdata.scale.merge import check_agreement
-
         for other in earlier:
             check_agreement(output, record, other)
         units = part_units(plan_units(len(src), options.unit_samples), part, parts)
         total = sum(len(unit) for unit in units)
         workers = usable_cores() if options.workers is None else min(options.workers, usable_cores())
-        results = convert_here(job, units, staging, key, workers, _Counter(progress, total))
+        results = convert_here(job, units, staging, key, workers, Counter(progress, total))
         record["count"] = sum(r["count"] for r in results)
         record["skipped"] = sum(len(r["skipped"]) for r in results)
         record["units"] = [units[0].number, units[-1].number + 1] if units else [0, 0]
@@ -106,7 +80,7 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
     return record
 
 
-class _Counter:
+class Counter:
     """Progress of one process's units: the total, and a way to take back a restarted unit's share."""
 
     def __init__(self, progress: Progress | None, total: int):
@@ -126,11 +100,11 @@ def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: 
     """Convert ``units`` with a process pool here; finished units of the same conversion (``key``)
     and mode are kept. In auto mode, a colour image among grayscale ones converts every unit of
     this call again as RGB."""
-    counter = counter or _Counter(None, 0)
+    counter = counter or Counter(None, 0)
     try:
         return _convert_units(job, units, staging, key, workers, counter)
     except ModeConflict:
-        if isinstance(counter, _Counter):
+        if isinstance(counter, Counter):
             counter.restart()
         return _convert_units(job.on(job.src, mode="RGB"), units, staging, key, workers, counter)
 

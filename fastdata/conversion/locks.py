@@ -2,7 +2,7 @@
 when its holder dies, naming the holding process for whoever is refused.
 
 A whole conversion, the Ray driver and ``fastdata merge`` hold it exclusively; the parts of a job
-array share it (:class:`fastdata.scale.staging.PartLock`). Without ``flock`` (Windows) an
+array share it (:class:`fastdata.conversion.scale.staging.PartLock`). Without ``flock`` (Windows) an
 exclusively created file stands in, taken over when its process is gone.
 """
 
@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Windows: an exclusive lock file instea
     fcntl = None
 
 
-def _os_error(cls: type, code: int, message: str) -> OSError:
+def os_error(cls: type, code: int, message: str) -> OSError:
     """``cls(message)`` carrying ``errno`` (``OSError(code, message)`` would prefix "[Errno N]")."""
     error = cls(message)
     error.errno = code
@@ -59,11 +59,11 @@ class ConversionLock:
         for _ in range(20):
             if self._try_once():
                 return
-        raise _os_error(  # pragma: no cover - the lock file kept changing under us
+        raise os_error(  # pragma: no cover - the lock file kept changing under us
             OutputLockedError, errno.EAGAIN, f"Cannot lock {str(self.path)!r}: it keeps being replaced. Is another program using it?"
         )
 
-    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.scale.staging.PartLock)
+    shared = False  # an exclusive flock; parts of a job array share theirs (fastdata.conversion.scale.staging.PartLock)
 
     def _busy(self, holder: str) -> str:
         """Why the lock is refused while ``holder`` has it."""
@@ -73,7 +73,7 @@ class ConversionLock:
     def _describe_self(self, descriptor: int, text: bytes) -> None:
         """Say in the lock file who holds it (``text``: what it said before)."""
         os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+        os.pwrite(descriptor, json.dumps(holder_record()).encode(), 0)
 
     def _try_once(self) -> bool:
         if fcntl is None:  # pragma: no cover
@@ -84,7 +84,7 @@ class ConversionLock:
         except BlockingIOError:
             holder = _read_holder(descriptor)
             os.close(descriptor)
-            raise _os_error(OutputLockedError, errno.EAGAIN, self._busy(holder)) from None
+            raise os_error(OutputLockedError, errno.EAGAIN, self._busy(holder)) from None
         try:
             same = os.path.samestat(os.fstat(descriptor), os.stat(self.path))
         except FileNotFoundError:
@@ -111,10 +111,10 @@ class ConversionLock:
             if record and not _alive(record):
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 return False
-            raise _os_error(
+            raise os_error(
                 OutputLockedError, errno.EAGAIN, f"Another conversion is writing {str(self.output)!r} ({_describe(record)})."
             ) from None
-        os.write(descriptor, json.dumps(_holder_record()).encode())
+        os.write(descriptor, json.dumps(holder_record()).encode())
         self.descriptor = descriptor
         return True
 
@@ -131,7 +131,8 @@ class ConversionLock:
             self.descriptor = None
 
 
-def _holder_record() -> dict[str, Any]:
+def holder_record() -> dict[str, Any]:
+    """What a lock file says about its holder (this process): shown to whoever finds the lock taken."""
     return {"lock": _LOCK_MARK, "pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:300]}
 

@@ -5,7 +5,7 @@ records of finished parts, and the lock that lets parts share an output.
   same time without waiting for each other. A whole conversion, a Ray driver and ``fastdata merge``
   hold it *exclusively*, so none of them starts while a part runs, and no part starts while one of
   them runs. (Both are ``flock``\\ s, released by the kernel when a process dies.)
-* Each unit is written under a temporary name and renamed into place (:mod:`fastdata.scale.units`),
+* Each unit is written under a temporary name and renamed into place (:mod:`fastdata.conversion.scale.units`),
   so concurrent writers never see each other's half-written units; a unit finished twice (a
   retried task) keeps the first copy, which is identical.
 * A finished part leaves ``part-IIII-of-NNNN.json``: the conversion key and its fields, the
@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError
-from fastdata.locks import ConversionLock, _holder_record
-from fastdata.scale.units import staging_path
+from fastdata.conversion.fingerprint import describe_changes
+from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError, SourceChangedError
+from fastdata.conversion.locks import ConversionLock, holder_record
+from fastdata.conversion.scale.units import staging_path
 
 STAGING_MARK = "fastdata conversion units"
 _MARK_NAME = "staging.json"
@@ -44,7 +45,7 @@ class PartLock(ConversionLock):
 
     def _describe_self(self, descriptor: int, text: bytes) -> None:
         if not text:  # parts share the file: only the first one describes itself
-            os.pwrite(descriptor, json.dumps(_holder_record()).encode(), 0)
+            os.pwrite(descriptor, json.dumps(holder_record()).encode(), 0)
 
     def _try_exclusive_create(self) -> bool:  # pragma: no cover - Windows
         raise InvalidOptionError("--part needs POSIX file locks (flock); it is not available on this platform.")
@@ -156,3 +157,57 @@ def check_no_parts(output: Path, *, overwrite: bool) -> None:
         f"{done}). Finish it with the remaining --part runs and 'fastdata merge {output}', or pass --overwrite "
         "to discard the parts and convert it whole."
     )
+
+
+def check_complete(output: Path, records: list[dict[str, Any]]) -> None:
+    """Refuse parts that are missing or that do not match each other."""
+    shown = str(output)
+    if not records:
+        raise PartsError(
+            f"Nothing to merge for {shown!r}: no part has finished yet. Run 'fastdata convert SOURCE {output} "
+            "--part I/N' for I = 1..N, then merge."
+        )
+    for other in records[1:]:
+        check_agreement(output, other, records[0])
+    parts = records[0]["parts"]
+    numbers = [r["part"] for r in records]
+    twice = sorted({n for n in numbers if numbers.count(n) > 1})
+    if twice:
+        raise PartsError(
+            f"Cannot merge {shown!r}: part {twice[0]}/{parts} is recorded twice in {str(staging_path(output))!r} "
+            "(two records of one part); each --part I/N runs once. Remove the copy that the job array did not "
+            "write, then merge again."
+        )
+    present = set(numbers)
+    missing = [i for i in range(1, parts + 1) if i not in present]
+    if missing:
+        names = ", ".join(f"{i}/{parts}" for i in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise PartsError(
+            f"Cannot merge {shown!r}: {len(missing)} of {parts} parts missing ({names}). Run them with "
+            f"'fastdata convert SOURCE {output} --part I/{parts}' (same source and options), then merge again."
+        )
+
+
+def check_agreement(output: Path, record: dict[str, Any], other: dict[str, Any]) -> None:
+    """Refuse two parts of one output that differ in source, options, N or unit size, or whose
+    source changed in between."""
+    mine, theirs = f"{record['part']}/{record['parts']}", f"{other['part']}/{other['parts']}"
+    mine_fields = {**record["fields"], "parts": record["parts"], "unit_samples": record["unit_samples"]}
+    their_fields = {**other["fields"], "parts": other["parts"], "unit_samples": other["unit_samples"]}
+    names = sorted(n for n in set(mine_fields) | set(their_fields) if mine_fields.get(n) != their_fields.get(n))
+    if names:
+        differences = "; ".join(
+            f"{name} {their_fields.get(name)!r} in part {theirs}, {mine_fields.get(name)!r} in part {mine}" for name in names
+        )
+        raise PartsError(
+            f"Parts of {str(output)!r} do not match (different source or options): {differences}. Every part "
+            f"must convert the same source with the same options and the same N; run part {mine} again with the "
+            f"others' (--overwrite), or remove {str(staging_path(output))!r} to start over."
+        )
+    changes = describe_changes(other["fingerprint"], record["fingerprint"])
+    if changes is not None:
+        raise SourceChangedError(
+            f"Parts of {str(output)!r} do not match: the source changed between part {theirs} and part {mine}: "
+            f"{changes}. Convert the parts again from the unchanged source (--overwrite), or remove "
+            f"{str(staging_path(output))!r} to start over."
+        )

@@ -1,0 +1,125 @@
+"""``fastdata.convert``: every conversion is plan, run, write (docs/converting.md).
+
+Plan (:mod:`fastdata.conversion.plan`): the format is decided, the source opened, the plan and
+the conversion key made. Run: an engine computes the units, here or in a local pool
+(:mod:`~fastdata.conversion.engine`), as one part of a job array
+(:mod:`~fastdata.conversion.scale.parts`) or as Ray tasks (:mod:`~fastdata.conversion.scale.ray_engine`).
+Write (:mod:`fastdata.conversion.write`): one loop streams the finished units through the
+format's writer into ``<output>.partial``, which is renamed to ``<output>`` only when complete,
+so a failed or interrupted conversion never leaves something that looks like a dataset. This
+module decides *whether* a conversion writes (the output rules of
+:mod:`~fastdata.conversion.outputs`, the lock, ``--resume`` and "already complete").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from fastdata.conversion import journal
+from fastdata.conversion.engine import run_here
+from fastdata.conversion.locks import ConversionLock
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.outputs import Target, check_existing, check_output_path, prepare_output
+from fastdata.conversion.pipeline import ModeConflict
+from fastdata.conversion.plan import conversion_key, decide_options, open_source, plan_job
+from fastdata.conversion.resume import keep_complete
+from fastdata.conversion.scale.parts import convert_part, source_argument
+from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray
+from fastdata.conversion.scale.staging import check_no_parts
+from fastdata.conversion.write import write_units, written_once
+from fastdata.formats import get_format
+from fastdata.machine import usable_cores
+from fastdata.sources import Source
+
+__all__ = ["convert", "open_source", "run_conversion"]
+logger = logging.getLogger("fastdata")
+
+
+def convert(
+    source: Any,
+    output: str | os.PathLike,
+    options: ConvertOptions | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Convert ``source`` into ``output``; return the written manifest.
+
+    ``source`` is an image folder, ``"torchvision:NAME"``, a map-style dataset of
+    ``(image, label)``, or a dataset written by ``fastdata convert``. ``options`` is a
+    :class:`~fastdata.conversion.options.ConvertOptions`; keyword ``overrides`` set its fields (``format``,
+    ``store``, ``resize="64x64"``, ``workers``, ``resume``, ``root``/``split``/``download``/
+    ``source_options`` for torchvision sources, ...) or the format's own options
+    (``compression`` for hdf5, ``shard_bytes`` for tar). Without ``format``, the output's name
+    decides it: ``.h5``/``.hdf5`` hdf5, ``.npy`` npy, ``.tar`` or no extension tar (another
+    extension is refused); a ``format`` that contradicts the extension is refused. ``progress(n,
+    total)`` is called as each n more samples complete.
+
+    ``engine="ray"`` runs the work as Ray tasks (``ray_address`` names the cluster); ``part=(I, N)``
+    (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
+    :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
+    """
+    output = Path(output)
+    options = decide_options(output, options, **overrides)
+    check_output_path(output)
+    if options.engine == "ray":
+        import_ray()  # says how to install it before the source is read
+        return convert_on_ray(open_source(source, options), output, options, progress)
+    if options.part is not None:
+        return convert_part(open_source(source, options), output, options, progress,
+                            source=source_argument(source, options))
+    return run_conversion(open_source(source, options), output, options, progress)
+
+
+def run_conversion(
+    src: Source,
+    output: Path,
+    options: ConvertOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Convert ``src`` into ``output`` with the local engine; ``options`` as
+    :func:`~fastdata.conversion.plan.decide_options` made them (the format decided)."""
+    # an existing output is refused at once, before fingerprinting the source
+    prepare_output(output, src.protected(), overwrite=options.overwrite, resume=options.resume)
+    spec = get_format(options.format, writable=True)
+    fields, key = conversion_key(spec, src, options)
+    target = Target(output, spec, key, src.fingerprint(), progress)
+    workers = usable_cores() if options.workers is None else options.workers
+    options = dataclasses.replace(options, workers=_cap_workers(workers, len(src), explicit=options.workers))
+    with ConversionLock(output):
+        check_no_parts(output, overwrite=options.overwrite)
+        existing = check_existing(output, overwrite=options.overwrite, resume=options.resume)
+        if options.resume and existing is not None:
+            kept = keep_complete(output, existing, target, overwrite=options.overwrite)
+            if kept is not None:
+                return kept
+        return written_once(target, fields, options, existing,
+                            lambda state: _write_here(src, options, target, fields, state))
+
+
+def _write_here(src: Source, options: ConvertOptions, target: Target, fields: dict[str, Any],
+                state: dict[str, Any] | None) -> dict[str, Any]:
+    """Plan, run here, write; when auto mode planned grayscale and met a colour image, again as RGB."""
+    job = plan_job(src, options, mode=state["mode"] if state else None)
+    start = state["next_index"] if state else 0
+    try:
+        return write_units(target, job.plan, options, run_here(job, options.workers, start), source=src.describe(),
+                           state=state)
+    except ModeConflict:
+        journal.start(target.output, key=target.key, fields=fields, fingerprint=target.fingerprint)
+        job = plan_job(src, options, mode="RGB")
+        return write_units(target, job.plan, options, run_here(job, options.workers), source=src.describe())
+
+
+def _cap_workers(requested: int, count: int, *, explicit: int | None) -> int:
+    """Conversion processes: at most the cores this process may use and the sample count."""
+    cores = usable_cores()
+    capped = max(0, min(requested, cores, count))
+    if explicit is not None and capped < explicit and explicit > 1:
+        limit = "the usable cores" if capped == cores else "the sample count"
+        logger.warning("--workers %d capped at %d (%s)", explicit, capped, limit)
+    return capped

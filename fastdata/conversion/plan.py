@@ -1,0 +1,134 @@
+"""Plan, the first of a conversion's three steps (plan, run, write; see docs/converting.md).
+
+Whatever the engine, a conversion starts here: the output's name and the options decide the
+format (:func:`decide_options`, the only place that does), what the user gave becomes a
+:class:`~fastdata.sources.Source` (:func:`open_source`), the first readable samples decide mode,
+shape and encoding (:func:`plan_job`), and :func:`conversion_key` names what determines the
+output's bytes. The units of work, ranges of source indices, come from the sample count alone
+(:func:`fastdata.conversion.scale.units.plan_units`), so every engine plans the same ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fastdata.conversion import journal
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.pipeline import Job
+from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
+from fastdata.formats.base import Plan
+from fastdata.images import CHANNELS, is_grayscale
+from fastdata.sources import (
+    ArraySource, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
+)
+
+
+def decide_options(output: str | os.PathLike, options: ConvertOptions | None = None, **overrides: Any) -> ConvertOptions:
+    """``options`` with ``overrides`` and the format decided for ``output``: its extension,
+    checked against an explicit ``format`` (:func:`fastdata.formats.format_for_output`)."""
+    overrides["format"] = format_for_output(output, overrides.get("format", options.format if options else None))
+    return ConvertOptions.build(options, **overrides)
+
+
+def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
+    """What the user gave as a :class:`~fastdata.sources.Source`: a path holding a converted
+    dataset is read through its format's map-style reader (as PIL images, with its classes);
+    WebDataset shards that fastdata did not write (a folder of ``.tar`` files, a ``.tar``, a brace
+    pattern) through :class:`~fastdata.sources.WebDatasetSource`; the rest as
+    :func:`~fastdata.sources.resolve_source` says."""
+    options = options or ConvertOptions()
+    if isinstance(source, (str, os.PathLike)) and not str(source).startswith("torchvision:"):
+        path = Path(source)
+        manifest = find_manifest(path) if path.exists() else None
+        if manifest is not None:
+            reader = get_format(manifest["format"]).map_dataset
+            return FastdataSource(path, manifest, reader(path, image_format="pil"))
+        if is_shard_source(source):
+            return WebDatasetSource(source)
+    return resolve_source(source, **options.source_arguments)
+
+
+def conversion_key(spec: FormatSpec, src: Source, options: ConvertOptions) -> tuple[dict[str, Any], str]:
+    """What determines the output's bytes (the journal's, the parts' and the manifest's key
+    fields), and their digest, the manifest's ``conversion_key``."""
+    source = {key: value for key, value in src.describe().items() if key != "length"}  # the fingerprint's part
+    fields = {"layout_version": spec.layout_version, "source": source, **options.key_fields()}
+    return fields, journal.conversion_key(fields)
+
+
+_PROBE_SAMPLES = 64
+
+
+def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, int, int]]]:
+    """Headers (mode, width, height) of the first readable samples (up to 64)."""
+    if isinstance(src, ArraySource):
+        return [(0, src.header(0))]
+    found, first_error = [], None
+    for index in range(len(src)):
+        try:
+            found.append((index, src.header(index, options.read)))
+        except Exception as exc:
+            first_error = first_error or (index, exc)
+            if not options.skip_bad:
+                break
+        if len(found) >= _PROBE_SAMPLES:
+            break
+    if not found or (first_error and not options.skip_bad):
+        index, exc = first_error
+        error = Job(src, None, options).fail(index, exc, "read")
+        raise error from exc
+    return found
+
+
+def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "Job":
+    """Decide mode, shape and encoding from the first readable samples.
+
+    ``--mode auto`` gives RGB as soon as one probed image is in colour; when all probed
+    images are grayscale it plans L, and the workers report a later colour image
+    (:class:`ModeConflict`), after which the conversion restarts as RGB.
+    """
+    probe = _probe(src, options)
+    reference, (_, width, height) = probe[0]
+    gray_guess = False
+    if mode is None and options.mode == "auto":
+        gray_guess = all(is_grayscale(header[0]) for _, header in probe)
+        mode = "L" if gray_guess else "RGB"
+    mode = mode or options.mode
+    channels = CHANNELS[mode]
+    shape = None
+    if options.store == "raw":
+        out_width, out_height = options.geometry.output_size(width, height)
+        shape = (out_height, out_width, channels)
+    encoding = "raw"
+    if options.store == "encoded":
+        keeps_files = (src.has_files and options.geometry.is_identity and not options.reencode
+                       and not options.exif_transpose)
+        encoding = "original" if keeps_files else (options.reencode or ("png", None))[0]
+    plan = Plan(
+        count=len(src),
+        store=options.store,
+        mode=mode,
+        channels=channels,
+        shape=shape,
+        encoding=encoding,
+        class_to_idx=src.class_to_idx,
+        geometry=options.geometry,
+        jpeg_quality=options.reencode[1] if options.reencode else None,
+    )
+    return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
+
+
+def plan_record(job: Job) -> dict[str, Any]:
+    """A job's plan as JSON (a part's record), for :func:`plan_from_record`."""
+    plan = job.plan
+    return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
+            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
+            "gray_guess": job.gray_guess}
+
+
+def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
+    return Plan(count=record["count"], store=record["store"], mode=record["mode"], channels=CHANNELS[record["mode"]],
+                shape=tuple(record["shape"]) if record["shape"] else None, encoding=record["encoding"],
+                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"])

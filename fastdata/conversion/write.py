@@ -1,0 +1,152 @@
+"""Write, the last of a conversion's three steps (plan, run, write; see docs/converting.md).
+
+Every engine (this process, a local pool, the parts of a job array, Ray tasks) yields finished
+units in source order; :func:`write_units` streams them through the format's writer, the only
+one that writes the output, and writes index and manifest last. That is why the output's bytes
+never depend on the engine. :func:`written_once` wraps it in the output rules: the partial output
+claimed (or resumed), removed on failure, renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from fastdata.conversion import journal
+from fastdata._version import __version__
+from fastdata.errors import BadSampleError
+from fastdata.formats import FormatSpec
+from fastdata.formats.base import Batch, Plan
+from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.files import remove_path
+from fastdata.conversion.outputs import Target, partial_removed_on_failure, publish
+from fastdata.conversion.pipeline import ModeConflict
+from fastdata.conversion.resume import claim_partial
+
+
+@dataclass
+class Finished:
+    """A finished unit of work, as an engine yields it: its converted samples as batches, in
+    source order (consumed once), the samples it left out (source index -> key and reason), and
+    the source index after it (where a resumed conversion goes on)."""
+
+    batches: Iterable[Batch]
+    skipped: dict[int, dict[str, str]]
+    stop: int
+
+
+def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: Iterable[Finished], *,
+                source: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one write loop of every conversion: stream the engine's finished units, in order,
+    through the format's writer into the partial output, then write index and manifest (the
+    writer's ``close``); the manifest as written. ``source`` is the source's description.
+
+    With a journal ``state`` (``--resume``), the writer reopens the partial output at that
+    checkpoint, and ``finished`` starts at ``state["next_index"]``. A resumable writer's
+    checkpoint is recorded in the journal every ``journal.CHECKPOINT_INTERVAL_S`` seconds. On any
+    failure the partial output is removed (and the engine stopped); after a :class:`ModeConflict`
+    the progress reported so far is taken back.
+    """
+    spec = target.spec
+    writer = None
+    start, written = (state["next_index"], state["written"]) if state else (0, 0)
+    skipped = {int(i): entry for i, entry in state["skipped"].items()} if state else {}
+    record = journal.read(target.output) if spec.writer.supports_resume else None
+    target.report(start, plan.count)
+    reported, last_checkpoint = start, time.monotonic()
+    try:
+        if state:
+            writer = spec.writer.resume(target.partial, plan, options.format_options, state["writer"])
+        else:
+            writer = spec.writer(target.partial, plan, options.format_options)
+        for unit in finished:
+            for batch in unit.batches:
+                writer.write(batch)
+                written += len(batch)
+                target.report(len(batch), plan.count)
+                reported += len(batch)
+            skipped.update(unit.skipped)
+            target.report(len(unit.skipped), plan.count)
+            reported += len(unit.skipped)
+            if record is not None and time.monotonic() - last_checkpoint > journal.CHECKPOINT_INTERVAL_S:
+                record.update(mode=plan.mode, next_index=unit.stop, written=written, skipped=skipped,
+                              writer=writer.checkpoint())
+                journal.save(target.output, record)
+                last_checkpoint = time.monotonic()
+        return close_writer(writer, spec, plan, options, source, written, skipped, total=plan.count,
+                            key=target.key, fingerprint=target.fingerprint)
+    except BaseException as exc:
+        close = getattr(finished, "close", None)
+        if close is not None:  # a generator engine: stop its pool or tasks now, not when collected
+            close()
+        abort_writer(writer)
+        remove_path(target.partial)
+        if isinstance(exc, ModeConflict):
+            target.report(-reported, plan.count)
+        raise
+
+
+def close_writer(writer: Any, spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any],
+                 written: int, skipped: dict[int, dict[str, str]], *, total: int, key: str,
+                 fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """Finish a conversion's writer with its manifest (refused when nothing of the ``total``
+    samples could be converted); the manifest as written."""
+    if written == 0:
+        raise BadSampleError(f"No sample could be converted; all {total} were skipped as unreadable.")
+    manifest = build_manifest(spec, plan, options, source, written, skipped)
+    manifest["conversion_key"] = key
+    manifest["source_fingerprint"] = fingerprint
+    return writer.close(manifest)
+
+
+def abort_writer(writer: Any) -> None:
+    """Abandon a writer after a failure (if it was made); its own errors would hide the first one."""
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.abort()
+
+
+def written_once(target: Target, fields: dict[str, Any], options: ConvertOptions, existing: dict[str, Any] | None,
+                 write: Callable[[dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+    """Write ``target``'s output under the output rules (the caller holds the exclusive lock):
+    claim its partial output (a journal ``state`` to resume from, or None after a fresh journal is
+    started), ``write(state)`` into it (:func:`write_units`), rename it into place (replacing the
+    ``existing`` dataset, if any); on failure the partial output and the journal are removed."""
+    state = claim_partial(target, fields, options)
+    with partial_removed_on_failure(target.output, target.partial):
+        if state is None:
+            journal.start(target.output, key=target.key, fields=fields, fingerprint=target.fingerprint)
+        manifest = write(state)
+        publish(target.partial, target.output, replace=existing is not None)
+    return manifest
+
+
+def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any], written: int,
+                   skipped: dict[int, dict[str, str]]) -> dict[str, Any]:
+    """The manifest of a finished conversion (the writer adds ``files`` and its layout); ``source``
+    is the source's description."""
+    classes = sorted(plan.class_to_idx, key=plan.class_to_idx.__getitem__)
+    return {
+        "format": spec.name,
+        "layout_version": spec.layout_version,
+        "fastdata_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "count": written,
+        "store": plan.store,
+        "image": {
+            "mode": plan.mode,
+            "channels": plan.channels,
+            "dtype": "uint8",
+            "shape": list(plan.shape) if plan.shape else None,
+            "encoding": plan.encoding,
+        },
+        "label_dtype": "int64",
+        "classes": classes,
+        "class_to_idx": plan.class_to_idx,
+        "source": source,
+        "options": options.describe(),
+        "skipped": [skipped[i] for i in sorted(skipped)],
+    }
