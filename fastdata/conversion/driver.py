@@ -34,6 +34,7 @@ from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
+from fastdata.urls import refuse_url
 
 __all__ = ["convert", "open_source", "run_conversion"]
 logger = logging.getLogger("fastdata")
@@ -63,6 +64,8 @@ def convert(
     (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
+    refuse_url(source, "source")
+    refuse_url(output, "output")
     output = Path(output)
     options = decide_options(output, options, **overrides)
     check_output_path(output)

@@ -29,6 +29,7 @@ from fastdata.errors import PartsError, SourceChangedError
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
+from fastdata.urls import refuse_url
 
 Progress = Callable[[int, int], None]
 
@@ -39,6 +40,7 @@ def merge(output: str | Path, *, progress: Progress | None = None, source: Any =
     ``source`` is needed only when the parts were converted from a Python dataset object and, in
     auto mode, some parts met colour images while others did not (their units are converted again).
     """
+    refuse_url(output, "output")
     output = Path(output)
     check_output_path(output)
     staging = staging_path(output)
