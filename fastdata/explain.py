@@ -12,6 +12,23 @@ from typing import Any
 # DataLoader): ``fastdata tune``'s choice and ``fastdata bench``'s noise floor.
 TIE = 0.05
 
+
+def outrun_by_none_simpler(items: list[Any], rate: Any, simplicity: Any) -> list[Any]:
+    """``items`` simplest first (by ``simplicity(item)``), leaving out every item that a simpler
+    one outran (a higher ``rate(item)``): the only ones a tie may go to, so neither ``bench`` nor
+    ``tune`` recommends a setting slower than a simpler one it measured. The fastest is always kept.
+
+    >>> outrun_by_none_simpler([("nw=0", 90), ("nw=1", 85), ("nw=2", 100)], lambda i: i[1], lambda i: i[0])
+    [('nw=0', 90), ('nw=2', 100)]
+    """
+    kept, best = [], float("-inf")
+    for item in sorted(items, key=simplicity):
+        value = rate(item)
+        if value >= best:
+            kept.append(item)
+            best = value
+    return kept
+
 BACKEND_NAMES = {
     "torch": "DataLoader workers",
     "process": "fastdata's shared-memory process workers",

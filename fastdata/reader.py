@@ -162,8 +162,14 @@ class ReaderOutput:
 
     @property
     def output(self) -> OutputSpec:
-        """The output contract with this reader's current options."""
-        return OutputSpec(self.transform, self.target_transform, self.image_format, self.batch_transform)
+        """The output contract with this reader's current options (made again only when one of
+        them was changed: every batch asks for it)."""
+        spec = self.__dict__.get("_output_spec")
+        if spec is None or spec.transform is not self.transform or spec.target_transform is not self.target_transform \
+                or spec.image_format != self.image_format or spec.batch_transform is not self.batch_transform:
+            spec = self._output_spec = OutputSpec(self.transform, self.target_transform, self.image_format,
+                                                  self.batch_transform)
+        return spec
 
     @property
     def targets(self) -> list[int]:

@@ -15,7 +15,7 @@ import pytest
 from torch.utils.data import get_worker_info
 
 from fastdata.bench import BenchConfig, auto_workers, parse_workers, run_bench
-from fastdata.bench.report import best_workers, summarize, verdicts
+from fastdata.bench.report import best_workers, summarize, table, verdicts
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.errors import InvalidOptionError
 from fastdata.formats import FormatSpec, registered
@@ -250,8 +250,10 @@ def test_backends_are_measured_apart(uniform_folder: Path, tmp_path: Path) -> No
                         ("npy", "standard", "torch", 1), ("npy", "fast", "thread", 1), ("npy", "fast", "process", 1)}
     assert list(result.rows[0])[:13] == [*ROW_FIELDS]  # the existing columns keep their order; backend last
     assert "npy raw fast [thread]" in result.table and "npy raw fast [process]" in result.table
-    winner = [line for line in result.verdicts if line.startswith("npy raw fast: backend ")]
-    assert len(winner) == 1 and " wins (" in winner[0]
+    # one line compares the backends: a winner, or (every backend best without workers) their one serial loop
+    winner = [line for line in result.verdicts if line.startswith(("npy raw fast: backend ",
+                                                                    "npy raw fast: num_workers=0 on every backend"))]
+    assert len(winner) == 1 and (" wins (" in winner[0] or "(torch, thread, process: one serial loop" in winner[0])
     header = (tmp_path / "out" / "results.csv").read_text().splitlines()[0].split(",")
     assert header[: len(ROW_FIELDS)] == list(ROW_FIELDS) and header[len(ROW_FIELDS) - 1] == "backend"
 
@@ -292,6 +294,50 @@ def test_ties_inside_the_noise_go_to_the_simpler_setting() -> None:
             "win the tie") in text
     assert "npy encoded fast: backend torch wins (1,600/s at num_workers=1; thread 1,640/s (nw=1)): a tie within " \
            "the noise with thread: the simpler one wins" in text
+
+
+def test_a_tie_never_goes_to_a_setting_a_simpler_one_outran() -> None:
+    from fastdata.bench.summary import summary_document
+
+    # nw=2 is fastest; nw=1 [thread] is within its noise only through a wide range, and the simpler
+    # torch nw=1 measured faster than it: the tie may not go to nw=1 [thread]
+    rows = (cell_rows("npy", "raw", "fast", {0: [500, 500, 500], 1: [890, 900, 910], 2: [990, 1000, 1010]})
+            + cell_rows("npy", "raw", "fast", {1: [600, 850, 1000]}, backend="thread"))
+    recommendation = summary_document(rows, None)["recommendation"]
+    assert (recommendation["backend"], recommendation["num_workers"]) == ("torch", 2)
+    assert [(t["backend"], t["num_workers"]) for t in recommendation["ties"]] == [("thread", 1)]
+    # the same inside one row: its best num_workers
+    by_workers = summarize(cell_rows("npy", "raw", "fast", {1: [890, 900, 910], 2: [600, 850, 1000],
+                                                              3: [990, 1000, 1010]}))[("npy", "raw", "fast", "torch")]
+    assert best_workers(by_workers) == 3
+    # a simpler one inside the noise still wins the tie
+    assert best_workers(summarize(cell_rows("npy", "raw", "fast", {1: [960, 970, 980], 2: [990, 1000, 1010]}))[
+        ("npy", "raw", "fast", "torch")]) == 1
+
+
+def test_num_workers_0_is_one_measurement_for_every_backend_and_reported_as_such() -> None:
+    from fastdata.bench.summary import summary_document
+
+    rows = (cell_rows("npy", "raw", "fast", {0: [990, 1000, 1010], 1: [300, 310, 320]})
+            + cell_rows("npy", "raw", "fast", {1: [1010, 1020, 1030]}, backend="thread")
+            + cell_rows("npy", "raw", "fast", {1: [700, 720, 740]}, backend="process"))
+    summary = summarize(rows)
+    assert summary[("npy", "raw", "fast", "thread")][0] is summary[("npy", "raw", "fast", "torch")][0]
+    recommendation = summary_document(rows, None)["recommendation"]
+    assert (recommendation["backend"], recommendation["num_workers"]) == ("torch", 0)
+    assert [(t["backend"], t["num_workers"]) for t in recommendation["ties"]] == [("thread", 1)]  # not nw=0 again
+    assert recommendation["text"] == ("use npy raw through fastdata.loader (the fast path) with num_workers=0: 1,000 "
+                                      "samples/s (npy raw fast [thread] at num_workers=1 measured 1,020, within the "
+                                      "noise: a tie, and fewer workers wins).")
+    faster = rows + cell_rows("npy", "raw", "fast", {2: [1190, 1200, 1210]}, backend="thread")
+    text = "\n".join(verdicts(faster, None))
+    assert ("npy raw fast: backend thread wins (1,200/s at num_workers=2; torch 1,000/s (nw=0); process best at nw=0 "
+            "too (the same serial loop)): thread: threads hand each batch over by reference") in text
+    assert "nw=0 of a [thread] or [process] row: the torch row's one measurement" in table(rows, None)
+    serial_only = cell_rows("npy", "raw", "fast", {0: [990, 1000, 1010]}) + \
+        cell_rows("npy", "raw", "fast", {1: [90, 95, 100]}, backend="thread")
+    assert "npy raw fast: num_workers=0 on every backend (torch, thread: one serial loop in the calling thread, " \
+           "measured once, 1,000/s)" in "\n".join(verdicts(serial_only, None))
 
 
 def test_recommendation_text_and_summary_fields() -> None:

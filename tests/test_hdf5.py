@@ -182,7 +182,8 @@ def test_contiguous_data_is_memory_mapped_and_chunked_data_is_not(raw_h5) -> Non
     ds = HDF5Dataset(out)
     ds[0]
     if chunk_rows is None:
-        assert isinstance(ds.handles.data, np.memmap) and ds.handles.file is None
+        # a plain ndarray view of the mapping (no memmap subclass per batch), the mapping its base
+        assert isinstance(ds.handles.data.base, np.memmap) and ds.handles.file is None
     else:
         assert ds.chunk_images == chunk_rows and isinstance(ds.handles.file, h5py.File)
 

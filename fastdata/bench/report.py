@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
-from fastdata.bench.summary import NOISE_FLOOR, best_workers, choose, choose_workers, spread, summarize
+from fastdata.bench.summary import BACKEND_PREFERENCE, NOISE_FLOOR, best_workers, choose, choose_workers, spread, summarize
 from fastdata.explain import PATH_WORDS, ms, why_best_workers
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
@@ -88,11 +88,24 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
             groups.setdefault(key[:3], []).append((key, best, by_workers[best]))
     lines = []
     for group, results in sorted(groups.items()):
-        if len(results) < 2:
+        distinct, folded, seen = [], [], set()
+        for key, workers, cell in sorted(results, key=lambda item: BACKEND_PREFERENCE.get(item[0][3], 3)):
+            if id(cell) in seen:  # num_workers=0: the serial loop every backend runs, measured once
+                folded.append(key[3])
+                continue
+            seen.add(id(cell))
+            distinct.append((key, workers, cell))
+        if len(distinct) < 2:
+            if folded:
+                lines.append(f"{label((*group, 'torch'))}: num_workers=0 on every backend ({', '.join(k[3] for k, _, _ in results)}"
+                             f": one serial loop in the calling thread, measured once, {distinct[0][2]['samples_per_s']:,.0f}/s): "
+                             "no backend's workers repay their hand-over cost here")
             continue
-        choice = choose(results)
+        choice = choose(distinct)
         winner, workers, rate = choice["key"][3], choice["num_workers"], choice["cell"]["samples_per_s"]
-        others = ", ".join(f"{k[3]} {c['samples_per_s']:,.0f}/s (nw={w})" for k, w, c in sorted(results) if k[3] != winner)
+        others = ", ".join(f"{k[3]} {c['samples_per_s']:,.0f}/s (nw={w})" for k, w, c in sorted(distinct)
+                           if k[3] != winner)
+        others += "".join(f"; {backend} best at nw=0 too (the same serial loop)" for backend in folded)
         if workers == 0:
             reason = "num_workers=0 wins: no backend's workers repay their hand-over cost here"
         elif choice["ties"]:
@@ -132,8 +145,10 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     summary = summarize(rows)
     workers = sorted({w for by_workers in summary.values() for w in by_workers})
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
-    body = []
+    body, shared = [], False
     for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+        shared = shared or (key[3] != "torch" and 0 in by_workers
+                            and by_workers[0] is summary.get((*key[:3], "torch"), {}).get(0))
         choice = choose_workers(key, by_workers)
         tied = {w for _, w, _ in choice["ties"]} if choice else set()
         cells = []
@@ -157,6 +172,8 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
         "samples/s: median of the epochs ± half their range; * = the row's best num_workers (the fewest within the "
         f"noise of its fastest: ranges overlap or medians within {NOISE_FLOOR:.0%}); = within the noise",
         *(f"{path}: {PATH_WORDS[path]}" for path in paths),
+        *(["nw=0 of a [thread] or [process] row: the torch row's one measurement (at num_workers=0 every backend runs "
+           "the same serial loop in the calling thread)"] if shared else []),
     ])
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from fastdata.explain import TIE, backends_sentence, bench_recommendation
+from fastdata.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -99,13 +99,24 @@ def _simplicity(key: Key, workers: int, cell: dict[str, Any], baseline: str | No
 def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = None) -> dict[str, Any] | None:
     """Among measured ``(key, num_workers, cell)``: the fastest, the ones within its noise, and
     the one chosen — the simplest of those (fewest workers, then the torch backend, then the
-    source as it is, then the faster median, then the name: the same rows give the same answer)."""
-    ok = [(key, workers, cell) for key, workers, cell in cells if cell["status"] == "ok"]
+    source as it is, then the faster median, then the name: the same rows give the same answer)
+    that no simpler cell outran (:func:`fastdata.explain.outrun_by_none_simpler`): a tie never
+    goes to a setting slower than a simpler one measured. A cell that stands for several keys
+    (num_workers=0, one serial loop on every backend: :func:`summarize`) counts once, under its
+    simplest key."""
+    ok, seen = [], set()
+    measured = [item for item in cells if item[2]["status"] == "ok"]
+    for item in sorted(measured, key=lambda item: _simplicity(*item, baseline)):
+        if id(item[2]) not in seen:
+            seen.add(id(item[2]))
+            ok.append(item)
     if not ok:
         return None
     fastest = max(ok, key=lambda item: item[2]["samples_per_s"])
     tied = [item for item in ok if within_noise(item[2], fastest[2])]
-    chosen = min(tied, key=lambda item: _simplicity(*item, baseline))
+    candidates = outrun_by_none_simpler(ok, lambda item: item[2]["samples_per_s"],
+                                        lambda item: _simplicity(*item, baseline))
+    chosen = next(item for item in candidates if within_noise(item[2], fastest[2]))
     return {"key": chosen[0], "num_workers": chosen[1], "cell": chosen[2], "fastest": fastest,
             "ties": [item for item in tied if item[:2] != chosen[:2]]}
 

@@ -164,7 +164,10 @@ def render(rec: Any, source: str) -> str:
             continue
         pss = f"{row['pss_mb_per_worker']:.0f} MB" if row.get("pss_mb_per_worker") else "-"
         wait = f"{row['wait_fraction']:.0%}" if m.step_ms else "-"
-        lines.append(f"  {row['backend']:<8} {row['num_workers']:>11} {row['predicted_samples_per_s']:>12,.0f} "
+        backend = "any" if row.get("same_for_backends") else row["backend"]
+        lines.append(f"  {backend:<8} {row['num_workers']:>11} {row['predicted_samples_per_s']:>12,.0f} "
                      f"{row['measured_samples_per_s']:>12,.0f} {wait:>6} {pss:>11}")
+    if any(row.get("same_for_backends") and "measured_samples_per_s" in row for row in rec.candidates):
+        lines.append("  (any: num_workers=0 is one serial loop in the calling thread on every backend, probed once)")
     lines += ["", "why: " + rec.explain()]
     return "\n".join(lines)

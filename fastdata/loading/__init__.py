@@ -7,6 +7,9 @@ order as ``num_workers=0``.
 
 * ``"torch"`` (default): a ``DataLoader(batch_size=None)`` over the sampler; worker processes
   send each batch through torch's shared-memory pickling.
+
+At ``num_workers=0`` every backend runs the same serial loop (:mod:`fastdata.loading.serial`):
+each batch computed in the calling thread, no DataLoader iterator, thread or process.
 * ``"thread"``: ``num_workers`` threads in this process (:mod:`fastdata.loading.threads`).
 * ``"process"``: worker processes writing into reusable shared-memory slots
   (:mod:`fastdata.loading.processes`).
@@ -101,7 +104,14 @@ def loader(
 
 class TorchLoader(Resumable, DataLoader):
     """The ``torch`` backend: a DataLoader over the batch sampler, with the loader's epoch
-    position (``state_dict``/``load_state_dict``, ``set_epoch``) like the other backends."""
+    position (``state_dict``/``load_state_dict``, ``set_epoch``) like the other backends.
+
+    It is a DataLoader (built, checked and described by ``DataLoader.__init__``) at every
+    ``num_workers``, but at ``num_workers=0`` an epoch is fastdata's serial loop
+    (:func:`~fastdata.loading.serial.serial_batches`), not a DataLoader iterator: the same
+    batches, collated and pinned as the DataLoader would, in the calling thread. Only
+    ``generator`` and ``pin_memory_device``, whose effects live in the DataLoader's iterator,
+    keep that iterator at ``num_workers=0`` (see :attr:`serial`)."""
 
     backend = "torch"
 
@@ -109,8 +119,23 @@ class TorchLoader(Resumable, DataLoader):
         self.index_sampler = index_sampler
         DataLoader.__init__(self, dataset, **kwargs)
 
+    @property
+    def serial(self) -> bool:
+        """Whether an epoch runs as the serial loop: ``num_workers=0``, without ``generator``
+        (a DataLoader iterator draws a seed from it per epoch) or ``pin_memory_device``."""
+        return self.num_workers == 0 and self.generator is None and not self.pin_memory_device
+
     def __iter__(self) -> Iterator[Any]:
+        if self.serial:
+            return self.tracked(self._serial_epoch)
         return self.tracked(lambda: DataLoader.__iter__(self))
+
+    def _serial_epoch(self) -> Iterator[Any]:
+        from fastdata.loading.serial import DataLoaderFetch, dataloader_pinning, serial_batches
+
+        pin = dataloader_pinning(self.pin_memory)
+        fetch = DataLoaderFetch(self.dataset, self.collate_fn, per_sample=self._auto_collation)
+        return serial_batches(self.index_sampler, fetch, pin)
 
 
 def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any]) -> DataLoader:
@@ -155,7 +180,8 @@ def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, back
     if num_workers == 0:
         from fastdata.loading.serial import SerialLoader
 
-        return SerialLoader(dataset, sampler, num_workers=0, **{k: v for k, v in kwargs.items() if k in _SHARED})
+        return SerialLoader(dataset, sampler, num_workers=0, backend=backend,
+                            **{k: v for k, v in kwargs.items() if k in _SHARED})
     if backend == "thread":
         return ThreadLoader(dataset, sampler, num_workers=num_workers, **kwargs)
     return ProcessLoader(dataset, sampler, num_workers=num_workers, zero_copy=zero_copy, **kwargs)

@@ -31,25 +31,26 @@ class Resumable:
     prefetched but not used."""
 
     index_sampler: BatchIndexSampler
-    _position: tuple[int, int] | None = None  # (epoch, batches handed out) while an epoch is under way
+    _position: list[int] | None = None  # [epoch, batches handed out] while an epoch is under way
 
     def tracked(self, start: Any) -> Iterator[Any]:
         """The batches of one epoch, from ``start()``, counted as they are handed out. The
         position is read before ``start`` runs: a DataLoader draws from the sampler (and moves
         its epoch on) as soon as its iterator exists."""
         sampler = self.index_sampler
-        self._position = position = (sampler.epoch, sampler.resume_at)
+        self._position = position = [sampler.epoch, sampler.resume_at]
         return self._counted(position, start())
 
-    def _counted(self, position: tuple[int, int], batches: Iterator[Any]) -> Iterator[Any]:
-        epoch, consumed = position
+    def _counted(self, position: list[int], batches: Iterator[Any]) -> Iterator[Any]:
+        # the count lives in ``position`` (one list per epoch), not in an attribute set per batch:
+        # on the torch backend every attribute set goes through DataLoader.__setattr__
         try:
             for batch in batches:
-                consumed += 1
-                self._position = (epoch, consumed)
+                position[1] += 1
                 yield batch
                 del batch  # not held while the next one is fetched: a lent batch frees its slot when the loop drops it
-            self._position = None
+            if self._position is position:
+                self._position = None
         finally:
             close = getattr(batches, "close", None)
             if close is not None:

@@ -25,6 +25,17 @@ def accepts_index_arrays(dataset: Any) -> bool:
     return isinstance(dataset, (MapDataset, TensorDataset))
 
 
+def batch_reader(dataset: Any) -> Callable[[np.ndarray], Any]:
+    """``dataset[indices]`` for the loader's index arrays (sorted, in range: the sampler cut them
+    from ``range(len(dataset))``). A fastdata reader whose indexing is its own is read with
+    ``get_batch`` straight away: the same batch without checking and wrapping the indices again."""
+    from fastdata.reader import MapDataset
+
+    if isinstance(dataset, MapDataset) and type(dataset).__getitem__ is MapDataset.__getitem__:
+        return dataset.get_batch
+    return dataset.__getitem__
+
+
 class BatchFetcher:
     """``fetcher(indices)`` -> the collated batch of ``indices`` (a sorted int64 array).
     Picklable, so process workers run exactly what the main process would."""
@@ -33,6 +44,7 @@ class BatchFetcher:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batched = accepts_index_arrays(dataset) and collate_fn is None
+        self.read = batch_reader(dataset) if self.batched else None
 
     def __call__(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
         """The batch; ``allocate(shape, dtype)`` (the process backend's shared-memory slot) lets
@@ -41,7 +53,7 @@ class BatchFetcher:
             get_batch = getattr(self.dataset, "get_batch", None)
             if allocate is not None and get_batch is not None:
                 return get_batch(indices, allocate=allocate)
-            return self.dataset[indices]
+            return self.read(indices)
         collate = self.collate_fn or default_collate
         rows = indices.tolist()
         getitems = getattr(self.dataset, "__getitems__", None)

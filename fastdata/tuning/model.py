@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastdata.explain import TIE
+from fastdata.explain import TIE, outrun_by_none_simpler
 from fastdata.tuning.measure import Measurements
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
@@ -39,7 +39,11 @@ def predict(m: Measurements, backend: str, workers: int) -> tuple[float, float]:
 
 
 def _candidates(m: Measurements, backends: tuple[str, ...], max_workers: int) -> list[dict[str, Any]]:
-    rows = [{"backend": "torch", "num_workers": 0}]
+    """One candidate per (backend, num_workers >= 1), and one for num_workers=0: every backend
+    runs the same serial loop there, so it is one candidate, probed once (``same_for_backends``
+    names them; ``backend`` is the default's, which ``loader_kwargs`` leave out)."""
+    serial = [b for b in ("torch", "thread", "process") if b == "torch" or b in backends]
+    rows = [{"backend": "torch", "num_workers": 0, "same_for_backends": serial}]
     for backend in backends:
         if backend not in m.transfer_ms:
             continue
@@ -85,7 +89,9 @@ def _to_confirm(rows: list[dict[str, Any]], m: Measurements, limit: int) -> list
 
 
 def _pick(rows: list[dict[str, Any]], m: Measurements) -> dict[str, Any]:
-    """The recommendation among measured rows (predictions where a row was not measured)."""
+    """The recommendation among measured rows (predictions where a row was not measured): with a
+    training step, the simplest that keeps the data wait under 5%; else the simplest within
+    :data:`TIE` of the fastest; in both, never one that a simpler row outran."""
     def rate(row: dict[str, Any]) -> float:
         measured = row.get("measured_samples_per_s")
         return measured if measured is not None else row["predicted_samples_per_s"]
@@ -94,9 +100,10 @@ def _pick(rows: list[dict[str, Any]], m: Measurements) -> dict[str, Any]:
         measured = row.get("wait_fraction")
         return measured if measured is not None else row["predicted_wait_fraction"]
 
+    ranked = outrun_by_none_simpler(rows, rate, _simplest_first)  # never one slower than a simpler one
     if m.step_ms > 0:
-        calm = sorted((r for r in rows if wait(r) < WAIT_TARGET), key=_simplest_first)
+        calm = [r for r in ranked if wait(r) < WAIT_TARGET]
         if calm:
             return calm[0]
     top = max(rate(r) for r in rows)
-    return sorted((r for r in rows if rate(r) >= (1 - TIE) * top), key=_simplest_first)[0]
+    return next(r for r in ranked if rate(r) >= (1 - TIE) * top)

@@ -22,7 +22,7 @@ DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dat
 @dataclass
 class _Handles:
     file: h5py.File | None
-    data: Any  # np.memmap, ChunkCache, RowReader or h5py.Dataset (encoded blob)
+    data: Any  # an ndarray view of an np.memmap, ChunkCache, RowReader or h5py.Dataset (encoded blob)
 
 
 class HDF5Dataset(StoredDataset):
@@ -122,7 +122,7 @@ class HDF5Dataset(StoredDataset):
                 raise CorruptDataError(
                     f"{str(self.path)!r}: truncated or damaged ({exc}). Convert the source again."
                 ) from exc
-            return _Handles(None, data)
+            return _Handles(None, data.view(np.ndarray))  # the mapping stays open through the view
         # Whole chunks are read and kept decompressed in ChunkCache, so HDF5's own chunk cache
         # would only hold a second copy of the same pixels: sized 0 (whole-chunk reads measured
         # as fast with it as with a 1- or 4-chunk cache).
@@ -136,13 +136,13 @@ class HDF5Dataset(StoredDataset):
 
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         data = self.handles.data
-        rows = indices.tolist()
         try:
             if self.store == "raw":
                 out = allocated(allocate, (len(indices), *self.shape[1:]))
                 if isinstance(data, np.ndarray):  # memory-mapped
-                    return np.take(data, indices, axis=0, out=out, mode="clip")  # in range: checked
+                    return data.take(indices, axis=0, out=out, mode="clip")  # in range: checked
                 return data.read(indices, out)
+            rows = indices.tolist()
             blobs = [data[self.offsets[i] : self.offsets[i + 1]] for i in rows]
         except OSError as exc:
             raise CorruptDataError(

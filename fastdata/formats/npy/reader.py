@@ -62,14 +62,14 @@ class MemmapDataset(StoredDataset):
                 f"{str(file)!r} holds {array.dtype} {tuple(array.shape)} but the manifest says uint8 {tuple(expected)}. "
                 f"Run 'fastdata verify {self.path}' or convert the source again."
             )
-        return array
+        return array.view(np.ndarray)  # the mapping stays open through the view; no memmap subclass per batch
 
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         if self.store == "raw":
             images = self.handles
             out = allocated(allocate, (len(indices), *images.shape[1:]))
             # indices are in range (MapDataset checked them); mode="raise" would buffer the whole copy
-            return np.take(images, indices, axis=0, out=out, mode="clip")
+            return images.take(indices, axis=0, out=out, mode="clip")
         data, offsets, rows = self.handles, self.offsets, indices.tolist()
         where = repr(str(self.path / "data.bin"))
         return self.decoder.decode_all((data[offsets[i] : offsets[i + 1]] for i in rows),
