@@ -157,7 +157,7 @@ def test_the_model_prices_the_hand_over_and_the_cores() -> None:
 
 
 def test_the_tie_goes_to_the_simplest_candidate_no_simpler_one_outran() -> None:
-    from fastdata.tuning.model import _candidates, _pick
+    from fastdata.tuning.model import candidate_rows, pick_best
 
     def row(backend, workers, rate, wait=0.5):
         return {"backend": backend, "num_workers": workers, "measured_samples_per_s": rate, "wait_fraction": wait,
@@ -165,22 +165,22 @@ def test_the_tie_goes_to_the_simplest_candidate_no_simpler_one_outran() -> None:
 
     m = measurements()
     tied = [row("torch", 0, 960), row("thread", 1, 1000), row("process", 1, 990)]
-    assert (_pick(tied, m)["backend"], _pick(tied, m)["num_workers"]) == ("torch", 0)  # within 5%: the simplest
+    assert (pick_best(tied, m)["backend"], pick_best(tied, m)["num_workers"]) == ("torch", 0)  # within 5%: the simplest
     apart = [row("torch", 0, 900), row("thread", 1, 1000)]
-    assert _pick(apart, m)["num_workers"] == 1
+    assert pick_best(apart, m)["num_workers"] == 1
     # with a dominating step: the fewest workers that keep the wait under 5%, unless a simpler one measured faster
     stepped = measurements(step_ms=50.0)
     calm = [row("torch", 0, 800, wait=0.3), row("thread", 1, 1000, wait=0.01), row("thread", 2, 1010, wait=0.01)]
-    assert _pick(calm, stepped)["num_workers"] == 1
+    assert pick_best(calm, stepped)["num_workers"] == 1
     outran = [row("torch", 0, 1000, wait=0.3), row("thread", 1, 900, wait=0.01), row("process", 2, 700, wait=0.01)]
-    assert (_pick(outran, stepped)["backend"], _pick(outran, stepped)["num_workers"]) == ("torch", 0)
+    assert (pick_best(outran, stepped)["backend"], pick_best(outran, stepped)["num_workers"]) == ("torch", 0)
     # num_workers=0 is one candidate, whatever the backends: the same serial loop on each
-    rows = _candidates(m, ("thread", "process"), 2)
+    rows = candidate_rows(m, ("thread", "process"), 2)
     serial = [r for r in rows if r["num_workers"] == 0]
     assert len(serial) == 1 and serial[0]["same_for_backends"] == ["torch", "thread", "process"]
     assert [(r["backend"], r["num_workers"]) for r in rows[1:]] == [("thread", 1), ("thread", 2), ("process", 1),
                                                                       ("process", 2)]
-    assert _candidates(m, ("thread",), 1)[0]["same_for_backends"] == ["torch", "thread"]
+    assert candidate_rows(m, ("thread",), 1)[0]["same_for_backends"] == ["torch", "thread"]
 
 
 # --- tune --------------------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | 
         steps = [pil_to_tensor] + ([transform] if transform else [])
         options = dict(case.dataset_kwargs)
         name = options.pop("name")
-        extra = dict(options.pop("options") or {}, transform=_Chain(steps))
+        extra = dict(options.pop("options") or {}, transform=TransformChain(steps))
         return torchvision_dataset(name, options=extra, **options)
     spec = get_format(case.format)
     kwargs = dict(case.dataset_kwargs)
@@ -172,7 +172,7 @@ def make_dataset(case: Case, config: BenchConfig, image_size: tuple[int, int] | 
     return spec.dataset(case.dataset_path, transform=transform, **kwargs)
 
 
-class _Chain:
+class TransformChain:
     """Picklable composition of callables (for spawn workers)."""
 
     def __init__(self, steps: list[Callable]):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastdata.bench.report import _order, label
+from fastdata.bench.report import sort_key, label
 from fastdata.bench.summary import choose_workers, recommend, summarize
 from fastdata.explain import times
 
@@ -43,7 +43,7 @@ def figure(rows: list[dict[str, Any]], *, title: str = "", baseline: str | None 
     from matplotlib.figure import Figure
 
     summary = summarize(rows)
-    keys = [key for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline))
+    keys = [key for key, by_workers in sorted(summary.items(), key=lambda item: sort_key(item[0], baseline))
             if any(cell["status"] == "ok" for cell in by_workers.values())]
     if not keys:
         return None

@@ -56,7 +56,7 @@ def verdicts(rows: list[dict[str, Any]], baseline: str | None) -> list[str]:
     transfer = transfer_ms(rows)
     batch = rows[0]["batch_size"] if rows else 0
     groups: dict[tuple, list[tuple]] = {}
-    for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+    for key, by_workers in sorted(summary.items(), key=lambda item: sort_key(item[0], baseline)):
         best = best_workers(by_workers)
         groups.setdefault((key[0], key[1], key[3], best), []).append(key)
     lines = []
@@ -134,7 +134,7 @@ def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer:
                             first_parallel=parallel[0] if parallel else None, startup_s=startup, epoch_s=epoch_s)
 
 
-def _order(key: tuple[str, ...], baseline: str | None) -> tuple:
+def sort_key(key: tuple[str, ...], baseline: str | None) -> tuple:
     backend = key[3] if len(key) > 3 else "torch"
     return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != "torch", backend)
 
@@ -146,7 +146,7 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     workers = sorted({w for by_workers in summary.values() for w in by_workers})
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
     body, shared = [], False
-    for key, by_workers in sorted(summary.items(), key=lambda item: _order(item[0], baseline)):
+    for key, by_workers in sorted(summary.items(), key=lambda item: sort_key(item[0], baseline)):
         shared = shared or (key[3] != "torch" and 0 in by_workers
                             and by_workers[0] is summary.get((*key[:3], "torch"), {}).get(0))
         choice = choose_workers(key, by_workers)

@@ -67,7 +67,7 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
     if source.startswith("torchvision:"):
         from torchvision.transforms.v2.functional import pil_to_tensor
 
-        from fastdata.bench.measure import _Chain
+        from fastdata.bench.measure import TransformChain
         from fastdata.sources import torchvision_dataset
 
         steps: list[Any] = [pil_to_tensor]
@@ -76,7 +76,7 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 
             steps.append(v2.Resize(resize, antialias=True))
         options = {parse_source_option(text)[0]: parse_source_option(text)[1] for text in args.source_option}
-        options["transform"] = _Chain(steps)
+        options["transform"] = TransformChain(steps)
         dataset = torchvision_dataset(source[len("torchvision:"):], root=args.root, split=args.split, options=options)
         return dataset, source, None
     path = Path(source)

@@ -39,9 +39,9 @@ from fastdata.explain import tune_paragraph
 from fastdata.loading import BACKENDS
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (
-    PROBE_BATCHES, Measurements, ProbeResult, _batches, _loader, _start_method, measure, probe,
+    PROBE_BATCHES, Measurements, ProbeResult, probe_batches, probe_loader, resolve_start_method, measure, probe,
 )
-from fastdata.tuning.model import TIE, WAIT_TARGET, _candidates, _pick, _to_confirm, predict
+from fastdata.tuning.model import TIE, WAIT_TARGET, candidate_rows, pick_best, rows_to_confirm, predict
 
 MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
 EPOCHS_WORTH = 4  # ... nor more than about this many num_workers=0 epochs (see _effective_budget)
@@ -175,7 +175,7 @@ def tune(
     step_ms = options.get("step_ms", 0.0)
     if step_ms < 0:
         raise InvalidOptionError(f"Invalid step {step!r}: milliseconds must be >= 0.")
-    method = _start_method(start_method)
+    method = resolve_start_method(start_method)
     requested_budget = budget_s
     budget_s = min(budget_s, _effective_budget(dataset, batch_size, step_fn, step_ms, budget_s)
                    + (CONVERSION_PROBE_S if convert_source is not None else 0.0))
@@ -183,8 +183,8 @@ def tune(
     m, sample_batches = measure(dataset, batch_size=batch_size, step=step_fn, step_ms=step_ms, backends=backends,
                                 start_method=method, seconds=min(budget_s * 0.25, 8.0))
     limit_workers = max_workers if max_workers is not None else max(2, 2 * m.usable_cores)
-    rows = _candidates(m, backends, limit_workers)
-    confirm = _to_confirm(rows, m, limit=5)
+    rows = candidate_rows(m, backends, limit_workers)
+    confirm = rows_to_confirm(rows, m, limit=5)
     conversion_share = 0.2 if convert_source is not None else 0.0
     remaining = budget_s - (time.perf_counter() - started)
     per_probe = max(0.25, min(3.0, remaining * (1 - conversion_share) / (len(confirm) + 0.5) - 0.05))
@@ -194,13 +194,13 @@ def tune(
             row["skipped"] = "budget"
             continue
         say(f"probing backend={row['backend']} num_workers={row['num_workers']}")
-        loader = _loader(dataset, row["backend"], row["num_workers"], batch_size, context=method)
+        loader = probe_loader(dataset, row["backend"], row["num_workers"], batch_size, context=method)
         result = probe(loader, per_probe, step=step_fn, step_s=step_ms / 1000, memory=row["num_workers"] > 0
                        and row["backend"] != "thread")
         row.update(measured_samples_per_s=round(result.samples_per_s, 1), wait_fraction=round(result.wait_fraction, 4),
                    first_batch_s=round(result.first_batch_s, 4), pss_mb_per_worker=result.pss_mb_per_worker)
     measured = [r for r in confirm if "measured_samples_per_s" in r]
-    best = _pick(measured or rows, m)
+    best = pick_best(measured or rows, m)
     recommendation = Recommendation(
         backend=best["backend"], num_workers=best["num_workers"], batch_size=batch_size,
         persistent_workers=best["num_workers"] > 0,  # start-up paid once; explain() compares it with the epoch
@@ -231,7 +231,7 @@ def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] 
     if len(dataset) == 0:
         return budget_s
     fetch = BatchFetcher(dataset)
-    indices = _batches(len(dataset), batch_size, 3)
+    indices = probe_batches(len(dataset), batch_size, 3)
     try:
         times = []
         for batch_indices in (indices * 2)[:2]:  # the first call pays one-off costs (opening files, imports)
@@ -251,7 +251,7 @@ def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size
     """The best plain-DataLoader (backend torch) row as DataLoader keywords."""
     torch_rows = [r for r in rows if r["backend"] == "torch"]
     measured = [r for r in torch_rows if "measured_samples_per_s" in r]
-    best = _pick(measured if len(measured) > 1 else torch_rows, m)  # never a guess against a measurement
+    best = pick_best(measured if len(measured) > 1 else torch_rows, m)  # never a guess against a measurement
     kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "num_workers": best["num_workers"],
                               "pin_memory": m.cuda}
     if best["num_workers"] > 0:
@@ -282,7 +282,7 @@ def predict_conversion(dataset: Any, m: Measurements, current: Recommendation, b
         conversion_s = time.perf_counter() - start
         converted = open_dataset(out)
         fetch = BatchFetcher(converted)
-        indices = _batches(count, min(m.batch_size, count), fetches)
+        indices = probe_batches(count, min(m.batch_size, count), fetches)
         fetch(indices[0])  # the first read opens the files
         times = []
         for position in range(fetches):
@@ -292,7 +292,7 @@ def predict_conversion(dataset: Any, m: Measurements, current: Recommendation, b
         fetch_ms = statistics.median(times) * 1000
     scaled = dict(asdict(m), fetch_ms=fetch_ms, loop_ms=fetch_ms + m.overhead_ms)
     after = Measurements(**scaled)
-    best = max(_candidates(after, backends, max_workers), key=lambda r: r["predicted_samples_per_s"])
+    best = max(candidate_rows(after, backends, max_workers), key=lambda r: r["predicted_samples_per_s"])
     here = current.measured_samples_per_s or current.predicted_samples_per_s
     return {
         "format": "npy", "store": "raw", "probe_samples": count, "fetch_ms": round(fetch_ms, 4),

@@ -59,7 +59,7 @@ class Measurements:
 
 
 
-def _batches(length: int, batch_size: int, count: int, seed: int = 0) -> list[np.ndarray]:
+def probe_batches(length: int, batch_size: int, count: int, seed: int = 0) -> list[np.ndarray]:
     order = np.random.default_rng(seed).permutation(length)
     starts = range(0, max(1, length - batch_size + 1) if length >= batch_size else 1, batch_size)
     chosen = [np.sort(order[s : s + batch_size]) for s in starts][: max(1, count)]
@@ -89,7 +89,7 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-def _loader(dataset: Any, backend: str, workers: int, batch_size: int, *, prefetch_factor: int = 2,
+def probe_loader(dataset: Any, backend: str, workers: int, batch_size: int, *, prefetch_factor: int = 2,
             context: str | None = None, pin_memory: bool = False, seed: int = 0) -> Any:
     from fastdata.loading import loader
 
@@ -181,7 +181,7 @@ def _worker_pss_mb() -> float | None:
     return round(statistics.mean(values), 1) if values else None
 
 
-def _start_method(requested: str | None) -> str:
+def resolve_start_method(requested: str | None) -> str:
     if requested is not None:
         if requested not in multiprocessing.get_all_start_methods():
             raise InvalidOptionError(
@@ -243,7 +243,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     if length == 0:
         raise InvalidOptionError("The dataset is empty: nothing to tune.")
     fetch = BatchFetcher(dataset)
-    indices = _batches(length, batch_size, 64)
+    indices = probe_batches(length, batch_size, 64)
     share = max(0.2, seconds / 8)
     try:
         sample_batches = [fetch(indices[i % len(indices)]) for i in range(3)]
@@ -256,7 +256,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     position = iter(range(10**9))
     fetch_times = _timed_calls(lambda: fetch(indices[next(position) % len(indices)]), share)
     fetch_ms = statistics.median(fetch_times) * 1000
-    serial = probe(_loader(dataset, "torch", 0, batch_size), share / 2, warm_batches=1, max_batches=PROBE_BATCHES)
+    serial = probe(probe_loader(dataset, "torch", 0, batch_size), share / 2, warm_batches=1, max_batches=PROBE_BATCHES)
     loop_ms = max(fetch_ms, 1000 / (serial.samples_per_s / batch_size)) if serial.samples_per_s else fetch_ms
     standard_ms = None
     if accepts_index_arrays(dataset):
@@ -276,12 +276,12 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     transfer: dict[str, float] = {}
     startup: dict[str, float] = {}
     ready = ReadyBatches(template, length)
-    base = probe(_loader(ready, "torch", 0, batch_size), share / 4, warm_batches=1, max_batches=PROBE_BATCHES)
+    base = probe(probe_loader(ready, "torch", 0, batch_size), share / 4, warm_batches=1, max_batches=PROBE_BATCHES)
     base_ms = 1000 / (base.samples_per_s / batch_size) if base.samples_per_s else 0.0
     for backend in backends:
         if backend != "thread" and pickle_error:
             continue
-        result = probe(_loader(ready, backend, 1, batch_size, context=start_method), share / 2, warm_batches=2,
+        result = probe(probe_loader(ready, backend, 1, batch_size, context=start_method), share / 2, warm_batches=2,
                        max_batches=PROBE_BATCHES)
         per_batch = 1000 / (result.samples_per_s / batch_size) if result.samples_per_s else float("inf")
         transfer[backend] = max(0.0, per_batch - base_ms)

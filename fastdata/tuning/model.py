@@ -38,7 +38,7 @@ def predict(m: Measurements, backend: str, workers: int) -> tuple[float, float]:
     return m.batch_size * rate * 1000, max(0.0, loop - s) / loop
 
 
-def _candidates(m: Measurements, backends: tuple[str, ...], max_workers: int) -> list[dict[str, Any]]:
+def candidate_rows(m: Measurements, backends: tuple[str, ...], max_workers: int) -> list[dict[str, Any]]:
     """One candidate per (backend, num_workers >= 1), and one for num_workers=0: every backend
     runs the same serial loop there, so it is one candidate, probed once (``same_for_backends``
     names them; ``backend`` is the default's, which ``loader_kwargs`` leave out)."""
@@ -58,7 +58,7 @@ def _simplest_first(row: dict[str, Any]) -> tuple:
     return (row["num_workers"], _PREFERENCE[row["backend"]])
 
 
-def _to_confirm(rows: list[dict[str, Any]], m: Measurements, limit: int) -> list[dict[str, Any]]:
+def rows_to_confirm(rows: list[dict[str, Any]], m: Measurements, limit: int) -> list[dict[str, Any]]:
     """The best predictions (and num_workers=0, the reference), or with a dominating step the
     fewest workers predicted to keep the data wait under 5% and the next one up."""
     chosen: list[dict[str, Any]] = [rows[0]]
@@ -88,7 +88,7 @@ def _to_confirm(rows: list[dict[str, Any]], m: Measurements, limit: int) -> list
     return unique[:limit]
 
 
-def _pick(rows: list[dict[str, Any]], m: Measurements) -> dict[str, Any]:
+def pick_best(rows: list[dict[str, Any]], m: Measurements) -> dict[str, Any]:
     """The recommendation among measured rows (predictions where a row was not measured): with a
     training step, the simplest that keeps the data wait under 5%; else the simplest within
     :data:`TIE` of the fastest; in both, never one that a simpler row outran."""
