@@ -1,6 +1,6 @@
 """``--engine ray`` on a local Ray cluster (``ray.init(num_cpus=2)``): the output equals the local
 engine's, a worker killed mid-task is retried and leaves nothing behind, bad input fails alike.
-Skipped when Ray is not installed (``pip install "fastdata[ray]"``)."""
+Skipped when Ray is not installed (``pip install 'torch-fastdata[ray]'``)."""
 
 from __future__ import annotations
 

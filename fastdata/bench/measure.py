@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fastdata.bench.config import BenchConfig, Case
 from fastdata.bench.timing import time_epoch
 from fastdata.errors import DependencyMissingError, InvalidOptionError
+from fastdata.extras import install_command
 
 # Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
 # from when the first batch arrives (workers are up), then every 0.1 s.
@@ -40,7 +41,7 @@ def make_transform(config: BenchConfig, size: tuple[int, int] | None, *, resize:
         from torchvision.transforms import v2
     except ImportError as exc:
         raise DependencyMissingError(
-            "--transform and --resize on encoded data need torchvision: pip install 'fastdata[torchvision]'"
+            f"--transform and --resize on encoded data need torchvision: {install_command('torchvision')}"
         ) from exc
     steps: list[Any] = []
     if config.transform == "augment":

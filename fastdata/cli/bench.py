@@ -9,6 +9,7 @@ from pathlib import Path
 from fastdata.cli.common import DeprecatedAlias, add_command, human_bytes
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.options import parse_source_option
+from fastdata.extras import install_command
 
 
 EXAMPLES = """
@@ -210,5 +211,5 @@ def report_text(result, source: str, config) -> str:
     written = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
     lines.append(f"\nwrote {', '.join(str(out / name) for name in written)}")
     if result.plot is None and not result.all_failed:
-        lines.append("(no plot: install matplotlib, e.g. pip install 'fastdata[plot]')")
+        lines.append(f"(no plot: install matplotlib, e.g. {install_command('plot')})")
     return "\n".join(lines)

@@ -178,7 +178,7 @@ class ConvertOptions:
     resume: bool = _option(False, "continue an interrupted conversion of the same, unchanged source from its "
                            "last checkpoint (a finished one is kept)", kind="flag", group="run")
     engine: str = _option("local", "where the work runs: local (a process pool here) or ray (tasks on a Ray "
-                          "cluster; pip install 'fastdata[ray]')", metavar="local|ray", group="run")
+                          "cluster; pip install 'torch-fastdata[ray]')", metavar="local|ray", group="run")
     ray_address: str | None = _option(None, "--engine ray: the cluster to join (ray.init's address, e.g. 'auto' or "
                                       "'ray://head:10001'; default: start a local one)", metavar="ADDRESS", group="run")
     part: tuple[int, int] | None = _option(None, "write part I of N (1-based) of a job array into OUTPUT.partial.units; "

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastdata.errors import FastdataError, InvalidOptionError, SourceNotFoundError
 from fastdata.sources.datasets import dataset_length
+from fastdata.extras import install_command
 
 TORCHVISION_PREFIX = "torchvision:"
 
@@ -28,7 +29,7 @@ def torchvision_dataset(
         from fastdata.errors import DependencyMissingError
 
         raise DependencyMissingError(
-            "torchvision sources need torchvision. Install it with: pip install 'fastdata[torchvision]'"
+            f"torchvision sources need torchvision. Install it with: {install_command('torchvision')}"
         ) from exc
     cls = getattr(tv_datasets, name, None)
     if not inspect.isclass(cls):

@@ -33,9 +33,10 @@ from fastdata.conversion.scale.parts import Counter
 from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
 from fastdata.conversion.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
 from fastdata.sources import Source
+from fastdata.extras import install_command
 
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
-INSTALL_HINT = 'pip install "fastdata[ray]"'
+INSTALL_HINT = install_command("ray")
 
 
 def import_ray():
