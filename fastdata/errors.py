@@ -81,3 +81,7 @@ class EngineError(FastdataError, RuntimeError):
 
 class PartsError(FastdataError, ValueError):
     """The parts of a job-array conversion are missing, run twice or do not match each other."""
+
+
+class UnknownOptionError(InvalidOptionError, TypeError):
+    """A keyword argument that a reader (or another callable taking options) does not take."""
