@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import pkgutil
 import subprocess
 import sys
 import warnings
@@ -39,7 +40,14 @@ def test_registry_describes_what_callers_need() -> None:
     assert tar.iterable and tar.self_batching and tar.map_dataset is fastdata.TarIndexedDataset
     assert not npy.iterable and npy.map_dataset is MemmapDataset and not npy.baseline
     assert folder.baseline and not folder.writable and folder.map_dataset is fastdata.FolderDataset
-    assert available_formats(writable=True) == ["hdf5", "npy", "tar"]
+
+
+def test_every_package_under_formats_is_discovered() -> None:
+    """No list of formats anywhere: each package under fastdata/formats/ registers itself (or
+    declares its missing dependency) when discovered."""
+    packages = {module.name for module in pkgutil.iter_modules(fastdata.formats.__path__) if module.ispkg}
+    found = set(available_formats()) | {missing.name for missing in fastdata.formats.missing_formats()}
+    assert packages == found and {"folder", "hdf5", "npy", "tar"} <= packages
 
 
 def test_registry_refuses_a_taken_name_and_registered_restores_it() -> None:
