@@ -225,3 +225,37 @@ def test_verify_reports_a_damaged_hdf5_manifest_attribute(uniform_folder: Path, 
             continue
         assert not report.ok, offset
         assert json.dumps(report.problems)  # plain text, printable
+
+
+# --- ReaderOptions: one frozen dataclass every reader takes -----------------------------------
+
+
+def test_every_reader_takes_the_reader_options_by_their_names(uniform_folder: Path, tmp_path: Path) -> None:
+    import dataclasses
+    import inspect
+
+    from fastdata.reader import ReaderOptions
+
+    shared = [field.name for field in dataclasses.fields(ReaderOptions)]
+    for spec in fastdata.formats.all_formats():
+        for reader in {spec.dataset, spec.map_dataset}:
+            parameters = inspect.signature(reader).parameters
+            assert all(name in parameters for name in shared), (reader, list(parameters))
+            assert issubclass(reader.Options, ReaderOptions)
+    out = tmp_path / "e.npy"
+    fastdata.convert(uniform_folder, out, store="encoded", workers=0)
+    ds = fastdata.open_dataset(out, transform=None, image_format="numpy", resize="6x5", center_crop=4)
+    assert ds.options == ReaderOptions(image_format="numpy", resize=(6, 5), center_crop=(4, 4))
+    assert ds[0][0].shape == (4, 4, 3)
+    ds.image_format = "tensor"  # settable like torchvision's transform, and validated again
+    assert ds.options.image_format == "tensor" and ds[0][0].shape == (3, 4, 4)
+    with pytest.raises(InvalidOptionError, match="^Unknown image_format 'jpeg'. Allowed: 'tensor', 'numpy', 'pil'.$"):
+        ds.image_format = "jpeg"
+    with pytest.raises(TypeError) as info:
+        fastdata.MemmapDataset(out, sizes=3)
+    assert str(info.value).startswith("MemmapDataset() got an unexpected keyword argument 'sizes'. Its options: "
+                                      "'transform', 'target_transform', 'image_format',")
+    with pytest.raises(InvalidOptionError, match="^Invalid resize '6by5'"):  # up front, before any file is read
+        fastdata.MemmapDataset(tmp_path / "nothing-here", resize="6by5")
+    with pytest.raises(InvalidOptionError, match="^Invalid cache_bytes -1"):
+        fastdata.HDF5Dataset(tmp_path / "nothing-here.h5", cache_bytes=-1)

@@ -29,10 +29,13 @@ CLASS_NAMES = ["ant", "Bee", "cow", "dé"]  # upper case sorts first; a non-ASCI
 GRAYSCALE = {"L", "LA"}
 
 
+for _name in FORMATS:  # each format's own test file, where its FormatContract hooks live
+    importlib.import_module(f"test_{_name}")
+
+
 def stored_bytes(name: str, out: Path) -> list[bytes]:
     """Each sample's stored bytes, read without fastdata: the format's own test file knows how
     (its FormatContract's ``stored_bytes`` hook)."""
-    importlib.import_module(f"test_{name}")
     return CONTRACTS[name].stored_bytes(out)
 
 
