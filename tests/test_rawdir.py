@@ -122,3 +122,19 @@ def test_a_format_whose_dependency_is_missing_is_listed_with_its_install_command
     refused = fastdata_cli(plugins, "convert", uniform_folder, tmp_path / "x", "--format", "absent", "--quiet")
     assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", f"fastdata: error: {ABSENT}\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_broken_plugin_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    info = tmp_path / "broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[fastdata.formats]\nbroken = fastdata_no_such_plugin_module\n")
+    with fastdata.formats.restored():
+        sys.path.insert(0, str(tmp_path))
+        try:
+            with pytest.warns(RuntimeWarning, match="The format plugin entry point broken = "
+                                                    "fastdata_no_such_plugin_module failed to load"):
+                fastdata.formats.discover()
+            assert "broken" not in fastdata.formats.available_formats() and "npy" in fastdata.formats.available_formats()
+        finally:
+            sys.path.remove(str(tmp_path))

@@ -17,6 +17,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import pkgutil
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -84,10 +85,10 @@ def discover() -> None:
         if module.ispkg:
             _load(f"{_PACKAGE}.{module.name}", lambda name=module.name: importlib.import_module(f"{_PACKAGE}.{name}"))
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        _load(f"entry point {entry.name} = {entry.value}", entry.load)
+        _load(f"entry point {entry.name} = {entry.value}", entry.load, plugin=True)
 
 
-def _load(key: str, load) -> None:
+def _load(key: str, load, *, plugin: bool = False) -> None:
     if key in _imported:
         return
     _imported.add(key)
@@ -95,6 +96,12 @@ def _load(key: str, load) -> None:
         loaded = load()
     except FormatUnavailableError as exc:
         logger.debug("%s: %s", key, exc)
+        return
+    except Exception as exc:  # noqa: BLE001 - a broken third-party plugin must not break fastdata
+        if not plugin:
+            raise
+        warnings.warn(f"The format plugin {key} failed to load ({type(exc).__name__}: {exc}); it is left out. "
+                      "Reinstall or remove the package that provides it.", RuntimeWarning, stacklevel=2)
         return
     if isinstance(loaded, FormatSpec):
         register(loaded)
