@@ -164,7 +164,7 @@ def get_format(name: str, *, writable: bool = False) -> FormatSpec:
     _discovered()
     spec = _REGISTRY.get(name) if isinstance(name, str) else None
     if spec is None and isinstance(name, str) and name in _MISSING:
-        raise DependencyMissingError(f"{_MISSING[name].message}")
+        raise DependencyMissingError(_MISSING[name].message)
     if spec is None or (writable and not spec.writable):
         names = ", ".join(repr(n) for n in available_formats(writable=writable))
         kind = "output format" if writable and spec is not None else "format"
