@@ -8,7 +8,7 @@ from typing import Any
 
 from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
 from fastdata.formats import get_format
-from fastdata.manifest import require_manifest
+from fastdata.formats.stored import require_manifest
 from fastdata.urls import refuse_url
 
 

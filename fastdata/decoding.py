@@ -37,6 +37,26 @@ def _simplejpeg() -> Any:
     return require("simplejpeg", extra="jpeg", feature="decoder='fast'")
 
 
+def check_decoder(decoder: str) -> str:
+    """``decoder`` if it is one of :data:`DECODERS` (and ``"fast"``'s package is installed)."""
+    if decoder not in DECODERS:
+        raise InvalidOptionError(f"Unknown decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS))}.")
+    if decoder == "fast":
+        _simplejpeg()
+    return decoder
+
+
+def geometry_of(resize: Any, center_crop: Any) -> Geometry:
+    """The read-time resize and center crop, parsed like ``--resize``/``--center-crop`` (an int
+    center crop is a square, as torchvision's ``CenterCrop(int)``); parsing a parsed value gives it back."""
+    from fastdata.conversion.options import parse_size  # the one size parser, with the conversion options
+
+    if isinstance(center_crop, int) and not isinstance(center_crop, bool):
+        center_crop = (center_crop, center_crop)
+    return Geometry(resize=parse_size(resize, flag="resize", allow_single=True),
+                    center_crop=parse_size(center_crop, flag="center_crop", allow_single=False))
+
+
 @dataclass(frozen=True)
 class Decoder:
     """How a reader turns stored image bytes into pixels (see the module docstring)."""
@@ -47,17 +67,7 @@ class Decoder:
 
     @classmethod
     def make(cls, mode: str, *, resize: Any = None, center_crop: Any = None, decoder: str = "pil") -> "Decoder":
-        from fastdata.conversion.options import parse_size
-
-        if decoder not in DECODERS:
-            raise InvalidOptionError(f"Unknown decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS))}.")
-        if decoder == "fast":
-            _simplejpeg()
-        if isinstance(center_crop, int) and not isinstance(center_crop, bool):
-            center_crop = (center_crop, center_crop)  # a square, as torchvision's CenterCrop(int)
-        geometry = Geometry(resize=parse_size(resize, flag="resize", allow_single=True),
-                            center_crop=parse_size(center_crop, flag="center_crop", allow_single=False))
-        return cls(mode, geometry, decoder == "fast")
+        return cls(mode, geometry_of(resize, center_crop), check_decoder(decoder) == "fast")
 
     @property
     def channels(self) -> int:

@@ -85,3 +85,7 @@ class PartsError(FastdataError, ValueError):
 
 class UnsupportedURLError(InvalidOptionError):
     """A URL (``s3://``, ``https://``, ...) where fastdata takes only local paths."""
+
+
+class UnknownOptionError(InvalidOptionError, TypeError):
+    """A keyword argument that a reader (or another callable taking options) does not take."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.errors import (
-    CorruptDataError, CorruptManifestError, FastdataError, ManifestError, SourceNotFoundError, VersionMismatchError,
+    CorruptDataError, CorruptManifestError, ManifestError, VersionMismatchError,
 )
 
 MANIFEST_NAME = "manifest.json"
@@ -134,26 +134,21 @@ def _is_count(value: Any, limit: int = _MAX_COUNT) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit
 
 
-def manifest_problems(path: Path, manifest: dict[str, Any]) -> list[str]:
-    """Every field the readers rely on, with its type, range and relations (one message per
-    problem; empty when the manifest is sound). ``fastdata verify`` reports them; readers refuse
-    the dataset with the first one."""
-    from fastdata.formats import get_format
-
+def field_problems(path: Path, manifest: dict[str, Any], *, format_name: str, layout_version: int,
+                   stores: tuple[str, ...]) -> list[str]:
+    """Every field the readers rely on, with its type, range and relations, for a manifest of
+    format ``format_name`` (its layout version and stores given by the caller: this module
+    knows no format). One message per problem; empty when the manifest is sound."""
     origin = repr(str(path / MANIFEST_NAME) if path.is_dir() else str(path))
-    try:
-        spec = get_format(str(manifest.get("format")))
-    except FastdataError as exc:
-        return [f"{origin}: {exc}"]
     problems = []
-    if manifest.get("layout_version") != spec.layout_version:
+    if manifest.get("layout_version") != layout_version:
         problems.append(f"{origin}: layout version {manifest.get('layout_version')!r} is not supported; this "
-                        f"fastdata reads {spec.name!r} layout version {spec.layout_version}.")
+                        f"fastdata reads {format_name!r} layout version {layout_version}.")
     count = manifest.get("count")
     if not _is_count(count):
         problems.append(f"{origin}: 'count' is {count!r}; expected a sample count from 0 to {_MAX_COUNT}.")
-    if manifest.get("store") not in spec.stores:
-        problems.append(f"{origin}: 'store' is {manifest.get('store')!r}; expected one of {list(spec.stores)}.")
+    if manifest.get("store") not in stores:
+        problems.append(f"{origin}: 'store' is {manifest.get('store')!r}; expected one of {list(stores)}.")
     problems += _image_problems(origin, manifest)
     problems += _class_problems(origin, manifest)
     problems += _files_problems(origin, manifest, directory=path.is_dir())
@@ -204,42 +199,6 @@ def _files_problems(origin: str, manifest: dict[str, Any], *, directory: bool) -
         elif directory and not all(is_plain_name(part) for part in name.split("/")):
             problems.append(f"{origin}: files entry {name!r} points outside the dataset directory.")
     return problems
-
-
-def require_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of the dataset at ``path`` as it is, or why there is none: the path does not
-    exist, or holds no dataset written by ``fastdata convert``."""
-    from fastdata.formats import find_manifest
-
-    path = Path(path)
-    if not path.exists():
-        raise SourceNotFoundError(f"{str(path)!r} does not exist.")
-    manifest = find_manifest(path)
-    if manifest is None:
-        raise ManifestError(
-            f"{str(path)!r} is not a dataset written by 'fastdata convert' (no manifest found). "
-            "Convert it first ('fastdata convert'); an image folder is read with fastdata.FolderDataset."
-        )
-    return manifest
-
-
-def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
-    """The manifest of the ``format_name`` dataset at ``path``, checked before a reader uses any
-    of its values: the format, the layout version, and every field (:func:`manifest_problems`)."""
-    from fastdata.formats import get_format
-
-    path = Path(path)
-    manifest = require_manifest(path)
-    if manifest.get("format") != format_name:
-        raise ManifestError(
-            f"{str(path)!r} holds format {manifest.get('format')!r}, not {format_name!r}. "
-            "Use fastdata.open_dataset(path) to pick the right reader."
-        )
-    check_layout_version(manifest, get_format(format_name).layout_version, str(path))
-    problems = manifest_problems(path, manifest)
-    if problems:
-        raise CorruptManifestError(f"{problems[0]} Run 'fastdata verify {path}' or convert the source again.")
-    return manifest
 
 
 def check_file_sizes(directory: Path, manifest: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The output contract shared by every reader, and the map-style reader base.
+"""The output contract shared by every reader, its options, and the map-style reader base.
 
 A reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
 storage, so its memory format is channels-last), an HWC ndarray with ``image_format="numpy"``
@@ -6,14 +6,18 @@ or a PIL image with ``"pil"``; the label an ``int``. Indexing with a list/array 
 returns a collated batch from one vectorised read; ``__getitems__`` serves torch's standard
 batched fetch. Files are opened lazily in each process, never inherited across fork.
 
-:class:`OutputSpec` is that contract as one small immutable object: it turns pixels and labels
-into samples or a collated batch, for map-style and iterable readers alike.
+:class:`ReaderOptions` is every option a reader takes besides its path, as one frozen,
+validated dataclass: it turns pixels and labels into samples or a collated batch, for map-style
+and iterable readers alike. A reader with options of its own subclasses it (its ``Options``).
+What a format's reader implements is :class:`fastdata.formats.base.Reader`;
 :class:`fastdata.decoding.Decoder` is the one decode path (encoded bytes -> pixels, or a
 :class:`~fastdata.errors.CorruptDataError` naming the sample).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +28,20 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
-from fastdata.errors import CorruptManifestError, InvalidOptionError, ShapeMismatchError
+from fastdata.decoding import Decoder, check_decoder, geometry_of
+from fastdata.errors import CorruptManifestError, InvalidOptionError, ShapeMismatchError, UnknownOptionError
+from fastdata.formats.base import Reader
+from fastdata.formats.stored import open_manifest
+from fastdata.images import Geometry
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
 
 @dataclass(frozen=True)
-class OutputSpec:
-    """What a reader hands out: the image format and the optional transforms.
-
-    ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
-    a list of (H, W, C) arrays when sizes may differ.
+class ReaderOptions:
+    """What every reader takes besides its path (``MemmapDataset(path, transform=...,
+    resize=...)``, ``fastdata.open_dataset(path, ...)``), validated once, here. A new option
+    shared by every reader is one field.
 
     ``batch_transform`` takes image tensors ``[B, C, H, W]`` (after ``transform``) and applies on
     every path, so a plain ``DataLoader`` gives what ``fastdata.loader`` gives: to each collated
@@ -42,13 +49,20 @@ class OutputSpec:
     batch_size=N)``), and to each image as a batch of one (``[1, C, H, W]``) where samples are
     served one by one (``ds[i]``, ``__getitems__``, i.e. ``DataLoader(ds, batch_size=N)``). A
     random transform therefore draws once per batch on the first and once per image on the
-    second. It needs ``image_format="tensor"``.
+    second. It needs ``image_format="tensor"``. ``resize``, ``center_crop`` and ``decoder``
+    apply to encoded images (:mod:`fastdata.decoding`).
+
+    ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
+    a list of (H, W, C) arrays when sizes may differ.
     """
 
     transform: Callable | None = None
     target_transform: Callable | None = None
     image_format: str = "tensor"
     batch_transform: Callable | None = None
+    resize: Any = None
+    center_crop: Any = None
+    decoder: str = "pil"
 
     def __post_init__(self) -> None:
         if self.image_format not in IMAGE_FORMATS:
@@ -60,6 +74,31 @@ class OutputSpec:
                 f"{'ndarrays' if self.image_format == 'numpy' else 'PIL images'}. Use image_format='tensor' (the "
                 "default), or apply the transform yourself."
             )
+        geometry = geometry_of(self.resize, self.center_crop)
+        object.__setattr__(self, "resize", geometry.resize)
+        object.__setattr__(self, "center_crop", geometry.center_crop)
+        check_decoder(self.decoder)
+
+    @classmethod
+    def build(cls, reader: str, values: dict[str, Any]) -> "ReaderOptions":
+        """The options of reader ``reader`` (a class name, for the error) from keyword arguments,
+        refusing a name it does not take."""
+        known = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise UnknownOptionError(
+                f"{reader}() got an unexpected keyword argument {unknown[0]!r}. "
+                f"Its options: {', '.join(map(repr, known))}."
+            )
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "ReaderOptions":
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry(resize=self.resize, center_crop=self.center_crop)
 
     @property
     def per_sample(self) -> bool:
@@ -144,32 +183,63 @@ def allocated(allocate: Callable | None, shape: tuple[int, ...]) -> np.ndarray:
     return out if out is not None else np.empty(shape, dtype=np.uint8)
 
 
-class ReaderOutput:
-    """What every reader stores of its output: ``transform``, ``target_transform``,
-    ``image_format``, ``batch_transform`` (changeable after construction, like torchvision
-    datasets' ``transform``), the classes, and the :class:`OutputSpec` they make."""
+def _signature(cls: type) -> inspect.Signature:
+    """``cls``'s constructor as users call it: its own leading parameters, then every field of
+    its ``Options`` as a keyword (in place of ``**options``)."""
+    own = [parameter for parameter in inspect.signature(cls.__init__).parameters.values()
+           if parameter.kind is not inspect.Parameter.VAR_KEYWORD][1:]  # without self
+    taken = {parameter.name for parameter in own}
+    keywords = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                                  annotation=field.type)
+                for field in dataclasses.fields(cls.Options) if field.name not in taken]
+    return inspect.Signature([*own, *keywords])
 
+
+def _option(name: str) -> property:
+    """A reader attribute kept in its :class:`ReaderOptions`: settable after construction (like
+    torchvision datasets' ``transform``), validated again when set."""
+
+    def get(self: "ReaderOutput") -> Any:
+        return getattr(self.options, name)
+
+    def set_(self: "ReaderOutput", value: Any) -> None:
+        self.options = self.options.replace(**{name: value})
+
+    return property(get, set_, doc=f"``{name}`` (see :class:`ReaderOptions`).")
+
+
+class ReaderOutput:
+    """What every reader keeps of its output: its :class:`ReaderOptions` (``self.options``;
+    ``Options`` is the class, a subclass for a reader with options of its own), the
+    ``transform``/``target_transform``/``image_format``/``batch_transform`` read from them
+    (changeable after construction), and the classes.
+
+    A reader's constructor takes ``(path, transform=None, target_transform=None, **options)``;
+    its signature, as :func:`inspect.signature` and ``help()`` show it, lists every option by
+    name and default (set here from ``Options``)."""
+
+    Options: type[ReaderOptions] = ReaderOptions
     classes: list[str] = []
     class_to_idx: dict[str, int] = {}
+    transform = _option("transform")
+    target_transform = _option("target_transform")
+    image_format = _option("image_format")
+    batch_transform = _option("batch_transform")
 
-    def _init_output(self, transform: Callable | None, target_transform: Callable | None, image_format: str,
-                     batch_transform: Callable | None) -> None:
-        OutputSpec(transform, target_transform, image_format, batch_transform)  # validates
-        self.transform = transform
-        self.target_transform = target_transform
-        self.image_format = image_format
-        self.batch_transform = batch_transform
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ or "Options" in cls.__dict__:
+            cls.__signature__ = _signature(cls)
+
+    def _init_options(self, transform: Callable | None, target_transform: Callable | None,
+                      options: dict[str, Any]) -> None:
+        self.options = self.Options.build(type(self).__name__,
+                                          dict(options, transform=transform, target_transform=target_transform))
 
     @property
-    def output(self) -> OutputSpec:
-        """The output contract with this reader's current options (made again only when one of
-        them was changed: every batch asks for it)."""
-        spec = self.__dict__.get("_output_spec")
-        if spec is None or spec.transform is not self.transform or spec.target_transform is not self.target_transform \
-                or spec.image_format != self.image_format or spec.batch_transform is not self.batch_transform:
-            spec = self._output_spec = OutputSpec(self.transform, self.target_transform, self.image_format,
-                                                  self.batch_transform)
-        return spec
+    def output(self) -> ReaderOptions:
+        """The output contract with this reader's current options."""
+        return self.options
 
     @property
     def targets(self) -> list[int]:
@@ -206,39 +276,20 @@ class ReaderOutput:
         self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
 
 
-class MapDataset(ReaderOutput, Dataset):
-    """Base of map-style readers. Subclasses set ``labels`` and implement ``_open``/``_read``.
-
-    ``_open()`` returns this process's handles (stored in ``self._handles``); ``_read(indices)``
-    returns uint8 HWC pixels for sorted or unsorted ``indices``: one (B, H, W, C) array, or a
-    list of (H, W, C) arrays when sizes may differ.
+class MapDataset(ReaderOutput, Reader, Dataset):
+    """Base of map-style readers. Subclasses set ``labels`` and implement the hooks of
+    :class:`fastdata.formats.base.Reader` (``_open``, ``_read``); ``_open()``'s handles are kept
+    in ``self._handles``, per process.
     """
 
     labels: np.ndarray
 
-    def __init__(
-        self,
-        *,
-        transform: Callable | None = None,
-        target_transform: Callable | None = None,
-        image_format: str = "tensor",
-        batch_transform: Callable | None = None,
-    ):
-        self._init_output(transform, target_transform, image_format, batch_transform)
+    def __init__(self, transform: Callable | None = None, target_transform: Callable | None = None, **options: Any):
+        self._init_options(transform, target_transform, options)
         self._handles: Any = None
         self._pid: int | None = None
 
     # --- per-process resources ---------------------------------------------------------
-
-    def _open(self) -> Any:
-        return None
-
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
-        """Pixels of ``indices``: one (B, H, W, C) array or a list of (H, W, C) arrays (with
-        ``pil``, a reader of encoded images may return the decoded PIL images instead). Where a
-        reader can, it writes the pixels into ``allocate(shape, dtype)`` (which may return None:
-        no room) instead of new memory."""
-        raise NotImplementedError
 
     def _pixels(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
         return self._read(indices, allocate, pil=self.image_format == "pil")
@@ -306,12 +357,10 @@ class MapDataset(ReaderOutput, Dataset):
         return output.batch(self._pixels(indices, allocate), self.labels[indices], allocate)
 
 
-def decoder_for(manifest: dict[str, Any], *, resize: Any, center_crop: Any, decoder: str) -> Any:
+def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
     """The read-time :class:`~fastdata.decoding.Decoder` of a converted dataset: resize,
     center_crop and decoder apply to encoded images; raw pixels were sized at conversion."""
-    from fastdata.decoding import Decoder
-
-    made = Decoder.make(manifest["image"]["mode"], resize=resize, center_crop=center_crop, decoder=decoder)
+    made = Decoder(manifest["image"]["mode"], options.geometry, options.decoder == "fast")
     if manifest["store"] == "raw" and (not made.geometry.is_identity or made.fast):
         raise InvalidOptionError(
             "resize, center_crop and decoder apply to datasets of encoded images; this one stores decoded "
@@ -322,33 +371,20 @@ def decoder_for(manifest: dict[str, Any], *, resize: Any, center_crop: Any, deco
 
 class StoredDataset(MapDataset):
     """Base of the readers of converted datasets: opens and checks the manifest
-    (:func:`fastdata.manifest.open_manifest`), takes the classes from it, then calls the
+    (:func:`fastdata.formats.open_manifest`), takes the classes from it, then calls the
     subclass's :meth:`_load` to check and load its own files."""
 
     format_name = ""
     required_files: dict[str, tuple[str, ...]] = {}  # store -> names the manifest's "files" must list
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        transform: Callable | None = None,
-        target_transform: Callable | None = None,
-        *,
-        image_format: str = "tensor",
-        batch_transform: Callable | None = None,
-        resize: Any = None,
-        center_crop: Any = None,
-        decoder: str = "pil",
-    ):
-        from fastdata.manifest import open_manifest
-
-        super().__init__(transform=transform, target_transform=target_transform, image_format=image_format,
-                         batch_transform=batch_transform)
+    def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
+                 target_transform: Callable | None = None, **options: Any):
+        super().__init__(transform, target_transform, **options)
         self.path = Path(path)
         self.manifest = open_manifest(self.path, self.format_name)
         self.store = self.manifest["store"]
         self.mode = self.manifest["image"]["mode"]
-        self.decoder = decoder_for(self.manifest, resize=resize, center_crop=center_crop, decoder=decoder)
+        self.decoder = decoder_for(self.manifest, self.options)
         missing = [name for name in self.required_files.get(self.store, ()) if name not in self.manifest["files"]]
         if missing:
             raise CorruptManifestError(
@@ -357,6 +393,3 @@ class StoredDataset(MapDataset):
             )
         self._set_classes(self.manifest)
         self._load()
-
-    def _load(self) -> None:
-        """Check and load this format's own files (labels, offsets, ...)."""

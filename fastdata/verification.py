@@ -22,17 +22,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import FastdataError, ManifestError, SourceNotFoundError
-from fastdata.formats import get_format
+from fastdata.formats import get_format, manifest_problems, require_manifest
+from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
 from fastdata.urls import refuse_url
-from fastdata.manifest import (
-    CHECKSUM_ALGORITHM,
-    MANIFEST_CHECKSUM_KEY,
-    MANIFEST_NAME,
-    file_checksum,
-    manifest_checksum,
-    manifest_problems,
-    require_manifest,
-)
 
 _DEEP_BATCH = 64
 _LABELS_SHOWN = 5

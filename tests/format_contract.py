@@ -132,6 +132,11 @@ class FormatContract:
         """Damage a data file so that reading fails; return what the error must contain."""
         raise NotImplementedError
 
+    @staticmethod
+    def stored_bytes(out: Path) -> list[bytes]:
+        """Each sample's encoded bytes as stored, read without fastdata (test_properties)."""
+        raise NotImplementedError
+
     # --- fixtures -------------------------------------------------------------------------
 
     @pytest.fixture(scope="class")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,14 @@ def test_registry_describes_what_callers_need() -> None:
     assert tar.iterable and tar.self_batching and tar.map_dataset is fastdata.TarIndexedDataset
     assert not npy.iterable and npy.map_dataset is MemmapDataset and not npy.baseline
     assert folder.baseline and not folder.writable and folder.map_dataset is fastdata.FolderDataset
-    assert available_formats(writable=True) == ["hdf5", "npy", "tar"]
+
+
+def test_every_package_under_formats_is_discovered() -> None:
+    """No list of formats anywhere: each package under fastdata/formats/ registers itself (or
+    declares its missing dependency) when discovered."""
+    packages = {module.name for module in pkgutil.iter_modules(fastdata.formats.__path__) if module.ispkg}
+    found = set(available_formats()) | {missing.name for missing in fastdata.formats.missing_formats()}
+    assert packages == found and {"folder", "hdf5", "npy", "tar"} <= packages
 
 
 def test_registry_refuses_a_taken_name_and_registered_restores_it() -> None:
@@ -203,3 +211,37 @@ def test_verify_reports_a_damaged_hdf5_manifest_attribute(uniform_folder: Path, 
             continue
         assert not report.ok, offset
         assert json.dumps(report.problems)  # plain text, printable
+
+
+# --- ReaderOptions: one frozen dataclass every reader takes -----------------------------------
+
+
+def test_every_reader_takes_the_reader_options_by_their_names(uniform_folder: Path, tmp_path: Path) -> None:
+    import dataclasses
+    import inspect
+
+    from fastdata.reader import ReaderOptions
+
+    shared = [field.name for field in dataclasses.fields(ReaderOptions)]
+    for spec in fastdata.formats.all_formats():
+        for reader in {spec.dataset, spec.map_dataset}:
+            parameters = inspect.signature(reader).parameters
+            assert all(name in parameters for name in shared), (reader, list(parameters))
+            assert issubclass(reader.Options, ReaderOptions)
+    out = tmp_path / "e.npy"
+    fastdata.convert(uniform_folder, out, store="encoded", workers=0)
+    ds = fastdata.open_dataset(out, transform=None, image_format="numpy", resize="6x5", center_crop=4)
+    assert ds.options == ReaderOptions(image_format="numpy", resize=(6, 5), center_crop=(4, 4))
+    assert ds[0][0].shape == (4, 4, 3)
+    ds.image_format = "tensor"  # settable like torchvision's transform, and validated again
+    assert ds.options.image_format == "tensor" and ds[0][0].shape == (3, 4, 4)
+    with pytest.raises(InvalidOptionError, match="^Unknown image_format 'jpeg'. Allowed: 'tensor', 'numpy', 'pil'.$"):
+        ds.image_format = "jpeg"
+    with pytest.raises(TypeError) as info:
+        fastdata.MemmapDataset(out, sizes=3)
+    assert str(info.value).startswith("MemmapDataset() got an unexpected keyword argument 'sizes'. Its options: "
+                                      "'transform', 'target_transform', 'image_format',")
+    with pytest.raises(InvalidOptionError, match="^Invalid resize '6by5'"):  # up front, before any file is read
+        fastdata.MemmapDataset(tmp_path / "nothing-here", resize="6by5")
+    with pytest.raises(InvalidOptionError, match="^Invalid cache_bytes -1"):
+        fastdata.HDF5Dataset(tmp_path / "nothing-here.h5", cache_bytes=-1)

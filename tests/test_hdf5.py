@@ -38,6 +38,12 @@ class TestHDF5Format(FormatContract):
     format = "hdf5"
     layouts = {"gzip-chunks": ("raw", {"compression": "gzip", "chunk_images": 7})}
 
+    @staticmethod
+    def stored_bytes(out: Path) -> list[bytes]:
+        with h5py.File(out, "r") as file:
+            blob, offsets = file["blob"][()], file["offsets"][()]
+        return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
+
     def rewrite_manifest(self, out: Path, change: dict) -> None:
         with h5py.File(out, "a") as file:
             manifest = json.loads(file["fastdata_manifest"][()].tobytes())

@@ -24,6 +24,12 @@ from format_contract import FormatContract
 class TestNpyFormat(FormatContract):
     format = "npy"
 
+    @staticmethod
+    def stored_bytes(out: Path) -> list[bytes]:
+        data = np.fromfile(out / "data.bin", dtype=np.uint8)
+        offsets = np.load(out / "offsets.npy")
+        return [data[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
+
     def damage(self, out: Path) -> str:
         data = out / ("images.npy" if (out / "images.npy").exists() else "data.bin")
         data.write_bytes(data.read_bytes()[:-100])

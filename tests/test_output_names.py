@@ -11,9 +11,12 @@ import pytest
 
 import fastdata
 from fastdata.errors import InvalidOptionError, OutputExistsError
-from fastdata.formats import format_for_output
+from fastdata.formats import NO_EXTENSION_FORMAT, all_formats, format_for_output, get_format
 
-READERS = {"npy": "MemmapDataset", "hdf5": "HDF5Dataset", "tar": "TarDataset"}
+# every extension a writable format claims (and one in upper case), and a name without one
+NAMES = [(f"d{suffix}", spec.name) for spec in all_formats() if spec.writable for suffix in spec.suffixes]
+NAMES += [(f"d{spec.suffixes[0].upper()}", spec.name) for spec in all_formats() if spec.writable and spec.suffixes]
+NAMES += [("d", NO_EXTENSION_FORMAT)]
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
@@ -24,9 +27,7 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("d.npy", "npy"), ("d.h5", "hdf5"), ("d.hdf5", "hdf5"), ("d.H5", "hdf5"), ("d.tar", "tar"), ("d", "tar"),
-])
+@pytest.mark.parametrize("name,expected", NAMES)
 def test_the_extension_picks_the_format_for_the_cli_and_the_api(uniform_folder: Path, tmp_path: Path, capsys,
                                                                 name: str, expected: str) -> None:
     api, command_line = tmp_path / "api" / name, tmp_path / "cli" / name
@@ -34,8 +35,8 @@ def test_the_extension_picks_the_format_for_the_cli_and_the_api(uniform_folder: 
     code, out, err = cli(capsys, "convert", uniform_folder, command_line, "--workers", "0", "--quiet")
     assert (code, err) == (0, "") and out.startswith(f"wrote 12 samples to {command_line} (")
     for path in (api, command_line):
-        assert type(fastdata.open_dataset(path)).__name__ == READERS[expected]
-        assert path.is_file() == (expected == "hdf5")
+        assert type(fastdata.open_dataset(path)) is get_format(expected).dataset
+        assert path.is_file() == (get_format(expected).read_manifest is not None)  # single-file formats
         code, out, _ = cli(capsys, "info", path, "--json")
         assert code == 0 and json.loads(out)["format"] == expected
     assert format_for_output(api) == expected

@@ -8,12 +8,10 @@ back with plain numpy, h5py or tarfile) and decode to what PIL decodes from the 
 
 from __future__ import annotations
 
-import json
-import tarfile
+import importlib
 import tempfile
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -23,40 +21,23 @@ from torch.utils.data import IterableDataset
 
 import fastdata
 from conftest import WRITABLE
+from format_contract import CONTRACTS
 from fastdata.formats import get_format
 
 FORMATS = sorted({name for name, _ in WRITABLE})
 CLASS_NAMES = ["ant", "Bee", "cow", "dé"]  # upper case sorts first; a non-ASCII name
 GRAYSCALE = {"L", "LA"}
-# The registry names one reader per format; an iterable one's map-style sibling is named here.
-MAP_STYLE = {"tar": fastdata.TarIndexedDataset}
 
 
-def stored_npy(out: Path) -> list[bytes]:
-    data = np.fromfile(out / "data.bin", dtype=np.uint8)
-    offsets = np.load(out / "offsets.npy")
-    return [data[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
+for _name in FORMATS:  # each format's own test file, where its FormatContract hooks live
+    importlib.import_module(f"test_{_name}")
 
 
-def stored_hdf5(out: Path) -> list[bytes]:
-    with h5py.File(out, "r") as file:
-        blob, offsets = file["blob"][()], file["offsets"][()]
-    return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
+def stored_bytes(name: str, out: Path) -> list[bytes]:
+    """Each sample's stored bytes, read without fastdata: the format's own test file knows how
+    (its FormatContract's ``stored_bytes`` hook)."""
+    return CONTRACTS[name].stored_bytes(out)
 
-
-def stored_tar(out: Path) -> list[bytes]:
-    """Image member bytes in sample order, from every shard the index lists (tarfile only)."""
-    samples = []
-    for shard in json.loads((out / "index.json").read_text())["shards"]:
-        with tarfile.open(out / shard["file"]) as archive:
-            samples.extend(
-                archive.extractfile(member).read() for member in archive.getmembers()
-                if not member.name.endswith(".cls")
-            )
-    return samples
-
-
-STORED_BYTES = {"npy": stored_npy, "hdf5": stored_hdf5, "tar": stored_tar}  # one per writable format
 
 # --- strategies -----------------------------------------------------------------------------
 
@@ -147,7 +128,7 @@ def pil_pixels(path: Path, mode: str, size: tuple[int, int] | None = None) -> np
 
 
 def open_map_style(name: str, out: Path):
-    reader = MAP_STYLE.get(name, get_format(name).dataset)
+    reader = get_format(name).map_dataset
     ds = reader(out, image_format="numpy")
     assert not isinstance(ds, IterableDataset)
     return ds
@@ -207,7 +188,7 @@ def test_encoded_keeps_the_file_bytes_and_decodes_like_pil(name: str, specs: lis
         assert manifest["count"] == len(files) and manifest["image"]["mode"] == mode
         classes = sorted({path.parent.name for path, _ in files})
         assert manifest["class_to_idx"] == {name: index for index, name in enumerate(classes)}
-        assert STORED_BYTES[name](out) == [path.read_bytes() for path, _ in files]
+        assert stored_bytes(name, out) == [path.read_bytes() for path, _ in files]
         ds = open_map_style(name, out)
         assert len(ds) == len(files)
         for index, (path, label) in enumerate(files):

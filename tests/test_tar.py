@@ -33,6 +33,18 @@ class TestTarFormat(FormatContract):
     format = "tar"
     layouts = {"raw-10-shards": ("raw", {"shard_samples": 10}), "encoded-10-shards": ("encoded", {"shard_samples": 10})}
 
+    @staticmethod
+    def stored_bytes(out: Path) -> list[bytes]:
+        """Image member bytes in sample order, from every shard the index lists (tarfile only)."""
+        samples = []
+        for shard in json.loads((out / "index.json").read_text())["shards"]:
+            with tarfile.open(out / shard["file"]) as archive:
+                samples.extend(
+                    archive.extractfile(member).read() for member in archive.getmembers()
+                    if not member.name.endswith(".cls")
+                )
+        return samples
+
     def damage(self, out: Path) -> str:
         shard = out / "shard-000000.tar"
         shard.write_bytes(shard.read_bytes()[:-1500])

@@ -40,14 +40,16 @@ def format_option_fields() -> dict[str, dataclasses.Field]:
 def add_option_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`ConvertOptions` field and per format option; flags not given are not
     set at all (``argparse.SUPPRESS``), so the dataclass defaults apply and parse the values."""
-    from fastdata.formats import available_formats
     from fastdata.conversion.options import cli_fields
+    from fastdata.formats import available_formats, missing_formats
 
     groups = {key: parser.add_argument_group(title) for key, title in _GROUPS.items()}
     for field in cli_fields():
         meta = field.metadata
         writable = available_formats(writable=True)
         help_text = meta["help"].format(formats=", ".join(writable)) + _default_text(field)
+        if field.name == "format" and missing_formats():  # listed with how to install them
+            help_text += "; not installed: " + ", ".join(f"{m.name} ({m.install})" for m in missing_formats())
         kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS, "help": help_text}
         if meta["kind"] == "flag":
             kwargs["action"] = "store_true"

@@ -43,7 +43,7 @@ def describe(path: Path, manifest: dict[str, Any]) -> str:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from fastdata.manifest import require_manifest
+    from fastdata.formats import require_manifest
 
     path = Path(args.path)
     manifest = require_manifest(path)

@@ -1,20 +1,34 @@
-"""What every storage format implements: the :class:`Writer` interface, the :class:`Plan` a
-writer receives before the first sample, and the :class:`Batch` of converted samples it
-receives after. Nothing here knows where samples come from (no ``sources`` import).
+"""The whole contract of a storage format, in one place.
 
-Format writers are created with the path to write (a temporary name; the engine renames it when
-complete), the plan and the format's options, receive batches in sample order, and finally write
-their manifest.
+A format is one package under ``fastdata/formats/<name>/`` (or a third-party package named by a
+``fastdata.formats`` entry point) that ends by registering one :class:`FormatSpec`
+(:func:`fastdata.formats.registry.register`). The spec names everything fastdata calls:
+
+* :class:`Writer` (``spec.writer``): created with the path to write (a temporary name; the
+  engine renames it when complete), the :class:`Plan` and the format's options; receives
+  batches (:class:`Batch`) in sample order, then writes its manifest in :meth:`Writer.close`.
+* :class:`Reader` (``spec.dataset``, and ``spec.map_reader`` when ``dataset`` is iterable):
+  the torch Dataset; constructed as ``reader(path, **options)`` where the options are the
+  fields of :class:`fastdata.reader.ReaderOptions` (shared by every reader) plus the reader's
+  own (its ``Options`` dataclass).
+* ``spec.verify(path, manifest, *, deep)``: the format's own checks for ``fastdata verify``.
+* ``spec.read_manifest(path)``: for single-file formats, the manifest stored in a file.
+* ``spec.options``: a frozen dataclass of format-specific conversion options (CLI flags).
+
+Steps to add one: docs/formats.md, "Adding a format". Nothing here knows where samples come
+from (no ``sources`` import).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from fastdata.errors import InvalidOptionError
 from fastdata.images import Geometry
 
 
@@ -53,7 +67,7 @@ class Batch:
 
 
 class Writer:
-    """Interface of a format writer (subclass it in ``fastdata/formats/<name>.py``)."""
+    """Interface of a format writer (subclass it in ``fastdata/formats/<name>/writer.py``)."""
 
     def __init__(self, path: Path, plan: Plan, options: Any):
         self.path = path
@@ -84,3 +98,121 @@ class Writer:
     def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "Writer":
         """Reopen a partial output at a checkpoint's ``state`` and continue after it."""
         raise NotImplementedError
+
+
+class Reader:
+    """Interface of a format's map-style reader: what a subclass of
+    :class:`fastdata.reader.StoredDataset` (the base that opens and checks the manifest, holds
+    the options and serves indexing, batches, pickling and per-process files) implements.
+
+    The reader of a converted dataset is built as ``Reader(path, transform=None,
+    target_transform=None, **options)``; every reader returns ``(image, label)``, a collated
+    batch for a list of indices, and opens its files lazily in each process.
+    """
+
+    format_name: str = ""
+    """The registered format this reader reads (its manifest's ``format``)."""
+
+    required_files: dict[str, tuple[str, ...]] = {}
+    """store -> the names the manifest's ``files`` must list."""
+
+    def _load(self) -> None:
+        """Check and load this format's own small files (labels, offsets, an index) after the
+        manifest was checked; raise :class:`~fastdata.errors.CorruptDataError` naming the file."""
+
+    def _open(self) -> Any:
+        """This process's handles (files, memory maps), opened on first use after a fork; never
+        pickled."""
+        return None
+
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+        """Pixels of ``indices``: one (B, H, W, C) uint8 array or a list of (H, W, C) arrays (with
+        ``pil``, a reader of encoded images may return the decoded PIL images instead). Where a
+        reader can, it writes the pixels into ``allocate(shape, dtype)`` (which may return None:
+        no room) instead of new memory."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """What the rest of fastdata needs to know about one storage format (see the module
+    docstring for the contract each hook keeps)."""
+
+    name: str
+    """The format's name: ``--format NAME`` and the manifest's ``format``."""
+    dataset: type
+    """The reader :func:`fastdata.open_dataset` returns (a :class:`Reader`, or an iterable one)."""
+    writer: type | None = None
+    """The :class:`Writer`; None for read-only formats."""
+    stores: tuple[str, ...] = ("raw", "encoded")
+    """The storage modes the format writes."""
+    suffix: str = ""
+    """The extension fastdata gives outputs it names itself (bench, tests)."""
+    suffixes: tuple[str, ...] = ()
+    """Output-name extensions (lower case) that select this format when ``--format`` is not given."""
+    layout_version: int = 1
+    """The on-disk layout version its readers read (others are refused)."""
+    options: type | None = None
+    """A frozen dataclass of conversion options; a field's ``metadata`` may hold ``help`` and
+    ``metavar`` for the CLI."""
+    read_manifest: Callable[[Path], dict[str, Any] | None] | None = None
+    """Single-file formats only (directories carry ``manifest.json``): the manifest dict when the
+    file holds a dataset of this format, else None. Reads of untrusted metadata are bounded."""
+    description: str = ""
+    """One line for ``--help`` and the docs."""
+    verify: Callable[..., list[str]] | None = None
+    """``verify(path, manifest, *, deep)``: the problems (one message each, naming the file and
+    sample) this format's own checks find, beyond what :func:`fastdata.verify` checks for all."""
+    map_reader: type | None = None
+    """When ``dataset`` is iterable: its random-access counterpart (``fastdata.loader``, a
+    shuffling DataLoader and a conversion from this format use it)."""
+    self_batching: bool = False
+    """The reader collates whole batches itself (``dataset(path, batch_size=...)``)."""
+    baseline: bool = False
+    """What the bench compares against (the source as it is)."""
+
+    @property
+    def writable(self) -> bool:
+        return self.writer is not None
+
+    @property
+    def iterable(self) -> bool:
+        """Whether ``dataset`` is an iterable (streaming) reader."""
+        from torch.utils.data import IterableDataset  # torch only when a caller asks: keeps the CLI start light
+
+        return issubclass(self.dataset, IterableDataset)
+
+    @property
+    def map_dataset(self) -> type | None:
+        """The map-style (random access) reader: ``dataset`` itself unless it is iterable."""
+        return self.map_reader if self.iterable else self.dataset
+
+    def make_options(self, values: dict[str, Any]) -> Any:
+        """Build this format's options dataclass, refusing options it does not know."""
+        known = {field.name for field in dataclasses.fields(self.options)} if self.options else set()
+        unknown = sorted(set(values) - known)
+        if unknown:
+            allowed = ", ".join(repr(name) for name in sorted(known)) or "none"
+            raise InvalidOptionError(
+                f"Option {unknown[0]!r} does not apply to format {self.name!r}. "
+                f"Its options: {allowed}."
+            )
+        return self.options(**values) if self.options else None
+
+
+@dataclass(frozen=True)
+class MissingFormat:
+    """A format whose optional dependency is not installed: listed (with the install command)
+    instead of failing at import; using it raises :class:`~fastdata.errors.DependencyMissingError`."""
+
+    name: str
+    requires: tuple[str, ...]
+    install: str
+    suffixes: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def message(self) -> str:
+        packages = " and ".join(repr(module.partition(".")[0]) for module in self.requires)
+        noun = "packages" if len(self.requires) > 1 else "package"
+        return f"Format {self.name!r} needs the {packages} {noun}: {self.install}"

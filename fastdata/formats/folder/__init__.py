@@ -7,45 +7,48 @@ they replace, with the same output contract as the other readers.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError, InvalidOptionError
-from fastdata.formats import FormatSpec, register
+from fastdata.formats.base import FormatSpec
+from fastdata.formats.registry import register
 from fastdata.decoding import Decoder
-from fastdata.reader import MapDataset
+from fastdata.reader import MapDataset, ReaderOptions
 from fastdata.conversion.folders import scan_folder
+
+
+@dataclass(frozen=True)
+class FolderReaderOptions(ReaderOptions):
+    """:class:`~fastdata.reader.ReaderOptions` and the mode images are converted to."""
+
+    mode: str = "RGB"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode not in ("RGB", "L"):
+            raise InvalidOptionError(f"Unknown mode {self.mode!r}. Allowed: 'RGB', 'L'.")
 
 
 class FolderDataset(MapDataset):
     """An ImageFolder-layout folder, decoded with PIL on every access (the slow baseline).
 
     Sample order and labels equal ``torchvision.datasets.ImageFolder`` (hidden files left out).
-    Images are converted to ``mode`` (``"RGB"`` like ImageFolder's loader, or ``"L"``).
+    Images are converted to ``mode`` (``"RGB"`` like ImageFolder's loader, or ``"L"``);
+    ``resize``, ``center_crop`` and ``decoder`` as for the readers of encoded datasets.
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        transform: Callable | None = None,
-        target_transform: Callable | None = None,
-        *,
-        mode: str = "RGB",
-        resize: Any = None,
-        center_crop: Any = None,
-        decoder: str = "pil",
-        **output: Any,
-    ):
-        """``output``: ``image_format`` and ``batch_transform``; ``resize``, ``center_crop`` and
-        ``decoder`` as for the readers of encoded datasets (:mod:`fastdata.decoding`)."""
-        super().__init__(transform=transform, target_transform=target_transform, **output)
-        if mode not in ("RGB", "L"):
-            raise InvalidOptionError(f"Unknown mode {mode!r}. Allowed: 'RGB', 'L'.")
+    Options = FolderReaderOptions
+
+    def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
+                 target_transform: Callable | None = None, **options: Any):
+        super().__init__(transform, target_transform, **options)
         self.root = Path(root)
-        self.mode = mode
-        self.decoder = Decoder.make(mode, resize=resize, center_crop=center_crop, decoder=decoder)
+        self.mode = self.options.mode
+        self.decoder = Decoder(self.mode, self.options.geometry, self.options.decoder == "fast")
         keys, labels, self.class_to_idx = scan_folder(self.root)
         self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
         # numpy arrays, not lists of str: no copy-on-access growth in forked workers

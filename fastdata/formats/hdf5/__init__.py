@@ -22,7 +22,8 @@ is needed once.
 
 from __future__ import annotations
 
-from fastdata.formats import FormatSpec, register
+from fastdata.formats.base import FormatSpec
+from fastdata.formats.registry import register
 from fastdata.formats.hdf5.layout import FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, USERBLOCK_BYTES, userblock
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, parse_compression
 from fastdata.formats.hdf5.reader import DEFAULT_CACHE_BYTES, HDF5Dataset

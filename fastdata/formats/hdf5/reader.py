@@ -14,7 +14,7 @@ from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError,
 from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
-from fastdata.reader import StoredDataset, allocated
+from fastdata.reader import ReaderOptions, StoredDataset, allocated
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 
@@ -23,6 +23,21 @@ DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dat
 class _Handles:
     file: h5py.File | None
     data: Any  # an ndarray view of an np.memmap, ChunkCache, RowReader or h5py.Dataset (encoded blob)
+
+
+@dataclass(frozen=True)
+class HDF5ReaderOptions(ReaderOptions):
+    """:class:`~fastdata.reader.ReaderOptions` and the HDF5 reader's own: ``cache_bytes`` bounds
+    the decompressed chunks kept per process; ``use_memmap=False`` reads contiguous data through
+    h5py instead of memory-mapping it."""
+
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    use_memmap: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
+            raise InvalidOptionError(f"Invalid cache_bytes {self.cache_bytes!r}. Use a byte count >= 0.")
 
 
 class HDF5Dataset(StoredDataset):
@@ -36,25 +51,16 @@ class HDF5Dataset(StoredDataset):
     bounds the decompressed chunks kept per process; ``use_memmap=False`` reads contiguous
     data through h5py instead of memory-mapping it. ``batch_transform`` takes image tensors
     [B, C, H, W] on every path: each batch from ``ds[indices]``/``fastdata.loader``, each image as
-    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.OutputSpec`).
+    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.ReaderOptions`).
     """
 
     format_name = FORMAT
     required_files = {"raw": ("images", "labels"), "encoded": ("blob", "offsets", "labels")}
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        transform: Callable | None = None,
-        target_transform: Callable | None = None,
-        *,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-        use_memmap: bool = True,
-        **output: Any,
-    ):
-        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
-            raise InvalidOptionError(f"Invalid cache_bytes {cache_bytes!r}. Use a byte count >= 0.")
-        self.cache_bytes, self.use_memmap = cache_bytes, use_memmap
+    Options = HDF5ReaderOptions
+
+    def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
+                 target_transform: Callable | None = None, **options: Any):
         path = Path(path)
         if path.is_file() and read_manifest(path) is None:
             open_file(path).close()  # a damaged file fails here with CorruptDataError
@@ -62,7 +68,15 @@ class HDF5Dataset(StoredDataset):
                 f"{str(path)!r} is not an HDF5 dataset written by 'fastdata convert' (no "
                 f"{MANIFEST_ATTR!r} attribute of format {FORMAT!r}). Use fastdata.open_dataset(path)."
             )
-        super().__init__(path, transform, target_transform, **output)
+        super().__init__(path, transform, target_transform, **options)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.options.cache_bytes
+
+    @property
+    def use_memmap(self) -> bool:
+        return self.options.use_memmap
 
     def _load(self) -> None:
         self.chunk_images: int | None = None

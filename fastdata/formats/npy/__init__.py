@@ -10,7 +10,8 @@ sample ``i`` of an encoded dataset is ``data[offsets[i]:offsets[i + 1]]``.
 
 from __future__ import annotations
 
-from fastdata.formats import FormatSpec, register
+from fastdata.formats.base import FormatSpec
+from fastdata.formats.registry import register
 from fastdata.formats.npy.reader import MemmapDataset
 from fastdata.formats.npy.verify import verify_files
 from fastdata.formats.npy.writer import MemmapWriter

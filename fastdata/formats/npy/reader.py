@@ -20,7 +20,7 @@ class MemmapDataset(StoredDataset):
 
     ``transform``/``target_transform`` apply per sample; ``batch_transform`` to image tensors
     [B, C, H, W] on every path: each batch from ``ds[indices]``/``fastdata.loader``, each image as
-    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.OutputSpec`).
+    a batch of one from ``ds[i]`` and a plain ``DataLoader`` (see :class:`fastdata.reader.ReaderOptions`).
     """
 
     format_name = "npy"

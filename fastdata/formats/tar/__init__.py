@@ -13,7 +13,8 @@ members, which the readers (``tar_reader.py``) use to read without parsing tar s
 
 from __future__ import annotations
 
-from fastdata.formats import FormatSpec, register
+from fastdata.formats.base import FormatSpec
+from fastdata.formats.registry import register
 from fastdata.formats.tar.layout import BLOCK, FORMAT, INDEX_NAME, LAYOUT_VERSION, TRAILER, member_header, padded
 from fastdata.formats.tar.reader import TarIndexedDataset
 from fastdata.formats.tar.stream import ShardSplitWarning, TarDataset

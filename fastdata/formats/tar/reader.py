@@ -16,7 +16,7 @@ from fastdata.errors import CorruptDataError, CorruptManifestError
 from fastdata.formats.npyfile import MAGIC, npy_header
 from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
-from fastdata.manifest import open_manifest
+from fastdata.formats.stored import open_manifest
 from fastdata.reader import StoredDataset, allocated
 
 
@@ -77,7 +77,7 @@ class TarIndexedDataset(StoredDataset):
     >>> ds = TarIndexedDataset("out/shards")
     >>> image, label = ds[0]            # uint8 tensor (C, H, W), int
 
-    ``batch_transform`` applies on every path, as in :class:`fastdata.reader.OutputSpec`.
+    ``batch_transform`` applies on every path, as in :class:`fastdata.reader.ReaderOptions`.
     """
 
     format_name = FORMAT

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -20,7 +21,7 @@ from fastdata.formats.tar.layout import BLOCK
 from fastdata.formats.tar.reader import load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
-from fastdata.reader import ReaderOutput, decoder_for
+from fastdata.reader import ReaderOptions, ReaderOutput, decoder_for
 
 _READ_BYTES = 4 * 1024 * 1024
 _CHUNK_SAMPLES = 64
@@ -30,6 +31,27 @@ logger = logging.getLogger(__name__)
 
 class ShardSplitWarning(UserWarning):
     """More ranks x workers than samples: some DataLoader workers have nothing to read."""
+
+
+@dataclass(frozen=True)
+class TarStreamOptions(ReaderOptions):
+    """:class:`~fastdata.reader.ReaderOptions` and the streaming ones of :class:`TarDataset`."""
+
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_buffer: int = 1000
+    rank: int | None = None
+    world_size: int | None = None
+    even: bool = False
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
+            raise InvalidOptionError(f"Invalid shuffle_buffer {self.shuffle_buffer!r}. Use 0 (none) or a positive count.")
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size <= 0):
+            raise InvalidOptionError(
+                f"Invalid batch_size {self.batch_size!r}. Use None (single samples) or a positive integer.")
 
 
 class TarDataset(ReaderOutput, IterableDataset):
@@ -45,43 +67,30 @@ class TarDataset(ReaderOutput, IterableDataset):
     ``batch_size`` collated batches ``(uint8 [B, C, H, W], int64 [B])`` from one stacked read
     (each worker's last batch may be short); use those with ``DataLoader(batch_size=None)``.
     ``batch_transform`` takes image tensors [B, C, H, W]: each batch with ``batch_size``, else
-    each image as a batch of one (see :class:`fastdata.reader.OutputSpec`).
+    each image as a batch of one (see :class:`fastdata.reader.ReaderOptions`).
 
     >>> loader = DataLoader(TarDataset("out/shards", seed=1), batch_size=256, num_workers=4)
     >>> loader = DataLoader(TarDataset("out/shards", batch_size=256), batch_size=None, num_workers=4)
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        transform: Callable | None = None,
-        target_transform: Callable | None = None,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        rank: int | None = None,
-        world_size: int | None = None,
-        even: bool = False,
-        batch_size: int | None = None,
-        image_format: str = "tensor",
-        batch_transform: Callable | None = None,
-        resize: Any = None,
-        center_crop: Any = None,
-        decoder: str = "pil",
-    ):
-        self._init_output(transform, target_transform, image_format, batch_transform)
-        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-            raise InvalidOptionError(f"Invalid shuffle_buffer {shuffle_buffer!r}. Use 0 (none) or a positive count.")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
-            raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use None (single samples) or a positive integer.")
-        self.batch_size = batch_size
+    Options = TarStreamOptions
+
+    def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
+                 target_transform: Callable | None = None, **options: Any):
+        self._init_options(transform, target_transform, options)
         self.path, self.manifest, self.index = load_dataset(path)
-        self.decoder = decoder_for(self.manifest, resize=resize, center_crop=center_crop, decoder=decoder)
+        self.decoder = decoder_for(self.manifest, self.options)
         self._set_classes(self.manifest)
-        self.rank, self.world_size = resolve_distributed(rank, world_size)
-        self.shuffle, self.seed, self.shuffle_buffer, self.even = shuffle, seed, shuffle_buffer, even
+        self.rank, self.world_size = resolve_distributed(self.options.rank, self.options.world_size)
         self.epoch = 0
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.options.batch_size
+
+    @property
+    def shuffle(self) -> bool:
+        return self.options.shuffle
 
     @property
     def labels(self) -> np.ndarray:
@@ -94,10 +103,10 @@ class TarDataset(ReaderOutput, IterableDataset):
 
     def pieces(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
         """``(shard, start, stop)`` ranges one worker of this rank reads this epoch."""
-        order = shard_order(len(self.index.files), seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        order = shard_order(len(self.index.files), seed=self.options.seed, epoch=self.epoch, shuffle=self.shuffle)
         pieces, split = split_pieces(
             self.index.counts, order, rank=self.rank, world_size=self.world_size,
-            worker=worker, num_workers=num_workers, even=self.even,
+            worker=worker, num_workers=num_workers, even=self.options.even,
         )
         key = (str(self.path), len(self.index.files), self.world_size * num_workers)
         if split and worker == 0 and key not in _warned:
@@ -129,7 +138,7 @@ class TarDataset(ReaderOutput, IterableDataset):
             )
         if self.world_size == 1:
             return len(self.index.labels)
-        if self.even:
+        if self.options.even:
             return len(self.index.labels) // self.world_size
         raise TypeError(
             "TarDataset has no fixed length per rank when world_size > 1 (whole shards go to each "
@@ -143,9 +152,9 @@ class TarDataset(ReaderOutput, IterableDataset):
     def iter_worker(self, worker: int, num_workers: int) -> Iterator[tuple[Any, Any]]:
         """What DataLoader worker ``worker`` of ``num_workers`` yields (``__iter__`` calls this)."""
         records = self._records(self.pieces(worker, num_workers))
-        if self.shuffle and self.shuffle_buffer > 1:
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker, num_workers])
-            records = buffer_shuffle(records, self.shuffle_buffer, rng)
+        if self.shuffle and self.options.shuffle_buffer > 1:
+            rng = np.random.default_rng([self.options.seed, self.epoch, self.rank, worker, num_workers])
+            records = buffer_shuffle(records, self.options.shuffle_buffer, rng)
         size = self.batch_size or _CHUNK_SAMPLES
         chunk: list[tuple[int, bytes]] = []
         for record in records:
