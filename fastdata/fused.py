@@ -248,6 +248,14 @@ def dct_scale(box_height: int, box_width: int, out_height: int, out_width: int) 
     return 1
 
 
+def decoded_scale(height: int, width: int, decoded_height: int, decoded_width: int) -> int:
+    """The denominator s a JPEG was decoded at: libjpeg's image at 1/s is ceil(size / s)."""
+    for scale in DCT_SCALES:
+        if (-(-height // scale), -(-width // scale)) == (decoded_height, decoded_width):
+            return scale
+    raise ValueError(f"a {width}x{height} JPEG decoded to {decoded_width}x{decoded_height}, not a DCT scale of it")
+
+
 def _scaled_region(draw: Draw, scale: int, height: int, width: int) -> tuple[int, int, int, int]:
     """The box at 1/scale, rounded to whole pixels (at most half a scaled pixel off per edge)."""
     top, left = round(draw.top / scale), round(draw.left / scale)
@@ -307,6 +315,7 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
     scale = dct_scale(draw.height, draw.width, *out_size)
     pixels = _decode_scaled(data, scale, height, width, mode, decoder)
+    scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
     top, left, bottom, right = _scaled_region(draw, scale, *pixels.shape[:2])
     region = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).permute(2, 0, 1)
     return _finish(region, plan, out_size, draw.flip)

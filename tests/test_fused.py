@@ -47,7 +47,8 @@ def _encode(pixels: np.ndarray, codec: str) -> bytes:
 @pytest.fixture(scope="module")
 def images() -> dict[str, tuple[np.ndarray, bytes]]:
     out = {}
-    for name, (height, width) in {"imagenet": (375, 500), "portrait": (480, 320), "large": (1500, 2000)}.items():
+    for name, (height, width) in {"imagenet": (375, 500), "portrait": (480, 320), "large": (1500, 2000),
+                                    "odd": (1501, 2003)}.items():
         pixels = _photo(height, width, seed=height)
         out[name] = (pixels, _encode(pixels, "JPEG"))
     pixels = _photo(300, 420, seed=7)
@@ -132,7 +133,7 @@ def test_randomness_is_reproducible_from_seed_epoch_index_in_any_process() -> No
 
 
 @pytest.mark.parametrize("decoder", ["simplejpeg", "pil"])
-@pytest.mark.parametrize("name", ["imagenet", "portrait", "large"])
+@pytest.mark.parametrize("name", ["imagenet", "portrait", "large", "odd"])
 def test_fused_jpeg_is_close_to_decode_then_crop_on_the_same_box(images, name: str, decoder: str) -> None:
     if decoder == "simplejpeg":
         pytest.importorskip("simplejpeg")
@@ -146,8 +147,16 @@ def test_fused_jpeg_is_close_to_decode_then_crop_on_the_same_box(images, name: s
         assert _psnr(out, reference) >= MIN_PSNR_DB, (name, seed)
         draw = plan.draw(*images[name][0].shape[:2], torch.Generator().manual_seed(seed))
         scales.add(fused.dct_scale(draw.height, draw.width, 224, 224))
-    if name == "large":
+    if name in ("large", "odd"):
         assert scales & {2, 4}  # the DCT scaling really ran
+
+
+def test_the_scale_is_read_from_the_decoded_size() -> None:
+    """Pillow's draft may decode a larger image than asked (2003 // ceil(2003 / 4) == 3: 1/2)."""
+    assert fused.decoded_scale(1501, 2003, 751, 1002) == 2
+    assert fused.decoded_scale(1501, 2003, 188, 251) == 8
+    with pytest.raises(ValueError, match="a 2003x1501 JPEG decoded to 1000x750, not a DCT scale of it"):
+        fused.decoded_scale(1501, 2003, 750, 1000)
 
 
 def test_the_flip_mirrors_the_same_box(images) -> None:
