@@ -20,8 +20,9 @@ Three steps, each usable on its own:
   in full, then cropped on the same box: pixel-equal to torchvision on a uint8 tensor.
 
 The decoder is chosen by measurement (``benchmarks/bench_fused.py``, numbers in
-docs/reading.md): simplejpeg (the ``jpeg`` extra), with Pillow's ``draft`` as the path for JPEGs
-when simplejpeg is not installed. Output: a uint8 CHW tensor, the readers' default.
+docs/reading.md): simplejpeg (the ``jpeg`` extra; without it ``decoder="simplejpeg"`` raises
+DependencyMissingError naming the install command); ``decoder="pil"`` uses Pillow's ``draft``
+and needs no extra. Output: a uint8 CHW tensor, the readers' default.
 """
 
 from __future__ import annotations
