@@ -1,0 +1,341 @@
+"""Training-time decode: a pipeline's leading random-resized-crop (+ horizontal flip), or its
+leading resize + centre crop, fused into the JPEG decode (issue #22).
+
+Three steps, each usable on its own:
+
+* :func:`split_transform` reads torchvision's own transform objects (v1 or v2, a ``Compose`` or
+  a single transform) and splits off a leading ``RandomResizedCrop`` (+ ``RandomHorizontalFlip``)
+  or ``Resize`` + ``CenterCrop`` as a :class:`FusedPlan`, with the rest of the pipeline to run
+  after. Anything else is not fused: it returns None, and :func:`fusion_refusal` says why (the
+  same reason is logged at DEBUG level on the ``fastdata.fused`` logger).
+* :meth:`FusedPlan.draw` draws the crop box and the flip from the image's (height, width) alone,
+  with the same operations, in the same order, on the same torch generator stream as
+  torchvision's ``RandomResizedCrop.get_params`` then ``RandomHorizontalFlip``: for a generator
+  in a given state the boxes are torchvision's boxes. :func:`generator_for` seeds that generator
+  from (seed, epoch, index), so the draw is the same in every process, backend and num_workers.
+* :func:`fused_decode` decodes a JPEG at the smallest DCT scale (1/8, 1/4, 1/2, 1) whose image
+  of the box still covers the output size, cuts the box out of the scaled image, resizes it once
+  with torchvision's tensor resize (for uint8 bilinear + antialias that is torch's native uint8
+  kernel, ``torch.nn.functional.interpolate``) and flips. Other images (PNG, ...) are decoded
+  in full, then cropped on the same box: pixel-equal to torchvision on a uint8 tensor.
+
+The decoder is chosen by measurement (``benchmarks/bench_fused.py``, numbers in
+docs/reading.md): simplejpeg (the ``jpeg`` extra; without it ``decoder="simplejpeg"`` raises
+DependencyMissingError naming the install command); ``decoder="pil"`` uses Pillow's ``draft``
+and needs no extra. Output: a uint8 CHW tensor, the readers' default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from fastdata.errors import InvalidOptionError
+from fastdata.extras import require
+
+logger = logging.getLogger(__name__)
+
+DECODERS = ("simplejpeg", "pil", "turbojpeg")
+DCT_SCALES = (8, 4, 2, 1)  # denominators libjpeg-turbo scales by in the DCT, smallest image first
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One sample's box in source pixels (torchvision's ``top, left, height, width``) and flip."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """What the decoder does instead of the pipeline's leading geometric transforms.
+
+    ``kind`` is ``"random_resized_crop"`` (``size``, ``scale``, ``ratio``, ``flip_p``) or
+    ``"resize_center_crop"`` (``resize``, ``max_size``, then a centre crop to ``size``).
+    ``size`` is the output (height, width); ``interpolation`` a torchvision InterpolationMode
+    value (``"bilinear"``, ...)."""
+
+    kind: str
+    size: tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: str = "bilinear"
+    antialias: bool | None = True
+    flip_p: float | None = None  # None: no flip in the pipeline (nothing drawn for it)
+    resize: tuple[int, ...] | None = None
+    max_size: int | None = None
+
+    def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> Draw:
+        """The box and flip for an image of ``height`` x ``width``: torchvision's
+        ``RandomResizedCrop.get_params`` (10 tries, log-uniform ratio, central-crop fallback),
+        then ``torch.rand(1) < flip_p``, on ``generator`` (None: torch's global one, as
+        torchvision). A resize + centre crop plan draws nothing and covers the whole image."""
+        if self.kind == "resize_center_crop":
+            return Draw(0, 0, height, width, False)
+        top, left, box_height, box_width = random_resized_crop_box(height, width, self.scale, self.ratio, generator)
+        flip = False
+        if self.flip_p is not None:  # torchvision draws even for p = 0 or 1: the stream stays aligned
+            flip = bool(torch.rand(1, generator=generator) < self.flip_p)
+        return Draw(top, left, box_height, box_width, flip)
+
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """For a resize + centre crop plan: (height, width) after the Resize, torchvision's rule."""
+        from torchvision.transforms.v2.functional._geometry import _compute_resized_output_size
+
+        new_height, new_width = _compute_resized_output_size((height, width), list(self.resize), self.max_size)
+        return new_height, new_width
+
+
+def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
+                            generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
+    """(top, left, box_height, box_width), line for line torchvision 0.29's
+    ``RandomResizedCrop.get_params`` / ``make_params``, drawing from ``generator``."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)).item()
+        box_width = int(round(math.sqrt(target_area * aspect_ratio)))
+        box_height = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < box_width <= width and 0 < box_height <= height:
+            top = int(torch.randint(0, height - box_height + 1, size=(1,), generator=generator).item())
+            left = int(torch.randint(0, width - box_width + 1, size=(1,), generator=generator).item())
+            return top, left, box_height, box_width
+    in_ratio = float(width) / float(height)  # fallback: the central crop
+    if in_ratio < min(ratio):
+        box_width, box_height = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        box_height, box_width = height, int(round(height * max(ratio)))
+    else:
+        box_width, box_height = width, height
+    return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+
+
+def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A torch generator seeded from a hash of (seed, epoch, index): the same stream in every
+    process, different per epoch and per sample."""
+    digest = hashlib.blake2b(struct.pack("<qqq", seed, epoch, index), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+# --- reading torchvision's transform objects -------------------------------------------------
+
+_PIL_ONLY_MODES = ("box", "hamming")  # torchvision resizes tensors with every other mode
+
+
+def _torchvision() -> tuple[Any, Any, Any]:
+    require("torchvision", extra="torchvision", feature="the fused decode (reading torchvision transforms)")
+    from torchvision import transforms as v1
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional
+
+    return v1, v2, functional
+
+
+def _is(step: Any, name: str) -> bool:
+    """``step`` is exactly torchvision's (v1 or v2) class ``name``; a subclass may override its
+    parameters or its kernel, so it is not fused."""
+    v1, v2, _ = _torchvision()
+    return type(step) in (getattr(v1, name), getattr(v2, name))
+
+
+def _subclass_of(step: Any, name: str) -> bool:
+    v1, v2, _ = _torchvision()
+    return isinstance(step, (getattr(v1, name), getattr(v2, name))) and not _is(step, name)
+
+
+def _interpolation(step: Any) -> tuple[str | None, str | None]:
+    """(the step's interpolation as an InterpolationMode value, None) or (None, why not fused)."""
+    from torchvision.transforms.v2.functional._geometry import _check_interpolation
+
+    try:
+        mode = _check_interpolation(step.interpolation).value
+    except (TypeError, ValueError) as exc:
+        return None, f"{type(step).__name__} has an interpolation torchvision refuses ({exc})"
+    if mode in _PIL_ONLY_MODES:
+        return None, f"{type(step).__name__} interpolation {mode!r} exists only for PIL images"
+    return mode, None
+
+
+def _rest(steps: list, template: Any) -> Callable | None:
+    if not steps:
+        return None
+    if len(steps) == 1:
+        return steps[0]
+    return type(template)(steps) if hasattr(template, "transforms") else _torchvision()[1].Compose(steps)
+
+
+def _split(transform: Any) -> tuple[FusedPlan, Callable | None] | str:
+    """(plan, rest) or the reason nothing is fused."""
+    if transform is None:
+        return "there is no transform"
+    v1, v2, _ = _torchvision()
+    steps = list(transform.transforms) if isinstance(transform, (v1.Compose, v2.Compose)) else [transform]
+    if not steps:
+        return "the Compose is empty"
+    first, name = steps[0], type(steps[0]).__name__
+    for base in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip"):
+        if _subclass_of(first, base):
+            return f"{name} is a subclass of torchvision's {base} (it may override how it crops): not fused"
+    if _is(first, "RandomResizedCrop"):
+        interpolation, reason = _interpolation(first)
+        if reason:
+            return reason
+        rest, flip_p = steps[1:], None
+        if rest and _is(rest[0], "RandomHorizontalFlip"):
+            flip_p, rest = float(rest[0].p), rest[1:]
+        plan = FusedPlan("random_resized_crop", tuple(first.size), scale=tuple(map(float, first.scale)),
+                         ratio=tuple(map(float, first.ratio)), interpolation=interpolation,
+                         antialias=first.antialias, flip_p=flip_p)
+        return plan, _rest(rest, transform)
+    if _is(first, "Resize"):
+        if len(steps) < 2 or not _is(steps[1], "CenterCrop"):
+            following = type(steps[1]).__name__ if len(steps) > 1 else "nothing"
+            return f"Resize is followed by {following}, not CenterCrop: only Resize + CenterCrop is fused"
+        interpolation, reason = _interpolation(first)
+        if reason:
+            return reason
+        size = first.size
+        resize = None if size is None else ((size,) if isinstance(size, int) else tuple(size))
+        plan = FusedPlan("resize_center_crop", tuple(steps[1].size), interpolation=interpolation,
+                         antialias=first.antialias, resize=resize, max_size=first.max_size)
+        return plan, _rest(steps[2:], transform)
+    return (f"the pipeline starts with {name}, not RandomResizedCrop (+ RandomHorizontalFlip) "
+            "or Resize + CenterCrop")
+
+
+def split_transform(transform: Any) -> tuple[FusedPlan, Callable | None] | None:
+    """``(plan, rest)``: the pipeline's leading crop (+ flip) as a plan for :func:`fused_decode`,
+    and what runs after it (None: nothing). None when nothing can be fused; the reason is
+    logged at DEBUG and given by :func:`fusion_refusal`."""
+    result = _split(transform)
+    if isinstance(result, str):
+        logger.debug("transform not fused: %s", result)
+        return None
+    return result
+
+
+def fusion_refusal(transform: Any) -> str | None:
+    """Why ``transform`` is not fused (None: it is)."""
+    result = _split(transform)
+    return result if isinstance(result, str) else None
+
+
+# --- the decode ------------------------------------------------------------------------------
+
+
+def _simplejpeg() -> Any:
+    return require("simplejpeg", extra="jpeg", feature="the fused decode with decoder='simplejpeg'")
+
+
+def dct_scale(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
+    """The largest denominator s in 8, 4, 2, 1 with the box at 1/s still covering the output."""
+    for scale in DCT_SCALES:
+        if box_height / scale >= out_height and box_width / scale >= out_width:
+            return scale
+    return 1
+
+
+def decoded_scale(height: int, width: int, decoded_height: int, decoded_width: int) -> int:
+    """The denominator s a JPEG was decoded at: libjpeg's image at 1/s is ceil(size / s)."""
+    for scale in DCT_SCALES:
+        if (-(-height // scale), -(-width // scale)) == (decoded_height, decoded_width):
+            return scale
+    raise ValueError(f"a {width}x{height} JPEG decoded to {decoded_width}x{decoded_height}, not a DCT scale of it")
+
+
+def _scaled_region(draw: Draw, scale: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """The box at 1/scale, rounded to whole pixels (at most half a scaled pixel off per edge)."""
+    top, left = round(draw.top / scale), round(draw.left / scale)
+    bottom = min(max(round((draw.top + draw.height) / scale), top + 1), height)
+    right = min(max(round((draw.left + draw.width) / scale), left + 1), width)
+    return top, left, bottom, right
+
+
+def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
+    """(height, width) of a JPEG from its header, without decoding."""
+    if decoder == "simplejpeg":
+        height, width, _, _ = _simplejpeg().decode_jpeg_header(data)
+        return height, width
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.height, image.width
+
+
+def _decode_scaled(data: bytes, scale: int, height: int, width: int, mode: str, decoder: str) -> np.ndarray:
+    """The whole JPEG at 1/scale, uint8 HWC."""
+    need_height, need_width = -(-height // scale), -(-width // scale)
+    if decoder == "simplejpeg":
+        pixels = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB", fastdct=True,
+                                          fastupsample=True, min_height=need_height, min_width=need_width)
+    else:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft(mode, (need_width, need_height))
+            pixels = np.array(image.convert(mode))
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def _finish(pixels: torch.Tensor, plan: FusedPlan, out_size: tuple[int, int], flip: bool) -> torch.Tensor:
+    _, _, functional = _torchvision()
+    if tuple(pixels.shape[-2:]) != out_size:
+        pixels = functional.resize(pixels, list(out_size), interpolation=functional.InterpolationMode(plan.interpolation),
+                                   antialias=plan.antialias)
+    if plan.kind == "resize_center_crop":
+        pixels = functional.center_crop(pixels, list(plan.size))
+    return pixels.flip(-1) if flip else pixels
+
+
+def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
+                 mode: str = "RGB", decoder: str = "simplejpeg") -> torch.Tensor:
+    """Decode ``data`` through ``plan``: a uint8 CHW tensor of ``plan.size``. The box and flip
+    are drawn from ``generator`` (see :meth:`FusedPlan.draw`). A JPEG is decoded at the DCT
+    scale the box allows, other images in full (then cropped on the same box)."""
+    if decoder not in DECODERS[:2]:
+        raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS[:2]))}.")
+    data = bytes(data)
+    if data[:3] != _JPEG_MAGIC:
+        return fallback_decode(data, plan, generator=generator, mode=mode)
+    height, width = jpeg_size(data, decoder)
+    draw = plan.draw(height, width, generator)
+    out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
+    scale = dct_scale(draw.height, draw.width, *out_size)
+    pixels = _decode_scaled(data, scale, height, width, mode, decoder)
+    scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
+    top, left, bottom, right = _scaled_region(draw, scale, *pixels.shape[:2])
+    region = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).permute(2, 0, 1)
+    return _finish(region, plan, out_size, draw.flip)
+
+
+def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
+                    mode: str = "RGB") -> torch.Tensor:
+    """Decode in full (Pillow, fastdata's mode rules), then crop on the plan's box, resize and
+    flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator."""
+    from fastdata.images import decode
+
+    pixels = torch.from_numpy(decode(data, mode)).permute(2, 0, 1)
+    height, width = pixels.shape[-2:]
+    draw = plan.draw(height, width, generator)
+    region = pixels[:, draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
+    if plan.kind == "resize_center_crop":
+        _, _, functional = _torchvision()
+        resized = functional.resize(pixels, list(plan.resize) if plan.resize else None,
+                                    interpolation=functional.InterpolationMode(plan.interpolation),
+                                    max_size=plan.max_size, antialias=plan.antialias)
+        return functional.center_crop(resized, list(plan.size))
+    return _finish(region.contiguous(), plan, plan.size, draw.flip)
