@@ -8,7 +8,7 @@ a uint8 HWC ``.npy`` for ``--store raw``) and ``<key>.cls`` (the label as decima
 (mode 0644, uid/gid 0, mtime 0) and its data padded to 512 bytes; a shard ends with two zero
 blocks. The same input gives byte-identical shards and index. Stock ``webdataset.WebDataset``
 and GNU tar read the shards; the index records, per sample, the data offset and size of both
-members, which the readers (``tar_reader.py``) use to read without parsing tar streams.
+members, which the readers (``reader.py``, ``stream.py``) use to read without parsing tar streams.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fastdata.samplers import resolve_distributed  # noqa: F401 - where tar_split and older code import it
 
 
 def shard_order(count: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
