@@ -7,12 +7,12 @@ order as ``num_workers=0``.
 
 * ``"torch"`` (default): a ``DataLoader(batch_size=None)`` over the sampler; worker processes
   send each batch through torch's shared-memory pickling.
-
-At ``num_workers=0`` every backend runs the same serial loop (:mod:`fastdata.loading.serial`):
-each batch computed in the calling thread, no DataLoader iterator, thread or process.
 * ``"thread"``: ``num_workers`` threads in this process (:mod:`fastdata.loading.threads`).
 * ``"process"``: worker processes writing into reusable shared-memory slots
   (:mod:`fastdata.loading.processes`).
+
+At ``num_workers=0`` every backend runs the same serial loop (:mod:`fastdata.loading.serial`):
+each batch computed in the calling thread, no DataLoader iterator, thread or process.
 
 The sampler splits each epoch across distributed ranks first, then the backend shares this
 rank's batches among its workers; ``state_dict()``/``load_state_dict()`` continue an epoch

@@ -36,6 +36,14 @@ def batch_reader(dataset: Any) -> Callable[[np.ndarray], Any]:
     return dataset.__getitem__
 
 
+def read_samples(dataset: Any, indices: np.ndarray) -> list[Any]:
+    """The samples of ``indices`` one by one, as a DataLoader's fetcher reads them: through the
+    dataset's batched ``__getitems__`` when it has one, else ``dataset[i]`` for each."""
+    rows = indices.tolist()
+    getitems = getattr(dataset, "__getitems__", None)
+    return getitems(rows) if getitems is not None else [dataset[row] for row in rows]
+
+
 class BatchFetcher:
     """``fetcher(indices)`` -> the collated batch of ``indices`` (a sorted int64 array).
     Picklable, so process workers run exactly what the main process would."""
@@ -54,8 +62,4 @@ class BatchFetcher:
             if allocate is not None and get_batch is not None:
                 return get_batch(indices, allocate=allocate)
             return self.read(indices)
-        collate = self.collate_fn or default_collate
-        rows = indices.tolist()
-        getitems = getattr(self.dataset, "__getitems__", None)
-        samples = getitems(rows) if getitems is not None else [self.dataset[i] for i in rows]
-        return collate(samples)
+        return (self.collate_fn or default_collate)(read_samples(self.dataset, indices))

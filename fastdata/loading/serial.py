@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import default_convert
 
 from fastdata.loading.base import BatchLoader
-from fastdata.loading.fetch import batch_reader
+from fastdata.loading.fetch import batch_reader, read_samples
 
 
 def serial_batches(sampler: Iterable[np.ndarray], fetch: Callable[[np.ndarray], Any],
@@ -71,10 +71,7 @@ class DataLoaderFetch:
 
     def __call__(self, indices: np.ndarray) -> Any:
         if self.per_sample:
-            rows = indices.tolist()
-            getitems = getattr(self.dataset, "__getitems__", None)
-            samples = getitems(rows) if getitems else [self.dataset[row] for row in rows]
-            return self.collate_fn(samples)
+            return self.collate_fn(read_samples(self.dataset, indices))
         if self.collate_fn is default_convert:
             return converted(self.read(indices))
         return self.collate_fn(self.read(indices))
