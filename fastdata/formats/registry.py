@@ -58,7 +58,7 @@ def require(name: str, *modules: str, install: str, suffixes: tuple[str, ...] = 
     missing (with ``install``, the command that installs it) and :class:`FormatUnavailableError`
     stops the package's import; discovery goes on with the other formats.
 
-    >>> require("zarr", "zarr", install="pip install 'fastdata[zarr]'", suffixes=(".zarr",))  # doctest: +SKIP
+    >>> require("zarr", "zarr", install="pip install 'torch-fastdata[zarr]'", suffixes=(".zarr",))  # doctest: +SKIP
     """
     absent = tuple(module for module in modules if not _installed(module))
     if absent:
