@@ -9,15 +9,24 @@ from typing import Any
 from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
 from fastdata.formats import get_format
 from fastdata.formats.stored import require_manifest
-from fastdata.urls import refuse_url
+from fastdata.remote.dataset import RemoteOptions, locate
+from fastdata.urls import is_url
+
+_REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "retry")
 
 
 def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
-    """Open a dataset written by ``fastdata convert``; keyword arguments go to its reader
-    (``transform``, ``target_transform``, ``image_format``, ...)."""
-    refuse_url(path, "path")
-    path = Path(path)
-    manifest = require_manifest(path)
+    """Open a dataset written by ``fastdata convert``, at a local path or a URL (``s3://``,
+    ``gs://``, ``https://``, ...: docs/remote.md); keyword arguments go to its reader
+    (``transform``, ``target_transform``, ``image_format``, ``storage_options``, ``cache_dir``,
+    ``cache_limit``, ...)."""
+    if is_url(path):
+        remote = RemoteOptions(**{key: kwargs[key] for key in _REMOTE_KEYS if kwargs.get(key) is not None})
+        local, _ = locate(path, remote, fetch=())  # the manifest names the reader; the reader fetches the rest
+        manifest = require_manifest(local)
+    else:
+        path = Path(path)
+        manifest = require_manifest(path)
     name = manifest.get("format")
     if not isinstance(name, str):
         raise CorruptManifestError(

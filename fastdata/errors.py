@@ -89,3 +89,20 @@ class UnsupportedURLError(InvalidOptionError):
 
 class UnknownOptionError(InvalidOptionError, TypeError):
     """A keyword argument that a reader (or another callable taking options) does not take."""
+
+
+class RemoteError(FastdataError, OSError):
+    """Reading or writing object storage (``s3://``, ``gs://``, ``https://``, ...) failed."""
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """The URL names no object (404)."""
+
+
+class RemoteAccessError(RemoteError, PermissionError):
+    """Access denied (403), or no credentials found."""
+
+
+class RemoteUnavailableError(RemoteError, ConnectionError):
+    """The server did not answer (after every retry), or answered with an error."""
+

@@ -23,6 +23,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "hdf5plugin": ("hdf5plugin",),
     "jpeg": ("simplejpeg",),
     "ray": ("ray",),
+    "remote": ("fsspec",),
+    "s3": ("fsspec", "s3fs"),
+    "http": ("fsspec", "aiohttp"),
 }
 
 

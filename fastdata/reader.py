@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,9 @@ from fastdata.errors import CorruptManifestError, InvalidOptionError, ShapeMisma
 from fastdata.formats.base import Reader
 from fastdata.formats.stored import open_manifest
 from fastdata.images import Geometry
+from fastdata.remote.dataset import RemoteOptions, locate
+from fastdata.remote.filesystem import Retry
+from fastdata.urls import is_url
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
@@ -54,6 +57,9 @@ class ReaderOptions:
 
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.
+
+    ``storage_options``, ``cache_dir``, ``cache_limit`` and ``retry`` apply when the path is a
+    URL (``s3://``, ``gs://``, ``https://``, ...): see :mod:`fastdata.remote` and docs/remote.md.
     """
 
     transform: Callable | None = None
@@ -63,8 +69,13 @@ class ReaderOptions:
     resize: Any = None
     center_crop: Any = None
     decoder: str = "pil"
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    cache_dir: str | os.PathLike | None = None
+    cache_limit: int | None = None
+    retry: Retry | None = None
 
     def __post_init__(self) -> None:
+        self.remote  # validated up front
         if self.image_format not in IMAGE_FORMATS:
             allowed = ", ".join(map(repr, IMAGE_FORMATS))
             raise InvalidOptionError(f"Unknown image_format {self.image_format!r}. Allowed: {allowed}.")
@@ -95,6 +106,13 @@ class ReaderOptions:
     def replace(self, **changes: Any) -> "ReaderOptions":
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def remote(self) -> RemoteOptions:
+        """How a URL is read (:class:`fastdata.remote.RemoteOptions`)."""
+        return RemoteOptions(storage_options=self.storage_options, cache_dir=self.cache_dir,
+                             cache_limit=self.cache_limit, retry=self.retry if self.retry is not None else Retry(),
+                             prefetch=getattr(self, "prefetch", 2))
 
     @property
     def geometry(self) -> Geometry:
@@ -376,11 +394,13 @@ class StoredDataset(MapDataset):
 
     format_name = ""
     required_files: dict[str, tuple[str, ...]] = {}  # store -> names the manifest's "files" must list
+    remote_fetch: tuple[str, ...] | None = None  # a URL's files fetched at open (None: all; the rest on use)
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, **options: Any):
         super().__init__(transform, target_transform, **options)
-        self.path = Path(path)
+        self.url = os.fspath(path) if is_url(path) else None
+        self.path, self.files = locate(path, self.options.remote, fetch=self.remote_fetch)  # a URL: into the cache
         self.manifest = open_manifest(self.path, self.format_name)
         self.store = self.manifest["store"]
         self.mode = self.manifest["image"]["mode"]

@@ -1,10 +1,10 @@
-"""URLs are refused where fastdata takes local paths, never taken for relative paths.
+"""URLs: recognised, and refused where fastdata still takes only local paths.
 
 ``Path("s3://bucket/out.tar")`` is the local path ``s3:/bucket/out.tar``: a conversion to it once
 wrote a local folder and reported success, and ``info``/``verify`` then read that folder back.
-Until object storage is supported, every entry point (the CLI's path arguments,
-:func:`fastdata.convert`, :func:`fastdata.open_dataset`, :func:`fastdata.verify`) checks its
-paths here first.
+Reading a URL goes through :mod:`fastdata.remote` (readers, ``open_dataset``, ``verify``, the
+CLI's ``info``/``verify``/``bench``/``tune`` and ``convert``'s SOURCE); what is still local only
+(every output, ``merge``) is refused here, never taken for a relative path.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def refuse_url(value: Any, role: str) -> None:
     if is_url(value):
         scheme = os.fspath(value).split("://", 1)[0]
         raise UnsupportedURLError(
-            f"{os.fspath(value)!r}: {role} is a {scheme}:// URL, and fastdata reads and writes local paths only "
-            "(object storage is not supported yet). Copy the dataset to a local directory, or mount the bucket "
-            "and give its local path."
+            f"{os.fspath(value)!r}: {role} is a {scheme}:// URL, and fastdata writes to local paths only "
+            "(it reads URLs; writing to object storage is not supported yet). Write to a local directory, then "
+            "copy it to the bucket (e.g. 'aws s3 cp --recursive DIR URL')."
         )

@@ -14,6 +14,7 @@ exist or holds no dataset at all.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +22,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastdata.errors import FastdataError, ManifestError, SourceNotFoundError
+from fastdata.errors import CorruptDataError, FastdataError, ManifestError, RemoteError, SourceNotFoundError
 from fastdata.formats import get_format, manifest_problems, require_manifest
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
-from fastdata.urls import refuse_url
+from fastdata.remote.dataset import RemoteOptions, locate
+from fastdata.urls import is_url
 
 _DEEP_BATCH = 64
 _LABELS_SHOWN = 5
@@ -34,7 +36,7 @@ _LABELS_SHOWN = 5
 class VerifyReport:
     """What :func:`verify` found. ``ok`` is True when ``problems`` is empty."""
 
-    path: Path
+    path: Path | str  # a str for a URL
     format: str | None
     count: int | None
     deep: bool
@@ -64,11 +66,14 @@ class VerifyReport:
 
 
 def verify(path: str | os.PathLike, *, deep: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+           progress: Callable[[int, int], None] | None = None, **remote: Any) -> VerifyReport:
     """Check the dataset at ``path`` against its manifest; ``deep`` decodes every sample too, and
     calls ``progress(n, total)`` as each n more samples are decoded (as :func:`fastdata.convert`
-    does while it converts)."""
-    refuse_url(path, "path")
+    does while it converts). A URL's files are fetched into the cache, each checked against the
+    manifest as it arrives (``remote``: ``storage_options``, ``cache_dir``, ``cache_limit``,
+    ``retry`` of :class:`fastdata.remote.RemoteOptions`), then checked there."""
+    if is_url(path):
+        return _verify_remote(os.fspath(path), deep=deep, progress=progress, options=RemoteOptions(**remote))
     path = Path(path)
     try:
         manifest = require_manifest(path)
@@ -195,3 +200,18 @@ def _decode_all(reader: Any, progress: Callable[[int, int], None]) -> list[str]:
                     problems.append(str(exc))
         progress(len(indices), total)
     return problems
+
+
+def _verify_remote(url: str, *, deep: bool, progress: Callable[[int, int], None] | None,
+                   options: RemoteOptions) -> VerifyReport:
+    try:
+        local, files = locate(url, options, fetch=None)
+    except CorruptDataError as exc:
+        if isinstance(exc, RemoteError):
+            raise
+        return VerifyReport(url, None, None, deep, (), (str(exc),))  # a file that arrived damaged is a finding
+    try:
+        report = verify(local, deep=deep, progress=progress)
+    finally:
+        files.close()
+    return dataclasses.replace(report, path=url)

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 from fastdata._version import __version__
 from fastdata.errors import FastdataError
-from fastdata.urls import refuse_url
+from fastdata.cli.common import fetch_converted
+from fastdata.urls import is_url, refuse_url
 
 def build_parser() -> argparse.ArgumentParser:
     from fastdata.cli import bench, convert, inspect, merge, tune
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
-_PATH_ARGUMENTS = ("source", "output", "path", "out")  # every command's paths: a URL is refused, not made local
+_WRITTEN_PATHS = ("output", "out")  # paths a command writes: a URL is refused, never made a local path
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -150,8 +151,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        for role in _PATH_ARGUMENTS:
+        for role in _WRITTEN_PATHS:
             refuse_url(getattr(args, role, None), role.upper())
+        if is_url(getattr(args, "source", None)):  # bench, tune, convert: a converted dataset, fetched first
+            args.source = str(fetch_converted(args.source, cold=getattr(args, "cache", "warm") == "cold"))
         return args.run(args)
     except FastdataError as exc:
         if os.environ.get("FASTDATA_TRACEBACK"):

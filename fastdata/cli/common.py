@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,27 @@ class LazyBar:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+_KEPT: list[Any] = []  # the remote datasets this command fetched: their files stay leased until it exits
+
+
+def fetch_converted(url: str, *, cold: bool = False) -> Path:
+    """The converted dataset at ``url`` fetched into the cache (``$FASTDATA_CACHE_DIR``,
+    ``$FASTDATA_CACHE_LIMIT``; first emptied of it with ``cold``), its local path there; says on
+    stderr how much was downloaded and how fast."""
+    from fastdata.remote import RemoteOptions, open_remote
+
+    files = open_remote(url, RemoteOptions())
+    _KEPT.append(files)
+    if cold:
+        files.drop()
+    started = time.perf_counter()
+    local = files.fetch_all()
+    elapsed = time.perf_counter() - started
+    stats = files.cache.stats
+    rate = stats.bytes_downloaded / stats.download_seconds if stats.download_seconds else 0.0
+    print(f"fastdata: {url}: {stats.downloads} file(s) downloaded, {human_bytes(stats.bytes_downloaded)} in "
+          f"{elapsed:.2f} s ({human_bytes(int(rate))}/s), {stats.hits} already in the cache {files.cache.directory}",
+          file=sys.stderr)
+    return local

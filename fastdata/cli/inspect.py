@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.cli.common import LazyBar, add_command, disk_usage, human_bytes
+from fastdata.urls import is_url
 
 
 def _files_line(files: dict[str, Any], shown: int = 4) -> str:
@@ -18,7 +19,7 @@ def _files_line(files: dict[str, Any], shown: int = 4) -> str:
     return line
 
 
-def describe(path: Path, manifest: dict[str, Any]) -> str:
+def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None) -> str:
     image = manifest["image"]
     if image.get("shape"):
         shape = "x".join(str(v) for v in image["shape"]) + f" {image['dtype']}"
@@ -33,7 +34,7 @@ def describe(path: Path, manifest: dict[str, Any]) -> str:
         ("samples", f"{manifest['count']:,}"),
         ("image", f"{shape}, mode {image['mode']}"),
         ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
-        ("size", f"{human_bytes(disk_usage(path))} on disk"),
+        ("size", size or f"{human_bytes(disk_usage(path))} on disk"),
         ("files", _files_line(files)),
         ("source", " ".join(f"{k}={v}" for k, v in manifest.get("source", {}).items())),
         ("created", f"{manifest.get('created')} by fastdata {manifest.get('fastdata_version')}"),
@@ -45,6 +46,18 @@ def describe(path: Path, manifest: dict[str, Any]) -> str:
 def run_info(args: argparse.Namespace) -> int:
     from fastdata.formats import require_manifest
 
+    if is_url(args.path):  # only the manifest is fetched
+        from fastdata.remote import RemoteOptions, open_remote
+
+        files = open_remote(args.path, RemoteOptions())
+        manifest = files.manifest if files.single is None else require_manifest(files.directory / files.single)
+        total = sum(entry["bytes"] for entry in manifest["files"].values()) if files.single is None else \
+            files.cache.path(files.key, files.single).stat().st_size
+        if args.json:
+            print(json.dumps(dict(manifest, size_bytes=total), indent=2))
+        else:
+            print(describe(args.path, manifest, f"{human_bytes(total)} in object storage"))
+        return 0
     path = Path(args.path)
     manifest = require_manifest(path)
     if args.json:

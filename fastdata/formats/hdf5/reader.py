@@ -15,6 +15,7 @@ from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
 from fastdata.reader import ReaderOptions, StoredDataset, allocated
+from fastdata.urls import is_url
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)
 
@@ -61,8 +62,9 @@ class HDF5Dataset(StoredDataset):
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, **options: Any):
-        path = Path(path)
-        if path.is_file() and read_manifest(path) is None:
+        if not is_url(path):  # a URL is fetched into the cache by StoredDataset
+            path = Path(path)
+        if isinstance(path, Path) and path.is_file() and read_manifest(path) is None:
             open_file(path).close()  # a damaged file fails here with CorruptDataError
             raise ManifestError(
                 f"{str(path)!r} is not an HDF5 dataset written by 'fastdata convert' (no "

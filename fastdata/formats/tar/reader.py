@@ -82,6 +82,7 @@ class TarIndexedDataset(StoredDataset):
 
     format_name = FORMAT
     required_files = {"raw": (INDEX_NAME,), "encoded": (INDEX_NAME,)}
+    remote_fetch = (INDEX_NAME,)  # shards are fetched as they are read (and kept while this reader lives)
 
     def _load(self) -> None:
         self.index = load_checked_index(self.path, self.manifest)
@@ -93,6 +94,7 @@ class TarIndexedDataset(StoredDataset):
     def _descriptor(self, shard: int) -> int:
         descriptors = self.handles
         if shard not in descriptors:
+            self.files.ensure([self.index.files[shard]])  # a URL's shard: into the cache first
             descriptors[shard] = open_shard(self.path, self.index, shard)
         return descriptors[shard]
 

@@ -17,11 +17,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar.index import open_shard, read_exact
-from fastdata.formats.tar.layout import BLOCK
+from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
 from fastdata.formats.tar.reader import load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
 from fastdata.reader import ReaderOptions, ReaderOutput, decoder_for
+from fastdata.remote.dataset import locate
+from fastdata.urls import is_url
 
 _READ_BYTES = 4 * 1024 * 1024
 _CHUNK_SAMPLES = 64
@@ -44,6 +46,7 @@ class TarStreamOptions(ReaderOptions):
     world_size: int | None = None
     even: bool = False
     batch_size: int | None = None
+    prefetch: int = 2  # a URL's shards fetched ahead of the one being read, per worker
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,7 +81,9 @@ class TarDataset(ReaderOutput, IterableDataset):
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, **options: Any):
         self._init_options(transform, target_transform, options)
-        self.path, self.manifest, self.index = load_dataset(path)
+        self.url = os.fspath(path) if is_url(path) else None
+        local, self.files = locate(path, self.options.remote, fetch=(INDEX_NAME,))  # a URL: shards come on use
+        self.path, self.manifest, self.index = load_dataset(local)
         self.decoder = decoder_for(self.manifest, self.options)
         self._set_classes(self.manifest)
         self.rank, self.world_size = resolve_distributed(self.options.rank, self.options.world_size)
@@ -176,9 +181,17 @@ class TarDataset(ReaderOutput, IterableDataset):
     def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
         """``(global sample index, image member bytes)`` of the pieces, in order, read in blocks."""
         index, starts = self.index, self.index.starts
-        for shard, start, stop in pieces:
+        names = [index.files[shard] for shard, _, _ in pieces]
+        for position, (shard, start, stop) in enumerate(pieces):
             first = int(starts[shard])
-            descriptor = open_shard(self.path, index, shard)
+            self.files.prefetch([name for name in names[position + 1:] if name != names[position]])
+            lease = self.files.lease(names[position])  # a URL's shard, in the cache and kept there while read
+            try:
+                descriptor = open_shard(self.path, index, shard)
+            except BaseException:
+                if lease is not None:
+                    lease.release()
+                raise
             try:
                 sample = first + start
                 while sample < first + stop:
@@ -193,3 +206,5 @@ class TarDataset(ReaderOutput, IterableDataset):
                     sample = end
             finally:
                 os.close(descriptor)
+                if lease is not None:
+                    lease.release()

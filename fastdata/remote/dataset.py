@@ -1,0 +1,313 @@
+"""A converted dataset at a URL, seen by the readers as a local directory in the cache.
+
+:func:`locate` is what a reader calls with its path: a local path comes back as it is; a URL
+comes back as the dataset's directory in the cache, with a :class:`RemoteFiles` that brings the
+files there. The manifest is fetched from the server each time a dataset is opened (it is
+small), and names the cache directory together with the URL (``<name>-<hash of URL and manifest
+checksum>``), so a dataset converted again never meets the old copy's files. Every data file is
+checked on arrival against the manifest's blake2b; a single-file dataset (``.h5``, which
+carries its manifest inside) against its own whole-file checksum, by the format's verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from fastdata.errors import CorruptManifestError, InvalidOptionError, RemoteNotFoundError
+from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
+from fastdata.remote.cache import Cache, Lease
+from fastdata.remote.filesystem import Retry, filesystem, scrub, with_retry
+from fastdata.urls import is_url
+
+logger = logging.getLogger(__name__)
+_READ_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How a URL is read: ``storage_options`` for the fsspec filesystem (credentials, endpoint;
+    never shown in a repr), ``cache_dir``/``cache_limit`` of the cache, ``retry`` for transient
+    errors, ``prefetch`` shards ahead per worker (tar)."""
+
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    cache_dir: str | os.PathLike | None = None
+    cache_limit: int | None = None
+    retry: Retry = Retry()
+    prefetch: int = 2
+
+    def __post_init__(self) -> None:
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise InvalidOptionError(f"storage_options must be a dict of fsspec filesystem options, not "
+                                     f"{type(self.storage_options).__name__}.")
+        if not isinstance(self.retry, Retry):
+            raise InvalidOptionError(f"retry must be a fastdata.remote.Retry, not {type(self.retry).__name__}.")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise InvalidOptionError(f"Invalid prefetch {self.prefetch!r}. Use a number of shards >= 0.")
+
+
+class LocalFiles:
+    """The files of a local dataset: already there."""
+
+    url = None
+
+    def ensure(self, names: Iterable[str]) -> None:
+        return None
+
+    def lease(self, name: str) -> None:
+        return None
+
+    def prefetch(self, names: list[str]) -> None:
+        return None
+
+
+class RemoteFiles:
+    """The files of the dataset at ``url``, brought into ``cache`` on demand. Pickles as its
+    URL and options; each process opens its own filesystem and holds its own leases."""
+
+    def __init__(self, url: str, options: RemoteOptions, key: str, manifest: dict[str, Any] | None,
+                 single: str | None = None):
+        self.url, self.options, self.key, self.manifest, self.single = url.rstrip("/"), options, key, manifest, single
+        self._setup()
+
+    def _setup(self) -> None:
+        self.cache = Cache(self.options.cache_dir, self.options.cache_limit)
+        self._fs: Any = None
+        self._pid = os.getpid()
+        self._pinned: dict[str, Lease] = {}
+        self._forget_threads()
+
+    def _forget_threads(self) -> None:
+        """This process's prefetch state, new (after a fork the parent's thread and lock are
+        not this process's; the inherited leases stay held by the parent)."""
+        self._owner = os.getpid()
+        self._ahead: dict[str, Lease | None] = {}
+        self._prefetcher: threading.Thread | None = None
+        self._wanted: list[str] = []
+        self._lock = threading.Lock()
+
+    def _check_process(self) -> None:
+        if self._owner != os.getpid():
+            self._forget_threads()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options, "key": self.key, "manifest": self.manifest,
+                "single": self.single, "pinned": list(self._pinned)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        pinned = state.pop("pinned")
+        self.__dict__.update(state)
+        self._setup()
+        self.ensure(pinned)  # this process's own leases (the files are there: the parent holds them)
+
+    @property
+    def directory(self) -> Path:
+        return self.cache.directory / self.key
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None or self._pid != os.getpid():
+            self._fs, self._base = filesystem(self.url, self.options.storage_options)
+            self._pid = os.getpid()
+        return self._fs
+
+    @property
+    def base(self) -> str:
+        """The dataset's path on its filesystem (fsspec's name for it)."""
+        self.fs
+        return self._base.rstrip("/")
+
+    def url_of(self, name: str) -> str:
+        return self.url if self.single else f"{self.url}/{name}"
+
+    # --- fetching ------------------------------------------------------------------------
+
+    def _fetch(self, name: str, optional: bool = False) -> Lease | None:
+        url = self.url_of(name)
+        if self.single:
+            size, expected = self._single_size, None
+        else:
+            entry = self.manifest["files"].get(name)
+            if entry is None:
+                raise CorruptManifestError(f"{scrub(self.url)!r}: the manifest does not list {name!r}.")
+            size, expected = int(entry["bytes"]), entry[CHECKSUM_ALGORITHM]
+        path = self.base if self.single else f"{self.base}/{name}"
+
+        def download(write) -> None:
+            def attempt() -> None:
+                with self.fs.open(path, "rb", block_size=_READ_BYTES, cache_type="none") as handle:
+                    while block := handle.read(_READ_BYTES):
+                        write(block)
+            with_retry(attempt, url, self.options.retry, self.options.storage_options)
+
+        def check(digest: str, file: Path) -> str | None:
+            if expected is not None:
+                if file.stat().st_size != size:
+                    return f"{scrub(url)!r}: {file.stat().st_size} bytes arrived, but the manifest says {size}"
+                if digest != expected:
+                    return (f"{scrub(url)!r}: its {CHECKSUM_ALGORITHM} {digest[:16]}... does not match the "
+                            f"manifest's {expected[:16]}...")
+                return None
+            return _single_file_problem(file, url)
+
+        return self.cache.fetch(self.key, name, size=size, download=download, check=check, optional=optional)
+
+    def ensure(self, names: Iterable[str]) -> None:
+        """Bring ``names`` into the cache and hold them there while this reader lives (in this
+        process): the files a reader maps or reads at open (npy, HDF5, the tar index)."""
+        for name in names:
+            if name not in self._pinned:
+                self._pinned[name] = self._fetch(name)
+
+    def lease(self, name: str) -> Lease:
+        """The cached file ``name`` (prefetched, or fetched now), leased until released."""
+        self._check_process()
+        with self._lock:
+            lease = self._ahead.pop(name, None)
+        if lease is None:
+            lease = self._fetch(name)
+        return lease
+
+    def prefetch(self, names: list[str]) -> None:
+        """Fetch ``names`` (in order) in a background thread, at most ``prefetch`` ahead of the
+        shard being read; each is leased until :meth:`lease` takes it. A prefetch that finds no
+        room or fails is left to the reader's own fetch (which raises what went wrong)."""
+        self._check_process()
+        with self._lock:
+            self._wanted = [name for name in names if name not in self._ahead][: self.options.prefetch]
+            for name in [n for n in self._ahead if n not in names]:
+                lease = self._ahead.pop(name)
+                if lease is not None:
+                    lease.release()
+            if self._wanted and (self._prefetcher is None or not self._prefetcher.is_alive()):
+                self._prefetcher = threading.Thread(target=self._prefetch_loop, daemon=True,
+                                                    name="fastdata-prefetch")
+                self._prefetcher.start()
+
+    def _prefetch_loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._wanted:
+                    return
+                name = self._wanted.pop(0)
+                if name in self._ahead:
+                    continue
+            try:
+                lease = self._fetch(name, optional=True)
+            except Exception as exc:  # noqa: BLE001 - the reader's own fetch raises it, worded
+                logger.debug("prefetch of %s failed: %s", name, exc)
+                return
+            if lease is None:  # no room now: the reader fetches it when it gets there
+                return
+            with self._lock:
+                if name in self._ahead and self._ahead[name] is not None:
+                    lease.release()
+                else:
+                    self._ahead[name] = lease
+
+    def fetch_all(self) -> Path:
+        """Every file of the dataset in the cache (held there while this object lives); the local path."""
+        self.ensure([self.single] if self.single else list(self.manifest["files"]))
+        return self.directory / self.single if self.single else self.directory
+
+    def drop(self) -> None:
+        """Remove this dataset's files from the cache (a cold start), except those in use."""
+        names = [self.single] if self.single else list(self.manifest["files"])
+        self.cache.discard(self.key, [name for name in names if name not in self._pinned])
+
+    def close(self) -> None:
+        """Release every lease this process holds."""
+        with self._lock:
+            self._wanted = []
+            for lease in [*self._pinned.values(), *self._ahead.values()]:
+                if lease is not None:
+                    lease.release()
+            self._pinned, self._ahead = {}, {}
+
+
+def _single_file_problem(file: Path, url: str) -> str | None:
+    """What the format's own verify finds wrong with a downloaded single-file dataset."""
+    from fastdata.formats.registry import get_format  # the registry imports every format: only when needed
+    from fastdata.formats.stored import find_manifest
+
+    manifest = find_manifest(file)
+    if manifest is None:
+        return f"{scrub(url)!r} is not a dataset written by 'fastdata convert' (no manifest found)"
+    spec = get_format(str(manifest.get("format")))
+    problems = spec.verify(file, manifest, deep=False) if spec.verify is not None else []
+    return f"{scrub(url)!r}: {problems[0]}" if problems else None
+
+
+def _key(url: str, version: str) -> str:
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in url.rstrip("/").rsplit("/", 1)[-1])[:60]
+    return f"{name or 'dataset'}-{hashlib.blake2b(f'{scrub(url)}|{version}'.encode(), digest_size=8).hexdigest()}"
+
+
+def open_remote(url: str, options: RemoteOptions) -> RemoteFiles:
+    """The dataset at ``url``: its manifest fetched (a directory dataset), or its one file
+    downloaded and checked (a single-file dataset such as ``.h5``)."""
+    url = str(url).rstrip("/")
+    fs, path = filesystem(url, options.storage_options)
+    path = path.rstrip("/")
+    manifest_url = f"{url}/{MANIFEST_NAME}"
+    try:
+        text = with_retry(lambda: fs.cat_file(f"{path}/{MANIFEST_NAME}"), manifest_url, options.retry,
+                          options.storage_options)
+    except RemoteNotFoundError:
+        text = None
+    if text is None:
+        info = with_retry(lambda: fs.info(path), url, options.retry, options.storage_options)
+        if info.get("type") == "directory":
+            raise RemoteNotFoundError(f"{scrub(url)!r} holds no {MANIFEST_NAME}: it is not a dataset written by "
+                                      "'fastdata convert' (or its conversion did not finish).")
+        version = "|".join(str(info.get(k)) for k in ("size", "ETag", "etag", "LastModified", "mtime") if k in info)
+        name = url.rsplit("/", 1)[-1]
+        if not is_plain_name(name):
+            raise InvalidOptionError(f"{scrub(url)!r}: cannot name a cache file after {name!r}.")
+        files = RemoteFiles(url, options, _key(url, version), None, single=name)
+        files._single_size = int(info.get("size") or 0)
+        files.ensure([name])
+        return files
+    try:
+        manifest = parse_manifest(text.decode("utf-8"), repr(scrub(manifest_url)))
+    except UnicodeDecodeError as exc:
+        raise CorruptManifestError(f"{scrub(manifest_url)!r}: manifest is not valid UTF-8 (byte {exc.start}).") from None
+    files_ = manifest.get("files")
+    if not isinstance(files_, dict) or not all(
+            is_plain_name(name) and isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get(CHECKSUM_ALGORITHM), str) for name, entry in files_.items()):
+        raise CorruptManifestError(f"{scrub(manifest_url)!r}: 'files' must list plain file names with 'bytes' and "
+                                   f"{CHECKSUM_ALGORITHM!r}; run 'fastdata verify' on the original.")
+    files = RemoteFiles(url, options, _key(url, str(manifest.get(MANIFEST_CHECKSUM_KEY))), manifest)
+    _write_manifest(files, text)
+    return files
+
+
+def _write_manifest(files: RemoteFiles, text: bytes) -> None:
+    """The manifest, as fetched, into the dataset's cache directory (atomically, leased)."""
+    name = MANIFEST_NAME
+    lease = files.cache.lease(files.key, name)
+    if lease is None:
+        lease = files.cache.fetch(files.key, name, size=len(text), download=lambda write: write(text),
+                                  check=lambda digest, file: None)
+    files._pinned[name] = lease
+
+
+def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *,
+           fetch: Iterable[str] | None = ()) -> tuple[Path, LocalFiles | RemoteFiles]:
+    """Where a reader finds the dataset ``path``: the local path itself, or for a URL its
+    directory (or file) in the cache, with the files ``fetch`` names brought there first
+    (``None``: every file of the manifest)."""
+    if not is_url(path):
+        return Path(path), LocalFiles()
+    files = open_remote(os.fspath(path), options or RemoteOptions())
+    if files.single:
+        return files.directory / files.single, files
+    names = list(files.manifest["files"]) if fetch is None else [n for n in fetch if n in files.manifest["files"]]
+    files.ensure(names)
+    return files.directory, files

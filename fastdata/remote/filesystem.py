@@ -1,0 +1,191 @@
+"""A URL -> its fsspec filesystem, every remote call retried and its errors explained.
+
+fsspec and its backends (s3fs, gcsfs, adlfs, aiohttp for https://) do the talking; this module
+only picks the backend by scheme (its extra named when missing), passes ``storage_options``
+through, retries what is transient, and turns what is not (404, 403, no credentials) into one
+line that names the URL and the fix, with credentials scrubbed from it.
+
+S3-compatible stores (MinIO, R2, Ceph, moto) are reached through the standard
+``AWS_ENDPOINT_URL`` environment variable, which botocore (under s3fs) honours itself, or
+``storage_options={"endpoint_url": ...}`` (s3fs's ``client_kwargs`` work too).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from fastdata.errors import (
+    DependencyMissingError, FastdataError, InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError,
+)
+from fastdata.extras import DISTRIBUTION, EXTRAS, require
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# scheme -> (extra, module the backend needs): an extra's install command is in the error when missing
+BACKENDS: dict[str, tuple[str, str]] = {
+    "s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"),
+    "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
+    "az": ("azure", "adlfs"), "abfs": ("azure", "adlfs"), "abfss": ("azure", "adlfs"),
+    "http": ("http", "aiohttp"), "https": ("http", "aiohttp"),
+}
+_CREDENTIAL_HINTS = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
+          "storage_options={'anon': True} for a public bucket",
+    "gs": "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS, or pass "
+          "storage_options={'token': 'anon'} for a public bucket",
+    "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token in storage_options)",
+}
+# exception class names (anywhere in the MRO) of errors worth another attempt: the connection
+# dropped, timed out or was refused, or the server answered 5xx / "slow down"
+_TRANSIENT = {
+    "ConnectionError", "TimeoutError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+    "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError", "ClientPayloadError",
+    "ClientOSError", "IncompleteReadError", "ResponseStreamingError", "ProtocolError",
+}
+_TRANSIENT_TEXT = re.compile(r"\b(50[0-4]|SlowDown|Throttl|InternalError|ServiceUnavailable|RequestTimeout)",
+                             re.IGNORECASE)
+_SECRET_QUERY = re.compile(r"(?i)((?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|Signature|AWSAccessKeyId|sig|se|sp|"
+                           r"token|access_token|key|secret)=)[^&\s'\"]+")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]+@")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How transient remote errors are retried: ``attempts`` in all (1: no retry), the first
+    wait ``delay`` seconds, doubling up to ``max_delay``."""
+
+    attempts: int = 5
+    delay: float = 0.5
+    max_delay: float = 8.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise InvalidOptionError(f"Invalid retry attempts {self.attempts!r}. Use an integer >= 1.")
+        for name in ("delay", "max_delay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidOptionError(f"Invalid retry {name} {value!r}. Use seconds >= 0.")
+
+    def waits(self) -> list[float]:
+        """The pauses between attempts."""
+        return [min(self.delay * 2**n, self.max_delay) for n in range(self.attempts - 1)]
+
+
+def scheme_of(url: str) -> str:
+    return url.split("://", 1)[0].lower()
+
+
+def scrub(text: str, storage_options: dict[str, Any] | None = None) -> str:
+    """``text`` without credentials: signed-URL query values, ``user:password@`` and the string
+    values given in ``storage_options`` (keys, secrets, tokens)."""
+    text = _USERINFO.sub(r"\1***@", _SECRET_QUERY.sub(r"\1***", text))
+    for value in _secret_values(storage_options or {}):
+        text = text.replace(value, "***")
+    return text
+
+
+def _secret_values(options: dict[str, Any]) -> list[str]:
+    found = []
+    for key, value in options.items():
+        if isinstance(value, dict):
+            found += _secret_values(value)
+        elif isinstance(value, str) and len(value) >= 6 and key not in ("endpoint_url", "region_name"):
+            found.append(value)
+    return found
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem serving ``url`` and the path on it (fsspec's own name for the
+    object, e.g. ``bucket/key`` for s3)."""
+    scheme = scheme_of(url)
+    _require_backend(scheme, url)
+    import fsspec  # imported here: only remote datasets need it, and `import fastdata` stays light
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        if isinstance(exc, ImportError) or "Protocol not known" in str(exc):
+            raise DependencyMissingError(
+                f"{scrub(url)!r}: no fsspec backend for {scheme}:// is installed ({exc}). Install the fsspec "
+                "implementation for it (see https://filesystem-spec.readthedocs.io/en/latest/api.html#other-known-"
+                "implementations)."
+            ) from None
+        raise InvalidOptionError(f"{scrub(url)!r}: {scrub(str(exc), storage_options)}") from None
+    return fs, path
+
+
+def _require_backend(scheme: str, url: str) -> None:
+
+    require("fsspec", extra="remote", feature=f"Reading {scrub(url)!r}")
+    if scheme in BACKENDS:
+        extra, module = BACKENDS[scheme]
+        if extra in EXTRAS:
+            require(module, extra=extra, feature=f"Reading {scheme}:// URLs ({scrub(url)!r})")
+        elif importlib.util.find_spec(module) is None:  # an extra the tests do not install (gcsfs, adlfs)
+            raise DependencyMissingError(
+                f"Reading {scheme}:// URLs ({scrub(url)!r}) needs the {module} package, which is not installed. "
+                f"Install it with: pip install '{DISTRIBUTION}[{extra}]'")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether another attempt may succeed (a dropped/refused/timed-out connection, a 5xx)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _TRANSIENT or type(exc).__module__.startswith("aiohttp"):
+        return True
+    return isinstance(exc, OSError) and bool(_TRANSIENT_TEXT.search(str(exc)))
+
+
+def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None = None, *,
+            attempts: int = 1) -> Exception:
+    """The fastdata error for ``exc`` raised while reading ``url``: what failed and the fix."""
+    shown = scrub(url)
+    cause = scrub(f"{type(exc).__name__}: {exc}", storage_options)
+    scheme = scheme_of(url)
+    hint = _CREDENTIAL_HINTS.get({"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(scheme, scheme), "")
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "NoCredentialsError" in names or "PartialCredentialsError" in names or "DefaultCredentialsError" in names:
+        return RemoteAccessError(f"{shown!r}: no credentials found ({cause}). To fix: {hint or 'pass them in storage_options'}.")
+    if isinstance(exc, FileNotFoundError) or re.search(r"\b404\b|NoSuchKey|NoSuchBucket|Not Found", str(exc)):
+        return RemoteNotFoundError(f"{shown!r} does not exist (404: {cause}). Check the URL: it names the dataset "
+                                   "directory (or .h5 file) that 'fastdata convert' wrote.")
+    if isinstance(exc, PermissionError) or re.search(r"\b403\b|AccessDenied|Forbidden|InvalidAccessKeyId|"
+                                                     r"SignatureDoesNotMatch", str(exc)):
+        fix = f"check the credentials in use ({hint})" if hint else "check the credentials in storage_options"
+        return RemoteAccessError(f"{shown!r}: access denied (403: {cause}). To fix: {fix}, and that they may read "
+                                 "this bucket.")
+    if is_transient(exc):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") if scheme in ("s3", "s3a") else None
+        where = f" (endpoint {scrub(endpoint)!r} from AWS_ENDPOINT_URL)" if endpoint else ""
+        return RemoteUnavailableError(
+            f"{shown!r}: the server did not answer{where} after {attempts} attempt{'s' if attempts > 1 else ''} "
+            f"({cause}). Check the network or the endpoint, then run again; the cache keeps what arrived."
+        )
+    return RemoteUnavailableError(f"{shown!r}: cannot read ({cause}).")
+
+
+def with_retry(call: Callable[[], T], url: str, retry: Retry, storage_options: dict[str, Any] | None = None) -> T:
+    """``call()``, again after each transient error (waiting as ``retry`` says); any other error,
+    or the last one, raised as :func:`explain` words it."""
+    waits = retry.waits()
+    for attempt in range(retry.attempts):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - classified below, re-raised explained
+            if isinstance(exc, FastdataError):  # already ours (a checksum mismatch, a missing backend)
+                raise
+            if attempt < len(waits) and is_transient(exc):
+                logger.info("%s: %s; attempt %d of %d in %.1f s", scrub(url), scrub(type(exc).__name__),
+                            attempt + 2, retry.attempts, waits[attempt])
+                time.sleep(waits[attempt])
+                continue
+            raise explain(exc, url, storage_options, attempts=attempt + 1) from None
+    raise AssertionError("unreachable")  # pragma: no cover
