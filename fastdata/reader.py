@@ -111,7 +111,7 @@ class ReaderOptions:
     def remote(self) -> RemoteOptions:
         """How a URL is read (:class:`fastdata.remote.RemoteOptions`)."""
         return RemoteOptions(storage_options=self.storage_options, cache_dir=self.cache_dir,
-                             cache_limit=self.cache_limit, retry=self.retry if self.retry is not None else Retry(),
+                             cache_limit=self.cache_limit, retry=self.retry if self.retry is not None else Retry.from_env(),
                              prefetch=getattr(self, "prefetch", 2))
 
     @property

@@ -1,17 +1,25 @@
-"""A URL where fastdata takes a local path is refused, never taken for a relative path (until
-object storage is supported, ``Path("s3://bucket/x")`` would be the local folder ``s3:/bucket/x``)."""
+"""A URL where fastdata still takes only a local path (every output, ``merge``) is refused, never
+taken for a relative path (``Path("s3://bucket/x")`` would be the local folder ``s3:/bucket/x``);
+where it reads one, an unreachable server or a missing backend is one clear error. Reading from
+real servers is tests/test_remote.py."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 import fastdata
 from fastdata.cli import main
-from fastdata.errors import InvalidOptionError, UnsupportedURLError
+from fastdata.errors import DependencyMissingError, InvalidOptionError, RemoteUnavailableError, UnsupportedURLError
+from fastdata.remote import Retry
 from fastdata.urls import is_url
+
+REFUSED = ("is a {scheme}:// URL, and fastdata writes to local paths only (it reads URLs; writing to object "
+           "storage is not supported yet). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
+           "--recursive DIR URL').")
 
 
 def test_what_counts_as_a_url() -> None:
@@ -23,36 +31,57 @@ def test_what_counts_as_a_url() -> None:
 
 @pytest.mark.parametrize("command", [
     ["convert", "{folder}", "s3://bucket/digits.tar"],
-    ["convert", "s3://bucket/in.npy", "{tmp}/out.npy"],
-    ["info", "s3://bucket/digits.tar"],
-    ["verify", "gs://bucket/digits.h5"],
-    ["bench", "https://example.org/photos", "--out", "{tmp}/bench"],
-    ["tune", "s3://bucket/digits.npy"],
+    ["bench", "{folder}", "--out", "s3://bucket/bench"],
     ["merge", "s3://bucket/digits.tar"],
 ])
-def test_the_cli_refuses_a_url_and_writes_nothing(command, uniform_folder: Path, tmp_path: Path, capsys,
-                                                  monkeypatch) -> None:
+def test_the_cli_refuses_a_url_it_would_write_and_writes_nothing(command, uniform_folder: Path, tmp_path: Path,
+                                                                 capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     args = [part.format(folder=uniform_folder, tmp=tmp_path) for part in command]
     url = next(part for part in args if "://" in part)
-    roles = {"info": "PATH", "verify": "PATH", "bench": "SOURCE", "tune": "SOURCE", "merge": "OUTPUT"}
-    role = ("OUTPUT" if args[2] == url else "SOURCE") if args[0] == "convert" else roles[args[0]]
+    role = "OUT" if args[0] == "bench" else "OUTPUT"
     assert main(args) == 1
     captured = capsys.readouterr()
-    scheme = url.split("://")[0]
-    assert captured.err == (f"fastdata: error: {url!r}: {role} is a {scheme}:// URL, and fastdata reads and writes "
-                            "local paths only (object storage is not supported yet). Copy the dataset to a local "
-                            "directory, or mount the bucket and give its local path.\n")
+    assert captured.err == f"fastdata: error: {url!r}: {role} " + REFUSED.format(scheme="s3") + "\n"
     assert sorted(os.listdir(tmp_path)) == ["uniform"]  # no ./s3:/bucket/... folder
 
 
-def test_the_python_api_refuses_urls(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
+def test_the_python_api_refuses_a_url_output(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/d.npy': path is a s3:// URL"):
-        fastdata.open_dataset("s3://bucket/d.npy")
-    with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/d.npy': path is a s3:// URL"):
-        fastdata.verify("s3://bucket/d.npy")
     with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/out.tar': output is a s3:// URL") as caught:
         fastdata.convert(uniform_folder, "s3://bucket/out.tar", workers=0)
     assert isinstance(caught.value, InvalidOptionError) and isinstance(caught.value, ValueError)
     assert sorted(os.listdir(tmp_path)) == ["uniform"]
+
+
+@pytest.mark.parametrize("command", [["info", "{url}"], ["verify", "{url}"], ["tune", "{url}"],
+                                     ["bench", "{url}", "--out", "{tmp}/bench"]])
+def test_reading_a_url_with_no_server_is_one_error_naming_it_and_nothing_local(command, tmp_path: Path, capsys,
+                                                                                monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FASTDATA_RETRY_ATTEMPTS", "2")
+    monkeypatch.setenv("FASTDATA_RETRY_DELAY", "0")
+    url = "http://127.0.0.1:9/digits.tar"  # the discard port: nothing answers
+    assert main([part.format(url=url, tmp=tmp_path) for part in command]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"fastdata: error: '{url}/manifest.json': the server did not answer after 2 attempts (")
+    assert err.endswith("). Check the network or the endpoint, then run again; the cache keeps what arrived.\n")
+    assert "Traceback" not in err and not (tmp_path / "http:").exists()
+
+
+def test_open_dataset_retries_as_told_then_names_the_url(tmp_path: Path) -> None:
+    with pytest.raises(RemoteUnavailableError, match=r"^'http://127.0.0.1:9/d.npy/manifest.json': the server did "
+                                                     r"not answer after 3 attempts") as caught:
+        fastdata.open_dataset("http://127.0.0.1:9/d.npy", cache_dir=tmp_path, retry=Retry(attempts=3, delay=0))
+    assert isinstance(caught.value, ConnectionError) and isinstance(caught.value, OSError)
+
+
+def test_a_missing_backend_names_the_extra_that_installs_it(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    with pytest.raises(DependencyMissingError, match=r"^Reading s3:// URLs \('s3://bucket/d.npy'\) needs the s3fs "
+                                                     r"package, which is not installed. Install it with: pip install "
+                                                     r"'torch-fastdata\[s3\]'$"):
+        fastdata.open_dataset("s3://bucket/d.npy", cache_dir=tmp_path)
+    with pytest.raises(DependencyMissingError, match=r"pip install 'torch-fastdata\[gcs\]'$"):
+        fastdata.open_dataset("gs://bucket/d.npy", cache_dir=tmp_path)

@@ -68,14 +68,12 @@ def add_parser(commands) -> None:
     parser.add_argument("--prefetch-factor", type=int, default=2, metavar="N",
                         help="DataLoader prefetch_factor (batches loaded ahead per worker)")
     parser.add_argument("--cache", default="warm", metavar="warm|cold",
-                        help="warm, or cold: evict the dataset's files from the page cache each epoch")
+                        help="warm, or cold: evict the dataset's files from the page cache each epoch (a SOURCE at a URL: "
+                        "also start from a cache emptied of it, so its download throughput is measured)")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
     parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
                         help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
                         "formats (default: torch,thread,process; at num_workers=0 they are one serial loop)")
-    parser.add_argument("--cache", choices=("warm", "cold"), default="warm",
-                        help="a SOURCE at a URL: fetched into the cache first; 'cold' empties the cache of it "
-                        "first, so the download throughput is measured (default: warm, what is cached is kept)")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out)")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")

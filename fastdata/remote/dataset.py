@@ -38,7 +38,7 @@ class RemoteOptions:
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
     cache_dir: str | os.PathLike | None = None
     cache_limit: int | None = None
-    retry: Retry = Retry()
+    retry: Retry = field(default_factory=Retry.from_env)
     prefetch: int = 2
 
     def __post_init__(self) -> None:

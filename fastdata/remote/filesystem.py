@@ -73,6 +73,19 @@ class Retry:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidOptionError(f"Invalid retry {name} {value!r}. Use seconds >= 0.")
 
+    @classmethod
+    def from_env(cls) -> "Retry":
+        """The default, or what ``$FASTDATA_RETRY_ATTEMPTS`` and ``$FASTDATA_RETRY_DELAY`` (seconds) say."""
+        values: dict[str, Any] = {}
+        for key, name, kind in (("attempts", "FASTDATA_RETRY_ATTEMPTS", int), ("delay", "FASTDATA_RETRY_DELAY", float)):
+            text = os.environ.get(name)
+            if text:
+                try:
+                    values[key] = kind(text)
+                except ValueError:
+                    raise InvalidOptionError(f"${name} is {text!r}; expected a number.") from None
+        return cls(**values)
+
     def waits(self) -> list[float]:
         """The pauses between attempts."""
         return [min(self.delay * 2**n, self.max_delay) for n in range(self.attempts - 1)]

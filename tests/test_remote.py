@@ -1,0 +1,372 @@
+"""Datasets read from real servers on 127.0.0.1, started here: moto's S3 server (through
+``AWS_ENDPOINT_URL`` or ``storage_options``) and an HTTP server answering range requests. No
+mock of fsspec or s3fs: the bytes travel over sockets. Downloads are counted from the S3 server's
+own request log."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fastdata
+from conftest import convert_to
+from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
+from fastdata.formats.tar import TarDataset, TarIndexedDataset
+from fastdata.remote import Cache, Retry
+
+moto_server = pytest.importorskip("moto.server")
+s3fs = pytest.importorskip("s3fs")
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "fastdata-test"
+KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
+        "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class _RequestLog(logging.Handler):
+    """The S3 server's request lines (werkzeug logs one per request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def gets(self, key: str) -> int:
+        return sum(1 for line in self.lines if re.search(rf"(?<![A-Z])GET /{BUCKET}/{re.escape(key)}[ ?]", line))
+
+
+class S3:
+    """A moto S3 server on a free loopback port that can be stopped and started again (its
+    objects live in this process, so they outlast a restart)."""
+
+    def __init__(self) -> None:
+        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        self.host, self.port = self.server.get_host_and_port()
+        self.endpoint = f"http://{self.host}:{self.port}"
+        self.log = _RequestLog()
+        logging.getLogger("werkzeug").addHandler(self.log)
+        logging.getLogger("werkzeug").setLevel(logging.INFO)
+
+    def fs(self):
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=KEYS["AWS_ACCESS_KEY_ID"],
+                                 secret=KEYS["AWS_SECRET_ACCESS_KEY"], skip_instance_cache=True)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    saved = {name: os.environ.get(name) for name in [*KEYS, "AWS_ENDPOINT_URL"]}
+    server = S3()
+    os.environ.update(KEYS, AWS_ENDPOINT_URL=server.endpoint)
+    server.fs().mkdir(BUCKET)
+    yield server
+    logging.getLogger("werkzeug").removeHandler(server.log)
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def upload(s3: S3, local: Path, key: str) -> str:
+    s3.fs().put(str(local), f"{BUCKET}/{key}", recursive=local.is_dir())
+    return f"s3://{BUCKET}/{key}"
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with ``Range: bytes=a-b`` answered 206 (http.server answers 200 to it)."""
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def send_head(self):
+        path = Path(self.translate_path(self.path))
+        if not path.is_file():
+            self.send_error(404)
+            return None
+        data = path.read_bytes()
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if match:
+            start = int(match[1])
+            end = min(int(match[2]) if match[2] else len(data) - 1, len(data) - 1)
+            body = data[start : end + 1]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        else:
+            body = data
+            self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        import io
+
+        return io.BytesIO(body)
+
+
+@pytest.fixture
+def http_root(tmp_path: Path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = lambda *args, **kwargs: _RangeHandler(*args, directory=str(root), **kwargs)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def all_samples(dataset) -> tuple[list[np.ndarray], list[int]]:
+    images, labels = [], []
+    for image, label in dataset:
+        images.append(image.numpy())
+        labels.append(int(label))
+    return images, labels
+
+
+def same_samples(remote, local) -> None:
+    a, b = all_samples(remote), all_samples(local)
+    assert a[1] == b[1] and len(a[0]) == len(b[0]) == 12
+    assert all(np.array_equal(x, y) for x, y in zip(a[0], b[0]))
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,store", [("npy", "raw"), ("npy", "encoded"), ("hdf5", "raw"), ("hdf5", "encoded"),
+                                        ("tar", "raw"), ("tar", "encoded")])
+def test_every_format_read_from_s3_gives_the_samples_read_locally(s3: S3, name: str, store: str,
+                                                                  uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, name, store)
+    url = upload(s3, local, f"read/{local.name}")  # AWS_ENDPOINT_URL leads s3fs to the server
+    cache = tmp_path / "cache"
+    remote = fastdata.open_dataset(url, cache_dir=cache, shuffle=False) if name == "tar" else \
+        fastdata.open_dataset(url, cache_dir=cache)
+    expected = fastdata.open_dataset(local, shuffle=False) if name == "tar" else fastdata.open_dataset(local)
+    assert type(remote) is type(expected) and remote.url == url
+    same_samples(remote, expected)
+    if name != "tar":
+        images, labels = remote[[11, 0, 5]]
+        local_images, local_labels = expected[[11, 0, 5]]
+        assert torch.equal(images, local_images) and torch.equal(labels, local_labels)
+    else:
+        indexed = TarIndexedDataset(url, cache_dir=cache)
+        assert torch.equal(indexed[[11, 0, 5]][0], fastdata.formats.tar.TarIndexedDataset(local)[[11, 0, 5]][0])
+    assert fastdata.verify(url, cache_dir=cache).ok
+
+
+def test_a_tar_stream_over_workers_and_ranks_reads_what_the_local_one_reads(s3: S3, uniform_folder: Path,
+                                                                              tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=2)  # 6 shards
+    url = upload(s3, local, "split/ds.tar")
+    seen = []
+    for rank in (0, 1):
+        options = dict(seed=3, rank=rank, world_size=2, shuffle_buffer=0)
+        remote = TarDataset(url, cache_dir=tmp_path / "cache", **options)
+        expected = TarDataset(local, **options)
+        got = [int(label) for _, label in DataLoader(remote, batch_size=None, num_workers=2)]
+        want = [int(label) for _, label in DataLoader(expected, batch_size=None, num_workers=2)]
+        assert got == want
+        seen += got
+    assert sorted(seen) == sorted(int(label) for _, label in TarDataset(local))  # every sample once
+
+
+def test_https_reads_with_range_requests(http_root, uniform_folder: Path, tmp_path: Path) -> None:
+    root, base = http_root
+    for name in ("tar", "npy"):
+        local = convert_to(uniform_folder, tmp_path, name, "encoded")
+        (root / local.name).mkdir()
+        for file in local.iterdir():
+            (root / local.name / file.name).write_bytes(file.read_bytes())
+        options = {"shuffle": False} if name == "tar" else {}
+        remote = fastdata.open_dataset(f"{base}/{local.name}", cache_dir=tmp_path / "cache", **options)
+        same_samples(remote, fastdata.open_dataset(local, **options))
+
+
+def test_storage_options_reach_the_server_and_no_credential_is_ever_shown(s3: S3, uniform_folder: Path,
+                                                                          tmp_path: Path, monkeypatch) -> None:
+    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
+    url = upload(s3, local, "opts/ds.npy")
+    for name in [*KEYS, "AWS_ENDPOINT_URL"]:
+        monkeypatch.delenv(name)
+    secret = "a-secret-that-must-not-show"
+    options = {"endpoint_url": s3.endpoint, "key": "some-key-id", "secret": secret, "skip_instance_cache": True}
+    remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", storage_options=options)
+    assert np.array_equal(remote[[0, 1]][0].numpy(), fastdata.open_dataset(local)[[0, 1]][0].numpy())
+    assert secret not in repr(remote.options) and secret not in repr(remote)
+    assert secret not in json.dumps(remote.manifest)
+    with pytest.raises(RemoteNotFoundError) as caught:
+        fastdata.open_dataset(f"s3://{BUCKET}/opts/missing.npy", cache_dir=tmp_path / "cache",
+                              storage_options=options, retry=Retry(attempts=1))
+    message = str(caught.value)
+    assert message.startswith(f"'s3://{BUCKET}/opts/missing.npy' does not exist (404: ")
+    assert message.endswith("Check the URL: it names the dataset directory (or .h5 file) that 'fastdata convert' "
+                            "wrote.")
+    assert secret not in message and isinstance(caught.value, FileNotFoundError)
+
+
+def test_no_credentials_is_explained_with_the_fix(s3: S3, tmp_path: Path, monkeypatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(RemoteAccessError) as caught:
+        fastdata.open_dataset(f"s3://{BUCKET}/x.npy", cache_dir=tmp_path / "cache",
+                              storage_options={"skip_instance_cache": True},
+                              retry=Retry(attempts=1))
+    assert str(caught.value).startswith(f"'s3://{BUCKET}/x.npy/manifest.json': no credentials found (")
+    assert str(caught.value).endswith("To fix: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
+                                      "pass storage_options={'anon': True} for a public bucket.")
+
+
+def test_the_cli_reads_a_url(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "encoded")
+    url = upload(s3, local, "cli/ds.tar")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"))
+    info = subprocess.run([sys.executable, "-m", "fastdata", "info", url], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert f"path:     {url}\n" in info.stdout and "samples:  12\n" in info.stdout
+    assert "in object storage" in info.stdout
+    verify = subprocess.run([sys.executable, "-m", "fastdata", "verify", url], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert verify.returncode == 0, verify.stderr
+    assert verify.stdout.startswith(f"{url}: OK (tar, 12 samples; 4 checksums match)")
+
+
+# --- the cache -------------------------------------------------------------------------------
+
+
+def test_the_cache_stays_within_its_limit_plus_one_shard_on_a_dataset_three_times_bigger(
+        s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=1)  # 12 shards
+    url = upload(s3, local, "bounded/ds.tar")
+    manifest = json.loads((local / "manifest.json").read_text())
+    total = sum(entry["bytes"] for entry in manifest["files"].values())
+    shard = max(entry["bytes"] for name, entry in manifest["files"].items() if name.endswith(".tar"))
+    limit = total // 3
+    cache_dir = tmp_path / "cache"
+    cache = Cache(cache_dir, limit)
+    sizes, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            sizes.append(cache.usage())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for epoch in range(2):
+            dataset = TarDataset(url, cache_dir=cache_dir, cache_limit=limit, shuffle=False)
+            labels = [int(label) for _, label in dataset]
+            assert labels == [int(label) for _, label in TarDataset(local, shuffle=False)]
+    finally:
+        done.set()
+        sampler.join()
+    assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
+    assert cache.usage() <= limit
+
+
+def test_a_shard_changed_on_the_server_is_fetched_again_then_named(s3: S3, uniform_folder: Path,
+                                                                    tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=4)
+    url = upload(s3, local, "changed/ds.tar")
+    shard = bytearray((local / "shard-000001.tar").read_bytes())
+    shard[1024] ^= 0xFF  # inside the first image member: same size, other bytes
+    s3.fs().pipe(f"{BUCKET}/changed/ds.tar/shard-000001.tar", bytes(shard))
+    before = s3.log.gets("changed/ds.tar/shard-000001.tar")
+    dataset = TarDataset(url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=0)
+    with pytest.raises(CorruptDataError) as caught:
+        list(dataset)
+    assert str(caught.value).startswith(f"'{url}/shard-000001.tar': its blake2b ")
+    assert "does not match the manifest's" in str(caught.value) and "(the same after fetching it again)" in str(caught.value)
+    assert s3.log.gets("changed/ds.tar/shard-000001.tar") - before == 2
+    assert not (tmp_path / "cache" / dataset.files.key / "shard-000001.tar").exists()
+    assert os.listdir(tmp_path / "cache" / ".tmp") == []
+
+
+def test_a_stopped_server_is_a_clear_error_and_the_next_epoch_reads_once_it_is_back(
+        s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=2)  # 6 shards
+    url = upload(s3, local, "outage/ds.tar")
+    dataset = TarDataset(url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=0, batch_size=1,
+                         retry=Retry(attempts=2, delay=0.01))  # batches of 1: samples are read as they are taken
+    stream = iter(dataset)
+    first = [int(next(stream)[1]) for _ in range(2)]  # shard 0 read
+    s3.stop()
+    try:
+        with pytest.raises(RemoteUnavailableError) as caught:
+            list(stream)
+        assert str(caught.value).startswith(f"'{url}/shard-000001.tar': the server did not answer (endpoint "
+                                            f"'{s3.endpoint}' from AWS_ENDPOINT_URL) after 2 attempts (")
+    finally:
+        s3.start()
+    labels = [int(label) for _, batch in dataset for label in batch]
+    assert labels == [int(label) for _, label in TarDataset(local, shuffle=False)] and labels[:2] == first
+
+
+def test_two_processes_with_two_workers_each_download_every_shard_once(s3: S3, uniform_folder: Path,
+                                                                        tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=1)  # 12 shards
+    url = upload(s3, local, "shared/ds.tar")
+    script = (
+        "import json, sys\n"
+        "from torch.utils.data import DataLoader\n"
+        "from fastdata.formats.tar import TarDataset\n"
+        f"ds = TarDataset({url!r}, cache_dir={str(tmp_path / 'cache')!r}, shuffle=False)\n"
+        "labels = [int(label) for _, label in DataLoader(ds, batch_size=None, num_workers=2)]\n"
+        "print(json.dumps(sorted(labels)))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env) for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    expected = sorted(int(label) for _, label in TarDataset(local, shuffle=False))
+    assert [json.loads(out) for out, _ in outputs] == [expected, expected]
+    shards = sorted(name for name in os.listdir(local) if name.endswith(".tar"))
+    assert {name: s3.log.gets(f"shared/ds.tar/{name}") for name in shards} == {name: 1 for name in shards}
+
+
+def test_what_a_killed_process_left_in_the_cache_does_not_trip_the_next_run(s3: S3, uniform_folder: Path,
+                                                                             tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
+    url = upload(s3, local, "killed/ds.npy")
+    cache_dir = tmp_path / "cache"
+    Cache(cache_dir, 10**6)
+    (cache_dir / ".tmp" / "0123456789abcdef01234567.99999.deadbeef.4096.part").write_bytes(b"half")  # no lock held
+    (cache_dir / ".locks" / "0123456789abcdef01234567.lock").write_bytes(b"")
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, fastdata\n"
+        f"ds = fastdata.open_dataset({url!r}, cache_dir={str(cache_dir)!r})\n"
+        "ds[0]\n"
+        "os.kill(os.getpid(), 9)\n")], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, timeout=120)
+    assert killed.returncode == -9
+    remote = fastdata.open_dataset(url, cache_dir=cache_dir, cache_limit=10**6)
+    assert np.array_equal(remote[[3]][0].numpy(), fastdata.open_dataset(local)[[3]][0].numpy())
+    assert os.listdir(cache_dir / ".tmp") == []
