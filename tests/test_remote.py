@@ -330,6 +330,19 @@ def test_a_stopped_server_is_a_clear_error_and_the_next_epoch_reads_once_it_is_b
     assert labels == [int(label) for _, label in TarDataset(local, shuffle=False)] and labels[:2] == first
 
 
+def test_a_short_outage_is_retried_and_the_read_is_exact(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "npy", "encoded")
+    url = upload(s3, local, "blip/ds.npy")
+    s3.stop()
+    back = threading.Timer(0.5, s3.start)
+    back.start()
+    try:
+        remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", retry=Retry(attempts=8, delay=0.2))
+    finally:
+        back.join()
+    assert torch.equal(remote[list(range(12))][0], fastdata.open_dataset(local)[list(range(12))][0])
+
+
 def test_two_processes_with_two_workers_each_download_every_shard_once(s3: S3, uniform_folder: Path,
                                                                         tmp_path: Path) -> None:
     local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=1)  # 12 shards

@@ -134,10 +134,10 @@ class Cache:
                 os.utime(path)  # the LRU clock
             return Lease(descriptor, path)
 
-    def fetch(self, key: str, name: str, *, size: int, download: Callable[[Callable[[bytes], None]], None],
+    def fetch(self, key: str, name: str, *, size: int, download: Callable[[Callable[[bytes], None], Callable[[], None]], None],
               check: Callable[[str, Path], str | None], optional: bool = False) -> Lease | None:
-        """A lease on ``key/name``, downloaded first if absent: ``download(write)`` writes the
-        bytes, ``check(blake2b hex digest, file)`` says what is wrong with them (or None); a file
+        """A lease on ``key/name``, downloaded first if absent: ``download(write, restart)`` writes
+        the bytes (calling ``restart()`` before it writes them again after a failed attempt), ``check(blake2b hex digest, file)`` says what is wrong with them (or None); a file
         that fails is fetched once more, then :class:`CorruptDataError`. With ``optional`` (a
         prefetch) nothing is evicted that is in use and None is returned when there is no room."""
         lease = self.lease(key, name)
@@ -154,27 +154,31 @@ class Cache:
                 return None
             return self._download(key, name, temporary, download, check)
 
-    def _download(self, key: str, name: str, temporary: tuple[int, Path],
-                  download: Callable[[Callable[[bytes], None]], None], check: Callable[[str, Path], str | None]) -> Lease:
+    def _download(self, key: str, name: str, temporary: tuple[int, Path], download: Callable[..., None],
+                  check: Callable[[str, Path], str | None]) -> Lease:
         descriptor, tmp = temporary
         try:
-            for attempt in (1, 2):
+            digest = [hashlib.blake2b(digest_size=32)]
+
+            def restart() -> None:  # each attempt (a retried download, too) starts from an empty file
                 os.ftruncate(descriptor, 0)
                 os.lseek(descriptor, 0, os.SEEK_SET)
-                digest = hashlib.blake2b(digest_size=32)
+                digest[0] = hashlib.blake2b(digest_size=32)
+
+            def write(block: bytes) -> None:
+                digest[0].update(block)
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(descriptor, view):]
+
+            for attempt in (1, 2):
                 started = time.perf_counter()
-
-                def write(block: bytes) -> None:
-                    digest.update(block)
-                    view = memoryview(block)
-                    while view:
-                        view = view[os.write(descriptor, view):]
-
-                download(write)
+                restart()
+                download(write, restart)
                 self.stats.download_seconds += time.perf_counter() - started
                 self.stats.downloads += 1
                 self.stats.bytes_downloaded += os.fstat(descriptor).st_size
-                problem = check(digest.hexdigest(), tmp)
+                problem = check(digest[0].hexdigest(), tmp)
                 if problem is None:
                     break
                 if attempt == 1:

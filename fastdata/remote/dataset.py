@@ -71,8 +71,9 @@ class RemoteFiles:
     URL and options; each process opens its own filesystem and holds its own leases."""
 
     def __init__(self, url: str, options: RemoteOptions, key: str, manifest: dict[str, Any] | None,
-                 single: str | None = None):
+                 single: str | None = None, single_size: int = 0):
         self.url, self.options, self.key, self.manifest, self.single = url.rstrip("/"), options, key, manifest, single
+        self.single_size = single_size  # a single-file dataset's size on the server
         self._setup()
 
     def _setup(self) -> None:
@@ -97,7 +98,7 @@ class RemoteFiles:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options, "key": self.key, "manifest": self.manifest,
-                "single": self.single, "pinned": list(self._pinned)}
+                "single": self.single, "single_size": self.single_size, "pinned": list(self._pinned)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         pinned = state.pop("pinned")
@@ -130,7 +131,7 @@ class RemoteFiles:
     def _fetch(self, name: str, optional: bool = False) -> Lease | None:
         url = self.url_of(name)
         if self.single:
-            size, expected = self._single_size, None
+            size, expected = self.single_size, None
         else:
             entry = self.manifest["files"].get(name)
             if entry is None:
@@ -138,8 +139,9 @@ class RemoteFiles:
             size, expected = int(entry["bytes"]), entry[CHECKSUM_ALGORITHM]
         path = self.base if self.single else f"{self.base}/{name}"
 
-        def download(write) -> None:
+        def download(write, restart) -> None:
             def attempt() -> None:
+                restart()
                 with self.fs.open(path, "rb", block_size=_READ_BYTES, cache_type="none") as handle:
                     while block := handle.read(_READ_BYTES):
                         write(block)
@@ -269,8 +271,7 @@ def open_remote(url: str, options: RemoteOptions) -> RemoteFiles:
         name = url.rsplit("/", 1)[-1]
         if not is_plain_name(name):
             raise InvalidOptionError(f"{scrub(url)!r}: cannot name a cache file after {name!r}.")
-        files = RemoteFiles(url, options, _key(url, version), None, single=name)
-        files._single_size = int(info.get("size") or 0)
+        files = RemoteFiles(url, options, _key(url, version), None, single=name, single_size=int(info.get("size") or 0))
         files.ensure([name])
         return files
     try:
@@ -293,7 +294,7 @@ def _write_manifest(files: RemoteFiles, text: bytes) -> None:
     name = MANIFEST_NAME
     lease = files.cache.lease(files.key, name)
     if lease is None:
-        lease = files.cache.fetch(files.key, name, size=len(text), download=lambda write: write(text),
+        lease = files.cache.fetch(files.key, name, size=len(text), download=lambda write, restart: write(text),
                                   check=lambda digest, file: None)
     files._pinned[name] = lease
 
