@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from fastdata.errors import CorruptManifestError, InvalidOptionError, RemoteNotFoundError
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
 from fastdata.remote.cache import Cache, Lease
-from fastdata.remote.filesystem import Retry, filesystem, scrub, with_retry
+from fastdata.remote.filesystem import Retry, filesystem, remember_session, scrub, with_retry
 from fastdata.urls import is_url
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ class RemoteFiles:
         self._ahead: dict[str, Lease | None] = {}
         self._prefetcher: threading.Thread | None = None
         self._wanted: list[str] = []
-        self._lock = threading.Lock()
+        self._inflight: str | None = None  # the name the prefetcher is fetching now
+        self._lock = threading.Condition()
 
     def _check_process(self) -> None:
         if self._owner != os.getpid():
@@ -140,11 +141,12 @@ class RemoteFiles:
         path = self.base if self.single else f"{self.base}/{name}"
 
         def download(write, restart) -> None:
-            def attempt() -> None:
+            def attempt() -> None:  # ranged GETs of a known size: no HEAD first, no read-ahead buffer
                 restart()
-                with self.fs.open(path, "rb", block_size=_READ_BYTES, cache_type="none") as handle:
-                    while block := handle.read(_READ_BYTES):
-                        write(block)
+                fs = self.fs
+                for start in range(0, size, _READ_BYTES):
+                    write(fs.cat_file(path, start=start, end=min(start + _READ_BYTES, size)))
+                remember_session(url, fs, self.options.storage_options)
             with_retry(attempt, url, self.options.retry, self.options.storage_options)
 
         def check(digest: str, file: Path) -> str | None:
@@ -170,6 +172,7 @@ class RemoteFiles:
         """The cached file ``name`` (prefetched, or fetched now), leased until released."""
         self._check_process()
         with self._lock:
+            self._lock.wait_for(lambda: self._inflight != name)  # one fetch of it, never two leases
             lease = self._ahead.pop(name, None)
         if lease is None:
             lease = self._fetch(name)
@@ -181,8 +184,9 @@ class RemoteFiles:
         room or fails is left to the reader's own fetch (which raises what went wrong)."""
         self._check_process()
         with self._lock:
-            self._wanted = [name for name in names if name not in self._ahead][: self.options.prefetch]
-            for name in [n for n in self._ahead if n not in names]:
+            window = names[: self.options.prefetch]
+            self._wanted = [name for name in window if name not in self._ahead]
+            for name in [n for n in self._ahead if n not in window]:
                 lease = self._ahead.pop(name)
                 if lease is not None:
                     lease.release()
@@ -199,18 +203,20 @@ class RemoteFiles:
                 name = self._wanted.pop(0)
                 if name in self._ahead:
                     continue
+                self._inflight = name
             try:
                 lease = self._fetch(name, optional=True)
             except Exception as exc:  # noqa: BLE001 - the reader's own fetch raises it, worded
                 logger.debug("prefetch of %s failed: %s", name, exc)
-                return
-            if lease is None:  # no room now: the reader fetches it when it gets there
-                return
+                lease = None
             with self._lock:
-                if name in self._ahead and self._ahead[name] is not None:
-                    lease.release()
-                else:
+                self._inflight = None
+                self._lock.notify_all()
+                if lease is not None:
                     self._ahead[name] = lease
+                else:  # no room now, or it failed: the reader fetches it when it gets there
+                    self._wanted = []
+                    return
 
     def fetch_all(self) -> Path:
         """Every file of the dataset in the cache (held there while this object lives); the local path."""
@@ -260,6 +266,7 @@ def open_remote(url: str, options: RemoteOptions) -> RemoteFiles:
     try:
         text = with_retry(lambda: fs.cat_file(f"{path}/{MANIFEST_NAME}"), manifest_url, options.retry,
                           options.storage_options)
+        remember_session(url, fs, options.storage_options)
     except RemoteNotFoundError:
         text = None
     if text is None:
