@@ -383,3 +383,70 @@ def test_what_a_killed_process_left_in_the_cache_does_not_trip_the_next_run(s3: 
     remote = fastdata.open_dataset(url, cache_dir=cache_dir, cache_limit=10**6)
     assert np.array_equal(remote[[3]][0].numpy(), fastdata.open_dataset(local)[[3]][0].numpy())
     assert os.listdir(cache_dir / ".tmp") == []
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def test_convert_to_s3_uploads_every_file_then_the_manifest_and_reads_back(s3: S3, uniform_folder: Path,
+                                                                           tmp_path: Path, capsys, monkeypatch) -> None:
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/written/ds.tar"
+    start = len(s3.log.lines)
+    assert main(["convert", str(uniform_folder), url, "--shard-samples", "5", "--quiet"]) == 0
+    puts = [line for line in s3.log.lines[start:] if re.search(r"(?<![A-Z])(PUT|DELETE) /", line)]
+    names = [re.search(rf"/{BUCKET}/written/ds.tar/([^ ?]+)", line)[1] for line in puts if "/written/ds.tar/" in line]
+    assert names[0] == ".fastdata-upload" and names[-2:] == ["manifest.json", ".fastdata-upload"]  # marker, ..., manifest, marker gone
+    assert sorted(names[1:-2]) == ["index.json", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert sorted(s3.fs().ls(f"{BUCKET}/written/ds.tar")) == sorted(
+        f"{BUCKET}/written/ds.tar/{name}" for name in ["index.json", "manifest.json", "shard-000000.tar",
+                                                        "shard-000001.tar", "shard-000002.tar"])
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw")
+    same_samples(fastdata.open_dataset(url, shuffle=False, cache_dir=tmp_path / "read"),
+                 fastdata.open_dataset(local, shuffle=False))
+    capsys.readouterr()
+    assert main(["convert", str(uniform_folder), url, "--quiet"]) == 1
+    assert capsys.readouterr().err == f"fastdata: error: Output {url!r} already exists. Pass --overwrite to replace it.\n"
+    assert main(["convert", str(uniform_folder), url, "--shard-samples", "12", "--overwrite", "--quiet"]) == 0
+    assert sorted(name.rsplit("/", 1)[-1] for name in s3.fs().ls(f"{BUCKET}/written/ds.tar")) == [
+        "index.json", "manifest.json", "shard-000000.tar"]  # the old dataset's other shards are gone
+
+
+def test_an_interrupted_upload_is_no_dataset_and_resume_finishes_it(s3: S3, uniform_folder: Path, tmp_path: Path,
+                                                                    capsys, monkeypatch) -> None:
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/interrupted/ds.npy"
+    s3.fs().pipe(f"{BUCKET}/interrupted/ds.npy/.fastdata-upload", b"x")  # what an upload killed midway leaves
+    s3.fs().pipe(f"{BUCKET}/interrupted/ds.npy/labels.npy", b"partial")
+    with pytest.raises(RemoteNotFoundError, match="holds no manifest.json: it is not a dataset written by "
+                                                  r"'fastdata convert' \(or its conversion did not finish\)"):
+        fastdata.open_dataset(url, cache_dir=tmp_path / "read", retry=Retry(attempts=1))
+    assert main(["convert", str(uniform_folder), url, "--quiet"]) == 1
+    assert capsys.readouterr().err == (f"fastdata: error: Output {url!r} holds an interrupted fastdata upload (no "
+                                       "manifest). Pass --resume to continue it or --overwrite to replace it.\n")
+    assert main(["convert", str(uniform_folder), url, "--resume", "--quiet"]) == 0
+    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
+    remote = fastdata.open_dataset(url, cache_dir=tmp_path / "read")
+    assert torch.equal(remote[list(range(12))][0], fastdata.open_dataset(local)[list(range(12))][0])
+
+
+def test_overwrite_never_replaces_what_fastdata_did_not_write(s3: S3, uniform_folder: Path, tmp_path: Path,
+                                                              capsys, monkeypatch) -> None:
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    s3.fs().pipe(f"{BUCKET}/foreign/photos/cat.jpg", b"not ours")
+    s3.fs().pipe(f"{BUCKET}/foreign/notes.h5", b"not ours either")
+    for url, found in ((f"s3://{BUCKET}/foreign/photos", "already holds objects not written by fastdata (e.g. "
+                                                          "'cat.jpg'); fastdata never replaces them."),
+                       (f"s3://{BUCKET}/foreign/notes.h5", "already exists and is not a fastdata dataset; fastdata "
+                                                           "never replaces it.")):
+        assert main(["convert", str(uniform_folder), url, "--format", "hdf5" if url.endswith("h5") else "tar",
+                     "--overwrite", "--quiet"]) == 1
+        assert capsys.readouterr().err == f"fastdata: error: Output {url!r} {found} Choose another output URL.\n"
+    assert s3.fs().cat_file(f"{BUCKET}/foreign/photos/cat.jpg") == b"not ours"
+    assert s3.fs().cat_file(f"{BUCKET}/foreign/notes.h5") == b"not ours either"
