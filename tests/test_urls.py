@@ -85,3 +85,22 @@ def test_a_missing_backend_names_the_extra_that_installs_it(monkeypatch, tmp_pat
         fastdata.open_dataset("s3://bucket/d.npy", cache_dir=tmp_path)
     with pytest.raises(DependencyMissingError, match=r"pip install 'torch-fastdata\[gcs\]'$"):
         fastdata.open_dataset("gs://bucket/d.npy", cache_dir=tmp_path)
+
+
+def test_credentials_are_scrubbed_from_what_is_shown() -> None:
+    from fastdata.remote import scrub
+
+    signed = "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAEXAMPLE%2F1&X-Amz-Signature=abc123&x=1"
+    assert scrub(signed) == "https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&x=1"
+    assert scrub("https://user:hunter22@host/d.tar") == "https://***@host/d.tar"
+    assert scrub("failed with key AKIAEXAMPLE and secret s3cr3t-value",
+                 {"key": "AKIAEXAMPLE", "secret": "s3cr3t-value", "client_kwargs": {"aws_session_token": "tok-123456"},
+                  "endpoint_url": "http://127.0.0.1:9000"}) == "failed with key *** and secret ***"
+
+
+def test_retry_options_are_checked_up_front() -> None:
+    assert Retry(attempts=4, delay=0.5, max_delay=1.0).waits() == [0.5, 1.0, 1.0]
+    with pytest.raises(InvalidOptionError, match=r"^Invalid retry attempts 0\. Use an integer >= 1\.$"):
+        Retry(attempts=0)
+    with pytest.raises(InvalidOptionError, match=r"^Invalid cache_limit -1\. Use a positive number of bytes\.$"):
+        fastdata.open_dataset("s3://bucket/d.npy", cache_limit=-1)

@@ -45,6 +45,11 @@ class RemoteOptions:
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise InvalidOptionError(f"storage_options must be a dict of fsspec filesystem options, not "
                                      f"{type(self.storage_options).__name__}.")
+        limit = self.cache_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+            raise InvalidOptionError(f"Invalid cache_limit {limit!r}. Use a positive number of bytes.")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise InvalidOptionError(f"cache_dir must be a path, not {type(self.cache_dir).__name__}.")
         if not isinstance(self.retry, Retry):
             raise InvalidOptionError(f"retry must be a fastdata.remote.Retry, not {type(self.retry).__name__}.")
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
