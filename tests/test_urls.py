@@ -17,8 +17,8 @@ from fastdata.errors import DependencyMissingError, InvalidOptionError, RemoteUn
 from fastdata.remote import Retry
 from fastdata.urls import is_url
 
-REFUSED = ("is a {scheme}:// URL, and fastdata writes to local paths only (it reads URLs; writing to object "
-           "storage is not supported yet). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
+REFUSED = ("is a {scheme}:// URL, and this writes to local paths only (of the writing commands only 'fastdata "
+           "convert' uploads to a URL). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
            "--recursive DIR URL').")
 
 
@@ -30,7 +30,6 @@ def test_what_counts_as_a_url() -> None:
 
 
 @pytest.mark.parametrize("command", [
-    ["convert", "{folder}", "s3://bucket/digits.tar"],
     ["bench", "{folder}", "--out", "s3://bucket/bench"],
     ["merge", "s3://bucket/digits.tar"],
 ])
@@ -46,11 +45,14 @@ def test_the_cli_refuses_a_url_it_would_write_and_writes_nothing(command, unifor
     assert sorted(os.listdir(tmp_path)) == ["uniform"]  # no ./s3:/bucket/... folder
 
 
-def test_the_python_api_refuses_a_url_output(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
+def test_the_python_api_refuses_a_url_it_cannot_write(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/out.tar': output is a s3:// URL") as caught:
-        fastdata.convert(uniform_folder, "s3://bucket/out.tar", workers=0)
+        fastdata.merge("s3://bucket/out.tar")
     assert isinstance(caught.value, InvalidOptionError) and isinstance(caught.value, ValueError)
+    with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/out.tar': --engine ray and --part write local "
+                                                  r"outputs only for now\."):
+        fastdata.convert(uniform_folder, "s3://bucket/out.tar", workers=0, part=(1, 2))
     assert sorted(os.listdir(tmp_path)) == ["uniform"]
 
 

@@ -114,7 +114,7 @@ def fetch_converted(url: str, *, cold: bool = False) -> Path:
     started = time.perf_counter()
     local = files.fetch_all()
     elapsed = time.perf_counter() - started
-    stats = files.cache.stats
+    stats = files.cache.stats  # this process's downloads, all of them this dataset's
     rate = stats.bytes_downloaded / stats.download_seconds if stats.download_seconds else 0.0
     print(f"fastdata: {url}: {stats.downloads} file(s) downloaded, {human_bytes(stats.bytes_downloaded)} in "
           f"{elapsed:.2f} s ({human_bytes(int(rate))}/s), {stats.hits} already in the cache {files.cache.directory}",

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastdata.cli.common import LazyBar, add_command, disk_usage, find_manifest, human_bytes
 from fastdata.errors import FastdataError
+from fastdata.urls import is_url
 
 _GROUPS = {"conversion": "conversion options", "run": "running", "source": "torchvision sources"}
 
@@ -108,7 +109,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion.plan import decide_options
 
     options = decide_options(args.output, **options_from(args, skip=("source", "output", "quiet", "command", "run")))
-    before = _manifest_digest(Path(args.output)) if options.resume else None
+    before = _manifest_digest(Path(args.output)) if options.resume and not is_url(args.output) else None
     with LazyBar(disable=args.quiet, desc=f"convert -> {options.format}") as bar:
         manifest = convert(args.source, args.output, options, progress=bar.update)
     if options.part is not None:
@@ -122,7 +123,9 @@ def run_convert(args: argparse.Namespace) -> int:
               "nothing to do")
         return 0
     skipped = manifest["skipped"]
-    line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(disk_usage(Path(args.output)))})"
+    size = sum(entry["bytes"] for entry in manifest["files"].values()) if is_url(args.output) else \
+        disk_usage(Path(args.output))  # an .h5's files are its datasets: the local size is the file's
+    line = f"wrote {manifest['count']:,} samples to {args.output} ({human_bytes(size)})"
     if skipped:
         line += f"; skipped {len(skipped)}: " + "; ".join(f"{s['key']} ({s['reason']})" for s in skipped[:20])
         if len(skipped) > 20:

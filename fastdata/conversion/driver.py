@@ -34,7 +34,11 @@ from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
-from fastdata.urls import refuse_url
+from fastdata.conversion.files import remove_path
+from fastdata.errors import UnsupportedURLError
+from fastdata.remote.dataset import RemoteOptions, fetch_dataset
+from fastdata.remote.upload import check_destination, staging_path, upload_dataset
+from fastdata.urls import is_url
 
 __all__ = ["convert", "open_source", "run_conversion"]
 logger = logging.getLogger("fastdata")
@@ -64,8 +68,10 @@ def convert(
     (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
-    refuse_url(source, "source")
-    refuse_url(output, "output")
+    if is_url(source):  # a converted dataset in object storage: fetched into the cache, read from there
+        source = fetch_dataset(os.fspath(source))
+    if is_url(output):
+        return _convert_to_url(source, os.fspath(output), options, progress, overrides)
     output = Path(output)
     options = decide_options(output, options, **overrides)
     check_output_path(output)
@@ -76,6 +82,31 @@ def convert(
         return convert_part(open_source(source, options), output, options, progress,
                             source=source_argument(source, options))
     return run_conversion(open_source(source, options), output, options, progress)
+
+
+def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
+                    progress: Callable[[int, int], None] | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Convert into a local staging copy (in the cache directory; ``--resume`` continues it),
+    then upload it to ``url``, the manifest last (:mod:`fastdata.remote.upload`). The rules for
+    an existing output (``--overwrite``, ``--resume``) apply to what is at the URL."""
+    staging = staging_path(url)
+    decided = decide_options(staging, options, **overrides)
+    if decided.engine == "ray" or decided.part is not None:
+        raise UnsupportedURLError(
+            f"{url!r}: --engine ray and --part write local outputs only for now. Convert to a local path, then "
+            "copy it to the bucket, or convert without them.")
+    remote = RemoteOptions()
+    single = get_format(decided.format).read_manifest is not None  # a one-file format (.h5)
+    replace = check_destination(url, single=single, overwrite=decided.overwrite, resume=decided.resume,
+                                options=remote)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if not decided.resume and (staging.exists() or staging.is_symlink()):
+        remove_path(staging)  # an earlier staging copy (ours): started again without --resume
+    manifest = run_conversion(open_source(source, decided), staging, dataclasses.replace(decided, overwrite=False),
+                              progress)
+    upload_dataset(staging, url, replace=replace, options=remote)
+    remove_path(staging)
+    return manifest
 
 
 def run_conversion(

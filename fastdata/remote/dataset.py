@@ -324,3 +324,18 @@ def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *,
     names = list(files.manifest["files"]) if fetch is None else [n for n in fetch if n in files.manifest["files"]]
     files.ensure(names)
     return files.directory, files
+
+
+_FETCHED: list[RemoteFiles] = []  # datasets fetched whole for this process: their files stay leased until it exits
+
+
+def fetch_dataset(url: str, options: RemoteOptions | None = None, *, cold: bool = False) -> Path:
+    """Every file of the converted dataset at ``url`` in the cache, kept there while this
+    process runs; its local path (a conversion's SOURCE, ``fastdata bench``/``tune``). With
+    ``cold`` the dataset's cached files are removed first."""
+    files = open_remote(url, options or RemoteOptions())
+    _FETCHED.append(files)
+    if cold:
+        files.drop()
+    return files.fetch_all()
+
