@@ -196,11 +196,14 @@ def test_a_tar_stream_over_workers_and_ranks_reads_what_the_local_one_reads(s3: 
 
 def test_https_reads_with_range_requests(http_root, uniform_folder: Path, tmp_path: Path) -> None:
     root, base = http_root
-    for name in ("tar", "npy"):
+    for name in ("tar", "npy", "hdf5"):
         local = convert_to(uniform_folder, tmp_path, name, "encoded")
-        (root / local.name).mkdir()
-        for file in local.iterdir():
-            (root / local.name / file.name).write_bytes(file.read_bytes())
+        if local.is_file():
+            (root / local.name).write_bytes(local.read_bytes())
+        else:
+            (root / local.name).mkdir()
+            for file in local.iterdir():
+                (root / local.name / file.name).write_bytes(file.read_bytes())
         options = {"shuffle": False} if name == "tar" else {}
         remote = fastdata.open_dataset(f"{base}/{local.name}", cache_dir=tmp_path / "cache", **options)
         same_samples(remote, fastdata.open_dataset(local, **options))

@@ -10,15 +10,17 @@ fsspec knows, read through one bounded cache shared by every process on the mach
   becomes the dataset's directory in the cache, each file checked against the manifest's
   checksum as it arrives; tar shards are fetched as they are streamed (prefetched per worker),
   npy and HDF5 files before they are memory-mapped.
+- :mod:`fastdata.remote.upload`: ``fastdata convert SOURCE URL``'s last step, the finished
+  dataset uploaded with its manifest last.
 
 Readers take ``storage_options=``, ``cache_dir=``, ``cache_limit=`` and ``retry=`` (docs/remote.md).
 """
 
 from fastdata.remote.cache import Cache, CacheStats, Lease, default_cache_dir, default_cache_limit
-from fastdata.remote.dataset import LocalFiles, RemoteFiles, RemoteOptions, locate, open_remote
+from fastdata.remote.dataset import LocalFiles, RemoteFiles, RemoteOptions, fetch_dataset, locate, open_remote
 from fastdata.remote.filesystem import Retry, filesystem, scrub
 
 __all__ = [
     "Cache", "CacheStats", "Lease", "LocalFiles", "RemoteFiles", "RemoteOptions", "Retry", "default_cache_dir",
-    "default_cache_limit", "filesystem", "locate", "open_remote", "scrub",
+    "default_cache_limit", "fetch_dataset", "filesystem", "locate", "open_remote", "scrub",
 ]

@@ -70,6 +70,9 @@ class LocalFiles:
     def prefetch(self, names: list[str]) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
 
 class RemoteFiles:
     """The files of the dataset at ``url``, brought into ``cache`` on demand. Pickles as its
