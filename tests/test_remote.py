@@ -311,6 +311,9 @@ def test_a_shard_changed_on_the_server_is_fetched_again_then_named(s3: S3, unifo
     assert s3.log.gets("changed/ds.tar/shard-000001.tar") - before == 2
     assert not (tmp_path / "cache" / dataset.files.key / "shard-000001.tar").exists()
     assert os.listdir(tmp_path / "cache" / ".tmp") == []
+    report = fastdata.verify(url, cache_dir=tmp_path / "cache")  # a finding of verify, not an exception
+    assert not report.ok and report.path == url and len(report.problems) == 1
+    assert report.problems[0].startswith(f"'{url}/shard-000001.tar': its blake2b ")
 
 
 def test_a_stopped_server_is_a_clear_error_and_the_next_epoch_reads_once_it_is_back(
