@@ -456,3 +456,17 @@ def test_overwrite_never_replaces_what_fastdata_did_not_write(s3: S3, uniform_fo
         assert capsys.readouterr().err == f"fastdata: error: Output {url!r} {found} Choose another output URL.\n"
     assert s3.fs().cat_file(f"{BUCKET}/foreign/photos/cat.jpg") == b"not ours"
     assert s3.fs().cat_file(f"{BUCKET}/foreign/notes.h5") == b"not ours either"
+
+
+def test_a_memory_mapped_dataset_bigger_than_the_cache_goes_over_its_limit_with_a_warning(
+        s3: S3, uniform_folder: Path, tmp_path: Path, caplog) -> None:
+    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
+    url = upload(s3, local, "toobig/ds.npy")
+    size = (local / "images.npy").stat().st_size
+    with caplog.at_level(logging.WARNING, logger="fastdata.remote.cache"):
+        remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size // 2)
+    assert torch.equal(remote[list(range(12))][0], fastdata.open_dataset(local)[list(range(12))][0])
+    warnings = [record.getMessage() for record in caplog.records if record.name == "fastdata.remote.cache"]
+    assert len(warnings) == 2 and re.fullmatch(  # images.npy, then labels.npy, each said once
+        rf"cache .*: images.npy needs {size} bytes but only \d+ of cache_limit {size // 2} are free \(the rest is "
+        r"in use\); going over the limit", warnings[0]) and "labels.npy needs" in warnings[1]

@@ -71,16 +71,25 @@ class CacheStats:
     refetched: list[str] = field(default_factory=list)
 
 
+_HELD: dict[str, int] = {}  # path -> leases this process holds on it (no use waiting for those to end)
+
+
 class Lease:
     """A shared lock on one cached file, held while it is read: it is not evicted meanwhile."""
 
     def __init__(self, descriptor: int, path: Path):
         self.descriptor, self.path = descriptor, path
+        _HELD[str(path)] = _HELD.get(str(path), 0) + 1
 
     def release(self) -> None:
         if self.descriptor >= 0:
             os.close(self.descriptor)  # closing drops the lock
             self.descriptor = -1
+            count = _HELD.get(str(self.path), 1) - 1
+            if count > 0:
+                _HELD[str(self.path)] = count
+            else:
+                _HELD.pop(str(self.path), None)
 
     def __enter__(self) -> "Lease":
         return self
@@ -209,8 +218,11 @@ class Cache:
         while True:
             with self._locked(self.directory / _GLOBAL):
                 used, entries = self._usage()
-                used = self._evict(entries, used, size)
-                if used + size <= self.limit or used == 0 or (not optional and time.monotonic() > deadline):
+                used, kept = self._evict(entries, used, size)
+                # what is left is in use: wait (a needed file) for another process to finish with
+                # some of it, unless all of it is this process's own
+                hopeless = all(str(path) in _HELD for path in kept) and not self._others_downloading
+                if used + size <= self.limit or used == 0 or (not optional and (hopeless or time.monotonic() > deadline)):
                     if used + size > self.limit:
                         logger.warning("cache %s: %s needs %d bytes but only %d of cache_limit %d are free (the "
                                        "rest is in use); going over the limit", self.directory, name, size,
@@ -229,6 +241,7 @@ class Cache:
         """Bytes held (cached files, and downloads in progress at their final size) and the
         cached files as ``(mtime, size, path)``; removes a dead process's temporary files."""
         used, entries = 0, []
+        self._others_downloading = False
         for tmp in (self.directory / _TMP).iterdir():
             try:
                 descriptor = os.open(tmp, os.O_RDONLY)
@@ -239,6 +252,7 @@ class Cache:
             except BlockingIOError:
                 parts = tmp.name.split(".")
                 used += int(parts[-2]) if len(parts) >= 5 and parts[-2].isdigit() else os.fstat(descriptor).st_size
+                self._others_downloading |= len(parts) >= 5 and parts[1] != str(os.getpid())
             else:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()  # its writer died: nothing holds it
@@ -254,8 +268,10 @@ class Cache:
                     entries.append((stat.st_mtime, stat.st_size, Path(entry.path)))
         return used, sorted(entries, key=lambda item: item[0])
 
-    def _evict(self, entries: list[tuple[float, int, Path]], used: int, size: int) -> int:
-        """Remove least recently used files not in use until ``size`` more bytes fit."""
+    def _evict(self, entries: list[tuple[float, int, Path]], used: int, size: int) -> tuple[int, list[Path]]:
+        """Remove least recently used files not in use until ``size`` more bytes fit; the bytes
+        used then, and the files that were in use."""
+        kept: list[Path] = []
         for _, bytes_, path in entries:
             if used + size <= self.limit:
                 break
@@ -273,9 +289,11 @@ class Cache:
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.ENOENT):
                     raise
+                if exc.errno != errno.ENOENT:
+                    kept.append(path)
             finally:
                 os.close(descriptor)
-        return used
+        return used, kept
 
     def discard(self, key: str, names: list[str]) -> None:
         """Remove the cached files ``names`` of ``key`` that are not in use."""
