@@ -470,3 +470,24 @@ def test_a_memory_mapped_dataset_bigger_than_the_cache_goes_over_its_limit_with_
     assert len(warnings) == 2 and re.fullmatch(  # images.npy, then labels.npy, each said once
         rf"cache .*: images.npy needs {size} bytes but only \d+ of cache_limit {size // 2} are free \(the rest is "
         r"in use\); going over the limit", warnings[0]) and "labels.npy needs" in warnings[1]
+
+
+def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    from fastdata.remote import RemoteOptions
+    from fastdata.remote.upload import ShardUploader
+
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw")
+    partial = tmp_path / "writing.partial"  # what a conversion in progress has: one closed shard, one open
+    partial.mkdir()
+    (partial / "shard-000000.tar").write_bytes((local / "shard-000000.tar").read_bytes())
+    (partial / "shard-000000.tar.record.json").write_text("{}")
+    (partial / "shard-000001.tar.partial").write_bytes(b"still being written")
+    url = f"s3://{BUCKET}/streamed/ds.tar"
+    with ShardUploader(partial, url, RemoteOptions(), poll_s=0.05) as uploader:
+        for _ in range(400):  # until the thread has sent it (a wait, not a timing check)
+            if "shard-000000.tar" in uploader.sent:
+                break
+            time.sleep(0.05)
+    assert list(uploader.sent) == ["shard-000000.tar"]
+    assert s3.fs().ls(f"{BUCKET}/streamed/ds.tar") == [f"{BUCKET}/streamed/ds.tar/shard-000000.tar"]
+    assert s3.fs().cat_file(f"{BUCKET}/streamed/ds.tar/shard-000000.tar") == (local / "shard-000000.tar").read_bytes()

@@ -23,7 +23,7 @@ from fastdata.conversion import journal
 from fastdata.conversion.engine import run_here
 from fastdata.conversion.locks import ConversionLock
 from fastdata.conversion.options import ConvertOptions
-from fastdata.conversion.outputs import Target, check_existing, check_output_path, prepare_output
+from fastdata.conversion.outputs import Target, check_existing, check_output_path, partial_path, prepare_output
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.plan import conversion_key, decide_options, open_source, plan_job
 from fastdata.conversion.resume import keep_complete
@@ -37,7 +37,7 @@ from fastdata.sources import Source
 from fastdata.conversion.files import remove_path
 from fastdata.errors import UnsupportedURLError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
-from fastdata.remote.upload import check_destination, staging_path, upload_dataset
+from fastdata.remote.upload import ShardUploader, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.urls import is_url
 
 __all__ = ["convert", "open_source", "run_conversion"]
@@ -100,11 +100,15 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
     replace = check_destination(url, single=single, overwrite=decided.overwrite, resume=decided.resume,
                                 options=remote)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    if not decided.resume and (staging.exists() or staging.is_symlink()):
-        remove_path(staging)  # an earlier staging copy (ours): started again without --resume
-    manifest = run_conversion(open_source(source, decided), staging, dataclasses.replace(decided, overwrite=False),
-                              progress)
-    upload_dataset(staging, url, replace=replace, options=remote)
+    if not decided.resume:  # an earlier staging copy (ours), started again without --resume
+        for stale in (staging, partial_path(staging)):
+            if stale.exists() or stale.is_symlink():
+                remove_path(stale)
+    begin_upload(url, replace=replace, options=remote)
+    with ShardUploader(partial_path(staging), url, remote) as uploader:
+        manifest = run_conversion(open_source(source, decided), staging,
+                                  dataclasses.replace(decided, overwrite=False), progress)
+    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
     remove_path(staging)
     return manifest
 
