@@ -167,8 +167,8 @@ class ConvertOptions:
     part: tuple[int, int] | None = _option(None, "write part I of N (1-based) of a job array into OUTPUT.partial.units; "
                                            "'fastdata merge OUTPUT' finishes the output once all N are done",
                                            metavar="I/N", group="run")
-    unit_samples: int = _option(1000, "--part and --engine ray: samples per unit of work (every part must use the "
-                                "same)", metavar="N", group="run")
+    unit_samples: int = _option(1000, "samples per unit of work: what a resumed conversion keeps (every part of "
+                                "--part must use the same)", metavar="N", group="run")
     root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
                                metavar="DIR", group="source")
     split: str = _option("train", "torchvision sources: train or test (mapped to the dataset's own argument)",

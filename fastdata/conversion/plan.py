@@ -144,8 +144,7 @@ def plan_record(job: Job) -> dict[str, Any]:
     """A job's plan as JSON (a part's record), for :func:`plan_from_record`."""
     plan = job.plan
     return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
-            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
-            "gray_guess": job.gray_guess}
+            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality}
 
 
 def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
