@@ -1,18 +1,21 @@
-"""Units: the deterministic pieces of work of a conversion that runs on many processes or machines.
+"""Units: the deterministic pieces of work of every conversion.
 
-A unit is a range of source indices, ``[start, stop)``, planned from the sample count alone
-(:func:`plan_units`), so every part of a job array and every Ray task computes the same plan
-without talking to the others. A unit's converted samples go to the staging folder beside the
-output, ``OUTPUT.partial.units/unit-NNNNNN/``: written under a temporary name and renamed into place
-when complete, so a process killed mid-unit leaves no unit that looks finished. A finished unit
+A unit is a range of source indices, ``[start, stop)``, planned from the sample count and the
+unit size alone (:func:`plan_units`), so the local engine, every part of a job array and every
+Ray task compute the same plan without talking to each other. An engine yields each unit
+finished (:class:`Finished`) to the one write loop. Parts and Ray tasks, which compute units away
+from the writer, stage a unit's converted samples beside the output,
+``OUTPUT.partial.units/unit-NNNNNN/``: written under a temporary name and renamed into place
+when complete, so a process killed mid-unit leaves no unit that looks finished. A staged unit
 holds ``data.bin`` (raw rows, or encoded files back to back), ``sizes.npy`` (encoded: each
 sample's byte count), ``labels.npy`` and ``unit.json`` (its range, count, mode, skipped samples).
 
-The output itself is written by one process (the merge, the Ray driver): it streams the units,
-in order, through the format's own writer (:func:`fastdata.conversion.write.write_units`). Which
-units are finished and reused is decided in :mod:`fastdata.conversion.resume`, for every engine. That is why the output's bytes never depend on how the
-work was split: skipped samples, encoded offsets and tar shard bounds (by count and by bytes)
-come out exactly as in a local conversion.
+The output itself is written by one process (the local driver, the merge, the Ray driver): it
+streams the units, in order, through the format's own writer
+(:func:`fastdata.conversion.write.write_units`). That is why the output's bytes never depend on
+how the work was split: skipped samples, encoded offsets and tar shard bounds (by count and by
+bytes) come out exactly as in a local conversion. Which units are finished and kept, in the
+partial output or staged, :mod:`fastdata.conversion.resume` says, for every engine.
 """
 
 from __future__ import annotations
