@@ -23,6 +23,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "hdf5plugin": ("hdf5plugin",),
     "jpeg": ("simplejpeg",),
     "ray": ("ray",),
+    "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
+    "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
 }
 
 
