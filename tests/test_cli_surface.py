@@ -63,7 +63,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None:
     commands = subcommands()
-    assert sorted(commands) == ["bench", "convert", "info", "merge", "tune", "verify"]
+    assert sorted(commands) == ["bench", "convert", "info", "merge", "preview", "tune", "verify"]
     for name, parser in commands.items():
         for action in parser._actions:
             shown = action.option_strings or [action.dest]

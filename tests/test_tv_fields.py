@@ -325,3 +325,98 @@ def test_classic_datasets_keep_their_splits(mnist_root: Path) -> None:
     with pytest.raises(InvalidOptionError, match=r"^Unknown split 'val' for torchvision:MNIST\. Allowed: 'train', "
                                                  r"'test'\.$"):
         resolve_source("torchvision:MNIST", root=mnist_root, split="val")
+
+
+# --- fastdata preview -------------------------------------------------------------------------
+
+
+def test_preview_draws_every_box_in_its_class_colour_on_its_object(tmp_path: Path) -> None:
+    from fastdata.preview import LINE_HEIGHT, PALETTE, PADDING, cell_origin, render
+
+    tv_layouts.make_voc(tmp_path)
+    source = source_of("VOCDetection", tmp_path, "trainval")
+    records = [source.load_record(i) for i in range(5)]
+    names = {index: name for name, index in source.class_to_idx.items()}
+    render(records, class_names=names, cell_size=96, columns=5).save(tmp_path / "grid.png")
+    with Image.open(tmp_path / "grid.png") as png:
+        grid = np.asarray(png.convert("RGB"))
+    strip = LINE_HEIGHT + 4  # one line a cell: "boxes: K"
+    assert grid.shape == (PADDING + 96 + strip + PADDING, PADDING + 5 * (96 + PADDING), 3)
+    scale = 96 / 32
+    checked = 0
+    for position, name in enumerate(tv_layouts.VOC_NAMES):
+        x, y = cell_origin(position, columns=5, cell_size=96, strip=strip)
+        for cls, x0, y0, x1, y1 in tv_layouts.VOC_OBJECTS[name]:
+            colour = PALETTE[tv_layouts.VOC_CLASSES.index(cls) % len(PALETTE)]
+            bottom = (y + round(y1 * scale), x + round((x0 + x1) / 2 * scale))  # the middle of the bottom edge
+            assert tuple(grid[bottom]) == colour, (name, cls)
+            inside = (y + round((y0 + y1) / 2 * scale), x + round((x0 + x1) / 2 * scale) + 1)
+            assert tuple(grid[inside]) != colour, (name, cls)  # an outline, not filled
+            checked += 1
+    assert checked == 7
+    # the image itself: scaled 3x with nearest neighbour where no box is drawn
+    x, y = cell_origin(4, columns=5, cell_size=96, strip=strip)
+    np.testing.assert_array_equal(grid[y:y + 72:3, x:x + 96:3], np.asarray(records[4]["image"]))
+
+
+@pytest.mark.filterwarnings(COCO_RLE_WARNING)
+def test_preview_draws_masks_and_captions(tmp_path: Path) -> None:
+    from fastdata.preview import LINE_HEIGHT, MASK_ALPHA, PALETTE, cell_origin, render
+
+    tv_layouts.make_voc(tmp_path)
+    source = source_of("VOCSegmentation", tmp_path, "trainval")
+    record = source.load_record(0)
+    render([record], cell_size=32).save(tmp_path / "mask.png")
+    with Image.open(tmp_path / "mask.png") as png:
+        grid = np.asarray(png.convert("RGB")).astype(int)
+    assert grid.shape == (36, 36, 3)  # one cell, no text
+    x, y = cell_origin(0, columns=1, cell_size=32)
+    image, mask = np.asarray(record["image"]).astype(int), np.asarray(record["mask"])
+    for cls in (1, 15):  # aeroplane, person: blended with their colour
+        row, col = np.argwhere(mask == cls)[0]
+        expected = (1 - MASK_ALPHA) * image[row, col] + MASK_ALPHA * np.array(PALETTE[cls])
+        assert np.abs(grid[y + row, x + col] - expected).max() <= 1
+    row, col = np.argwhere(mask == 0)[0]
+    np.testing.assert_array_equal(grid[y + row, x + col], image[row, col])  # background: not drawn
+    row, col = np.argwhere(mask == 255)[0]
+    np.testing.assert_array_equal(grid[y + row, x + col], image[row, col])  # VOC's void border: not drawn
+
+    info = tv_layouts.make_flickr30k(tmp_path / "f30k")
+    captions = source_of("Flickr30k", info["root"], ann_file=info["ann_file"])
+    picture = render([captions.load_record(0), captions.load_record(1)], cell_size=160)
+    lines = 5 * 2  # five captions, each wrapped to at most two lines at 26 characters
+    assert picture.size == (2 + 2 * 162, 2 + 160 + 4 + LINE_HEIGHT * lines + 2)
+    strip = np.asarray(picture.convert("L"))[2 + 160:, 2:162]
+    assert (strip < 128).sum() > 200  # the captions' text is there
+
+
+def test_preview_command_on_a_classic_dataset(tmp_path: Path, capsys) -> None:
+    from fastdata.cli import main
+    from fastdata.preview import LINE_HEIGHT, cell_origin
+
+    fake = tv_datasets.FakeData(size=6, image_size=(3, 12, 16), num_classes=3, random_offset=2)
+    fastdata_out = tmp_path / "fake.npy"
+    import fastdata
+
+    fastdata.convert(fake, fastdata_out, workers=0)
+    png = tmp_path / "grid.png"
+    assert main(["preview", str(fastdata_out), "--index", "1:6", "--out", str(png), "--cell-size", "32"]) == 0
+    strip = LINE_HEIGHT + 4
+    assert capsys.readouterr().out == f"wrote {png} ({2 + 4 * 34}x{2 + 2 * (32 + strip + 2)})\n"
+    with Image.open(png) as picture:
+        grid = np.asarray(picture.convert("RGB"))
+    for position, index in enumerate(range(1, 6)):
+        x, y = cell_origin(position, columns=4, cell_size=32, strip=strip)
+        np.testing.assert_array_equal(grid[y:y + 24:2, x:x + 32:2], np.asarray(fake[index][0]))
+        label_row = grid[y + 32 + 2:y + 32 + strip, x:x + 32]
+        assert (label_row.min(axis=-1) < 100).any()  # "label: N" written under it
+    assert not (tmp_path / "grid.png.partial").exists()
+    for flags, message in [(["--index", "9"], "--index '9': sample 9 is out of range; the dataset has 6 samples (0..5)."),
+                           (["--index", "7:9"], "--index '7:9' selects no sample of the 6. Use e.g. 0:16."),
+                           (["--index", "a-b"], "Invalid --index 'a-b'. Use START:STOP (e.g. 0:16), one index, or a "
+                                                "comma list."),
+                           (["--out", str(tmp_path / "g.jpg")], f"--out {str(tmp_path / 'g.jpg')!r} is not a .png file. "
+                                                                "Give a name ending in .png, e.g. grid.png.")]:
+        argv = ["preview", str(fastdata_out), "--out", str(png), *flags]
+        assert main(argv) == 1
+        assert capsys.readouterr().err == f"fastdata: error: {message}\n"

@@ -53,6 +53,9 @@ def _tv() -> Any:
     # torchvision is imported where a record is built, never at import time: fastdata's CLI and
     # `import fastdata` stay light, and this module is only used with torchvision installed
     import torchvision
+    import torchvision.datasets  # noqa: F401 - the submodules the records use, loaded with it
+    import torchvision.transforms.v2.functional  # noqa: F401
+    import torchvision.tv_tensors  # noqa: F401
 
     return torchvision
 
