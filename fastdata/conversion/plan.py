@@ -23,8 +23,9 @@ from fastdata.formats.base import Plan
 from fastdata.fields import Field, FieldError, Schema, infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
+from fastdata.importing import is_import_string, load_dataset
 from fastdata.sources import (
-    ArraySource, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
+    ArraySource, make_dataset_source, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
 )
 
 
@@ -42,6 +43,10 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
     pattern) through :class:`~fastdata.sources.WebDatasetSource`; the rest as
     :func:`~fastdata.sources.resolve_source` says."""
     options = options or ConvertOptions()
+    if is_import_string(source):  # module:name, a Python dataset (or a function returning one)
+        dataset = load_dataset(source)
+        return make_dataset_source(dataset, {"type": "dataset", "import": source,
+                                             "class": f"{type(dataset).__module__}.{type(dataset).__qualname__}"})
     if isinstance(source, (str, os.PathLike)) and not str(source).startswith("torchvision:"):
         path = Path(source)
         manifest = find_manifest(path) if path.exists() else None
