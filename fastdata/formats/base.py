@@ -50,6 +50,14 @@ class Plan:
     class_to_idx: dict[str, int]
     geometry: Geometry = Geometry()
     jpeg_quality: int | None = None
+    schema: Any = None
+    """The :class:`fastdata.fields.Schema` of samples with fields beyond ``(image, label)``;
+    None for the classic two-field sample (stored exactly as always)."""
+
+    @property
+    def extras(self) -> list:
+        """The fields a writer stores beside the image and label files (``fields/<name>``)."""
+        return self.schema.extras if self.schema is not None else []
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Batch:
     labels: np.ndarray
     images: np.ndarray | None = None  # (B, H, W, C) uint8
     blobs: list[bytes] | None = None
+    fields: dict[str, list[bytes]] | None = None  # extra field -> each sample's stored bytes (fastdata.fields)
     skipped: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (index, {key, reason})
 
     def __len__(self) -> int:

@@ -16,14 +16,21 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
+from fastdata.fields import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source
 
 
 class DatasetSource(Source):
-    """Any map-style dataset whose items are ``(image, label)``."""
+    """Any map-style dataset: items ``(image, label)`` (the classic sample), or records of named
+    fields (:mod:`fastdata.fields`): a tuple, a dict, a tuple holding a dict (torchvision's
+    ``wrap_dataset_for_transforms_v2``), of PIL images, ``tv_tensors``, arrays, numbers, text,
+    JSON data and bytes. ``names`` names a tuple's positions; ``kinds`` hints kinds."""
 
-    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None, *,
+                 names: list[str] | None = None, kinds: dict[str, str] | None = None):
         self.dataset = dataset
+        self.names = list(names) if names else getattr(dataset, "fastdata_names", None)
+        self.kinds = dict(kinds or getattr(dataset, "fastdata_kinds", None) or {})
         self.keys = [str(i) for i in range(len(dataset))]
         self.labels = None
         self.class_to_idx = _class_to_idx(dataset)
@@ -40,10 +47,52 @@ class DatasetSource(Source):
 
     def _item_digest(self, index: int) -> bytes:
         try:
-            image, label = self.load(index)
+            if self.record_schema() is None:
+                image, label = self.load(index)
+            else:
+                return self._record_digest(index)
         except Exception as exc:  # noqa: BLE001 - a bad item is part of what the source is
             return f"error {type(exc).__name__}: {exc}".encode()
         return f"{image.mode} {image.size} {label}\n".encode() + image.tobytes()
+
+    def _record_digest(self, index: int) -> bytes:
+        values = self.load_record(index)
+        parts = []
+        for name, value in values.items():
+            made = kind_of(name, value, self.kinds.get(name), self.sample_name(index), None)
+            if made is None:
+                parts.append(f"{name} None\n".encode())
+                continue
+            checked = check_value(made, value, self.sample_name(index))
+            parts.append(f"{name} {made.kind} {made.dtype} {made.shape}\n".encode() + digest_value(made, checked))
+        return b"".join(parts)
+
+    def record_schema(self) -> Any:
+        """None when items are the classic ``(image, label)``; else the flattened item's layout
+        (decided by the first item, once)."""
+        if not hasattr(self, "_classic"):
+            values, layout, structure = flatten(self.dataset[0], self.names)
+            self._classic = _classic_pair(values, layout)
+            self.layout, self.structure = layout, structure
+        return None if self._classic else (self.layout, self.structure)
+
+    @property
+    def is_classic(self) -> bool:
+        return self.record_schema() is None
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        read = read or ReadOptions()
+        values, layout, structure = flatten(self.dataset[index], self.names)
+        if _classic_pair(values, layout) and self.record_schema() is None:
+            image, label = self.load(index, read)
+            return {"image": image, "label": label}
+        for name, value in values.items():
+            if isinstance(value, Image.Image) or type(value).__name__ in ("Image", "Mask"):
+                if isinstance(value, Image.Image):
+                    check_pixels(value, read.max_pixels)
+                    if read.exif_transpose and self.kinds.get(name) != "mask":
+                        values[name] = exif_transpose(value)
+        return values
 
     def protected(self) -> list[Protected]:
         root = getattr(self.dataset, "root", None)
@@ -105,6 +154,20 @@ class FastdataSource(DatasetSource):
 
     def protected(self) -> list[Protected]:
         return [Protected(self.path, "source dataset")]
+
+
+def _classic_pair(values: dict[str, Any], layout: str) -> bool:
+    """Whether a flattened item is the classic ``(image, int label)``."""
+    if layout != "tuple" or len(values) != 2:
+        return False
+    image, label = values.values()
+    if hasattr(label, "item") and getattr(label, "ndim", 0) == 0 and type(label).__module__.startswith(("torch", "numpy")):
+        label = label.item()
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+        return False
+    if type(image).__module__.startswith("torchvision.tv_tensors") and type(image).__name__ != "Image":
+        return False
+    return isinstance(image, Image.Image) or hasattr(image, "shape")
 
 
 def has_array_fast_path(dataset: Any) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import check_existing, prepare_output
 from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
+from fastdata.importing import is_import_string
 from fastdata.conversion.plan import conversion_key, plan_job, plan_record
 from fastdata.conversion.scale.staging import (
     PART_PATTERN, PartLock, check_agreement, claim_staging, duplicate_error, read_records, write_record,
@@ -36,7 +37,7 @@ def source_argument(source: Any, options: ConvertOptions) -> dict[str, Any] | No
     if not isinstance(source, (str, os.PathLike)):
         return None
     text = str(source)
-    if not text.startswith("torchvision:"):
+    if not text.startswith("torchvision:") and not is_import_string(text):
         text = os.path.abspath(text)
     arguments = dict(options.source_arguments)
     if arguments.get("root"):
