@@ -50,6 +50,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _ARRAY_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                  "float16", "float32", "float64")
 VARIABLE = "variable"  # the kinds hint suffix "array:variable": a variable first dimension
+RAGGED = "ragged"  # "array:ragged": every dimension varies (instance masks (K, H, W) of images of several sizes)
 
 
 class FieldError(BadSampleError):
@@ -102,6 +103,12 @@ class Field:
         return True
 
     @property
+    def ragged(self) -> bool:
+        """An array whose trailing dimensions vary too (shape ``(None, None, None)``): its stored
+        bytes start with those dimensions, one little-endian uint64 each, then the values."""
+        return self.kind == "array" and self.shape is not None and len(self.shape) > 1 and self.shape[1] is None
+
+    @property
     def row_bytes(self) -> int:
         """Bytes of one fixed-shape value (or of one row of a variable array's first dimension)."""
         shape = self.shape[1:] if self.variable else self.shape
@@ -137,6 +144,8 @@ class Field:
             return b""
         if kind in ("int", "float", "array"):
             array = np.ascontiguousarray(value, dtype=np.dtype(self.dtype).newbyteorder("<"))
+            if self.ragged:
+                return np.asarray(array.shape[1:], dtype="<u8").tobytes() + array.tobytes()
             return array.tobytes()
         if kind == "text":
             return value.encode("utf-8")
@@ -156,9 +165,16 @@ class Field:
                 array = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 return array[0].item()
             if kind == "array":
-                raw = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
+                data, rest = bytes(data), self.shape[1:] if self.shape else ()
+                if self.ragged:
+                    if not data:
+                        return np.zeros((0,) * len(self.shape), dtype=self.dtype)
+                    head = 8 * (len(self.shape) - 1)
+                    if len(data) < head:
+                        raise ValueError(f"{len(data)} bytes hold no shape header of {head} bytes")
+                    rest, data = tuple(int(d) for d in np.frombuffer(data[:head], dtype="<u8")), data[head:]
+                raw = np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<"))
                 if self.variable:
-                    rest = self.shape[1:]
                     per = math.prod(rest) if rest else 1
                     if per == 0:
                         rows = 0  # a (K, 0) array: its rows are not in the bytes
@@ -242,7 +258,9 @@ class Field:
                 return b""
             if kind == "json" and data == b"null":
                 return b""
-            if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
+            if kind == "array":
+                return self.store(np.load(io.BytesIO(data), allow_pickle=False))
+            if kind in SPATIAL and self.encoding == "raw":
                 array = np.load(io.BytesIO(data), allow_pickle=False)
                 return np.ascontiguousarray(array, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
         except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
@@ -390,13 +408,13 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
     if value is None:
         return None
     tv = _tv_type(value)
-    variable = False
+    variable = ragged = False
     if hint:
         hint, _, flag = hint.partition(":")
-        variable = flag == VARIABLE
+        variable, ragged = flag in (VARIABLE, RAGGED), flag == RAGGED
         if hint not in KINDS:
             raise InvalidOptionError(f"kinds hint {hint!r} for field {name!r} is no field kind. Kinds: {', '.join(KINDS)}.")
-    if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
+    if (tv == "Mask" and hint != "array") or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
         mode = value.mode if isinstance(value, Image.Image) else None
         meta = {"tv_tensor": "Mask"}
         if isinstance(value, Image.Image) and value.mode == "P" and value.getpalette():
@@ -432,9 +450,11 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
         if variable:
             if not shape:
                 raise FieldError(f"{sample}: field {name!r} is 0-d; a variable first dimension needs at least 1-D.")
-            shape = (None, *shape[1:])
-        return Field(name, "array", dtype=str(array.dtype), shape=shape,
-                     meta={"as": "numpy"} if isinstance(value, np.ndarray) else {})
+            shape = (None,) * len(shape) if ragged and len(shape) > 1 else (None, *shape[1:])
+        meta = {"as": "numpy"} if isinstance(value, np.ndarray) else {}
+        if tv == "Mask":  # a stack of instance masks: read back as tv_tensors.Mask, moved with its image
+            meta = {"tv_tensor": "Mask", "canvas_size_of": image_field}
+        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
     if isinstance(value, str):
         return Field(name, "text")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -498,7 +518,7 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
                              f"Say it: kinds={{{name!r}: 'json'}} (or another kind).")
         fields.append(made)
     # boxes name their canvas image once it is known
-    fields = [f if f.meta.get("tv_tensor") != "BoundingBoxes" or f.meta.get("canvas_size_of")
+    fields = [f if f.meta.get("tv_tensor") not in ("BoundingBoxes", "Mask") or f.kind != "array" or f.meta.get("canvas_size_of")
               else Field(f.name, f.kind, f.dtype, f.shape, f.encoding, f.mode, dict(f.meta, canvas_size_of=image_field))
               for f in fields]
     return Schema(tuple(fields), layout, structure)
@@ -575,7 +595,11 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
         if str(array.dtype) != f.dtype:
             raise FieldError(f"{where} has dtype {array.dtype}; the first samples have {f.dtype} (never cast). "
                              "Convert it in the dataset.")
-        if f.variable:
+        if f.ragged:
+            if array.ndim != len(f.shape):
+                raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have {len(f.shape)} "
+                                 "dimensions.")
+        elif f.variable:
             if array.ndim != len(f.shape) or tuple(array.shape[1:]) != f.shape[1:]:
                 rest = ", ".join(str(s) for s in f.shape[1:])
                 raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have (K, {rest}) "
