@@ -258,8 +258,11 @@ def _class_names(manifest: dict[str, Any]) -> dict[int, str]:
     if isinstance(mapping, dict) and mapping:
         return {int(v): str(k) for k, v in mapping.items()}
     classes = manifest.get("classes")
-    if isinstance(classes, list):
+    if isinstance(classes, list) and classes:
         return {i: str(name) for i, name in enumerate(classes)}
+    categories = (manifest.get("source") or {}).get("categories")  # COCO's ids with gaps
+    if isinstance(categories, dict):
+        return {int(k): str(v) for k, v in categories.items() if str(k).lstrip("-").isdigit()}
     return {}
 
 

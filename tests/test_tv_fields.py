@@ -139,7 +139,7 @@ def test_cityscapes_records_follow_the_wrapper(tmp_path: Path) -> None:
     reference = tv_datasets.Cityscapes(str(tmp_path), split="train", target_type=["semantic", "instance", "color",
                                                                                   "polygon"])
     wrapped = wrap(tv_datasets.Cityscapes(str(tmp_path), split="train", target_type="semantic"))
-    assert len(source) == 3 and source.kinds == {"mask": "mask", "polygon": "json"}
+    assert len(source) == 3 and source.kinds == {"mask": "mask", "polygon": "json", "masks": "array:ragged"}
     for index in range(3):
         record = source.load_record(index)
         assert list(record) == ["image", "mask", "masks", "labels", "color", "polygon"]
@@ -198,8 +198,9 @@ def test_coco_detection_records_are_the_wrappers_boxes_labels_and_masks(tmp_path
     reference = tv_datasets.CocoDetection(str(info["root"]), info["annFile"])
     wrapped = wrap(tv_datasets.CocoDetection(str(info["root"]), info["annFile"]),
                    target_keys={"image_id", "boxes", "labels", "masks"})
-    assert (source.layout, source.kinds) == ("dict", {"annotations": "json"})
-    assert source.class_to_idx == {"person": 1, "dog": 18, "bottle": 44}
+    assert (source.layout, source.kinds) == ("dict", {"annotations": "json", "masks": "array:ragged"})
+    assert source.class_to_idx == {}  # COCO's ids have gaps: they are the source's categories
+    assert source.describe()["categories"] == {"1": "person", "18": "dog", "44": "bottle"}
     assert source.describe()["split"] is None
     assert [p.what for p in source.protected()] == ["dataset root folder", "annotation file (annFile)"]
     for index, image_id in enumerate([37777, 87038, 252219, 397133]):
@@ -233,7 +234,7 @@ def test_flickr_records_hold_the_five_captions(tmp_path: Path, name, make, capti
     info = make(tmp_path)
     source = source_of(name, info["root"], ann_file=info["ann_file"])
     reference = getattr(tv_datasets, name)(str(info["root"]), info["ann_file"])
-    assert len(source) == len(captions) and source.kinds == {"captions": "text"}
+    assert len(source) == len(captions) and source.kinds == {"captions": "text_list"}
     for index in range(len(source)):
         record = source.load_record(index)
         image, expected = reference[index]

@@ -195,14 +195,14 @@ RECORDS: dict[str, RecordSpec] = {
     "SBDataset": RecordSpec(_sbd, kinds={"mask": "mask"}),
     "VOCDetection": RecordSpec(_voc_detection, layout="dict", kinds={"annotation": "json"},
                                target_keys={"annotation", "boxes", "labels"}),
-    "CocoDetection": RecordSpec(_coco_detection, layout="dict", kinds={"annotations": "json"},
+    "CocoDetection": RecordSpec(_coco_detection, layout="dict", kinds={"annotations": "json", "masks": "array:ragged"},
                                 files=("annFile",), target_keys={"image_id", "boxes", "labels", "masks"}),
-    "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text"}, files=("annFile",)),
-    "Flickr8k": RecordSpec(_captions, kinds={"captions": "text"}, files=("ann_file",)),
-    "Flickr30k": RecordSpec(_captions, kinds={"captions": "text"}, files=("ann_file",)),
+    "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("annFile",)),
+    "Flickr8k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
+    "Flickr30k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
     "OxfordIIITPet": RecordSpec(_pet, kinds={"mask": "mask"}),
     "CelebA": RecordSpec(_celeba),
-    "Cityscapes": RecordSpec(_cityscapes, kinds={"mask": "mask", "polygon": "json"}),
+    "Cityscapes": RecordSpec(_cityscapes, kinds={"mask": "mask", "polygon": "json", "masks": "array:ragged"}),
 }
 
 
@@ -266,7 +266,11 @@ class TorchvisionRecordSource(Source):
         return path if path is not None else f"sample {index}"
 
     def describe(self) -> dict[str, Any]:
-        return dict(self._description, length=len(self.keys))
+        described = dict(self._description, length=len(self.keys))
+        categories = categories_of(self.dataset)
+        if categories:
+            described["categories"] = categories
+        return described
 
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_items(len(self), self._item_digest)
@@ -337,12 +341,19 @@ def _image_path(dataset: Any, index: int) -> str | None:
     return None
 
 
+def categories_of(dataset: Any) -> dict[str, str]:
+    """COCO's category names by id (as text, for JSON), which its ``labels`` hold; else empty."""
+    if type(dataset).__name__ != "CocoDetection":
+        return {}
+    return {str(key): str(category["name"]) for key, category in sorted(dataset.coco.cats.items())}
+
+
 def _class_to_idx(dataset: Any) -> dict[str, int]:
     """Class names by the ids the records' labels hold: the dataset's own ``class_to_idx``,
     COCO's categories, the VOC detection classes the wrapper numbers its labels by."""
     name = type(dataset).__name__
-    if name == "CocoDetection":
-        return {str(category["name"]): int(key) for key, category in sorted(dataset.coco.cats.items())}
+    if name == "CocoDetection":  # ids with gaps (1..90): kept as the source's "categories", not as classes
+        return {}
     if name == "VOCDetection":
         from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORY_TO_IDX
 
