@@ -101,7 +101,7 @@ def example_lines(parser: argparse.ArgumentParser) -> list[list[str]]:
     return [shlex.split(command)[1:] for command in commands]
 
 
-@pytest.mark.parametrize("name", ["bench", "convert", "info", "merge", "tune", "verify"])
+@pytest.mark.parametrize("name", ["bench", "convert", "info", "merge", "preview", "tune", "verify"])
 def test_every_command_has_a_description_and_examples_that_parse(name: str) -> None:
     from fastdata.cli import build_parser
 

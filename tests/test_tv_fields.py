@@ -421,3 +421,118 @@ def test_preview_command_on_a_classic_dataset(tmp_path: Path, capsys) -> None:
         argv = ["preview", str(fastdata_out), "--out", str(png), *flags]
         assert main(argv) == 1
         assert capsys.readouterr().err == f"fastdata: error: {message}\n"
+
+
+# --- end to end: convert, then read back through every format ---------------------------------
+
+
+FORMATS = [(".npy", "encoded"), (".h5", "encoded"), (".tar", "encoded"), (".npy", "raw"), (".h5", "raw"), (".tar", "raw")]
+
+
+def read_back(out: Path):
+    import fastdata
+
+    return fastdata.TarIndexedDataset(out) if out.suffix == ".tar" else fastdata.open_dataset(out)
+
+
+def pixels_of(image) -> np.ndarray:
+    return np.asarray(image) if isinstance(image, Image.Image) else image.permute(1, 2, 0).numpy()
+
+
+@pytest.mark.parametrize("suffix, store", FORMATS)
+def test_voc_segmentation_converts_and_reads_back_pixel_equal(tmp_path: Path, suffix: str, store: str) -> None:
+    import fastdata
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    out = tmp_path / f"voc{suffix}"
+    manifest = fastdata.convert("torchvision:VOCSegmentation", out, root=tmp_path / "voc", split="trainval",
+                                source_options={"year": "2012"}, store=store, workers=0)
+    assert manifest["count"] == 5 and manifest["source"]["split"] == "trainval"
+    reference = tv_datasets.VOCSegmentation(str(tmp_path / "voc"), image_set="trainval")
+    ds = read_back(out)
+    for index in range(5):
+        image, mask = ds[index]
+        expected_image, expected_mask = reference[index]
+        assert isinstance(image, tv_tensors.Image) and isinstance(mask, tv_tensors.Mask)
+        np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))
+        np.testing.assert_array_equal(mask.numpy(), np.asarray(expected_mask))
+        assert mask.dtype == torch.uint8
+    palette = fastdata.open_dataset(out, image_format="pil")[0][1] if suffix != ".tar" else None
+    if palette is not None:
+        assert palette.mode == "P" and palette.getpalette() == reference[0][1].getpalette()
+
+
+@pytest.mark.parametrize("suffix, store", FORMATS[:3])
+@pytest.mark.filterwarnings(COCO_RLE_WARNING)
+def test_coco_detection_converts_and_reads_back_equal(tmp_path: Path, suffix: str, store: str) -> None:
+    import fastdata
+
+    info = tv_layouts.make_coco(tmp_path / "coco")
+    out = tmp_path / f"coco{suffix}"
+    fastdata.convert("torchvision:CocoDetection", out, root=info["root"], source_options={"annFile": info["annFile"]},
+                     store=store, workers=0)
+    source = source_of("CocoDetection", info["root"], annFile=info["annFile"])
+    ds = read_back(out)
+    assert len(ds) == 4
+    for index in range(4):
+        got, expected = ds[index], source.load_record(index)
+        assert list(got) == ["image", "image_id", "boxes", "labels", "masks", "annotations"]
+        np.testing.assert_array_equal(pixels_of(got["image"]), np.asarray(expected["image"]))
+        assert got["image_id"] == expected["image_id"] and got["annotations"] == expected["annotations"]
+        for key in ("boxes", "labels", "masks"):
+            same_tensor(got[key], expected[key])  # bit-equal, same tv_tensor type, format and canvas
+
+
+@pytest.mark.parametrize("suffix, store", FORMATS[:3])
+def test_voc_detection_and_flickr_convert_and_read_back_equal(tmp_path: Path, suffix: str, store: str) -> None:
+    import fastdata
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    fastdata.convert("torchvision:VOCDetection", tmp_path / f"det{suffix}", root=tmp_path / "voc", split="trainval",
+                     store=store, workers=0)
+    source = source_of("VOCDetection", tmp_path / "voc", "trainval")
+    ds = read_back(tmp_path / f"det{suffix}")
+    for index in range(5):
+        got, expected = ds[index], source.load_record(index)
+        same_tensor(got["boxes"], expected["boxes"])
+        same_tensor(got["labels"], expected["labels"])
+        assert got["annotation"] == expected["annotation"]
+    info = tv_layouts.make_flickr30k(tmp_path / "f30k")
+    fastdata.convert("torchvision:Flickr30k", tmp_path / f"cap{suffix}", root=info["root"],
+                     source_options={"ann_file": info["ann_file"]}, store=store, workers=0)
+    reference = tv_datasets.Flickr30k(str(info["root"]), info["ann_file"])
+    ds = read_back(tmp_path / f"cap{suffix}")
+    for index in range(2):
+        image, captions = ds[index]
+        expected_image, expected_captions = reference[index]
+        np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))
+        assert captions == expected_captions and len(captions) == 5
+
+
+def test_resize_keeps_every_box_on_its_object_as_preview_shows(tmp_path: Path, capsys) -> None:
+    """CLI end to end: convert with --resize (raw), then 'fastdata preview' draws each stored
+    box where the object is: the boxes read back are the originals scaled 2x, and the grid has
+    each box's colour on its bottom edge."""
+    from fastdata.cli import main
+    from fastdata.preview import LINE_HEIGHT, PALETTE, cell_origin
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    out = tmp_path / "det.h5"
+    assert main(["convert", "torchvision:VOCDetection", "--root", str(tmp_path / "voc"), "--split", "trainval",
+                 "--source-option", "year=2012", str(out), "--resize", "48x64", "--quiet", "--workers", "0"]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote 5 samples to {out}")
+    ds = read_back(out)
+    for index, name in enumerate(tv_layouts.VOC_NAMES):
+        boxes = ds[index]["boxes"]
+        assert boxes.canvas_size == (48, 64)
+        assert boxes.tolist() == [[2 * x0, 2 * y0, 2 * x1, 2 * y1] for _, x0, y0, x1, y1 in tv_layouts.VOC_OBJECTS[name]]
+    png = tmp_path / "grid.png"
+    assert main(["preview", str(out), "--out", str(png), "--cell-size", "128", "--columns", "5"]) == 0
+    with Image.open(png) as picture:
+        grid = np.asarray(picture.convert("RGB"))
+    strip = LINE_HEIGHT + 4
+    for position, name in enumerate(tv_layouts.VOC_NAMES):
+        x, y = cell_origin(position, columns=5, cell_size=128, strip=strip)
+        for cls, x0, y0, x1, y1 in tv_layouts.VOC_OBJECTS[name]:  # stored 2x, drawn 2x more: 4x the original
+            assert tuple(grid[y + 4 * y1, x + 2 * (x0 + x1)]) == PALETTE[tv_layouts.VOC_CLASSES.index(cls) % len(PALETTE)], \
+                (name, cls)
