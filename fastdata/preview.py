@@ -1,7 +1,7 @@
 """A picture of some samples: boxes, masks, labels and captions drawn on their images.
 
 ``fastdata preview DATASET --index 0:16 --out grid.png`` (:func:`preview`) reads samples
-through :func:`fastdata.open_dataset` (any format) and draws them with torchvision.utils'
+through the format's map-style reader (:func:`fastdata.open_dataset`; tar: ``TarIndexedDataset``) and draws them with torchvision.utils'
 ``draw_bounding_boxes``, ``draw_segmentation_masks`` and ``make_grid``, so a user can see that
 a conversion (with ``--resize``, say) kept every box on its object and every mask on its pixels.
 Each sample is scaled to fit a square cell together with its boxes and masks by
@@ -61,10 +61,13 @@ def preview(path: str | Path, *, index: str | None = None, cell_size: int = 192,
             columns: int | None = None) -> Image.Image:
     """The grid of samples ``index`` of the converted dataset at ``path`` as a PIL image."""
     from fastdata.api import open_dataset
-    from fastdata.formats import require_manifest
+    from fastdata.formats import get_format, require_manifest
 
     manifest = require_manifest(Path(path))
     dataset = open_dataset(path)
+    map_dataset = get_format(manifest["format"]).map_dataset
+    if type(dataset) is not map_dataset and map_dataset is not None:  # random access (tar: TarIndexedDataset)
+        dataset = map_dataset(path)
     indices = parse_index(index, len(dataset))
     names = _field_names(manifest)
     samples = [_named(dataset[i], names) for i in indices]

@@ -536,3 +536,60 @@ def test_resize_keeps_every_box_on_its_object_as_preview_shows(tmp_path: Path, c
         for cls, x0, y0, x1, y1 in tv_layouts.VOC_OBJECTS[name]:  # stored 2x, drawn 2x more: 4x the original
             assert tuple(grid[y + 4 * y1, x + 2 * (x0 + x1)]) == PALETTE[tv_layouts.VOC_CLASSES.index(cls) % len(PALETTE)], \
                 (name, cls)
+
+
+@pytest.mark.filterwarnings(COCO_RLE_WARNING)
+def test_worker_processes_and_resume_give_the_same_dataset(tmp_path: Path) -> None:
+    """The record source crosses to conversion workers by pickle (its transforms-v2 wrapper is
+    made again in each), and --resume finds the finished output unchanged (same fingerprint)."""
+    import fastdata
+
+    info = tv_layouts.make_coco(tmp_path / "coco")
+    kwargs = dict(root=info["root"], source_options={"annFile": info["annFile"]}, store="encoded")
+    serial = fastdata.convert("torchvision:CocoDetection", tmp_path / "serial.tar", workers=0, **kwargs)
+    pooled = fastdata.convert("torchvision:CocoDetection", tmp_path / "pooled.tar", workers=2, **kwargs)
+    again = fastdata.convert("torchvision:CocoDetection", tmp_path / "pooled.tar", workers=2, resume=True, **kwargs)
+    assert again["manifest_blake2b"] == pooled["manifest_blake2b"]
+    shards = sorted((tmp_path / "serial.tar").glob("*.tar"))
+    assert [s.read_bytes() for s in shards] == [(tmp_path / "pooled.tar" / s.name).read_bytes() for s in shards]
+    assert serial["source"]["categories"] == {"1": "person", "18": "dog", "44": "bottle"}
+    from fastdata.preview import preview  # a tar dataset previews through TarIndexedDataset
+
+    assert preview(tmp_path / "pooled.tar", index="0:4", cell_size=32).size == (2 + 4 * 34, 2 + 32 + 4 + 13 * 2 + 2)
+
+
+def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_without_md5) -> None:
+    import fastdata
+    from fastdata.cli import main
+
+    tv_layouts.make_pets(tmp_path / "pets")
+    out = tmp_path / "pets.npy"
+    assert main(["convert", "torchvision:OxfordIIITPet", "--root", str(tmp_path / "pets"), "--split", "test",
+                 "--source-option", "target_types=category,segmentation", str(out), "--quiet", "--workers", "0"]) == 0
+    capsys.readouterr()
+    reference = tv_datasets.OxfordIIITPet(str(tmp_path / "pets"), split="test", target_types=["category", "segmentation"])
+    ds = fastdata.open_dataset(out)
+    for index in range(2):
+        image, label, mask = ds[index]
+        expected_image, (expected_label, expected_mask) = reference[index]
+        assert label == expected_label and isinstance(mask, tv_tensors.Mask)
+        np.testing.assert_array_equal(mask.numpy(), np.asarray(expected_mask))
+        np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))
+    assert main(["convert", "torchvision:OxfordIIITPet", "--root", str(tmp_path / "pets"), str(tmp_path / "x.npy"),
+                 "--split", "train", "--quiet"]) == 1
+    assert capsys.readouterr().err == ("fastdata: error: Unknown split 'train' for torchvision:OxfordIIITPet. "
+                                       "Allowed: 'trainval', 'test'.\n")
+    assert not (tmp_path / "x.npy").exists()
+
+    tv_layouts.make_celeba(tmp_path / "celeba")
+    fastdata.convert("torchvision:CelebA", tmp_path / "celeba.h5", root=tmp_path / "celeba", split="valid",
+                     source_options={"target_type": "attr,bbox,landmarks"}, workers=0)
+    reference = tv_datasets.CelebA(str(tmp_path / "celeba"), split="valid", target_type=["attr", "bbox", "landmarks"])
+    source = source_of("CelebA", tmp_path / "celeba", "valid", target_type="attr,bbox,landmarks")
+    ds = fastdata.open_dataset(tmp_path / "celeba.h5")
+    for index in range(2):
+        image, attr, bbox, landmarks = ds[index]
+        expected_image, (expected_attr, _, expected_landmarks) = reference[index]
+        np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))  # (and closes the file)
+        assert torch.equal(attr, expected_attr) and torch.equal(landmarks, expected_landmarks)
+        same_tensor(bbox, source.load_record(index)["bbox"])
