@@ -147,6 +147,8 @@ class Field:
             if self.ragged:
                 return np.asarray(array.shape[1:], dtype="<u8").tobytes() + array.tobytes()
             return array.tobytes()
+        if isinstance(value, bytes) and kind in ("text", "json"):
+            return value  # checked, kept as it was
         if kind == "text":
             return value.encode("utf-8")
         if kind in ("text_list", "json"):
@@ -309,8 +311,9 @@ class Schema:
     @property
     def label(self) -> Field | None:
         """The int field kept in the format's label storage (``labels.npy``, ``.cls``): the one
-        named ``label``."""
-        return next((f for f in self.fields if f.name == "label" and f.kind == "int" and f.dtype == "int64"), None)
+        named ``label`` (or ``cls``, WebDataset's name)."""
+        return next((f for f in self.fields if f.name in ("label", "cls") and f.kind == "int" and f.dtype == "int64"),
+                    None)
 
     @property
     def extras(self) -> list[Field]:
@@ -611,6 +614,12 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
             )
         return array
     if f.kind == "text":
+        if isinstance(value, (bytes, bytearray)):  # text as it was stored (a WebDataset .txt member): kept as is
+            try:
+                bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FieldError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+            return bytes(value)
         if not isinstance(value, str):
             raise FieldError(f"{where} is a {_describe_type(value)}; the first samples have text (str) there.")
         return value
@@ -619,7 +628,13 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
             raise FieldError(f"{where} is a {_describe_type(value)}; the first samples have a list of str there.")
         return list(value)
     if f.kind == "json":
-        if not _json_plain(value) or isinstance(value, str) and False:
+        if isinstance(value, (bytes, bytearray)):  # JSON as it was stored (a WebDataset .json member): kept as is
+            try:
+                json.loads(bytes(value).decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise FieldError(f"{where} is not valid JSON ({str(exc)[:80]}).") from None
+            return bytes(value)
+        if not _json_plain(value):
             raise FieldError(f"{where} holds something that is not plain JSON data (only dicts with str keys, lists, "
                              "str, int, finite float, bool, None). Convert it in the dataset.")
         return value

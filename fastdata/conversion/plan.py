@@ -20,6 +20,7 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
+from fastdata.errors import InvalidOptionError
 from fastdata.fields import Field, FieldError, Schema, infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
@@ -160,6 +161,11 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         probe, schema = _probe_records(src, options)
         if schema.is_classic:
             schema = None
+        elif options.format and not get_format(options.format).fields:
+            raise InvalidOptionError(
+                f"Format {options.format!r} stores (image, label) samples only; this source's samples have fields "
+                f"{', '.join(schema.names)}. Use --format npy, hdf5 or tar (docs/fields.md)."
+            )
     else:
         probe = _probe(src, options)
     reference, (_, width, height) = probe[0]

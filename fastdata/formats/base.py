@@ -179,6 +179,10 @@ class FormatSpec:
     """The reader collates whole batches itself (``dataset(path, batch_size=...)``)."""
     baseline: bool = False
     """What the bench compares against (the source as it is)."""
+    fields: bool = False
+    """The writer stores every field of samples beyond ``(image, label)`` (``Batch.fields``) and
+    the reader gives them back (docs/fields.md); a format without it converts only
+    ``(image, label)`` sources."""
 
     @property
     def writable(self) -> bool:
