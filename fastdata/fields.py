@@ -475,13 +475,13 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
     raise _not_a_kind(name, value, sample)
 
 
-def _merge(old: Field, new: Field, sample: str) -> Field:
+def _merge(old: Field, new: Field, sample: str) -> Field | None:
     """The field two samples' values agree on (a fixed array whose first dimension differs
-    becomes variable; an empty caption list meets a non-empty one)."""
+    becomes variable; an empty caption list meets a non-empty one); None when their kinds differ."""
     if old.kind == "json" and new.kind == "text_list" or old.kind == "text_list" and new.kind == "json":
         return Field(old.name, "json")
     if old.kind != new.kind:
-        raise FieldError(f"{sample}: field {old.name!r} is {new.kind}, but it is {old.kind} in the first samples.")
+        return None
     if old.kind == "array" and old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
             and old.shape[1:] == new.shape[1:] and old.shape:
         return Field(old.name, "array", dtype=old.dtype, shape=(None, *old.shape[1:]), meta=old.meta)
@@ -513,7 +513,13 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
             made = kind_of(name, value, kinds.get(name), sample, image_field)
             if made is None:
                 continue
-            found[name] = made if found[name] is None else _merge(found[name], made, sample)
+            if found[name] is None:
+                found[name] = made
+                continue
+            merged = _merge(found[name], made, sample)
+            if merged is None:
+                check_value(found[name], value, sample)  # the error that says what differs
+            found[name] = merged
     fields = []
     for name, made in found.items():
         if made is None:

@@ -110,7 +110,7 @@ class Records:
                                    f"({exc}). Run 'fastdata verify --deep' or convert the source again.") from exc
         if f.kind == "image" and f.mode and value.mode != f.mode:
             value = value.convert(f.mode)
-        if self.format == "pil":
+        if self.format == "pil" and f.kind == "image":
             return value
         array = np.array(value, dtype=np.uint8)
         if f.kind == "image" and array.ndim == 2:

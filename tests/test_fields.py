@@ -165,7 +165,9 @@ def test_classic_pairs_keep_their_layout_and_have_no_schema(tmp_path: Path) -> N
 def test_stock_webdataset_decodes_every_member_with_its_default_decoders(tmp_path: Path, store: str) -> None:
     out = tmp_path / "shards.tar"
     fastdata.convert(Hinted(), out, store=store, workers=0)
-    samples = list(wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode("l"))
+    samples = list(wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode("l8"))
+    images = [s["npy" if store == "raw" else "png"] for s in
+              wds.WebDataset(str(out / "shard-000000.tar"), shardshuffle=False).decode("rgb8")]
     assert len(samples) == 5
     for index, sample in enumerate(samples):
         want = Everything()[index]
@@ -179,6 +181,7 @@ def test_stock_webdataset_decodes_every_member_with_its_default_decoders(tmp_pat
         assert sample["score.json"] == want["score"]
         assert sample["boxes.npy"].tobytes() == want["boxes"].numpy().tobytes()
         np.testing.assert_array_equal(sample["mask.npy" if store == "raw" else "mask.png"], np.asarray(want["mask"]))
+        np.testing.assert_array_equal(images[index], np.asarray(want["image"]))
 
 
 @pytest.mark.parametrize("backend", ["torch", "thread", "process"])
@@ -245,9 +248,12 @@ def bad_dataset(change):
     class Bad(Everything):
         fastdata_kinds = kinds()
 
+        def __len__(self) -> int:
+            return 12  # sample 10 comes after the probed ones: checked while converting
+
         def __getitem__(self, index: int) -> dict:
             sample = super().__getitem__(index)
-            if index == 3:
+            if index == 10:
                 change(sample)
             return sample
 
@@ -255,20 +261,20 @@ def bad_dataset(change):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda s: s.update(label="7"), "sample 3: field 'label' is str '7'; the first samples have an int there (never "
+    (lambda s: s.update(label="7"), "sample 10: field 'label' is str '7'; the first samples have an int there (never "
                                     "cast). Return an int in every sample."),
-    (lambda s: s.update(attrs=np.arange(4, dtype=np.int32)), "sample 3: field 'attrs' has dtype int32; the first "
+    (lambda s: s.update(attrs=np.arange(4, dtype=np.int32)), "sample 10: field 'attrs' has dtype int32; the first "
                                                              "samples have int16 (never cast). Convert it in the dataset."),
-    (lambda s: s.update(points=np.zeros((2, 3))), "sample 3: field 'points' has shape (2, 3); the first samples have "
+    (lambda s: s.update(points=np.zeros((2, 3))), "sample 10: field 'points' has shape (2, 3); the first samples have "
                                                   "(K, 2) (the trailing shape must not change)."),
-    (lambda s: s.update(attrs=np.arange(5, dtype=np.int16)), "sample 3: field 'attrs' has shape (5,); the first samples "
+    (lambda s: s.update(attrs=np.arange(5, dtype=np.int16)), "sample 10: field 'attrs' has shape (5,); the first samples "
      "have (4,). If its first dimension varies, say so: kinds={'attrs': 'array:variable'}."),
-    (lambda s: s.update(blob="text"), "sample 3: field 'blob' is a str; the first samples have bytes there."),
-    (lambda s: s.update(meta={1, 2}), "sample 3: field 'meta' holds something that is not plain JSON data (only dicts "
+    (lambda s: s.update(blob="text"), "sample 10: field 'blob' is a str; the first samples have bytes there."),
+    (lambda s: s.update(meta={1, 2}), "sample 10: field 'meta' holds something that is not plain JSON data (only dicts "
      "with str keys, lists, str, int, finite float, bool, None). Convert it in the dataset."),
-    (lambda s: s.update(mask=mask(3, 5, 8)), "sample 3: field 'mask' is a 8x5 mask but its image 'image' is 8x6 (WxH); "
+    (lambda s: s.update(mask=mask(10, 5, 8)), "sample 10: field 'mask' is a 8x5 mask but its image 'image' is 8x6 (WxH); "
                                              "a mask has its image's size."),
-    (lambda s: s.pop("caption"), "sample 3: has no field 'caption', which the first samples have. Give every sample "
+    (lambda s: s.pop("caption"), "sample 10: has no field 'caption', which the first samples have. Give every sample "
                                  "every field (None for an empty one)."),
 ])
 def test_a_sample_that_does_not_fit_is_one_clear_error_naming_it(tmp_path: Path, change, message: str) -> None:
@@ -277,13 +283,14 @@ def test_a_sample_that_does_not_fit_is_one_clear_error_naming_it(tmp_path: Path,
     assert str(info.value) == message
     assert not (tmp_path / "bad.npy").exists()
     manifest = fastdata.convert(bad_dataset(change), tmp_path / "skip.npy", workers=0, skip_bad=True)
-    assert manifest["count"] == 4 and manifest["skipped"][0]["reason"] == message[:200]
+    assert manifest["count"] == 11 and manifest["skipped"][0]["reason"] == message[:200]
+
+
+class Odd:
+    pass
 
 
 def test_a_python_object_that_is_no_field_kind_is_named_by_type(tmp_path: Path) -> None:
-    class Odd:
-        pass
-
     class Objects(Everything):
         def __getitem__(self, index: int) -> dict:
             return {"image": Image.fromarray(pixels(index)), "thing": Odd()}
@@ -296,8 +303,16 @@ def test_a_python_object_that_is_no_field_kind_is_named_by_type(tmp_path: Path) 
 
 
 def test_a_format_without_fields_refuses_them(tmp_path: Path) -> None:
-    with pytest.raises(InvalidOptionError, match=r"^Format 'folder' stores \(image, label\) samples only"):
-        fastdata.convert(Hinted(), tmp_path / "x", format="folder", workers=0)
+    from dataclasses import replace
+
+    from fastdata.formats.registry import registered
+
+    plain = replace(get_format("npy"), name="plainnpy", suffix=".plain", suffixes=(".plain",), fields=False)
+    with registered(plain):
+        with pytest.raises(InvalidOptionError, match=r"^Format 'plainnpy' stores \(image, label\) samples only; this "
+                                                     r"source's samples have fields image, mask, boxes"):
+            fastdata.convert(Hinted(), tmp_path / "x.plain", workers=0)
+    assert not (tmp_path / "x.plain").exists()
 
 
 def test_target_transform_is_refused_for_datasets_with_fields(tmp_path: Path) -> None:
@@ -319,7 +334,7 @@ def test_the_cli_converts_module_name_and_info_lists_the_fields(tmp_path: Path) 
     info = subprocess.run([*run, "info", "out.tar"], cwd=tmp_path, capture_output=True, text=True).stdout
     assert "fields:   12, given back as a dict" in info
     assert "  boxes: array float32 (K, 4) BoundingBoxes XYXY on 'image'" in info
-    assert "  mask: mask png, mode P palette kept" in info
+    assert "  mask: mask (6, 8) raw, mode P palette kept" in info, info
     verify = subprocess.run([*run, "verify", "out.tar", "--deep"], cwd=tmp_path, capture_output=True, text=True)
     assert verify.returncode == 0 and "OK" in verify.stdout
     bad = subprocess.run([*run, "convert", "clidata:nothing", "x.npy"], cwd=tmp_path, capture_output=True, text=True)

@@ -92,7 +92,12 @@ def store_field(f: Field, value: Any, plan: Plan, sample: str) -> bytes:
                     f"{f.shape[0]}x{f.shape[1]}. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
                 )
             return array.tobytes()
-        return encode(value.convert("L") if value.mode == "1" else value, "png")
+        # PNG of the class ids in mode L (a P mask's palette is in the schema): stock webdataset's
+        # decode("l8") then reads the ids themselves, where it would colour-convert a palette image
+        ids = value.convert("L") if value.mode == "1" else value
+        if ids.mode == "P":
+            ids = Image.frombytes("L", ids.size, ids.tobytes())
+        return encode(ids, "png")
     if f.kind == "image":
         image = plan.geometry.apply(to_mode(value, f.mode))
         if f.encoding == "raw":
