@@ -593,3 +593,43 @@ def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_wi
         np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))  # (and closes the file)
         assert torch.equal(attr, expected_attr) and torch.equal(landmarks, expected_landmarks)
         same_tensor(bbox, source.load_record(index)["bbox"])
+
+
+def test_coco_captions_records(tmp_path: Path) -> None:
+    info = tv_layouts.make_coco_captions(tmp_path)
+    source = source_of("CocoCaptions", info["root"], annFile=info["annFile"])
+    reference = tv_datasets.CocoCaptions(str(info["root"]), info["annFile"])
+    assert len(source) == 4 and source.kinds == {"captions": "text_list"}
+    for index, image_id in enumerate([37777, 87038, 252219, 397133]):
+        record = source.load_record(index)
+        image, captions = reference[index]
+        same_image(record["image"], image)
+        assert record["captions"] == captions == [f"caption {n} of image {image_id}" for n in range(5)]
+
+
+def test_a_mask_of_another_size_than_its_image_is_refused_naming_the_sample(tmp_path: Path, capsys) -> None:
+    from fastdata.cli import main
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    bad = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "SegmentationClass" / "2007_000039.png"
+    small = Image.new("P", (16, 12))
+    small.putpalette(tv_layouts.voc_palette())
+    small.save(bad)
+    out = tmp_path / "voc.npy"
+    assert main(["convert", "torchvision:VOCSegmentation", "--root", str(tmp_path / "voc"), str(out), "--quiet",
+                 "--workers", "0"]) == 1
+    image = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "JPEGImages" / "2007_000039.jpg"
+    err = capsys.readouterr().err
+    assert err.startswith(f"fastdata: error: {image}: field 'mask' is a 16x12 mask but its image 'image' is 32x24")
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_missing_pycocotools_is_one_error_with_the_install_command(tmp_path: Path, monkeypatch) -> None:
+    from fastdata.errors import DependencyMissingError
+
+    info = tv_layouts.make_coco(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "pycocotools", None)
+    with pytest.raises(DependencyMissingError) as caught:
+        resolve_source("torchvision:CocoDetection", root=info["root"], source_options={"annFile": info["annFile"]})
+    assert str(caught.value) == ("torchvision:CocoDetection needs the pycocotools package, which is not installed. "
+                                 "Install it with: pip install 'torch-fastdata[coco]'")

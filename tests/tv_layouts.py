@@ -331,3 +331,16 @@ def make_cityscapes(root: Path) -> dict[str, Any]:
             (targets / f"{frame}_gtFine_polygons.json").write_text(json.dumps(polygons))
             index += 1
     return {}
+
+
+def make_coco_captions(root: Path) -> dict[str, Any]:
+    """``val2017/*.jpg`` and ``annotations/captions_val2017.json`` (COCO's caption format)."""
+    info = make_coco(root)
+    captions = [{"id": 100 * position + n, "image_id": image_id, "caption": f"caption {n} of image {image_id}"}
+                for position, (image_id, *_) in enumerate(COCO_IMAGES) for n in range(5)]
+    document = {"info": {"description": "fastdata test"}, "licenses": [],
+                "images": [{"id": i, "file_name": f, "width": w, "height": h} for i, f, w, h in COCO_IMAGES],
+                "annotations": captions}
+    ann_file = root / "annotations" / "captions_val2017.json"
+    ann_file.write_text(json.dumps(document))
+    return {"annFile": str(ann_file), "root": info["root"]}

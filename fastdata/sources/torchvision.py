@@ -187,7 +187,7 @@ def torchvision_dataset(
     options: dict[str, Any] | None = None,
 ) -> Any:
     """Instantiate ``torchvision.datasets.<name>``, mapping ``split`` to its own argument."""
-    dataset, _ = _create(name, root=root, split=split, download=download, options=options)
+    dataset, _, _ = _create(name, root=root, split=split, download=download, options=options)
     return dataset
 
 
@@ -205,18 +205,19 @@ def torchvision_source(
     from fastdata.sources.datasets import make_dataset_source
     from fastdata.sources.torchvision_targets import RECORDS, TorchvisionRecordSource
 
-    dataset, split_name = _create(name, root=root, split=split, download=download, options=options)
+    dataset, split_name, typed = _create(name, root=root, split=split, download=download, options=options)
     description: dict[str, Any] = {"type": "torchvision", "name": name, "split": split_name,
                                    "root": str(root) if root else None}
-    if options:
-        description["options"] = {k: repr(v) for k, v in sorted(options.items())}
+    if typed:  # as the dataset got them (year='2012', target_types=['category', 'segmentation'])
+        description["options"] = {k: repr(v) for k, v in sorted(typed.items())}
     if type(dataset).__name__ in RECORDS:
-        return TorchvisionRecordSource(dataset, name=name, description=description, options=options or {})
+        return TorchvisionRecordSource(dataset, name=name, description=description, options=typed)
     return make_dataset_source(dataset, description)
 
 
 def _create(name: str, *, root: Any, split: str | None, download: bool,
-            options: dict[str, Any] | None) -> tuple[Any, str | None]:
+            options: dict[str, Any] | None) -> tuple[Any, str | None, dict[str, Any]]:
+    """The dataset, its split's name, and the options as given to it (typed)."""
     cls = dataset_class(name)
     params = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -258,7 +259,7 @@ def _create(name: str, *, root: Any, split: str | None, download: bool,
     except Exception as exc:  # noqa: BLE001 - whatever the dataset's constructor raises for bad options
         raise _rejected(name, options, exc) from exc
     dataset_length(dataset, f"torchvision:{name}")
-    return dataset, split_name
+    return dataset, split_name, options
 
 
 def _check_needed(name: str, cls: type, kwargs: dict[str, Any]) -> None:
