@@ -104,14 +104,23 @@ def cell_origin(position: int, *, columns: int, cell_size: int, strip: int = 0) 
 # --- one sample --------------------------------------------------------------------------------
 
 
-def _named(sample: Any, names: list[str] | None) -> dict[str, Any]:
+def _named(sample: Any, names: list[Any] | None) -> dict[str, Any]:
+    """A sample as one flat dict of named values: a dict as it is, a tuple by the names of its
+    positions (the manifest's structure; else ``image``, ``label`` for a pair), a dict inside a
+    tuple (``(image, {"boxes": ..., "labels": ...})``) by its keys."""
     if isinstance(sample, dict):
         return dict(sample)
-    if isinstance(sample, (tuple, list)):
-        if names is None or len(names) != len(sample):
-            names = ["image", "label"] if len(sample) == 2 else [f"field{i}" for i in range(len(sample))]
-        return dict(zip(names, sample))
-    return {"image": sample}
+    if not isinstance(sample, (tuple, list)):
+        return {"image": sample}
+    if names is None or len(names) != len(sample):
+        names = ["image", "label"] if len(sample) == 2 else [f"field{i}" for i in range(len(sample))]
+    flat: dict[str, Any] = {}
+    for position, (name, value) in enumerate(zip(names, sample)):
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[name if isinstance(name, str) else f"field{position}"] = value
+    return flat
 
 
 def _draw(record: dict[str, Any], class_names: dict[int, str], cell_size: int) -> tuple[Any, list[str]]:
@@ -269,15 +278,12 @@ def _class_names(manifest: dict[str, Any]) -> dict[int, str]:
     return {}
 
 
-def _field_names(manifest: dict[str, Any]) -> list[str] | None:
-    """The names of a tuple sample's positions, where the manifest lists its fields."""
-    fields = manifest.get("fields")
-    if isinstance(fields, list):
-        names = [f.get("name") if isinstance(f, dict) else f for f in fields]
-        return [str(n) for n in names] if all(isinstance(n, str) for n in names) else None
-    if isinstance(fields, dict):
-        return [str(n) for n in fields]
-    return None
+def _field_names(manifest: dict[str, Any]) -> list[Any] | None:
+    """The names of a tuple sample's positions: the manifest's field structure (``["image",
+    "label", "mask"]``; a dict entry where a position holds a dict), where it has one."""
+    schema = manifest.get("fields")
+    structure = schema.get("structure") if isinstance(schema, dict) else None
+    return list(structure) if isinstance(structure, list) else None
 
 
 def grid_columns(count: int, columns: int | None) -> int:

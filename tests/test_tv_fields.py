@@ -633,3 +633,30 @@ def test_a_missing_pycocotools_is_one_error_with_the_install_command(tmp_path: P
         resolve_source("torchvision:CocoDetection", root=info["root"], source_options={"annFile": info["annFile"]})
     assert str(caught.value) == ("torchvision:CocoDetection needs the pycocotools package, which is not installed. "
                                  "Install it with: pip install 'torch-fastdata[coco]'")
+
+
+class NestedBoxes(torch.utils.data.Dataset):
+    """(image, {"boxes", "labels"}) as a transforms-v2 user writes a detection dataset."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index: int):
+        image = tv_tensors.Image(torch.full((3, 20, 30), 40 * index, dtype=torch.uint8))
+        boxes = tv_tensors.BoundingBoxes(torch.tensor([[2.0, 3.0, 12.0, 15.0 - index]]), format="XYXY",
+                                         canvas_size=(20, 30))
+        return image, {"boxes": boxes, "labels": torch.tensor([index + 1])}
+
+
+def test_preview_of_a_python_detection_dataset_in_any_structure(tmp_path: Path) -> None:
+    import fastdata
+    from fastdata.preview import LINE_HEIGHT, PALETTE, cell_origin, preview
+
+    fastdata.convert(NestedBoxes(), tmp_path / "nested.npy", workers=0)
+    picture = np.asarray(preview(tmp_path / "nested.npy", cell_size=60))
+    strip = LINE_HEIGHT + 4
+    assert picture.shape == (2 + 60 + strip + 2, 2 + 3 * 62, 3)
+    for index in range(3):
+        x, y = cell_origin(index, columns=3, cell_size=60, strip=strip)
+        assert tuple(picture[y + 2 * (15 - index), x + 14]) == PALETTE[index + 1]  # bottom edge, scale 2
+        assert tuple(picture[y + 20, x + 14]) == (40 * index,) * 3  # inside: the image, untouched
