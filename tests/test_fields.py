@@ -442,3 +442,67 @@ def test_damaged_field_data_gives_only_clear_errors(tmp_path: Path, name: str) -
         out.write_bytes(bytes(data))
         report = fastdata.verify(out)
         assert not report.ok
+
+
+def test_a_dataset_with_fields_converts_into_every_other_format(tmp_path: Path) -> None:
+    fastdata.convert(Hinted(), tmp_path / "a.npy", workers=0, store="encoded")
+    fastdata.convert(tmp_path / "a.npy", tmp_path / "b.tar", workers=0)
+    fastdata.convert(tmp_path / "b.tar", tmp_path / "c.h5", workers=0, store="raw")
+    for name in ("b.tar", "c.h5"):
+        ds = reader(tmp_path / name)
+        for index in range(5):
+            expect_sample(ds[index], Everything()[index])
+
+
+MANY = '''
+import numpy as np, torch
+from PIL import Image
+from torchvision import tv_tensors
+
+class Many:
+    def __len__(self):
+        return 6000
+
+    def __getitem__(self, index):
+        image = Image.fromarray(np.full((8, 8, 3), index % 256, np.uint8))
+        boxes = tv_tensors.BoundingBoxes(torch.full((index % 3, 4), float(index)), format="XYXY", canvas_size=(8, 8))
+        mask = tv_tensors.Mask(torch.full((8, 8), index % 7, dtype=torch.uint8))
+        return {"image": image, "mask": mask, "boxes": boxes, "caption": f"sample {index}", "label": index % 10}
+
+items = Many()
+'''
+
+
+@pytest.mark.parametrize("fmt", ["npy", "tar"])
+def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path: Path, fmt: str) -> None:
+    import os
+    import signal
+    import time
+
+    from test_resume import contents
+
+    (tmp_path / "many.py").write_text(MANY)
+    env = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
+
+    def convert(out: Path, *extra: str, **popen) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", "many:items", str(out), "--format", fmt,
+                                 "--workers", "2", "--quiet", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, **popen)
+
+    def finish(process: subprocess.Popen) -> None:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+
+    finish(convert(tmp_path / "reference"))
+    journal = tmp_path / "out.partial.json"
+    process = convert(tmp_path / "out", start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > 1000):
+        assert process.poll() is None, "the conversion ended before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
+    finish(convert(tmp_path / "out", "--resume"))
+    assert contents(tmp_path / "out") == contents(tmp_path / "reference")

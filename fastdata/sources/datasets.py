@@ -147,6 +147,13 @@ class FastdataSource(DatasetSource):
         self.path = Path(path)
         self.manifest = manifest
         super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
+        if isinstance(manifest.get("fields"), dict):  # a dataset with fields: their kinds as it stored them
+            stored = manifest["fields"].get("fields") or []
+            self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
+                          for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
+            structure = manifest["fields"].get("structure")
+            if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
+                self.names = structure
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
 
     def fingerprint(self) -> dict[str, Any]:
