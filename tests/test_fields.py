@@ -506,3 +506,35 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
     finish(convert(tmp_path / "out", "--resume"))
     assert contents(tmp_path / "out") == contents(tmp_path / "reference")
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_several_images_per_sample_are_stored_alike(tmp_path: Path, store: str) -> None:
+    class Stereo:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> dict:
+            return {"left": Image.fromarray(pixels(index)), "right": Image.fromarray(pixels(index + 10)),
+                    "depth": Image.fromarray(pixels(index + 20)[:, :, 0])}
+
+    manifest = fastdata.convert(Stereo(), tmp_path / "s.h5", store=store, workers=0)
+    assert [(f["name"], f["mode"]) for f in manifest["fields"]["fields"]] == [("left", "RGB"), ("right", "RGB"),
+                                                                             ("depth", "L")]
+    got = fastdata.open_dataset(tmp_path / "s.h5")[2]
+    assert torch.equal(got["right"].permute(1, 2, 0), torch.from_numpy(pixels(12)))
+    assert got["depth"].shape == (1, 6, 8) and torch.equal(got["depth"][0], torch.from_numpy(pixels(22)[:, :, 0]))
+
+
+def test_the_source_fingerprint_covers_every_field() -> None:
+    from fastdata.sources import DatasetSource
+
+    class Captions(Everything):
+        def __init__(self, caption: str):
+            self.caption = caption
+
+        def __getitem__(self, index: int) -> dict:
+            return dict(super().__getitem__(index), caption=self.caption if index == 4 else "same")
+
+    assert DatasetSource(Captions("a")).fingerprint() == DatasetSource(Captions("a")).fingerprint()
+    assert DatasetSource(Captions("a")).fingerprint() != DatasetSource(Captions("b")).fingerprint()

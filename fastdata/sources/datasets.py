@@ -71,7 +71,12 @@ class DatasetSource(Source):
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
         if not hasattr(self, "_classic"):
-            values, layout, structure = flatten(self.dataset[0], self.names)
+            try:
+                item = self.dataset[0]
+            except Exception:  # noqa: BLE001 - a bad first item is reported where samples are loaded
+                self._classic = True
+                return None
+            values, layout, structure = flatten(item, self.names)
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
         return None if self._classic else (self.layout, self.structure)
@@ -128,6 +133,10 @@ class ArraySource(DatasetSource):
 
     def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         return self.native_mode, self.data.shape[2], self.data.shape[1]
+
+    @property
+    def is_classic(self) -> bool:
+        return True  # uint8 .data rows and integer .targets
 
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_arrays(self.data, self.labels)
