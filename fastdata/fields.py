@@ -50,6 +50,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _ARRAY_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                  "float16", "float32", "float64")
 VARIABLE = "variable"  # the kinds hint suffix "array:variable": a variable first dimension
+RAGGED = "ragged"  # "array:ragged": every dimension may vary (the number of dimensions may not)
 
 
 class FieldError(BadSampleError):
@@ -135,6 +136,10 @@ class Field:
         kind = self.kind
         if value is None:
             return b""
+        if kind == "array" and self.encoding == "npy":
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(value, dtype=np.dtype(self.dtype).newbyteorder("<")), allow_pickle=False)
+            return buffer.getvalue()
         if kind in ("int", "float", "array"):
             array = np.ascontiguousarray(value, dtype=np.dtype(self.dtype).newbyteorder("<"))
             return array.tobytes()
@@ -157,6 +162,11 @@ class Field:
             if kind in ("int", "float"):
                 array = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 return array[0].item()
+            if kind == "array" and self.encoding == "npy":
+                array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+                if str(array.dtype.newbyteorder("=")) != self.dtype and array.dtype != np.dtype(self.dtype):
+                    raise ValueError(f"holds {array.dtype}, not {self.dtype}")
+                return array.astype(self.dtype, copy=False)
             if kind == "array":
                 raw = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 if self.variable:
@@ -224,6 +234,8 @@ class Field:
             return b"[]"
         if kind == "json" and not stored:
             return b"null"
+        if kind == "array" and self.encoding == "npy":
+            return bytes(stored)  # already an .npy file
         if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
             value = self.load(stored) if kind == "array" else np.frombuffer(stored, np.uint8).reshape(self.shape)
             buffer = io.BytesIO()
@@ -244,6 +256,9 @@ class Field:
                 return b""
             if kind == "json" and data == b"null":
                 return b""
+            if kind == "array" and self.encoding == "npy":
+                self.load(data)  # a damaged member fails here, naming it
+                return data
             if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
                 array = np.load(io.BytesIO(data), allow_pickle=False)
                 return np.ascontiguousarray(array, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
@@ -393,12 +408,23 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
     if value is None:
         return None
     tv = _tv_type(value)
-    variable = False
+    variable = ragged = False
     if hint:
         hint, _, flag = hint.partition(":")
-        variable = flag == VARIABLE
-        if hint not in KINDS:
-            raise InvalidOptionError(f"kinds hint {hint!r} for field {name!r} is no field kind. Kinds: {', '.join(KINDS)}.")
+        variable, ragged = flag == VARIABLE, flag == RAGGED
+        if hint not in KINDS or flag not in ("", VARIABLE, RAGGED):
+            raise InvalidOptionError(f"kinds hint {hint!r} for field {name!r} is no field kind. Kinds: {', '.join(KINDS)} "
+                                     "(arrays: 'array:variable' for a variable first dimension, 'array:ragged' for any).")
+    if hint == "array" and (_is_tensor(value) or isinstance(value, np.ndarray)) and tv != "BoundingBoxes":
+        array = _as_numpy(value)
+        meta = {"tv_tensor": tv} if tv in ("Mask", "Image") else ({"as": "numpy"} if isinstance(value, np.ndarray) else {})
+        if str(array.dtype) not in _ARRAY_DTYPES:
+            raise FieldError(f"{sample}: field {name!r} is an array of dtype {array.dtype}, which fastdata does not "
+                             f"store (never pickled). Use one of: {', '.join(_ARRAY_DTYPES)}.")
+        if ragged:  # every dimension may vary (COCO's (K, H, W) instance masks): each value an .npy
+            return Field(name, "array", dtype=str(array.dtype), encoding="npy", meta=dict(meta, ndim=array.ndim))
+        shape = (None, *array.shape[1:]) if variable and array.ndim else tuple(array.shape)
+        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
     if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
         mode = value.mode if isinstance(value, Image.Image) else None
         meta = {"tv_tensor": "Mask"}
@@ -462,6 +488,8 @@ def _merge(old: Field, new: Field, sample: str) -> Field | None:
         return Field(old.name, "json")
     if old.kind != new.kind:
         return None
+    if old.kind == "array" and (old.encoding == "npy" or new.encoding == "npy"):
+        return old
     if old.kind == "array" and old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
             and old.shape[1:] == new.shape[1:] and old.shape:
         return Field(old.name, "array", dtype=old.dtype, shape=(None, *old.shape[1:]), meta=old.meta)
@@ -584,6 +612,10 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
         if str(array.dtype) != f.dtype:
             raise FieldError(f"{where} has dtype {array.dtype}; the first samples have {f.dtype} (never cast). "
                              "Convert it in the dataset.")
+        if f.encoding == "npy":
+            if array.ndim != f.meta.get("ndim"):
+                raise FieldError(f"{where} has {array.ndim} dimensions; the first samples have {f.meta.get('ndim')}.")
+            return array
         if f.variable:
             if array.ndim != len(f.shape) or tuple(array.shape[1:]) != f.shape[1:]:
                 rest = ", ".join(str(s) for s in f.shape[1:])

@@ -538,3 +538,27 @@ def test_the_source_fingerprint_covers_every_field() -> None:
 
     assert DatasetSource(Captions("a")).fingerprint() == DatasetSource(Captions("a")).fingerprint()
     assert DatasetSource(Captions("a")).fingerprint() != DatasetSource(Captions("b")).fingerprint()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_ragged_instance_masks_keep_every_shape_and_move_with_the_image(tmp_path: Path, name: str) -> None:
+    class Instances:
+        fastdata_kinds = {"masks": "array:ragged"}
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> dict:
+            height, width = 6 + index, 8
+            masks = torch.zeros((index, height, width), dtype=torch.uint8)
+            masks[:, : index + 1, : index + 2] = 1
+            return {"image": Image.fromarray(pixels(index, height, width)), "masks": tv_tensors.Mask(masks)}
+
+    out = tmp_path / f"inst{FORMATS[name]}"
+    fastdata.convert(Instances(), out, workers=0, store="encoded")
+    for index in range(3):
+        got = reader(out)[index]["masks"]
+        assert type(got) is tv_tensors.Mask and torch.equal(got, Instances()[index]["masks"])
+    fastdata.convert(Instances(), tmp_path / f"small{FORMATS[name]}", workers=0, store="raw", resize="4x4")
+    got = reader(tmp_path / f"small{FORMATS[name]}")[2]["masks"]
+    assert torch.equal(got, F.resize(Instances()[2]["masks"], [4, 4]))

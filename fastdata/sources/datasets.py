@@ -83,6 +83,8 @@ class DatasetSource(Source):
 
     @property
     def is_classic(self) -> bool:
+        if type(self).load_record is not DatasetSource.load_record:  # a subclass that makes records itself
+            return False
         return self.record_schema() is None
 
     def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
