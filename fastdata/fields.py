@@ -50,7 +50,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _ARRAY_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                  "float16", "float32", "float64")
 VARIABLE = "variable"  # the kinds hint suffix "array:variable": a variable first dimension
-RAGGED = "ragged"  # "array:ragged": every dimension varies (instance masks (K, H, W) of images of several sizes)
+RAGGED = "ragged"  # "array:ragged": every dimension may vary (the number of dimensions may not)
 
 
 class FieldError(BadSampleError):
@@ -103,12 +103,6 @@ class Field:
         return True
 
     @property
-    def ragged(self) -> bool:
-        """An array whose trailing dimensions vary too (shape ``(None, None, None)``): its stored
-        bytes start with those dimensions, one little-endian uint64 each, then the values."""
-        return self.kind == "array" and self.shape is not None and len(self.shape) > 1 and self.shape[1] is None
-
-    @property
     def row_bytes(self) -> int:
         """Bytes of one fixed-shape value (or of one row of a variable array's first dimension)."""
         shape = self.shape[1:] if self.variable else self.shape
@@ -142,10 +136,12 @@ class Field:
         kind = self.kind
         if value is None:
             return b""
+        if kind == "array" and self.encoding == "npy":
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(value, dtype=np.dtype(self.dtype).newbyteorder("<")), allow_pickle=False)
+            return buffer.getvalue()
         if kind in ("int", "float", "array"):
             array = np.ascontiguousarray(value, dtype=np.dtype(self.dtype).newbyteorder("<"))
-            if self.ragged:
-                return np.asarray(array.shape[1:], dtype="<u8").tobytes() + array.tobytes()
             return array.tobytes()
         if isinstance(value, bytes) and kind in ("text", "json"):
             return value  # checked, kept as it was
@@ -166,17 +162,15 @@ class Field:
             if kind in ("int", "float"):
                 array = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 return array[0].item()
+            if kind == "array" and self.encoding == "npy":
+                array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+                if str(array.dtype.newbyteorder("=")) != self.dtype and array.dtype != np.dtype(self.dtype):
+                    raise ValueError(f"holds {array.dtype}, not {self.dtype}")
+                return array.astype(self.dtype, copy=False)
             if kind == "array":
-                data, rest = bytes(data), self.shape[1:] if self.shape else ()
-                if self.ragged:
-                    if not data:
-                        return np.zeros((0,) * len(self.shape), dtype=self.dtype)
-                    head = 8 * (len(self.shape) - 1)
-                    if len(data) < head:
-                        raise ValueError(f"{len(data)} bytes hold no shape header of {head} bytes")
-                    rest, data = tuple(int(d) for d in np.frombuffer(data[:head], dtype="<u8")), data[head:]
-                raw = np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<"))
+                raw = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 if self.variable:
+                    rest = self.shape[1:]
                     per = math.prod(rest) if rest else 1
                     if per == 0:
                         rows = 0  # a (K, 0) array: its rows are not in the bytes
@@ -240,6 +234,8 @@ class Field:
             return b"[]"
         if kind == "json" and not stored:
             return b"null"
+        if kind == "array" and self.encoding == "npy":
+            return bytes(stored)  # already an .npy file
         if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
             value = self.load(stored) if kind == "array" else np.frombuffer(stored, np.uint8).reshape(self.shape)
             buffer = io.BytesIO()
@@ -260,9 +256,10 @@ class Field:
                 return b""
             if kind == "json" and data == b"null":
                 return b""
-            if kind == "array":
-                return self.store(np.load(io.BytesIO(data), allow_pickle=False))
-            if kind in SPATIAL and self.encoding == "raw":
+            if kind == "array" and self.encoding == "npy":
+                self.load(data)  # a damaged member fails here, naming it
+                return data
+            if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
                 array = np.load(io.BytesIO(data), allow_pickle=False)
                 return np.ascontiguousarray(array, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
         except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
@@ -414,10 +411,21 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
     variable = ragged = False
     if hint:
         hint, _, flag = hint.partition(":")
-        variable, ragged = flag in (VARIABLE, RAGGED), flag == RAGGED
-        if hint not in KINDS:
-            raise InvalidOptionError(f"kinds hint {hint!r} for field {name!r} is no field kind. Kinds: {', '.join(KINDS)}.")
-    if (tv == "Mask" and hint != "array") or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
+        variable, ragged = flag == VARIABLE, flag == RAGGED
+        if hint not in KINDS or flag not in ("", VARIABLE, RAGGED):
+            raise InvalidOptionError(f"kinds hint {hint!r} for field {name!r} is no field kind. Kinds: {', '.join(KINDS)} "
+                                     "(arrays: 'array:variable' for a variable first dimension, 'array:ragged' for any).")
+    if hint == "array" and (_is_tensor(value) or isinstance(value, np.ndarray)) and tv != "BoundingBoxes":
+        array = _as_numpy(value)
+        meta = {"tv_tensor": tv} if tv in ("Mask", "Image") else ({"as": "numpy"} if isinstance(value, np.ndarray) else {})
+        if str(array.dtype) not in _ARRAY_DTYPES:
+            raise FieldError(f"{sample}: field {name!r} is an array of dtype {array.dtype}, which fastdata does not "
+                             f"store (never pickled). Use one of: {', '.join(_ARRAY_DTYPES)}.")
+        if ragged:  # every dimension may vary (COCO's (K, H, W) instance masks): each value an .npy
+            return Field(name, "array", dtype=str(array.dtype), encoding="npy", meta=dict(meta, ndim=array.ndim))
+        shape = (None, *array.shape[1:]) if variable and array.ndim else tuple(array.shape)
+        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
+    if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
         mode = value.mode if isinstance(value, Image.Image) else None
         meta = {"tv_tensor": "Mask"}
         if isinstance(value, Image.Image) and value.mode == "P" and value.getpalette():
@@ -453,11 +461,9 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
         if variable:
             if not shape:
                 raise FieldError(f"{sample}: field {name!r} is 0-d; a variable first dimension needs at least 1-D.")
-            shape = (None,) * len(shape) if ragged and len(shape) > 1 else (None, *shape[1:])
-        meta = {"as": "numpy"} if isinstance(value, np.ndarray) else {}
-        if tv == "Mask":  # a stack of instance masks: read back as tv_tensors.Mask, moved with its image
-            meta = {"tv_tensor": "Mask", "canvas_size_of": image_field}
-        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
+            shape = (None, *shape[1:])
+        return Field(name, "array", dtype=str(array.dtype), shape=shape,
+                     meta={"as": "numpy"} if isinstance(value, np.ndarray) else {})
     if isinstance(value, str):
         return Field(name, "text")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -482,6 +488,8 @@ def _merge(old: Field, new: Field, sample: str) -> Field | None:
         return Field(old.name, "json")
     if old.kind != new.kind:
         return None
+    if old.kind == "array" and (old.encoding == "npy" or new.encoding == "npy"):
+        return old
     if old.kind == "array" and old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
             and old.shape[1:] == new.shape[1:] and old.shape:
         return Field(old.name, "array", dtype=old.dtype, shape=(None, *old.shape[1:]), meta=old.meta)
@@ -527,7 +535,7 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
                              f"Say it: kinds={{{name!r}: 'json'}} (or another kind).")
         fields.append(made)
     # boxes name their canvas image once it is known
-    fields = [f if f.meta.get("tv_tensor") not in ("BoundingBoxes", "Mask") or f.kind != "array" or f.meta.get("canvas_size_of")
+    fields = [f if f.meta.get("tv_tensor") != "BoundingBoxes" or f.meta.get("canvas_size_of")
               else Field(f.name, f.kind, f.dtype, f.shape, f.encoding, f.mode, dict(f.meta, canvas_size_of=image_field))
               for f in fields]
     return Schema(tuple(fields), layout, structure)
@@ -604,11 +612,11 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
         if str(array.dtype) != f.dtype:
             raise FieldError(f"{where} has dtype {array.dtype}; the first samples have {f.dtype} (never cast). "
                              "Convert it in the dataset.")
-        if f.ragged:
-            if array.ndim != len(f.shape):
-                raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have {len(f.shape)} "
-                                 "dimensions.")
-        elif f.variable:
+        if f.encoding == "npy":
+            if array.ndim != f.meta.get("ndim"):
+                raise FieldError(f"{where} has {array.ndim} dimensions; the first samples have {f.meta.get('ndim')}.")
+            return array
+        if f.variable:
             if array.ndim != len(f.shape) or tuple(array.shape[1:]) != f.shape[1:]:
                 rest = ", ".join(str(s) for s in f.shape[1:])
                 raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have (K, {rest}) "

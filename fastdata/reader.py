@@ -1,6 +1,8 @@
 """The output contract shared by every reader, its options, and the map-style reader base.
 
-A reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
+A dataset with fields beyond ``(image, label)`` (its manifest has a schema) gives each sample as
+its source returned it, a tuple or a dict of tv_tensors and values (:mod:`fastdata.records`,
+docs/fields.md). Otherwise a reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
 storage, so its memory format is channels-last), an HWC ndarray with ``image_format="numpy"``
 or a PIL image with ``"pil"``; the label an ``int``. Indexing with a list/array of indices
 returns a collated batch from one vectorised read; ``__getitems__`` serves torch's standard

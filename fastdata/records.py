@@ -163,10 +163,10 @@ class Records:
             height, width = size[row] if size is not None else self._fixed_canvas(f)
             return tv_tensors.BoundingBoxes(torch.from_numpy(np.array(array)), format=f.meta["format"],
                                             canvas_size=(int(height), int(width)))
-        if f.meta.get("tv_tensor") == "Mask" and self.format != "numpy":
+        if f.meta.get("tv_tensor") in ("Mask", "Image") and self.format == "tensor":
             from torchvision import tv_tensors
 
-            return tv_tensors.Mask(torch.from_numpy(np.array(array)))
+            return getattr(tv_tensors, f.meta["tv_tensor"])(torch.from_numpy(np.array(array)))
         if f.meta.get("as") == "numpy" or self.format == "numpy":
             return np.array(array)
         return torch.from_numpy(np.array(array))

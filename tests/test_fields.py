@@ -442,3 +442,123 @@ def test_damaged_field_data_gives_only_clear_errors(tmp_path: Path, name: str) -
         out.write_bytes(bytes(data))
         report = fastdata.verify(out)
         assert not report.ok
+
+
+def test_a_dataset_with_fields_converts_into_every_other_format(tmp_path: Path) -> None:
+    fastdata.convert(Hinted(), tmp_path / "a.npy", workers=0, store="encoded")
+    fastdata.convert(tmp_path / "a.npy", tmp_path / "b.tar", workers=0)
+    fastdata.convert(tmp_path / "b.tar", tmp_path / "c.h5", workers=0, store="raw")
+    for name in ("b.tar", "c.h5"):
+        ds = reader(tmp_path / name)
+        for index in range(5):
+            expect_sample(ds[index], Everything()[index])
+
+
+MANY = '''
+import numpy as np, torch
+from PIL import Image
+from torchvision import tv_tensors
+
+class Many:
+    def __len__(self):
+        return 6000
+
+    def __getitem__(self, index):
+        image = Image.fromarray(np.full((8, 8, 3), index % 256, np.uint8))
+        boxes = tv_tensors.BoundingBoxes(torch.full((index % 3, 4), float(index)), format="XYXY", canvas_size=(8, 8))
+        mask = tv_tensors.Mask(torch.full((8, 8), index % 7, dtype=torch.uint8))
+        return {"image": image, "mask": mask, "boxes": boxes, "caption": f"sample {index}", "label": index % 10}
+
+items = Many()
+'''
+
+
+@pytest.mark.parametrize("fmt", ["npy", "tar"])
+def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path: Path, fmt: str) -> None:
+    import os
+    import signal
+    import time
+
+    from test_resume import contents
+
+    (tmp_path / "many.py").write_text(MANY)
+    env = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
+
+    def convert(out: Path, *extra: str, **popen) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", "many:items", str(out), "--format", fmt,
+                                 "--workers", "2", "--quiet", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, **popen)
+
+    def finish(process: subprocess.Popen) -> None:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+
+    finish(convert(tmp_path / "reference"))
+    journal = tmp_path / "out.partial.json"
+    process = convert(tmp_path / "out", start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > 1000):
+        assert process.poll() is None, "the conversion ended before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
+    finish(convert(tmp_path / "out", "--resume"))
+    assert contents(tmp_path / "out") == contents(tmp_path / "reference")
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+def test_several_images_per_sample_are_stored_alike(tmp_path: Path, store: str) -> None:
+    class Stereo:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> dict:
+            return {"left": Image.fromarray(pixels(index)), "right": Image.fromarray(pixels(index + 10)),
+                    "depth": Image.fromarray(pixels(index + 20)[:, :, 0])}
+
+    manifest = fastdata.convert(Stereo(), tmp_path / "s.h5", store=store, workers=0)
+    assert [(f["name"], f["mode"]) for f in manifest["fields"]["fields"]] == [("left", "RGB"), ("right", "RGB"),
+                                                                             ("depth", "L")]
+    got = fastdata.open_dataset(tmp_path / "s.h5")[2]
+    assert torch.equal(got["right"].permute(1, 2, 0), torch.from_numpy(pixels(12)))
+    assert got["depth"].shape == (1, 6, 8) and torch.equal(got["depth"][0], torch.from_numpy(pixels(22)[:, :, 0]))
+
+
+def test_the_source_fingerprint_covers_every_field() -> None:
+    from fastdata.sources import DatasetSource
+
+    class Captions(Everything):
+        def __init__(self, caption: str):
+            self.caption = caption
+
+        def __getitem__(self, index: int) -> dict:
+            return dict(super().__getitem__(index), caption=self.caption if index == 4 else "same")
+
+    assert DatasetSource(Captions("a")).fingerprint() == DatasetSource(Captions("a")).fingerprint()
+    assert DatasetSource(Captions("a")).fingerprint() != DatasetSource(Captions("b")).fingerprint()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_ragged_instance_masks_keep_every_shape_and_move_with_the_image(tmp_path: Path, name: str) -> None:
+    class Instances:
+        fastdata_kinds = {"masks": "array:ragged"}
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int) -> dict:
+            height, width = 6 + index, 8
+            masks = torch.zeros((index, height, width), dtype=torch.uint8)
+            masks[:, : index + 1, : index + 2] = 1
+            return {"image": Image.fromarray(pixels(index, height, width)), "masks": tv_tensors.Mask(masks)}
+
+    out = tmp_path / f"inst{FORMATS[name]}"
+    fastdata.convert(Instances(), out, workers=0, store="encoded")
+    for index in range(3):
+        got = reader(out)[index]["masks"]
+        assert type(got) is tv_tensors.Mask and torch.equal(got, Instances()[index]["masks"])
+    fastdata.convert(Instances(), tmp_path / f"small{FORMATS[name]}", workers=0, store="raw", resize="4x4")
+    got = reader(tmp_path / f"small{FORMATS[name]}")[2]["masks"]
+    assert torch.equal(got, F.resize(Instances()[2]["masks"], [4, 4]))

@@ -116,7 +116,7 @@ class Job:
         label = values[label_field.name] if label_field is not None else -1
         self._check_mode(image)
         extras = plan.extras
-        if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") == "BoundingBoxes" for f in extras):
+        if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
             values = transform_fields(schema, values, image.size, plan.geometry, name)
         stored = {f.name: store_field(f, values[f.name], plan, name) for f in extras}
         if plan.encoding == "original":

@@ -112,7 +112,9 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
             image = to_pil(image)
             found.append((index, (image.mode, image.width, image.height)))
         except FieldError:
-            raise
+            if not options.skip_bad:
+                raise
+            records = records[:-1] if records and records[-1][0] == src.sample_name(index) else records
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:

@@ -61,9 +61,9 @@ def transform_fields(schema: Schema, values: dict[str, Any], size: tuple[int, in
                 image = _as_palette(image, palette)
             out[f.name] = image
         elif f.kind == "array" and f.meta.get("tv_tensor") == "Mask" and value is not None:
-            array = np.asarray(value)  # instance masks (K, H, W): nearest neighbour, as the image moves
-            result = moved(tv_tensors.Mask(torch.from_numpy(np.ascontiguousarray(array).astype(np.uint8))))
-            out[f.name] = result.numpy().astype(array.dtype, copy=False)
+            array = np.asarray(value)  # (K, H, W) instance masks: nearest neighbour, as the mask
+            out[f.name] = moved(tv_tensors.Mask(torch.from_numpy(np.ascontiguousarray(array)))).numpy().astype(
+                array.dtype, copy=False)
         elif f.meta.get("tv_tensor") == "BoundingBoxes" and value is not None:
             array = np.asarray(value)
             boxes = tv_tensors.BoundingBoxes(torch.from_numpy(np.ascontiguousarray(array)), format=f.meta["format"],

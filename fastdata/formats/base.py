@@ -141,6 +141,12 @@ class Reader:
         no room) instead of new memory."""
         raise NotImplementedError
 
+    def _field_values(self, field: Any, indices: np.ndarray) -> Any:
+        """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
+        of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or
+        each sample's stored bytes; :mod:`fastdata.records` builds the samples from them."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class FormatSpec:

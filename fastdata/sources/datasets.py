@@ -71,13 +71,20 @@ class DatasetSource(Source):
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
         if not hasattr(self, "_classic"):
-            values, layout, structure = flatten(self.dataset[0], self.names)
+            try:
+                item = self.dataset[0]
+            except Exception:  # noqa: BLE001 - a bad first item is reported where samples are loaded
+                self._classic = True
+                return None
+            values, layout, structure = flatten(item, self.names)
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
         return None if self._classic else (self.layout, self.structure)
 
     @property
     def is_classic(self) -> bool:
+        if type(self).load_record is not DatasetSource.load_record:  # a subclass that makes records itself
+            return False
         return self.record_schema() is None
 
     def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
@@ -129,6 +136,10 @@ class ArraySource(DatasetSource):
     def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         return self.native_mode, self.data.shape[2], self.data.shape[1]
 
+    @property
+    def is_classic(self) -> bool:
+        return True  # uint8 .data rows and integer .targets
+
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_arrays(self.data, self.labels)
 
@@ -147,6 +158,13 @@ class FastdataSource(DatasetSource):
         self.path = Path(path)
         self.manifest = manifest
         super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
+        if isinstance(manifest.get("fields"), dict):  # a dataset with fields: their kinds as it stored them
+            stored = manifest["fields"].get("fields") or []
+            self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
+                          for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
+            structure = manifest["fields"].get("structure")
+            if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
+                self.names = structure
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
 
     def fingerprint(self) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class ContentHash:
         self.bytes = 0
 
     def update(self, array: np.ndarray) -> None:
+        if array.size == 0:  # e.g. a field of (0,) arrays: nothing to hash (and no view to cast)
+            return
         data = memoryview(np.ascontiguousarray(array)).cast("B")
         self.digest.update(data)
         self.bytes += data.nbytes
