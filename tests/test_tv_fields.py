@@ -8,6 +8,7 @@ coordinates and their format and canvas, labels, caption strings.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -660,3 +661,31 @@ def test_preview_of_a_python_detection_dataset_in_any_structure(tmp_path: Path) 
         x, y = cell_origin(index, columns=3, cell_size=60, strip=strip)
         assert tuple(picture[y + 2 * (15 - index), x + 14]) == PALETTE[index + 1]  # bottom edge, scale 2
         assert tuple(picture[y + 20, x + 14]) == (40 * index,) * 3  # inside: the image, untouched
+
+
+def test_cityscapes_and_coco_through_the_command_line_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """A fresh interpreter: nothing of torchvision is imported beforehand (as for a user), and
+    pycocotools' progress lines do not reach stdout."""
+    import subprocess
+    import sys
+
+    import fastdata
+
+    tv_layouts.make_cityscapes(tmp_path / "city")
+    info = tv_layouts.make_coco(tmp_path / "coco")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    runs = [["torchvision:Cityscapes", "--root", str(tmp_path / "city"), "--source-option",
+             "target_type=semantic,instance,polygon", str(tmp_path / "city.h5"), "--resize", "12x16"],
+            ["torchvision:CocoDetection", "--root", str(info["root"]), "--source-option", f"annFile={info['annFile']}",
+             str(tmp_path / "coco.tar"), "--store", "encoded"]]
+    for arguments in runs:
+        result = subprocess.run([sys.executable, "-m", "fastdata", "convert", *arguments, "--quiet", "--workers", "0"],
+                                capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("wrote ") and len(result.stdout.splitlines()) == 1, result.stdout
+    image, mask, masks, labels, polygon = fastdata.open_dataset(tmp_path / "city.h5")[0]
+    assert image.shape == (3, 12, 16) and mask.shape == (12, 16) and masks.shape == (5, 12, 16)
+    assert masks.dtype == torch.bool and labels.tolist() == [7, 23, 24, 24, 26]
+    reference = tv_datasets.Cityscapes(str(tmp_path / "city"), target_type="polygon")
+    assert polygon == json.loads(Path(reference.targets[0][0]).read_text())
+    assert fastdata.TarIndexedDataset(tmp_path / "coco.tar")[0]["masks"].shape == (2, 20, 28)

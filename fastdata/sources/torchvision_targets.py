@@ -253,7 +253,10 @@ class TorchvisionRecordSource(Source):
     def instance_wrapper(self, mask: Image.Image) -> dict[str, Any]:
         """Cityscapes' instance-id image as the wrapper gives it (``masks`` and ``labels``), by
         the wrapper's own code: a one-sample dataset of the same class would need files."""
-        factory = _tv().tv_tensors._dataset_wrapper.WRAPPER_FACTORIES[type(self.dataset)]
+        # the wrapper's factory table lives in a torchvision module of its own; no public name reaches it
+        from torchvision.tv_tensors._dataset_wrapper import WRAPPER_FACTORIES
+
+        factory = WRAPPER_FACTORIES[type(self.dataset)]
         if mask.mode == "I;16":  # Pillow opens the 16-bit PNGs so; torch cannot compare uint16 (the wrapper fails)
             mask = mask.convert("I")
         _, target = factory(_InstanceOnly(), None)(0, (None, mask))
