@@ -689,3 +689,17 @@ def test_cityscapes_and_coco_through_the_command_line_in_a_fresh_interpreter(tmp
     reference = tv_datasets.Cityscapes(str(tmp_path / "city"), target_type="polygon")
     assert polygon == json.loads(Path(reference.targets[0][0]).read_text())
     assert fastdata.TarIndexedDataset(tmp_path / "coco.tar")[0]["masks"].shape == (2, 20, 28)
+
+
+def test_a_voc_object_of_an_unknown_class_is_an_error_not_an_empty_sample(tmp_path: Path, capsys) -> None:
+    from fastdata.cli import main
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    xml = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "Annotations" / "2007_000039.xml"
+    xml.write_text(xml.read_text().replace("<name>tvmonitor</name>", "<name>unicorn</name>"))
+    assert main(["convert", "torchvision:VOCDetection", "--root", str(tmp_path / "voc"), str(tmp_path / "d.npy"),
+                 "--quiet", "--workers", "0"]) == 1
+    image = tmp_path / "voc" / "VOCdevkit" / "VOC2012" / "JPEGImages" / "2007_000039.jpg"
+    assert capsys.readouterr().err.startswith(f"fastdata: error: {image}: cannot load sample (object class 'unicorn' "
+                                              "is not one of VOC's 20 classes (aeroplane, bicycle, ")
+    assert not (tmp_path / "d.npy").exists()

@@ -93,10 +93,15 @@ def _sbd(source: "TorchvisionRecordSource", index: int) -> Record:
 def _voc_detection(source: "TorchvisionRecordSource", index: int) -> Record:
     try:
         image, target = source.wrapped[index]
-    except KeyError:  # no <object>: the wrapper cannot batch an empty list; the same fields, empty
+    except KeyError as exc:  # no <object> (the wrapper cannot batch an empty list), or a class VOC lacks
         import torch
 
         image, target = source.raw[index]
+        if target["annotation"].get("object"):
+            from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORIES
+
+            raise ValueError(f"object class {exc.args[0]!r} is not one of VOC's {len(VOC_DETECTION_CATEGORIES) - 1} "
+                             f"classes ({', '.join(VOC_DETECTION_CATEGORIES[1:])})") from exc
         target = dict(target, boxes=_empty_boxes(image.height, image.width, torch.int64), labels=_labels_tensor([]))
     return {"image": image, "boxes": target["boxes"], "labels": target["labels"], "annotation": target["annotation"]}
 
@@ -169,6 +174,8 @@ def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
     (one boolean mask per instance id, (K, H, W) as COCO's, where the wrapper gives (K, 1, H, W))
     and ``labels`` (the class of each: id // 1000 for ids >= 1000), ``color`` as an RGBA image,
     ``polygon`` as JSON."""
+    import torch
+
     image, target = source.dataset[index]
     types = source.dataset.target_type
     values = list(target) if len(types) > 1 else [target]
@@ -178,16 +185,10 @@ def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
             wrapped = source.instance_wrapper(value)
             masks = wrapped["masks"]  # (K, 1, H, W): the wrapper stacks (1, H, W) masks; (K, H, W) like COCO's
             record["masks"] = _tv().tv_tensors.wrap(masks.reshape(masks.shape[0], *masks.shape[-2:]), like=masks)
-            record["labels"] = wrapped["labels"].to(_tv_int64()).reshape(-1)
+            record["labels"] = wrapped["labels"].to(torch.int64).reshape(-1)
         else:
             record[_CITYSCAPES_NAMES[kind]] = value
     return record
-
-
-def _tv_int64() -> Any:
-    import torch
-
-    return torch.int64
 
 
 RECORDS: dict[str, RecordSpec] = {
