@@ -80,8 +80,10 @@ def render(samples: Sequence[Any], *, class_names: dict[int, str] | None = None,
     a row); each cell is ``cell_size`` pixels square plus one strip for the text of all cells."""
     from torchvision.utils import make_grid
 
-    if cell_size < 16:
-        raise InvalidOptionError(f"Invalid cell size {cell_size!r}. Use 16 or more pixels.")
+    if not isinstance(cell_size, int) or cell_size < 16:
+        raise InvalidOptionError(f"Invalid --cell-size {cell_size!r}. Use 16 or more pixels.")
+    if columns is not None and (not isinstance(columns, int) or columns < 1):
+        raise InvalidOptionError(f"Invalid --columns {columns!r}. Use a positive integer.")
     class_names = class_names or {}
     drawn = [_draw(_named(sample, None), class_names, cell_size) for sample in samples]
     strip = LINE_HEIGHT * max(len(lines) for _, lines in drawn) + (4 if any(lines for _, lines in drawn) else 0)

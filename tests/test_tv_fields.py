@@ -417,6 +417,8 @@ def test_preview_command_on_a_classic_dataset(tmp_path: Path, capsys) -> None:
                            (["--index", "7:9"], "--index '7:9' selects no sample of the 6. Use e.g. 0:16."),
                            (["--index", "a-b"], "Invalid --index 'a-b'. Use START:STOP (e.g. 0:16), one index, or a "
                                                 "comma list."),
+                           (["--cell-size", "8"], "Invalid --cell-size 8. Use 16 or more pixels."),
+                           (["--columns", "0"], "Invalid --columns 0. Use a positive integer."),
                            (["--out", str(tmp_path / "g.jpg")], f"--out {str(tmp_path / 'g.jpg')!r} is not a .png file. "
                                                                 "Give a name ending in .png, e.g. grid.png.")]:
         argv = ["preview", str(fastdata_out), "--out", str(png), *flags]
