@@ -98,9 +98,10 @@ def part_classic(folder: Path, args: argparse.Namespace) -> None:
             out = folder / f"classic-{store}{suffix}"
             fastdata.convert(Classic(args.samples, args.size), out, store=store, workers=0)
             results = {"main": [], "fields": []}
-            for _ in range(args.repeats):  # alternate, so drift hits both alike
-                results["main"].append(run_reader(args.base, out, 64, 3))
-                results["fields"].append(run_reader(ROOT, out, 64, 3))
+            for repeat in range(args.repeats):  # alternate (and swap who goes first), so drift hits both alike
+                order = [("main", args.base), ("fields", ROOT)]
+                for name, code in order if repeat % 2 == 0 else order[::-1]:
+                    results[name].append(run_reader(code, out, 64, 3))
             for what in ("batches", "samples"):
                 main = max(r[what] for r in results["main"])
                 new = max(r[what] for r in results["fields"])
