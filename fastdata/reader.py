@@ -268,6 +268,9 @@ class ReaderOutput:
             lines.append(f"    Stored: {manifest.get('format')} {manifest.get('store')}, {size}{image.get('mode', '')}")
         elif getattr(self, "mode", None):
             lines.append(f"    Mode: {self.mode}")
+        schema = getattr(self, "schema", None)
+        if schema is not None:
+            lines.append(f"    Fields: {', '.join(f'{f.name} ({f.kind})' for f in schema.fields)}")
         lines.append(f"    Classes: {len(self.classes)}")
         lines.append(f"    Output: {self.image_format}")
         for name in ("transform", "target_transform", "batch_transform"):
