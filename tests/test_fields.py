@@ -562,3 +562,19 @@ def test_ragged_instance_masks_keep_every_shape_and_move_with_the_image(tmp_path
     fastdata.convert(Instances(), tmp_path / f"small{FORMATS[name]}", workers=0, store="raw", resize="4x4")
     got = reader(tmp_path / f"small{FORMATS[name]}")[2]["masks"]
     assert torch.equal(got, F.resize(Instances()[2]["masks"], [4, 4]))
+
+
+def test_a_tuple_of_numpy_values_keeps_its_first_array_as_the_image(tmp_path: Path) -> None:
+    class Arrays:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int):
+            return pixels(index), np.arange(index, dtype=np.float32), "x" * index
+
+    manifest = fastdata.convert(Arrays(), tmp_path / "a.npy", workers=0)
+    assert [(f["name"], f["kind"], f.get("shape")) for f in manifest["fields"]["fields"]] == [
+        ("array", "image", [6, 8, 3]), ("array_1", "array", [None]), ("text", "text", None)]
+    image, values, text = fastdata.open_dataset(tmp_path / "a.npy", image_format="numpy")[2]
+    np.testing.assert_array_equal(image, pixels(2))
+    assert values.tolist() == [0.0, 1.0] and values.dtype == np.float32 and text == "xx"

@@ -79,6 +79,11 @@ class DatasetSource(Source):
             values, layout, structure = flatten(item, self.names)
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
+            first_name, first = next(iter(values.items()), (None, None))
+            if layout == "tuple" and first_name not in self.kinds and str(getattr(first, "dtype", "")) in (
+                    "uint8", "torch.uint8") and getattr(first, "ndim", 0) in (2, 3) and \
+                    not type(first).__module__.startswith("torchvision"):
+                self.kinds[first_name] = "image"  # a tuple's first uint8 array is its image, as in torchvision
         return None if self._classic else (self.layout, self.structure)
 
     @property
