@@ -513,7 +513,7 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
             image_field = name
         found[name] = made
     for sample, values in records[1:]:
-        if list(values) != list(first):
+        if set(values) != set(first):  # the same fields in another order are the same fields
             missing = [n for n in first if n not in values] or [n for n in values if n not in first]
             raise FieldError(f"{sample}: fields {list(values)} differ from the first sample's {list(first)} "
                              f"(field {missing[0]!r}). Give every sample the same fields.")
