@@ -132,7 +132,7 @@ def test_tuples_come_back_as_tuples_and_transforms_v2_moves_image_mask_and_boxes
 
         def __getitem__(self, index: int):
             return tv_tensors.Image(torch.from_numpy(pixels(index)).permute(2, 0, 1)), \
-                tv_tensors.Mask(torch.from_numpy(np.asarray(mask(index)))), {"boxes": boxes(index + 1), "labels": torch.arange(index + 1)}
+                tv_tensors.Mask(torch.from_numpy(np.array(mask(index)))), {"boxes": boxes(index + 1), "labels": torch.arange(index + 1)}
 
     out = tmp_path / f"pairs{FORMATS[name]}"
     fastdata.convert(Pairs(), out, workers=0, store="encoded")
@@ -217,7 +217,7 @@ def test_resize_and_center_crop_move_masks_and_boxes_as_torchvision_does(tmp_pat
     for index in range(5):
         want = Everything()[index]
         got = ds[index]
-        expected_mask = F.center_crop(F.resize(tv_tensors.Mask(torch.from_numpy(np.asarray(want["mask"]))), [12]), [10, 14])
+        expected_mask = F.center_crop(F.resize(tv_tensors.Mask(torch.from_numpy(np.array(want["mask"]))), [12]), [10, 14])
         assert torch.equal(got["mask"], expected_mask)  # nearest neighbour: class ids only
         assert set(np.unique(got["mask"].numpy())) <= set(range(5))
         expected_boxes = F.center_crop(F.resize(want["boxes"], [12]), [10, 14])

@@ -71,10 +71,15 @@ class DatasetSource(Source):
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
         if not hasattr(self, "_classic"):
-            try:
-                item = self.dataset[0]
-            except Exception:  # noqa: BLE001 - a bad first item is reported where samples are loaded
-                self._classic = True
+            item = None
+            for index in range(min(len(self), 8)):  # the first item that loads decides
+                try:
+                    item = self.dataset[index]
+                    break
+                except Exception:  # noqa: BLE001 - a bad item is reported where samples are loaded
+                    continue
+            if item is None:
+                self._classic = True  # the classic path names the bad samples (and --skip-bad skips them)
                 return None
             values, layout, structure = flatten(item, self.names)
             self._classic = _classic_pair(values, layout)
