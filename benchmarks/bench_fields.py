@@ -3,7 +3,8 @@
 1. Classic ``(image, label)`` read speed, this checkout against ``main`` (a ``git worktree`` of it
    at ``--base``, made when missing): the same converted datasets (npy, hdf5, tar; raw and
    encoded) read by each version's reader in its own subprocess, alternating, best of
-   ``--repeats``. Target: >= 0.95x.
+   ``--repeats``, and the Python calls each version makes for the same reads (cProfile; equal
+   counts mean the same work, where timings on a loaded machine are noisy). Target: >= 0.95x.
 2. Detection (image + variable boxes + labels): torchvision's ``CocoDetection`` +
    ``wrap_dataset_for_transforms_v2`` read by a DataLoader with a list collate, against the same
    samples converted by fastdata (encoded, and raw after ``--resize``) read by ``fastdata.loader``;
@@ -59,6 +60,28 @@ print(json.dumps(best))
 """
 
 
+CALLS = r"""
+import cProfile, json, pstats, sys
+import numpy as np
+from fastdata.formats import find_manifest, get_format
+ds = get_format(find_manifest(sys.argv[1])["format"]).map_dataset(sys.argv[1])
+ds[0]; ds[np.arange(8)]
+counts = {}
+for name, call in (("samples", lambda: [ds[i] for i in range(100)]), ("batches", lambda: [ds[np.arange(64)] for _ in range(10)])):
+    profile = cProfile.Profile(); profile.enable(); call(); profile.disable()
+    counts[name] = pstats.Stats(profile).total_calls
+print(json.dumps(counts))
+"""
+
+
+def count_calls(pythonpath: Path, path: Path) -> dict[str, int]:
+    """Python function calls of 100 ``ds[i]`` and 10 ``ds[64 indices]``: deterministic, unlike time
+    on a shared machine; equal counts mean the same work per sample."""
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    done = subprocess.run([sys.executable, "-c", CALLS, str(path)], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_reader(pythonpath: Path, path: Path, batch: int, passes: int) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(pythonpath))
     done = subprocess.run([sys.executable, "-c", READ, str(path), str(batch), str(passes)], env=env,
@@ -102,10 +125,12 @@ def part_classic(folder: Path, args: argparse.Namespace) -> None:
                 order = [("main", args.base), ("fields", ROOT)]
                 for name, code in order if repeat % 2 == 0 else order[::-1]:
                     results[name].append(run_reader(code, out, 64, 3))
+            calls = {"main": count_calls(args.base, out), "fields": count_calls(ROOT, out)}
             for what in ("batches", "samples"):
                 main = max(r[what] for r in results["main"])
                 new = max(r[what] for r in results["fields"])
-                print(f"{fmt + ' ' + store:<16} {what:<8} {main:>10.0f} {new:>10.0f} {new / main:>6.2f}x")
+                print(f"{fmt + ' ' + store:<16} {what:<8} {main:>10.0f} {new:>10.0f} {new / main:>6.2f}x   "
+                      f"python calls main {calls['main'][what]}, fields {calls['fields'][what]}")
 
 
 def write_coco(folder: Path, count: int, size: int) -> tuple[Path, Path]:

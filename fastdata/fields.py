@@ -423,8 +423,9 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
                              f"store (never pickled). Use one of: {', '.join(_ARRAY_DTYPES)}.")
         if ragged:  # every dimension may vary (COCO's (K, H, W) instance masks): each value an .npy
             return Field(name, "array", dtype=str(array.dtype), encoding="npy", meta=dict(meta, ndim=array.ndim))
-        shape = (None, *array.shape[1:]) if variable and array.ndim else tuple(array.shape)
-        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
+        if variable and array.ndim:
+            return variable_array(name, str(array.dtype), tuple(array.shape[1:]), meta)
+        return Field(name, "array", dtype=str(array.dtype), shape=tuple(array.shape), meta=meta)
     if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
         mode = value.mode if isinstance(value, Image.Image) else None
         meta = {"tv_tensor": "Mask"}
@@ -458,12 +459,12 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
             dtype = "bool" if array.dtype.kind == "b" else ("int64" if kind == "int" else str(array.dtype))
             return Field(name, kind, dtype=dtype, shape=())
         shape = tuple(array.shape)
+        meta = {"as": "numpy"} if isinstance(value, np.ndarray) else {}
         if variable:
             if not shape:
                 raise FieldError(f"{sample}: field {name!r} is 0-d; a variable first dimension needs at least 1-D.")
-            shape = (None, *shape[1:])
-        return Field(name, "array", dtype=str(array.dtype), shape=shape,
-                     meta={"as": "numpy"} if isinstance(value, np.ndarray) else {})
+            return variable_array(name, str(array.dtype), shape[1:], meta)
+        return Field(name, "array", dtype=str(array.dtype), shape=shape, meta=meta)
     if isinstance(value, str):
         return Field(name, "text")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -481,6 +482,14 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
     raise _not_a_kind(name, value, sample)
 
 
+def variable_array(name: str, dtype: str, rest: tuple, meta: dict) -> Field:
+    """An array field with a variable first dimension; rows of zero size (a trailing 0) cannot
+    be counted from the bytes, so such values are stored as one ``.npy`` each."""
+    if math.prod(rest):
+        return Field(name, "array", dtype=dtype, shape=(None, *rest), meta=meta)
+    return Field(name, "array", dtype=dtype, shape=(None, *rest), encoding="npy", meta=dict(meta, ndim=1 + len(rest)))
+
+
 def _merge(old: Field, new: Field, sample: str) -> Field | None:
     """The field two samples' values agree on (a fixed array whose first dimension differs
     becomes variable; an empty caption list meets a non-empty one); None when their kinds differ."""
@@ -489,10 +498,10 @@ def _merge(old: Field, new: Field, sample: str) -> Field | None:
     if old.kind != new.kind:
         return None
     if old.kind == "array" and (old.encoding == "npy" or new.encoding == "npy"):
-        return old
+        return old if old.encoding == "npy" else new
     if old.kind == "array" and old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
             and old.shape[1:] == new.shape[1:] and old.shape:
-        return Field(old.name, "array", dtype=old.dtype, shape=(None, *old.shape[1:]), meta=old.meta)
+        return variable_array(old.name, old.dtype, old.shape[1:], old.meta)
     return old
 
 
@@ -513,7 +522,7 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
             image_field = name
         found[name] = made
     for sample, values in records[1:]:
-        if list(values) != list(first):
+        if set(values) != set(first):  # the same fields in another order are the same fields
             missing = [n for n in first if n not in values] or [n for n in values if n not in first]
             raise FieldError(f"{sample}: fields {list(values)} differ from the first sample's {list(first)} "
                              f"(field {missing[0]!r}). Give every sample the same fields.")
@@ -615,6 +624,10 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
         if f.encoding == "npy":
             if array.ndim != f.meta.get("ndim"):
                 raise FieldError(f"{where} has {array.ndim} dimensions; the first samples have {f.meta.get('ndim')}.")
+            if f.shape is not None and tuple(array.shape[1:]) != f.shape[1:]:
+                rest = ", ".join(str(v) for v in f.shape[1:])
+                raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have (K, {rest}) "
+                                 "(the trailing shape must not change).")
             return array
         if f.variable:
             if array.ndim != len(f.shape) or tuple(array.shape[1:]) != f.shape[1:]:

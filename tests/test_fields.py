@@ -132,7 +132,7 @@ def test_tuples_come_back_as_tuples_and_transforms_v2_moves_image_mask_and_boxes
 
         def __getitem__(self, index: int):
             return tv_tensors.Image(torch.from_numpy(pixels(index)).permute(2, 0, 1)), \
-                tv_tensors.Mask(torch.from_numpy(np.asarray(mask(index)))), {"boxes": boxes(index + 1), "labels": torch.arange(index + 1)}
+                tv_tensors.Mask(torch.from_numpy(np.array(mask(index)))), {"boxes": boxes(index + 1), "labels": torch.arange(index + 1)}
 
     out = tmp_path / f"pairs{FORMATS[name]}"
     fastdata.convert(Pairs(), out, workers=0, store="encoded")
@@ -217,7 +217,7 @@ def test_resize_and_center_crop_move_masks_and_boxes_as_torchvision_does(tmp_pat
     for index in range(5):
         want = Everything()[index]
         got = ds[index]
-        expected_mask = F.center_crop(F.resize(tv_tensors.Mask(torch.from_numpy(np.asarray(want["mask"]))), [12]), [10, 14])
+        expected_mask = F.center_crop(F.resize(tv_tensors.Mask(torch.from_numpy(np.array(want["mask"]))), [12]), [10, 14])
         assert torch.equal(got["mask"], expected_mask)  # nearest neighbour: class ids only
         assert set(np.unique(got["mask"].numpy())) <= set(range(5))
         expected_boxes = F.center_crop(F.resize(want["boxes"], [12]), [10, 14])
@@ -562,3 +562,19 @@ def test_ragged_instance_masks_keep_every_shape_and_move_with_the_image(tmp_path
     fastdata.convert(Instances(), tmp_path / f"small{FORMATS[name]}", workers=0, store="raw", resize="4x4")
     got = reader(tmp_path / f"small{FORMATS[name]}")[2]["masks"]
     assert torch.equal(got, F.resize(Instances()[2]["masks"], [4, 4]))
+
+
+def test_a_tuple_of_numpy_values_keeps_its_first_array_as_the_image(tmp_path: Path) -> None:
+    class Arrays:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, index: int):
+            return pixels(index), np.arange(index, dtype=np.float32), "x" * index
+
+    manifest = fastdata.convert(Arrays(), tmp_path / "a.npy", workers=0)
+    assert [(f["name"], f["kind"], f.get("shape")) for f in manifest["fields"]["fields"]] == [
+        ("array", "image", [6, 8, 3]), ("array_1", "array", [None]), ("text", "text", None)]
+    image, values, text = fastdata.open_dataset(tmp_path / "a.npy", image_format="numpy")[2]
+    np.testing.assert_array_equal(image, pixels(2))
+    assert values.tolist() == [0.0, 1.0] and values.dtype == np.float32 and text == "xx"

@@ -76,12 +76,11 @@ def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[s
 
 EXAMPLES = """
   fastdata convert ./photos out/photos.npy --resize 64x64        # .npy: decoded pixels, memory-mapped
-  fastdata convert ./photos out/photos.h5 --store encoded        # .h5: the original bytes in one HDF5 file
   fastdata convert torchvision:CIFAR10 --root ~/data out/cifar   # no extension: WebDataset tar shards
   fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after Ctrl-C or a crash
   fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
   fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
-  fastdata convert mydata:train_set out/train.npy --store encoded   # any Python Dataset (tuple/dict/tv_tensors)
+  fastdata convert mydata:train_set out/train.h5 --store encoded   # .h5: a Python Dataset (any fields), in one HDF5 file
 """
 
 

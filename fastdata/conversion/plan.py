@@ -104,8 +104,8 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
             if len(records) < _SCHEMA_SAMPLES:
                 records.append((src.sample_name(index), values))
                 infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
-            image = next((v for k, v in values.items() if src.kinds.get(k, "image") == "image"
-                          and (isinstance(v, Image.Image) or type(v).__name__ == "Image")), None)
+            image = next((v for k, v in values.items() if src.kinds.get(k) == "image" or (
+                src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
             if image is None:
                 raise FieldError(f"{src.sample_name(index)}: has no image field (a PIL image or tv_tensors.Image); "
                                  "fastdata stores samples with at least one image.")

@@ -71,14 +71,24 @@ class DatasetSource(Source):
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
         if not hasattr(self, "_classic"):
-            try:
-                item = self.dataset[0]
-            except Exception:  # noqa: BLE001 - a bad first item is reported where samples are loaded
-                self._classic = True
+            item = None
+            for index in range(min(len(self), 8)):  # the first item that loads decides
+                try:
+                    item = self.dataset[index]
+                    break
+                except Exception:  # noqa: BLE001 - a bad item is reported where samples are loaded
+                    continue
+            if item is None:
+                self._classic = True  # the classic path names the bad samples (and --skip-bad skips them)
                 return None
             values, layout, structure = flatten(item, self.names)
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
+            first_name, first = next(iter(values.items()), (None, None))
+            if layout == "tuple" and first_name not in self.kinds and str(getattr(first, "dtype", "")) in (
+                    "uint8", "torch.uint8") and getattr(first, "ndim", 0) in (2, 3) and \
+                    not type(first).__module__.startswith("torchvision"):
+                self.kinds[first_name] = "image"  # a tuple's first uint8 array is its image, as in torchvision
         return None if self._classic else (self.layout, self.structure)
 
     @property

@@ -85,9 +85,11 @@ class TarDataset(ReaderOutput, IterableDataset):
         self.rank, self.world_size = resolve_distributed(self.options.rank, self.options.world_size)
         self.epoch = 0
         self.fields_reader = None
+        self.schema = None  # the fastdata.fields.Schema of a dataset with fields
         if "fields" in self.manifest:  # samples with fields: built by the map-style reader's records
             shared = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(ReaderOptions)}
             self.fields_reader = TarIndexedDataset(self.path, **shared)
+            self.schema = self.fields_reader.schema
 
     @property
     def batch_size(self) -> int | None:
