@@ -26,6 +26,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "remote": ("fsspec",),
     "s3": ("fsspec", "s3fs"),
     "http": ("fsspec", "aiohttp"),
+    "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
+    "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
 }
 
 

@@ -1,6 +1,8 @@
 """The output contract shared by every reader, its options, and the map-style reader base.
 
-A reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
+A dataset with fields beyond ``(image, label)`` (its manifest has a schema) gives each sample as
+its source returned it, a tuple or a dict of tv_tensors and values (:mod:`fastdata.records`,
+docs/fields.md). Otherwise a reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
 storage, so its memory format is channels-last), an HWC ndarray with ``image_format="numpy"``
 or a PIL image with ``"pil"``; the label an ``int``. Indexing with a list/array of indices
 returns a collated batch from one vectorised read; ``__getitems__`` serves torch's standard
@@ -73,9 +75,14 @@ class ReaderOptions:
     cache_dir: str | os.PathLike | None = None
     cache_limit: int | None = None
     retry: Retry | None = None
+    fields: Any = None  # names of the fields to read (datasets with fields, docs/fields.md); None: all
 
     def __post_init__(self) -> None:
         self.remote  # validated up front
+        if self.fields is not None:
+            if isinstance(self.fields, str) or not all(isinstance(name, str) for name in self.fields):
+                raise InvalidOptionError(f"fields must be a list of field names, got {self.fields!r}.")
+            object.__setattr__(self, "fields", tuple(self.fields))
         if self.image_format not in IMAGE_FORMATS:
             allowed = ", ".join(map(repr, IMAGE_FORMATS))
             raise InvalidOptionError(f"Unknown image_format {self.image_format!r}. Allowed: {allowed}.")
@@ -279,6 +286,9 @@ class ReaderOutput:
             lines.append(f"    Stored: {manifest.get('format')} {manifest.get('store')}, {size}{image.get('mode', '')}")
         elif getattr(self, "mode", None):
             lines.append(f"    Mode: {self.mode}")
+        schema = getattr(self, "schema", None)
+        if schema is not None:
+            lines.append(f"    Fields: {', '.join(f'{f.name} ({f.kind})' for f in schema.fields)}")
         lines.append(f"    Classes: {len(self.classes)}")
         lines.append(f"    Output: {self.image_format}")
         for name in ("transform", "target_transform", "batch_transform"):
@@ -358,18 +368,38 @@ class MapDataset(ReaderOutput, Reader, Dataset):
             if not -len(self) <= position < len(self):
                 raise IndexError(f"index {position} is out of range for a dataset of {len(self)} samples")
             indices = np.array([position % len(self)])
+            if self.schema is not None:
+                return self.records.samples(indices)[0]
             return self.output.samples(self._pixels(indices), self.labels[indices])[0]
         return self.get_batch(self._indices(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """torch's batched fetch: the samples of ``indices`` from one read, as views."""
         indices = self._indices(indices)
+        if self.schema is not None:
+            return self.records.samples(indices)
         return self.output.samples(self._pixels(indices), self.labels[indices])
+
+    schema: Any = None  # the fastdata.fields.Schema of a dataset with fields; None for (image, label)
+
+    @property
+    def records(self) -> Any:
+        """How this reader's samples with fields are built (:class:`fastdata.records.Records`)."""
+        from fastdata.records import Records  # only datasets with fields need it
+
+        return Records(self)
+
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        """One extra field's stored values of ``indices``: the (B, *shape) rows of a fixed field,
+        or each sample's stored bytes (:mod:`fastdata.fields`)."""
+        raise NotImplementedError
 
     def get_batch(self, indices: np.ndarray, allocate: Callable | None = None) -> tuple[Any, Any]:
         """A collated batch ``(uint8 [B,C,H,W], int64 [B])`` from one vectorised read (into
         ``allocate``'d memory where given: the process backend's shared-memory slot)."""
         output = self.output
+        if self.schema is not None:
+            return self.records.batch(indices, None if output.per_sample else allocate)
         if output.per_sample:
             allocate = None  # transformed samples are new objects anyway
         return output.batch(self._pixels(indices, allocate), self.labels[indices], allocate)
@@ -413,3 +443,7 @@ class StoredDataset(MapDataset):
             )
         self._set_classes(self.manifest)
         self._load()
+        if "fields" in self.manifest:
+            from fastdata.records import open_schema  # only datasets with fields need it
+
+            self.schema = open_schema(self)

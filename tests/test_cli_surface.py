@@ -63,7 +63,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_option_of_every_command_has_help_and_a_readable_metavar() -> None:
     commands = subcommands()
-    assert sorted(commands) == ["bench", "convert", "info", "merge", "tune", "verify"]
+    assert sorted(commands) == ["bench", "convert", "info", "merge", "preview", "tune", "verify"]
     for name, parser in commands.items():
         for action in parser._actions:
             shown = action.option_strings or [action.dest]
@@ -101,7 +101,7 @@ def example_lines(parser: argparse.ArgumentParser) -> list[list[str]]:
     return [shlex.split(command)[1:] for command in commands]
 
 
-@pytest.mark.parametrize("name", ["bench", "convert", "info", "merge", "tune", "verify"])
+@pytest.mark.parametrize("name", ["bench", "convert", "info", "merge", "preview", "tune", "verify"])
 def test_every_command_has_a_description_and_examples_that_parse(name: str) -> None:
     from fastdata.cli import build_parser
 

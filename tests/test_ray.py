@@ -92,3 +92,32 @@ def test_a_bad_image_in_a_task_fails_as_in_the_local_engine(cluster, tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.partial.units", "src"]  # finished units kept for a rerun
     fastdata.convert(source, tmp_path / "ray", format="npy", skip_bad=True, workers=0)  # a local run clears them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray", "src"]
+
+
+def test_samples_with_fields_on_ray_equal_the_local_engines(cluster, tmp_path: Path) -> None:
+    """WebDataset shards with captions, JSON and masks (issue 21): the staged units carry every field."""
+    import io
+    import json
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    def png(array: np.ndarray) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    with wds.TarWriter(str(shards / "x.tar")) as sink:
+        for index in range(30):
+            sink.write({"__key__": f"k{index:03d}", "png": png(np.full((6, 8, 3), index, np.uint8)),
+                        "txt": f"caption {index}".encode(), "json": json.dumps({"i": index}).encode(),
+                        "seg.png": png(np.full((6, 8), index % 4, np.uint8))})
+    for fmt in ("npy", "tar"):
+        local, out = tmp_path / f"local-{fmt}", tmp_path / f"ray-{fmt}"
+        fastdata.convert(shards, local, format=fmt, workers=0)
+        manifest = fastdata.convert(shards, out, format=fmt, engine="ray", unit_samples=7)
+        assert [f["name"] for f in manifest["fields"]["fields"]] == ["png", "json", "seg.png", "txt"]
+        same_output(local, out)

@@ -60,9 +60,13 @@ def test_a_folder_of_shards_converts_like_stock_webdataset_reads_it(tmp_path: Pa
     reference = stock([str(p) for p in sorted(shards.iterdir())])
     assert len(reference) == 15
     for index, (image, sample) in enumerate(reference):
-        got, label = ds[index]
-        np.testing.assert_array_equal(got, image)
-        assert label == int(sample["cls"]) == index % 3
+        got = ds[index]  # every member kept (issue 21): a dict keyed by suffix, the image under "image"
+        assert list(got) == ["image", "cls", "json", "txt"]
+        np.testing.assert_array_equal(got["image"], image)
+        assert got["cls"] == int(sample["cls"]) == index % 3
+        assert got["txt"] == sample["txt"] == f"caption {index}" and got["json"] == sample["json"]
+    assert (out / "fields" / "json.bin").read_bytes() == b"".join(
+        json.dumps({"index": index, "label": index % 4}).encode() for index in range(15))  # the bytes as they were
 
 
 def test_encoded_store_keeps_the_original_bytes_and_a_brace_pattern_selects_shards(tmp_path: Path) -> None:
@@ -88,6 +92,31 @@ def test_labels_from_json_and_shards_without_labels(tmp_path: Path) -> None:
             sink.write({"__key__": f"k{index}", "jpg": encoded(pattern(4, 4, seed=index), "JPEG"), "txt": b"hi"})
     manifest = fastdata.convert(bare, tmp_path / "bare.npy", workers=0)
     assert manifest["count"] == 3 and np.load(tmp_path / "bare.npy" / "labels.npy").tolist() == [-1, -1, -1]
+    assert [f["name"] for f in manifest["fields"]["fields"]] == ["jpg", "txt"]  # no label; the caption kept
+    assert fastdata.open_dataset(tmp_path / "bare.npy")[2]["txt"] == "hi"
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # stock webdataset leaves its shard files open
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_captions_without_labels_are_kept_and_a_missing_member_is_named(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    with wds.TarWriter(str(pairs / "x.tar")) as sink:
+        for index in range(4):
+            sample = {"__key__": f"k{index}", "jpg": encoded(pattern(4, 4, seed=index), "JPEG"),
+                      "json": json.dumps({"url": f"http://x/{index}"}).encode()}
+            if index != 2:
+                sample["txt"] = f"a photo {index}".encode()
+            sink.write(sample)
+    with pytest.raises(BadSampleError) as info:
+        fastdata.convert(pairs, tmp_path / "pairs.tar", workers=0)
+    assert str(info.value) == ("x.tar:k2: has no 'txt' member, which other samples have (it has jpg,json). Give every "
+                               "sample the same members, or re-run with --skip-bad to leave it out.")
+    manifest = fastdata.convert(pairs, tmp_path / "pairs.tar", workers=0, skip_bad=True)
+    assert manifest["count"] == 3 and manifest["skipped"][0]["key"] == "x.tar:k2"
+    stock_samples = list(wds.WebDataset(str(tmp_path / "pairs.tar" / "shard-000000.tar"), shardshuffle=False).decode())
+    assert [s["txt"] for s in stock_samples] == ["a photo 0", "a photo 1", "a photo 3"]
+    assert [s["json"] for s in stock_samples] == [{"url": f"http://x/{i}"} for i in (0, 1, 3)]
 
 
 def test_bad_samples_are_named(tmp_path: Path) -> None:

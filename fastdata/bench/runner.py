@@ -114,7 +114,7 @@ def baseline(source_arg: Any, source: Source, options: dict[str, Any]) -> Prepar
         return Prepared(folder, "-", str(source.root), disk_usage(source.root), baseline=True)
     if isinstance(source_arg, str) and source_arg.startswith(TORCHVISION_PREFIX):
         kwargs = {"name": source_arg[len(TORCHVISION_PREFIX):], "root": options.get("root"),
-                  "split": options.get("split", "train"), "download": options.get("download", False),
+                  "split": options.get("split"), "download": options.get("download", False),
                   "options": options.get("source_options")}
         root = options.get("root")
         return Prepared("torchvision", "-", str(root or ""), disk_usage(Path(root)) if root else 0,

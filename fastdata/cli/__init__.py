@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, merge, info, verify, bench, tune (one module per command).
+"""The ``fastdata`` command line: convert, merge, info, verify, preview, bench, tune (one module per command).
 
 Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and exit 1,
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
@@ -23,7 +23,7 @@ from fastdata.cli.common import fetch_converted
 from fastdata.urls import is_url, refuse_url
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastdata.cli import bench, convert, inspect, merge, tune
+    from fastdata.cli import bench, convert, inspect, merge, preview, tune
     from fastdata.cli.common import HelpFormatter
 
     parser = argparse.ArgumentParser(
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_parser(commands)
     bench.add_parser(commands)
     inspect.add_parsers(commands)
+    preview.add_parser(commands)
     tune.add_parser(commands)
     return parser
 

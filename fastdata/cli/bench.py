@@ -77,7 +77,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out)")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
-    parser.add_argument("--split", default="train", metavar="train|test", help="torchvision sources: train or test")
+    parser.add_argument("--split", default=None, metavar="NAME",
+                        help="torchvision sources: the dataset's own split name (when not given, the one the dataset "
+                        "uses by itself)")
     parser.add_argument("--download", action="store_true", help="torchvision sources: download if missing")
     parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra keyword for the torchvision dataset, e.g. size=1000 (repeatable)")

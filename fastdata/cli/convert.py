@@ -77,11 +77,11 @@ def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[s
 
 EXAMPLES = """
   fastdata convert ./photos out/photos.npy --resize 64x64        # .npy: decoded pixels, memory-mapped
-  fastdata convert ./photos out/photos.h5 --store encoded        # .h5: the original bytes in one HDF5 file
   fastdata convert torchvision:CIFAR10 --root ~/data out/cifar   # no extension: WebDataset tar shards
   fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after Ctrl-C or a crash
   fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
   fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
+  fastdata convert mydata:train_set out/train.h5 --store encoded   # .h5: a Python Dataset (any fields), in one HDF5 file
 """
 
 
@@ -89,13 +89,14 @@ def add_parser(commands) -> None:
     parser = add_command(
         commands, "convert",
         help="convert an image folder or torchvision dataset into a fast format",
-        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, or a converted "
-        "dataset) into OUTPUT, in the format its extension names (or --format).",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, a converted "
+        "dataset, or module:name for a Python dataset) into OUTPUT, in the format its extension names (or "
+        "--format). Samples may be (image, label) or records of named fields (docs/fields.md).",
         examples=EXAMPLES,
     )
     parser.add_argument("source", metavar="SOURCE",
-                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, or a converted "
-                        "dataset")
+                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, a converted "
+                        "dataset, or module:name (a map-style Dataset, or a function returning one)")
     parser.add_argument("output", metavar="OUTPUT",
                         help="the dataset to create: a directory for npy and tar, a file for hdf5; its extension "
                         "picks the format unless --format is given (.npy npy, .h5/.hdf5 hdf5, .tar or none tar)")

@@ -19,6 +19,25 @@ def _files_line(files: dict[str, Any], shown: int = 4) -> str:
     return line
 
 
+def field_line(entry: dict[str, Any]) -> str:
+    """One field of ``fastdata info``: name, kind, dtype and shape (K for a variable first
+    dimension), encoding, what a reader gives back."""
+    parts = [f"{entry.get('name')}: {entry.get('kind')}"]
+    if entry.get("dtype") and entry.get("kind") not in ("image", "mask"):
+        parts.append(str(entry["dtype"]))
+    shape = entry.get("shape")
+    if shape is not None and entry.get("kind") not in ("int", "float"):
+        parts.append("(" + ", ".join("K" if s is None else str(s) for s in shape) + ")")
+    if entry.get("encoding"):
+        parts.append(f"{entry['encoding']}, mode {entry.get('mode')}")
+    meta = entry.get("meta") or {}
+    if meta.get("tv_tensor") == "BoundingBoxes":
+        parts.append(f"BoundingBoxes {meta.get('format')} on {meta.get('canvas_size_of')!r}")
+    if meta.get("palette"):
+        parts.append("palette kept")
+    return "  " + " ".join(parts)
+
+
 def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None) -> str:
     image = manifest["image"]
     if image.get("shape"):
@@ -40,7 +59,12 @@ def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None
         ("created", f"{manifest.get('created')} by fastdata {manifest.get('fastdata_version')}"),
         ("skipped", str(len(manifest.get("skipped", [])))),
     ]
-    return "\n".join(f"{name + ':':<9} {value}" for name, value in rows)
+    if isinstance(manifest.get("fields"), dict):  # samples with fields (docs/fields.md)
+        schema = manifest["fields"]
+        rows.insert(4, ("fields", f"{len(schema.get('fields') or [])}, given back as a {schema.get('layout')}"))
+        for entry in schema.get("fields") or []:
+            rows.insert(5 + (schema["fields"].index(entry)), ("", field_line(entry)))
+    return "\n".join(f"{name + ':' if name else '':<9} {value}" for name, value in rows)
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -46,7 +46,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
                         "(needed when image sizes differ)")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
-    parser.add_argument("--split", default="train", metavar="train|test", help="torchvision sources: train or test (default: train)")
+    parser.add_argument("--split", default=None, metavar="NAME",
+                        help="torchvision sources: the dataset's own split name (when not given, the one the dataset "
+                        "uses by itself)")
     parser.add_argument("--source-option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra keyword for the torchvision dataset (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the recommendation as JSON only")

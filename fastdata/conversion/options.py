@@ -11,7 +11,6 @@ text, as the command line does (``resize="64x48"``, ``workers="4"``), or as Pyth
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions, pa
 
 STORES = ("raw", "encoded")
 ENGINES = ("local", "ray")
-SPLITS = ("train", "test")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -95,15 +93,14 @@ def parse_part(value: Any) -> tuple[int, int] | None:
     return int(numbers[0]), int(numbers[1])
 
 
-def parse_source_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` of ``--source-option``; VALUE as a Python literal when it is one."""
+def parse_source_option(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--source-option``. VALUE stays text: the source turns it into the type
+    the dataset's constructor expects (:func:`fastdata.sources.torchvision.coerce_option`), so
+    ``year=2012`` stays the string VOC wants and ``size=1000`` becomes the int FakeData wants."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise InvalidOptionError(f"Invalid --source-option {text!r}. Use KEY=VALUE, e.g. size=1000.")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
+    return key, value
 
 
 def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
@@ -171,8 +168,9 @@ class ConvertOptions:
                                 "--part must use the same)", metavar="N", group="run")
     root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
                                metavar="DIR", group="source")
-    split: str = _option("train", "torchvision sources: train or test (mapped to the dataset's own argument)",
-                         metavar="train|test", group="source")
+    split: str | None = _option(None, "torchvision sources: the dataset's own split name (train/test, VOC's "
+                                "train/val/trainval, OxfordIIITPet's trainval/test, CelebA's train/valid/test/all, "
+                                "...; when not given, the one the dataset uses by itself)", metavar="NAME", group="source")
     download: bool = _option(False, "torchvision sources: download the dataset if it is missing", kind="flag",
                              group="source")
     source_options: dict[str, Any] = _option(None, "extra keyword for the torchvision dataset, e.g. size=1000 "
@@ -191,7 +189,8 @@ class ConvertOptions:
         set_(self, "reencode", parse_reencode(self.reencode))
         set_(self, "max_pixels", parse_count(self.max_pixels, flag="--max-pixels", allow_none=True))
         set_(self, "workers", parse_count(self.workers, flag="--workers", minimum=0, allow_none=True))
-        _choice(self.split, SPLITS, "split")
+        if self.split is not None and not isinstance(self.split, str):
+            raise InvalidOptionError(f"Invalid split {self.split!r}. Use the dataset's split name, e.g. 'train'.")
         self._check_engine()
         set_(self, "source_options", dict(self.source_options or {}))
         if isinstance(self.format_options, dict):  # the format's own options, checked by the format once decided

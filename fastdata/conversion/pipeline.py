@@ -11,6 +11,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fastdata.errors import BadSampleError, ShapeMismatchError
+from fastdata.fields import FieldError
+from fastdata.conversion.spatial import store_field, transform_fields
 from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
 )
@@ -103,15 +105,59 @@ class Job:
             )
         return label, array
 
+    def sample_record(self, index: int) -> tuple[int, Any, dict[str, bytes]]:
+        """A sample with fields (``plan.schema``): its label, image payload (as :meth:`sample`)
+        and every extra field's stored bytes, checked against the schema; spatial fields get the
+        image's geometry (:func:`fastdata.conversion.spatial.transform_fields`)."""
+        plan, schema, name = self.plan, self.plan.schema, self.src.sample_name(index)
+        values = schema.check(self.src.load_record(index, self.options.read), name)
+        image_field, label_field = schema.image, schema.label
+        image = values[image_field.name]
+        label = values[label_field.name] if label_field is not None else -1
+        self._check_mode(image)
+        extras = plan.extras
+        if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
+            values = transform_fields(schema, values, image.size, plan.geometry, name)
+        stored = {f.name: store_field(f, values[f.name], plan, name) for f in extras}
+        if plan.encoding == "original":
+            data = self.src.file_bytes(index)
+            self._check_mode(open_image(data, self.options.max_pixels))
+            return label, data, stored
+        image = plan.geometry.apply(to_mode(image, plan.mode))
+        if plan.store == "encoded":
+            return label, encode(image, plan.encoding, plan.jpeg_quality), stored
+        array = pixels(image)
+        if array.shape != plan.shape:
+            self._mismatch(index, array.shape)
+        return label, array, stored
+
+    def _mismatch(self, index: int, shape: tuple[int, ...]) -> None:
+        height, width = self.plan.shape[:2]
+        raise ShapeMismatchError(
+            f"{self.src.sample_name(index)} is {shape[0]}x{shape[1]} (HxW) but "
+            f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
+            "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+        )
+
     def chunk(self, indices: list[int]) -> Batch:
         keys, labels, payloads, skipped = [], [], [], []
         raw = self.plan.store == "raw"
         images = np.empty((len(indices), *self.plan.shape), dtype=np.uint8) if raw else None
+        extras = self.plan.extras
+        fields: dict[str, list[bytes]] | None = {f.name: [] for f in extras} if self.plan.schema is not None else None
         for index in indices:
             try:
-                label, payload = self.sample(index)
+                if fields is None:
+                    label, payload = self.sample(index)
+                else:
+                    label, payload, stored = self.sample_record(index)
             except (ShapeMismatchError, ModeConflict):
                 raise
+            except FieldError as exc:
+                if not self.options.skip_bad:
+                    raise
+                skipped.append((index, {"key": printable(self.src.keys[index]), "reason": str(exc)[:200]}))
+                continue
             except Exception as exc:
                 if not self.options.skip_bad:
                     raise self.fail(index, exc, "decode") from exc
@@ -123,7 +169,10 @@ class Job:
                 payloads.append(payload)
             keys.append(self.src.keys[index])
             labels.append(label)
-        batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped)
+            if fields is not None:
+                for name, data in stored.items():
+                    fields[name].append(data)
+        batch = Batch(keys=keys, labels=np.asarray(labels, dtype=np.int64), skipped=skipped, fields=fields)
         if raw:
             batch.images = images[: len(keys)]
         else:

@@ -21,9 +21,13 @@ from fastdata.errors import InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
-from fastdata.images import CHANNELS, is_grayscale
+from fastdata.errors import InvalidOptionError
+from fastdata.fields import Field, FieldError, Schema, infer
+from fastdata.images import CHANNELS, is_grayscale, to_pil
+from PIL import Image
+from fastdata.importing import is_import_string, load_dataset
 from fastdata.sources import (
-    ArraySource, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
+    ArraySource, make_dataset_source, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
 )
 
 
@@ -59,6 +63,10 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
     pattern) through :class:`~fastdata.sources.WebDatasetSource`; the rest as
     :func:`~fastdata.sources.resolve_source` says."""
     options = options or ConvertOptions()
+    if is_import_string(source):  # module:name, a Python dataset (or a function returning one)
+        dataset = load_dataset(source)
+        return make_dataset_source(dataset, {"type": "dataset", "import": source,
+                                             "class": f"{type(dataset).__module__}.{type(dataset).__qualname__}"})
     if isinstance(source, (str, os.PathLike)) and not str(source).startswith("torchvision:"):
         path = Path(source)
         manifest = find_manifest(path) if path.exists() else None
@@ -102,6 +110,66 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
     return found
 
 
+_SCHEMA_SAMPLES = 8
+
+
+def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
+    """Headers of the first readable samples' images and the schema their records make
+    (:func:`fastdata.fields.infer`), for a source whose samples have fields."""
+    records, found, first_error = [], [], None
+    for index in range(len(src)):
+        try:
+            values = src.load_record(index, options.read)
+            if len(records) < _SCHEMA_SAMPLES:
+                records.append((src.sample_name(index), values))
+                infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
+            image = next((v for k, v in values.items() if src.kinds.get(k) == "image" or (
+                src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
+            if image is None:
+                raise FieldError(f"{src.sample_name(index)}: has no image field (a PIL image or tv_tensors.Image); "
+                                 "fastdata stores samples with at least one image.")
+            image = to_pil(image)
+            found.append((index, (image.mode, image.width, image.height)))
+        except FieldError:
+            if not options.skip_bad:
+                raise
+            records = records[:-1] if records and records[-1][0] == src.sample_name(index) else records
+        except Exception as exc:
+            first_error = first_error or (index, exc)
+            if not options.skip_bad:
+                break
+        if len(found) >= _SCHEMA_SAMPLES:
+            break
+    if not found or (first_error and not options.skip_bad):
+        index, exc = first_error
+        raise Job(src, None, options).fail(index, exc, "read") from exc
+    return found, infer(records, src.kinds, src.layout, src.structure)
+
+
+def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None) -> Schema:
+    """The schema with how each image and mask is stored: the image field as the plan says,
+    masks lossless (raw uint8 (H, W) or PNG), extra images like the image."""
+    fields = []
+    for f in schema.fields:
+        if f is schema.image or f.name == schema.image.name:
+            f = Field(f.name, "image", "uint8", plan.shape, plan.encoding, plan.mode, f.meta)
+        elif f.kind == "mask":
+            height, width = plan.shape[:2] if plan.shape else (None, None)
+            encoding = "raw" if plan.store == "raw" else "png"
+            f = Field(f.name, "mask", "uint8", (height, width) if plan.store == "raw" else None, encoding, f.mode, f.meta)
+        elif f.kind == "image":
+            value = (probe_values or {}).get(f.name)
+            mode = value.mode if isinstance(value, Image.Image) and value.mode in CHANNELS else plan.mode
+            shape = None
+            if plan.store == "raw":
+                width, height = plan.geometry.output_size(*value.size) if value is not None else (0, 0)
+                shape = (height, width, CHANNELS[mode])
+            encoding = "raw" if plan.store == "raw" else (plan.encoding if plan.encoding in ("png", "jpeg") else "png")
+            f = Field(f.name, "image", "uint8", shape, encoding, mode, f.meta)
+        fields.append(f)
+    return Schema(tuple(fields), schema.layout, schema.structure)
+
+
 def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "Job":
     """Decide mode, shape and encoding from the first readable samples.
 
@@ -109,7 +177,18 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
     images are grayscale it plans L, and the workers report a later colour image
     (:class:`ModeConflict`), after which the conversion restarts as RGB.
     """
-    probe = _probe(src, options)
+    schema = None
+    if not src.is_classic:
+        probe, schema = _probe_records(src, options)
+        if schema.is_classic:
+            schema = None
+        elif options.format and not get_format(options.format).fields:
+            raise InvalidOptionError(
+                f"Format {options.format!r} stores (image, label) samples only; this source's samples have fields "
+                f"{', '.join(schema.names)}. Use --format npy, hdf5 or tar (docs/fields.md)."
+            )
+    else:
+        probe = _probe(src, options)
     reference, (_, width, height) = probe[0]
     gray_guess = False
     if mode is None and options.mode == "auto":
@@ -137,6 +216,10 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         geometry=options.geometry,
         jpeg_quality=options.reencode[1] if options.reencode else None,
     )
+    if schema is not None:
+        values = {k: to_pil(v) if k != schema.image.name and schema[k].kind == "image" else v
+                  for k, v in src.load_record(reference, options.read).items()}
+        plan = dataclasses.replace(plan, schema=complete_schema(schema, plan, values))
     return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 
@@ -144,10 +227,12 @@ def plan_record(job: Job) -> dict[str, Any]:
     """A job's plan as JSON (a part's record), for :func:`plan_from_record`."""
     plan = job.plan
     return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
-            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality}
+            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
+            "schema": plan.schema.to_json() if plan.schema is not None else None}
 
 
 def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
     return Plan(count=record["count"], store=record["store"], mode=record["mode"], channels=CHANNELS[record["mode"]],
                 shape=tuple(record["shape"]) if record["shape"] else None, encoding=record["encoding"],
-                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"])
+                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"],
+                schema=Schema.from_json(record["schema"]) if record.get("schema") else None)

@@ -122,7 +122,7 @@ def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source
     """The manifest of a finished conversion (the writer adds ``files`` and its layout); ``source``
     is the source's description."""
     classes = sorted(plan.class_to_idx, key=plan.class_to_idx.__getitem__)
-    return {
+    manifest = {
         "format": spec.name,
         "layout_version": spec.layout_version,
         "fastdata_version": __version__,
@@ -143,3 +143,6 @@ def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source
         "options": options.describe(),
         "skipped": [skipped[i] for i in sorted(skipped)],
     }
+    if plan.schema is not None:  # samples with fields beyond (image, label): docs/fields.md
+        manifest["fields"] = plan.schema.to_json()
+    return manifest

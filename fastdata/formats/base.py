@@ -50,6 +50,14 @@ class Plan:
     class_to_idx: dict[str, int]
     geometry: Geometry = Geometry()
     jpeg_quality: int | None = None
+    schema: Any = None
+    """The :class:`fastdata.fields.Schema` of samples with fields beyond ``(image, label)``;
+    None for the classic two-field sample (stored exactly as always)."""
+
+    @property
+    def extras(self) -> list:
+        """The fields a writer stores beside the image and label files (``fields/<name>``)."""
+        return self.schema.extras if self.schema is not None else []
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Batch:
     labels: np.ndarray
     images: np.ndarray | None = None  # (B, H, W, C) uint8
     blobs: list[bytes] | None = None
+    fields: dict[str, list[bytes]] | None = None  # extra field -> each sample's stored bytes (fastdata.fields)
     skipped: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # (index, {key, reason})
 
     def __len__(self) -> int:
@@ -132,6 +141,12 @@ class Reader:
         no room) instead of new memory."""
         raise NotImplementedError
 
+    def _field_values(self, field: Any, indices: np.ndarray) -> Any:
+        """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
+        of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or
+        each sample's stored bytes; :mod:`fastdata.records` builds the samples from them."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class FormatSpec:
@@ -170,6 +185,10 @@ class FormatSpec:
     """The reader collates whole batches itself (``dataset(path, batch_size=...)``)."""
     baseline: bool = False
     """What the bench compares against (the source as it is)."""
+    fields: bool = False
+    """The writer stores every field of samples beyond ``(image, label)`` (``Batch.fields``) and
+    the reader gives them back (docs/fields.md); a format without it converts only
+    ``(image, label)`` sources."""
 
     @property
     def writable(self) -> bool:

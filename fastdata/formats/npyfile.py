@@ -10,10 +10,11 @@ import struct
 MAGIC = b"\x93NUMPY\x01\x00"
 
 
-def npy_header(shape: tuple[int, ...], length: int = 0) -> bytes:
-    """A format-1.0 .npy header for a C-order uint8 array of ``shape``, padded to a multiple of
-    64 bytes, or to ``length`` bytes when given (to rewrite a header in place)."""
-    text = "{'descr': '|u1', 'fortran_order': False, 'shape': %r, }" % (tuple(int(v) for v in shape),)
+def npy_header(shape: tuple[int, ...], length: int = 0, descr: str = "|u1") -> bytes:
+    """A format-1.0 .npy header for a C-order array of ``shape`` (uint8 unless ``descr`` says
+    another dtype, e.g. ``'<f4'``), padded to a multiple of 64 bytes, or to ``length`` bytes when
+    given (to rewrite a header in place)."""
+    text = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, tuple(int(v) for v in shape))
     total = max(length, -(-(len(text) + 11) // 64) * 64)
     text = text.ljust(total - 10 - 1) + "\n"
     return MAGIC + struct.pack("<H", len(text)) + text.encode("latin1")

@@ -1,7 +1,9 @@
 """Sources: where samples come from before conversion.
 
 * an image folder in torchvision ``ImageFolder`` layout (:class:`FolderSource`),
-* a torchvision dataset by name, ``torchvision:CIFAR10`` (:func:`torchvision_dataset`),
+* a torchvision dataset by name, ``torchvision:CIFAR10`` (:func:`torchvision_source`): classic
+  ``(image, label)`` ones, and detection, segmentation and caption datasets as records of named
+  fields (:mod:`fastdata.sources.torchvision_targets`),
 * any map-style dataset returning ``(image, label)`` (:class:`DatasetSource`), with a
   vectorised path for datasets exposing ``.data``/``.targets`` arrays (:class:`ArraySource`),
 * existing WebDataset shards that fastdata did not write (:class:`WebDatasetSource`).
@@ -25,13 +27,14 @@ from fastdata.sources.datasets import (
     ArraySource, DatasetSource, FastdataSource, dataset_length, has_array_fast_path, make_dataset_source,
 )
 from fastdata.sources.folder import FolderSource
-from fastdata.sources.torchvision import TORCHVISION_PREFIX, torchvision_dataset
+from fastdata.sources.torchvision import TORCHVISION_PREFIX, torchvision_dataset, torchvision_source
 from fastdata.sources.webdataset import WebDatasetSource, is_shard_source
 
 __all__ = [
     "IMG_EXTENSIONS", "TORCHVISION_PREFIX", "ArraySource", "DatasetSource", "FastdataSource", "FolderSource",
     "ReadOptions", "Source", "dataset_length", "find_classes", "has_array_fast_path", "is_image_file",
-    "make_dataset_source", "resolve_source", "scan_folder", "torchvision_dataset", "WebDatasetSource",
+    "make_dataset_source", "resolve_source", "scan_folder", "torchvision_dataset", "torchvision_source",
+    "WebDatasetSource",
     "is_shard_source",
 ]
 
@@ -40,7 +43,7 @@ def resolve_source(
     source: Any,
     *,
     root: str | os.PathLike | None = None,
-    split: str = "train",
+    split: str | None = None,
     download: bool = False,
     source_options: dict[str, Any] | None = None,
 ) -> Source:
@@ -49,11 +52,7 @@ def resolve_source(
         return source
     if isinstance(source, str) and source.startswith(TORCHVISION_PREFIX):
         name = source[len(TORCHVISION_PREFIX):]
-        dataset = torchvision_dataset(name, root=root, split=split, download=download, options=source_options)
-        description = {"type": "torchvision", "name": name, "split": split, "root": str(root) if root else None}
-        if source_options:
-            description["options"] = {k: repr(v) for k, v in sorted(source_options.items())}
-        return make_dataset_source(dataset, description)
+        return torchvision_source(name, root=root, split=split, download=download, options=source_options)
     if isinstance(source, (str, os.PathLike)):
         return FolderSource(Path(source))
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):

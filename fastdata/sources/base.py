@@ -28,6 +28,13 @@ class Source:
     labels: np.ndarray | None  # known up front, or None when only loading tells
     class_to_idx: dict[str, int]
     has_files = False
+    layout: str = "tuple"
+    """How readers give a sample back: ``"tuple"`` (values in field order) or ``"dict"`` (by name)."""
+    kinds: dict[str, str] = {}
+    """Kind hints where a value's type does not say it (:mod:`fastdata.fields`), e.g. ``{"mask": "mask"}``
+    for a PIL ``P``/``L`` image that is a mask, ``{"keypoints": "array:variable"}``."""
+    structure: Any = None
+    """The nesting readers give back (:class:`fastdata.fields.Schema`), when not flat."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -64,3 +71,15 @@ class Source:
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         """The decoded PIL image (in its own mode) and label of one sample."""
         raise NotImplementedError
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        """One sample as named values, in field order (:mod:`fastdata.fields` says which values a
+        record may hold). Default: ``{"image": image, "label": label}`` from :meth:`load`, the
+        classic two-field sample, stored exactly as before."""
+        image, label = self.load(index, read)
+        return {"image": image, "label": label}
+
+    @property
+    def is_classic(self) -> bool:
+        """Whether samples are ``(image, label)`` (records come from :meth:`load`)."""
+        return type(self).load_record is Source.load_record

@@ -16,14 +16,21 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
+from fastdata.fields import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source
 
 
 class DatasetSource(Source):
-    """Any map-style dataset whose items are ``(image, label)``."""
+    """Any map-style dataset: items ``(image, label)`` (the classic sample), or records of named
+    fields (:mod:`fastdata.fields`): a tuple, a dict, a tuple holding a dict (torchvision's
+    ``wrap_dataset_for_transforms_v2``), of PIL images, ``tv_tensors``, arrays, numbers, text,
+    JSON data and bytes. ``names`` names a tuple's positions; ``kinds`` hints kinds."""
 
-    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None, *,
+                 names: list[str] | None = None, kinds: dict[str, str] | None = None):
         self.dataset = dataset
+        self.names = list(names) if names else getattr(dataset, "fastdata_names", None)
+        self.kinds = dict(kinds or getattr(dataset, "fastdata_kinds", None) or {})
         self.keys = [str(i) for i in range(len(dataset))]
         self.labels = None
         self.class_to_idx = _class_to_idx(dataset)
@@ -40,10 +47,69 @@ class DatasetSource(Source):
 
     def _item_digest(self, index: int) -> bytes:
         try:
-            image, label = self.load(index)
+            if self.record_schema() is None:
+                image, label = self.load(index)
+            else:
+                return self._record_digest(index)
         except Exception as exc:  # noqa: BLE001 - a bad item is part of what the source is
             return f"error {type(exc).__name__}: {exc}".encode()
         return f"{image.mode} {image.size} {label}\n".encode() + image.tobytes()
+
+    def _record_digest(self, index: int) -> bytes:
+        values = self.load_record(index)
+        parts = []
+        for name, value in values.items():
+            made = kind_of(name, value, self.kinds.get(name), self.sample_name(index), None)
+            if made is None:
+                parts.append(f"{name} None\n".encode())
+                continue
+            checked = check_value(made, value, self.sample_name(index))
+            parts.append(f"{name} {made.kind} {made.dtype} {made.shape}\n".encode() + digest_value(made, checked))
+        return b"".join(parts)
+
+    def record_schema(self) -> Any:
+        """None when items are the classic ``(image, label)``; else the flattened item's layout
+        (decided by the first item, once)."""
+        if not hasattr(self, "_classic"):
+            item = None
+            for index in range(min(len(self), 8)):  # the first item that loads decides
+                try:
+                    item = self.dataset[index]
+                    break
+                except Exception:  # noqa: BLE001 - a bad item is reported where samples are loaded
+                    continue
+            if item is None:
+                self._classic = True  # the classic path names the bad samples (and --skip-bad skips them)
+                return None
+            values, layout, structure = flatten(item, self.names)
+            self._classic = _classic_pair(values, layout)
+            self.layout, self.structure = layout, structure
+            first_name, first = next(iter(values.items()), (None, None))
+            if layout == "tuple" and first_name not in self.kinds and str(getattr(first, "dtype", "")) in (
+                    "uint8", "torch.uint8") and getattr(first, "ndim", 0) in (2, 3) and \
+                    not type(first).__module__.startswith("torchvision"):
+                self.kinds[first_name] = "image"  # a tuple's first uint8 array is its image, as in torchvision
+        return None if self._classic else (self.layout, self.structure)
+
+    @property
+    def is_classic(self) -> bool:
+        if type(self).load_record is not DatasetSource.load_record:  # a subclass that makes records itself
+            return False
+        return self.record_schema() is None
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        read = read or ReadOptions()
+        values, layout, structure = flatten(self.dataset[index], self.names)
+        if _classic_pair(values, layout) and self.record_schema() is None:
+            image, label = self.load(index, read)
+            return {"image": image, "label": label}
+        for name, value in values.items():
+            if isinstance(value, Image.Image) or type(value).__name__ in ("Image", "Mask"):
+                if isinstance(value, Image.Image):
+                    check_pixels(value, read.max_pixels)
+                    if read.exif_transpose and self.kinds.get(name) != "mask":
+                        values[name] = exif_transpose(value)
+        return values
 
     def protected(self) -> list[Protected]:
         root = getattr(self.dataset, "root", None)
@@ -80,6 +146,10 @@ class ArraySource(DatasetSource):
     def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         return self.native_mode, self.data.shape[2], self.data.shape[1]
 
+    @property
+    def is_classic(self) -> bool:
+        return True  # uint8 .data rows and integer .targets
+
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_arrays(self.data, self.labels)
 
@@ -98,6 +168,13 @@ class FastdataSource(DatasetSource):
         self.path = Path(path)
         self.manifest = manifest
         super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
+        if isinstance(manifest.get("fields"), dict):  # a dataset with fields: their kinds as it stored them
+            stored = manifest["fields"].get("fields") or []
+            self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
+                          for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
+            structure = manifest["fields"].get("structure")
+            if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
+                self.names = structure
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -105,6 +182,20 @@ class FastdataSource(DatasetSource):
 
     def protected(self) -> list[Protected]:
         return [Protected(self.path, "source dataset")]
+
+
+def _classic_pair(values: dict[str, Any], layout: str) -> bool:
+    """Whether a flattened item is the classic ``(image, int label)``."""
+    if layout != "tuple" or len(values) != 2:
+        return False
+    image, label = values.values()
+    if hasattr(label, "item") and getattr(label, "ndim", 0) == 0 and type(label).__module__.startswith(("torch", "numpy")):
+        label = label.item()
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+        return False
+    if type(image).__module__.startswith("torchvision.tv_tensors") and type(image).__name__ != "Image":
+        return False
+    return isinstance(image, Image.Image) or hasattr(image, "shape")
 
 
 def has_array_fast_path(dataset: Any) -> bool:

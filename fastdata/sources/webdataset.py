@@ -10,8 +10,14 @@ conversion workers then read each sample's bytes at its offset, in parallel.
 
 A sample's image is its first member with an image suffix (``jpg``, ``jpeg``, ``png``, ``webp``,
 ...); its label is the integer text of ``cls`` (webdataset's convention), ``label`` or ``class``,
-or the ``label``/``cls`` field of its ``json``. Shards without labels (LAION-style image-text
-pairs) convert with label -1.
+or the ``label``/``cls`` field of its ``json``. Shards without labels convert with label -1.
+
+Every other member is kept as a field of its own, named by its suffix (docs/fields.md): ``txt``
+text and ``json`` JSON stored as the bytes they were, ``npy`` arrays, ``seg.png`` (or another
+suffix ending in ``seg.<image suffix>``) masks, other image suffixes images, anything else bytes;
+read back, ``ds[i]`` is a dict keyed by suffix (the image under its suffix, or ``image`` when
+samples mix image suffixes). A sample that lacks a member other samples have is an error
+naming the sample and the member (``--skip-bad`` leaves it out).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from PIL import Image
 
 from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata.fields import FieldError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
 from fastdata.conversion.outputs import Protected
 from fastdata.sources.base import Source
@@ -98,12 +105,17 @@ class WebDatasetSource(Source):
         self.shards = shard_paths(source)
         self.root = Path(os.path.commonpath([str(p.parent.resolve()) for p in self.shards]))
         stream = (item for number, shard in enumerate(self.shards) for item in _members(shard, number))
-        keys, images, labels, members = [], [], [], []
+        keys, images, labels, members, places = [], [], [], [], []
+        image_suffixes: dict[str, None] = {}
         try:
             for sample in group_by_keys(stream):
                 keys.append(f"{Path(sample['__url__']).name}:{sample['__key__']}")
                 suffixes = {k: v for k, v in sample.items() if not k.startswith("__")}
-                image = next((suffixes[s] for s in IMAGE_SUFFIXES if s in suffixes), None)
+                first = next((s for s in IMAGE_SUFFIXES if s in suffixes), None)
+                image = suffixes[first] if first is not None else None
+                if first is not None:
+                    image_suffixes[first] = None
+                places.append({k: v for k, v in suffixes.items() if k != first})
                 images.append(image if image is not None else (-1, -1, -1))
                 labels.append(next((("text", suffixes[s]) for s in LABEL_SUFFIXES if s in suffixes),
                                    ("json", suffixes["json"]) if "json" in suffixes else None))
@@ -117,11 +129,56 @@ class WebDatasetSource(Source):
         self.members = np.asarray(members)
         self.labels = self._read_labels(labels)
         self.class_to_idx = {}
+        self._plan_fields(places, labels, list(image_suffixes))
+
+    def _plan_fields(self, places: list[dict[str, tuple[int, int, int]]], labels: list[Any],
+                     image_suffixes: list[str]) -> None:
+        """Which members are fields beside the image (every suffix some sample has, in first-seen
+        order), and whether the samples are the classic (image, label) (only a label member)."""
+        order: dict[str, None] = {}
+        for found in places:
+            for suffix in found:
+                order.setdefault(suffix)
+        label_member = next((place[0] for place in labels if place is not None), None)
+        label_suffixes = set(LABEL_SUFFIXES)
+        self.field_suffixes = [s for s in order if not (s in label_suffixes and label_member == "text")]
+        self.places = places
+        self.label_name = "cls" if label_member == "text" else ("label" if self.labels_from_json else None)
+        self.image_name = image_suffixes[0] if len(image_suffixes) == 1 else "image"
+        self._classic = not self.field_suffixes
+        self.layout = "dict"
+        self.kinds = {s: _member_kind(s) for s in self.field_suffixes}
+        self.kinds[self.image_name] = "image"
+
+    @property
+    def is_classic(self) -> bool:
+        return self._classic
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        """The image, the label (when the shards have labels) and every other member, by suffix."""
+        values: dict[str, Any] = {self.image_name: self.load(index, read)[0]}
+        if self.label_name is not None:
+            values[self.label_name] = int(self.labels[index])
+        found = self.places[index]
+        for suffix in self.field_suffixes:
+            if suffix not in found:
+                raise FieldError(f"{self.keys[index]}: has no {suffix!r} member, which other samples have (it has "
+                                 f"{self.members[index]}). Give every sample the same members, or re-run with "
+                                 "--skip-bad to leave it out.")
+            shard, offset, size = found[suffix]
+            values[suffix] = _member_value(self.kinds[suffix], self._read(shard, offset, size), self.keys[index], suffix)
+        return values
 
     def _read_labels(self, places: list[tuple[str, tuple[int, int, int]] | None]) -> np.ndarray:
+        self.labels_from_json = False
         if all(place is None for place in places):
             return np.full(len(places), NO_LABEL, dtype=np.int64)
         labels = np.empty(len(places), dtype=np.int64)
+        from_json = [place is not None and place[0] == "json" for place in places]
+        self.labels_from_json = any(from_json)
+        if all(from_json) and not self._json_labels(places):
+            self.labels_from_json = False
+            return np.full(len(places), NO_LABEL, dtype=np.int64)  # captions' json, no label: fields only
         for index, place in enumerate(places):
             if place is None:
                 raise InvalidOptionError(
@@ -132,6 +189,15 @@ class WebDatasetSource(Source):
             text = self._read(shard, offset, min(size, 4096))
             labels[index] = _parse_label(kind, text, self.keys[index])
         return labels
+
+    def _json_labels(self, places: list[Any]) -> bool:
+        """Whether the samples' json members hold labels (the first one decides)."""
+        _, (shard, offset, size) = places[0]
+        try:
+            document = json.loads(self._read(shard, offset, min(size, 1 << 20)))
+        except ValueError:
+            return False
+        return isinstance(document, dict) and ("label" in document or "cls" in document)
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
         with open(self.shards[shard], "rb") as handle:
@@ -174,6 +240,42 @@ class WebDatasetSource(Source):
             image.load()
         check_pixels(image, read.max_pixels)
         return (exif_transpose(image) if read.exif_transpose else image), int(self.labels[index])
+
+
+def _member_kind(suffix: str) -> str:
+    """The field kind of a member, by WebDataset's suffix conventions."""
+    last = suffix.rsplit(".", 1)[-1]
+    if suffix in ("txt", "text") or last == "txt":
+        return "text"
+    if last in ("json", "jsn"):
+        return "json"
+    if last == "npy":
+        return "array"
+    if last in LABEL_SUFFIXES or last in ("cls2", "index", "id"):
+        return "int"
+    if last in IMAGE_SUFFIXES:
+        return "mask" if suffix.endswith(f"seg.{last}") or suffix.startswith("seg") else "image"
+    return "bytes"
+
+
+def _member_value(kind: str, data: bytes, key: str, suffix: str) -> Any:
+    """A member's bytes as the value of its field (text and JSON kept as the bytes they are)."""
+    try:
+        if kind == "array":
+            import io
+
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        if kind == "int":
+            return int(data.strip())
+        if kind in ("image", "mask"):
+            import io
+
+            image = Image.open(io.BytesIO(data))
+            image.load()
+            return image
+    except Exception as exc:  # noqa: BLE001 - numpy and Pillow raise many types for damaged members
+        raise FieldError(f"{key}: member {suffix!r} is not a readable {kind} ({str(exc)[:120]}).") from exc
+    return data
 
 
 def _parse_label(kind: str, text: bytes, key: str) -> int:

@@ -24,6 +24,7 @@ from fastdata.conversion.engine import run_here
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import check_existing, prepare_output
 from fastdata.conversion.pipeline import Job, ModeConflict
+from fastdata.importing import is_import_string
 from fastdata.conversion.plan import conversion_key, plan_job, plan_record
 from fastdata.conversion.resume import kept_units, units_to_run
 from fastdata.conversion.scale.staging import (
@@ -42,7 +43,7 @@ def source_argument(source: Any, options: ConvertOptions) -> dict[str, Any] | No
     if not isinstance(source, (str, os.PathLike)):
         return None
     text = str(source)
-    if not text.startswith("torchvision:"):
+    if not text.startswith("torchvision:") and not is_import_string(text):
         text = os.path.abspath(text)
     arguments = dict(options.source_arguments)
     if arguments.get("root"):

@@ -94,6 +94,9 @@ class UnitWriter:
         self.labels: list[np.ndarray] = []
         self.skipped: list[list[Any]] = []
         self.count = 0
+        # extra fields (fastdata.fields): each field's stored bytes, data + sizes, field by field
+        self.fields = {f.name: (open(self.temporary / f"field-{number}.bin", "wb"), [])
+                       for number, f in enumerate(plan.extras)}
 
     def write(self, batch: Batch, offset: int = 0) -> None:
         """Append a batch; ``offset`` turns the batch's (slice-relative) skipped indices into source indices."""
@@ -103,6 +106,10 @@ class UnitWriter:
             self.data.write(b"".join(batch.blobs))
             self.sizes.append(np.fromiter((len(b) for b in batch.blobs), dtype=np.int64, count=len(batch)))
         self.labels.append(batch.labels.astype(np.int64, copy=False))
+        for name, (handle, sizes) in self.fields.items():
+            values = batch.fields[name]
+            handle.write(b"".join(values))
+            sizes.append(np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values)))
         self.skipped.extend([int(index) + offset, entry] for index, entry in batch.skipped)
         self.count += len(batch)
 
@@ -115,6 +122,11 @@ class UnitWriter:
         _save(self.temporary / "labels.npy", np.concatenate(self.labels) if self.labels else np.empty(0, np.int64))
         if self.plan.store == "encoded":
             _save(self.temporary / "sizes.npy", np.concatenate(self.sizes) if self.sizes else np.empty(0, np.int64))
+        for number, (handle, sizes) in enumerate(self.fields.values()):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+            _save(self.temporary / f"field-{number}.sizes.npy", np.concatenate(sizes) if sizes else np.empty(0, np.int64))
         record = {"unit": self.unit.number, "start": self.unit.start, "stop": self.unit.stop, "count": self.count,
                   "mode": self.plan.mode, "key": self.key, "skipped": self.skipped}
         _save_json(self.temporary / UNIT_RECORD, record)
@@ -131,6 +143,8 @@ class UnitWriter:
 
     def abort(self) -> None:
         self.data.close()
+        for handle, _ in self.fields.values():
+            handle.close()
         shutil.rmtree(self.temporary, ignore_errors=True)
 
 
@@ -170,8 +184,39 @@ def remove_temporaries(staging: Path) -> None:
 
 
 def unit_batches(staging: Path, record: dict[str, Any], plan: Plan) -> Iterator[Batch]:
-    """A finished unit's samples as batches of at most 16 MB, for the format writer."""
+    """A finished unit's samples as batches of at most 16 MB, for the format writer (with each
+    batch's extra fields, when samples have them)."""
     folder = staging / f"unit-{record['unit']:06d}"
+    if plan.extras:
+        yield from _with_fields(folder, _unit_batches(folder, plan), plan)
+        return
+    yield from _unit_batches(folder, plan)
+
+
+def _with_fields(folder: Path, batches: Iterator[Batch], plan: Plan) -> Iterator[Batch]:
+    """``batches`` with their extra fields read back from the unit, batch by batch."""
+    readers = []
+    for number, f in enumerate(plan.extras):
+        sizes = np.load(folder / f"field-{number}.sizes.npy", allow_pickle=False)
+        readers.append((f.name, open(folder / f"field-{number}.bin", "rb"), sizes))
+    try:
+        first = 0
+        for batch in batches:
+            fields = {}
+            for name, handle, sizes in readers:
+                part = sizes[first:first + len(batch)]
+                block = handle.read(int(part.sum()))
+                ends = np.cumsum(part)
+                fields[name] = [block[int(a):int(b)] for a, b in zip(np.concatenate(([0], ends[:-1])), ends)]
+            batch.fields = fields
+            first += len(batch)
+            yield batch
+    finally:
+        for _, handle, _ in readers:
+            handle.close()
+
+
+def _unit_batches(folder: Path, plan: Plan) -> Iterator[Batch]:
     labels = np.load(folder / "labels.npy", allow_pickle=False)
     count = len(labels)
     with open(folder / "data.bin", "rb") as data:

@@ -45,6 +45,7 @@ register(
         suffix=".h5",
         suffixes=(".h5", ".hdf5"),
         layout_version=LAYOUT_VERSION,
+        fields=True,
         options=HDF5Options,
         read_manifest=read_manifest,
         description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",

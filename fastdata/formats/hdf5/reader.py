@@ -14,6 +14,7 @@ from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError,
 from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
+from fastdata.formats.fieldfiles import check_offsets
 from fastdata.reader import ReaderOptions, StoredDataset, allocated
 from fastdata.urls import is_url
 
@@ -117,6 +118,44 @@ class HDF5Dataset(StoredDataset):
                 )
         self.shape = tuple(data.shape)
         self._offset = memmap_offset(data) if self.use_memmap else None
+        self._field_layout = {}
+        for entry in (self.manifest.get("fields") or {}).get("fields") or []:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if entry.get("variable"):
+                names = [f"fields/{name}.data", f"fields/{name}.offsets"]
+                expected = [(None, np.uint8), ((count + 1,), np.int64)]
+            else:
+                names = [f"fields/{name}"]
+                shape = entry.get("shape") or []
+                expected = [((count, *shape), np.dtype(entry.get("dtype") or "uint8"))]
+            for dataset_name, (want_shape, want_dtype) in zip(names, expected):
+                if dataset_name not in self.manifest["files"]:
+                    continue  # the image and label fields are stored as always
+                found = checked_dataset(file, dataset_name, origin, size, shape=want_shape, contiguous=True,
+                                        dtype=want_dtype)
+                offset = found.id.get_offset() if found.size else None
+                self._field_layout[dataset_name] = (offset, tuple(found.shape), found.dtype.str)
+                if dataset_name.endswith(".offsets"):
+                    offsets = read_small(found)
+                    data_shape = self._field_layout[names[0]][1]
+                    check_offsets(offsets, count, data_shape[0] if data_shape else -1, origin, names[0])
+                    self._field_layout[dataset_name] = offsets
+
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        maps = self.__dict__.get("_field_maps")
+        if maps is None or maps[0] != os.getpid():
+            maps = self._field_maps = (os.getpid(), {})
+        name = f"fields/{f.name}.data" if f.variable else f"fields/{f.name}"
+        data = maps[1].get(name)
+        if data is None:
+            offset, shape, dtype = self._field_layout[name]
+            data = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray) \
+                if offset is not None else np.empty(shape, dtype)
+            maps[1][name] = data
+        if not f.variable:
+            return data[indices]
+        offsets = self._field_layout[f"fields/{f.name}.offsets"]
+        return [data[offsets[i]:offsets[i + 1]].tobytes() for i in indices.tolist()]
 
     def _check_plugin(self) -> None:
         compression = (self.manifest.get("hdf5") or {}).get("compression") or ""

@@ -136,7 +136,7 @@ def checked_dataset(file: h5py.File, name: str, origin: str, file_size: int, *, 
         code = plist.get_filter(number)[0]
         if code not in KNOWN_FILTERS:
             raise corrupt(f"dataset {name!r} uses HDF5 filter {code}, which fastdata does not know")
-    wrong_dtype = dataset.dtype.kind not in "iu" or (dtype is not None and dataset.dtype != np.dtype(dtype))
+    wrong_dtype = dataset.dtype.kind not in "iu" if dtype is None else dataset.dtype != np.dtype(dtype)
     if wrong_dtype or (shape is not None and dataset.shape != shape):
         expected = " ".join(part for part in (str(np.dtype(dtype)) if dtype is not None else "",
                                               f"shape {shape}" if shape is not None else "") if part) or "integers"

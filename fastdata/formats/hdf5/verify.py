@@ -40,7 +40,9 @@ def verify_file(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> 
                 problems += _check_dataset(file, name, entry, origin, path.stat().st_size)
             problems += _check_shapes(file, manifest, origin)
             extra: list[str] = []
-            file.visit(lambda name: extra.append(name) if name not in listed and name != MANIFEST_ATTR else None)
+            groups = {"fields"} if any(name.startswith("fields/") for name in listed) else set()
+            file.visit(lambda name: extra.append(name) if name not in listed and name != MANIFEST_ATTR
+                       and name not in groups else None)
             problems += [f"{origin}: object {name!r} is not listed in the manifest." for name in extra]
     except FastdataError as exc:
         problems.append(str(exc))
@@ -90,8 +92,9 @@ def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: st
     if file.get(name, getlink=True) is None:
         return [f"{origin}: dataset {name!r} is listed in the manifest but missing."]
     try:
+        stored = file[name] if name.startswith("fields/") else None  # extra fields keep their own dtypes
         dataset = checked_dataset(file, name, str(origin).strip("'"), file_size, shape=None,
-                                  contiguous=name != "images")
+                                  contiguous=name != "images", dtype=stored.dtype if stored is not None else None)
     except CorruptDataError as exc:
         return [str(exc)]
     try:

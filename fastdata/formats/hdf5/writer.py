@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.fieldfiles import FieldFileWriter
 from fastdata.formats.hdf5.layout import (
     COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, MAX_ATTRIBUTE_BYTES, USERBLOCK_BYTES, hash_after_userblock,
     userblock,
@@ -30,6 +32,8 @@ class ContentHash:
         self.bytes = 0
 
     def update(self, array: np.ndarray) -> None:
+        if array.size == 0:  # e.g. a field of (0,) arrays: nothing to hash (and no view to cast)
+            return
         data = memoryview(np.ascontiguousarray(array)).cast("B")
         self.digest.update(data)
         self.bytes += data.nbytes
@@ -89,6 +93,8 @@ class HDF5Writer(Writer):
         self.temporary: list[Path] = []
         self.file: h5py.File | None = None
         self.blob = None
+        self.field_dir: Path | None = None
+        self.field_writers: list[FieldFileWriter] = []
         # options are all checked; the engine only cleans up after a writer exists, so a failure
         # while creating the files removes them here
         try:
@@ -103,6 +109,11 @@ class HDF5Writer(Writer):
 
     def _create_files(self) -> None:
         self.file = h5py.File(self.path, "w", userblock_size=USERBLOCK_BYTES)
+        if self.plan.extras:  # extra fields go to temporary files, copied into datasets at close
+            self.field_dir = unique_sibling(self.path, ".fields-")
+            self.field_dir.mkdir()
+            self.temporary.append(self.field_dir)
+            self.field_writers = [FieldFileWriter(self.field_dir, f, self.plan.count) for f in self.plan.extras]
         if self.plan.store == "encoded":
             self.blob = open(self.blob_path, "xb")
             self.temporary.append(self.blob_path)
@@ -136,6 +147,8 @@ class HDF5Writer(Writer):
             self.offsets.append(self.position + np.cumsum(sizes))
             self.position += int(sizes.sum())
         self.labels.append(batch.labels.astype(np.int64, copy=False))
+        for writer in self.field_writers:
+            writer.write(batch.fields[writer.field.name])
         self.count += len(batch)
 
     def _flush_chunks(self, *, final: bool) -> None:
@@ -165,6 +178,16 @@ class HDF5Writer(Writer):
         self.hashes["labels"].update(labels)
         file.create_dataset("labels", data=labels)
         manifest["files"] = {name: self.hashes[name].describe(name) for name in (*self._names(), "labels")}
+        for writer in self.field_writers:
+            for name, array in self._field_arrays(writer):
+                digest = ContentHash()
+                dataset = file.create_dataset(name, shape=array.shape, dtype=array.dtype)
+                step = max(1, COPY_BYTES // max(array[:1].nbytes, 1))
+                for start in range(0, len(array), step):
+                    piece = np.ascontiguousarray(array[start:start + step])
+                    dataset[start:start + len(piece)] = piece
+                    digest.update(piece)
+                manifest["files"][name] = digest.describe(name)
         manifest["hdf5"] = self._layout(file)
         for name, entry in manifest["files"].items():
             file[name].attrs[CHECKSUM_ALGORITHM] = np.bytes_(entry[CHECKSUM_ALGORITHM])
@@ -172,11 +195,26 @@ class HDF5Writer(Writer):
         write_fixed_attributes(file, classes)
         write_manifest(file, json.dumps(seal_manifest(manifest), ensure_ascii=False))
         file.close()
+        if self.field_dir is not None:
+            shutil.rmtree(self.field_dir)
         with open(self.path, "r+b") as handle:  # the whole-file checksum, in the user block
             handle.write(userblock(hash_after_userblock(handle)))
             handle.flush()
             os.fsync(handle.fileno())  # on disk before the engine renames it
         return manifest
+
+    def _field_arrays(self, writer: FieldFileWriter) -> list[tuple[str, np.ndarray]]:
+        """One extra field's finished temporary files as the arrays of its datasets:
+        ``fields/<name>`` (N, *shape) for a fixed field; ``fields/<name>.data`` (uint8 bytes) and
+        ``fields/<name>.offsets`` (int64, N + 1) for a variable one."""
+        f = writer.field
+        names = writer.close()
+        if f.variable:
+            data_file = self.field_dir / names[0]
+            data = np.memmap(data_file, dtype=np.uint8, mode="r") if data_file.stat().st_size else np.empty(0, np.uint8)
+            offsets = np.load(self.field_dir / names[1], allow_pickle=False)
+            return [(f"fields/{f.name}.data", data), (f"fields/{f.name}.offsets", offsets)]
+        return [(f"fields/{f.name}", np.load(self.field_dir / names[0], mmap_mode="r", allow_pickle=False))]
 
     def _write_blob(self, file: h5py.File) -> None:
         """Copy the temporary blob file into a contiguous ``blob`` dataset of its exact size."""
@@ -223,6 +261,10 @@ class HDF5Writer(Writer):
         finally:
             if self.blob is not None:
                 self.blob.close()
+            for writer in self.field_writers:
+                writer.abort()
             for leftover in self.temporary:
-                if leftover.exists():
+                if leftover.is_dir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                elif leftover.exists():
                     leftover.unlink()

@@ -29,6 +29,7 @@ register(
         suffix=".npy",
         suffixes=(".npy",),
         layout_version=LAYOUT_VERSION,
+        fields=True,
         description="memory-mapped numpy arrays in a directory",
         verify=verify_files,
     )

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import CorruptDataError
+from fastdata.formats.fieldfiles import FieldColumns
 from fastdata.manifest import check_file_sizes, load_small_array
 from fastdata.reader import StoredDataset, allocated
 
@@ -40,6 +41,12 @@ class MemmapDataset(StoredDataset):
                     f"({size}); they run from {int(self.offsets[0])} to {int(self.offsets[-1])}. "
                     f"Run 'fastdata verify {self.path}' or convert the source again."
                 )
+
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        columns = self.__dict__.setdefault("_columns", {})
+        if f.name not in columns:
+            columns[f.name] = FieldColumns(self.path, f, self.manifest["count"])
+        return columns[f.name].values(indices)
 
     def _open(self) -> np.ndarray:
         name = "images.npy" if self.store == "raw" else "data.bin"

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.fieldfiles import FieldFileWriter
 from fastdata.formats.npyfile import npy_header
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
 
@@ -45,6 +46,9 @@ class MemmapWriter(Writer):
             self.data = _reopen(path / data_name, self.position)
             self.labels = _reopen(path / "labels.partial", 8 * self.count)
             self.offsets = None if self.raw else _reopen(path / "offsets.partial", 8 * (self.count + 1))
+        fields = (state or {}).get("fields") or {}
+        self.field_writers = [FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None)
+                              for f in plan.extras]
 
     @classmethod
     def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "MemmapWriter":
@@ -65,6 +69,8 @@ class MemmapWriter(Writer):
         if self.digest is not None:
             self.digest.update(data)
         self.labels.write(batch.labels.astype(np.int64, copy=False).tobytes())
+        for writer in self.field_writers:
+            writer.write(batch.fields[writer.field.name])
         self.count += len(batch)
 
     def _handles(self) -> list:
@@ -74,7 +80,10 @@ class MemmapWriter(Writer):
         for handle in self._handles():
             handle.flush()
             os.fsync(handle.fileno())
-        return {"count": self.count, "data_bytes": self.position}
+        state = {"count": self.count, "data_bytes": self.position}
+        if self.field_writers:
+            state["fields"] = {writer.field.name: writer.checkpoint() for writer in self.field_writers}
+        return state
 
     def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if self.raw and self.count != self.plan.count:
@@ -92,6 +101,8 @@ class MemmapWriter(Writer):
             np.save(self.path / final, np.fromfile(self.path / side, dtype=np.int64))
             (self.path / side).unlink()
             names.append(final)
+        for writer in self.field_writers:
+            names.extend(writer.close())
         manifest["files"] = {name: describe_file(self.path / name) for name in names[1:]}
         data_file = self.path / names[0]
         manifest["files"][names[0]] = (
@@ -105,6 +116,8 @@ class MemmapWriter(Writer):
     def abort(self) -> None:
         for handle in self._handles():
             handle.close()
+        for writer in self.field_writers:
+            writer.abort()
 
 
 def _reopen(file: Path, size: int):

@@ -34,6 +34,7 @@ register(
         writer=TarWriter,
         suffixes=(".tar",),
         layout_version=LAYOUT_VERSION,
+        fields=True,
         options=TarOptions,
         verify=verify_shards,
         map_reader=TarIndexedDataset,

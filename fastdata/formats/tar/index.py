@@ -26,6 +26,13 @@ from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import is_plain_name
 
 SAMPLE_COLUMNS = ("label", "image_offset", "image_size", "cls_offset", "cls_size")
+FIELD_PREFIX = "field:"
+
+
+def field_columns(names: tuple[str, ...] | list[str]) -> list[str]:
+    """The index columns of extra fields' members (docs/fields.md): ``field:<name>:offset``
+    and ``field:<name>:size`` per field, after the image and ``.cls`` members."""
+    return [f"{FIELD_PREFIX}{name}:{part}" for name in names for part in ("offset", "size")]
 _EXTENSION = re.compile(r"[A-Za-z0-9]{1,16}")
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -44,6 +51,8 @@ class ShardIndex:
     sample_end: np.ndarray  # (N,) byte offset just after the sample's last member
     extensions: list[str]
     key_width: int
+    fields: dict[str, tuple[np.ndarray, np.ndarray]] = None  # extra field -> (N,) data offsets, sizes
+
 
     @property
     def starts(self) -> np.ndarray:
@@ -100,6 +109,7 @@ def load_index(directory: Path) -> ShardIndex:
         raise check.error("it holds no list of 'shards'")
     key_width = check.integer(document.get("key_width"), "'key_width'", 1, 20)
     files, counts, sizes, columns, extensions = [], [], [], {name: [] for name in SAMPLE_COLUMNS}, []
+    field_keys: list[str] = []
     for number, shard in enumerate(document["shards"]):
         if not isinstance(shard, dict):
             raise check.error(f"shard {number} is {type(shard).__name__}, not a record")
@@ -111,6 +121,13 @@ def load_index(directory: Path) -> ShardIndex:
         size = check.integer(shard.get("bytes"), f"shard {number} 'bytes'", 2 * BLOCK, 2**62)
         count = check.integer(shard.get("count"), f"shard {number} 'count'", 0, size // (2 * BLOCK))
         shard_columns = {column: check.column(shard, column, count, number) for column in SAMPLE_COLUMNS}
+        extra_names = sorted(key for key in shard if isinstance(key, str) and key.startswith(FIELD_PREFIX))
+        if number == 0:
+            field_keys = extra_names
+        elif extra_names != field_keys:
+            raise check.error(f"shard {number} lists field columns {extra_names}, shard 0 {field_keys}")
+        for column in extra_names:
+            shard_columns[column] = check.column(shard, column, count, number)
         exts = shard.get("extension")
         if not isinstance(exts, list) or len(exts) != count or not all(
                 isinstance(e, str) and _EXTENSION.fullmatch(e) for e in exts):
@@ -121,13 +138,21 @@ def load_index(directory: Path) -> ShardIndex:
         sizes.append(size)
         extensions += exts
         for column, values in shard_columns.items():
-            columns[column].append(values)
+            columns.setdefault(column, []).append(values)
     if len(set(files)) != len(files):
         raise check.error("a shard file is listed twice")
     counts_array = np.asarray(counts, dtype=np.int64)
     merged = {name: np.concatenate(parts) if parts else np.empty(0, np.int64) for name, parts in columns.items()}
     if "count" in document and document["count"] != int(counts_array.sum()):
         raise check.error(f"'count' is {document['count']!r} but the shards hold {int(counts_array.sum())} samples")
+    sample_end = merged["cls_offset"] + padded(merged["cls_size"])
+    fields = {}
+    for column in field_keys:
+        name, _, part = column[len(FIELD_PREFIX):].rpartition(":")
+        if part == "offset":
+            offsets, sizes_ = merged[column], merged[f"{FIELD_PREFIX}{name}:size"]
+            fields[name] = (offsets, sizes_)
+            sample_end = np.maximum(sample_end, offsets + padded(sizes_))
     return ShardIndex(
         files=files,
         counts=counts_array,
@@ -136,9 +161,10 @@ def load_index(directory: Path) -> ShardIndex:
         shard_of=np.repeat(np.arange(len(files), dtype=np.int64), counts_array),
         image_offset=merged["image_offset"],
         image_size=merged["image_size"],
-        sample_end=merged["cls_offset"] + padded(merged["cls_size"]),
+        sample_end=sample_end,
         extensions=extensions,
         key_width=key_width,
+        fields=fields,
     )
 
 
@@ -165,6 +191,14 @@ def _check_layout(check: _Checker, columns: dict[str, np.ndarray], size: int, nu
             raise check.error(f"shard {number} sample {int(bad[0])}: {name!r} is {int(found[bad[0]])}, which overlaps "
                               f"the member before it or is not on a {BLOCK}-byte block (expected {int(earliest[bad[0]])} "
                               "or later)")
+    for column in [c for c in columns if c.startswith(FIELD_PREFIX) and c.endswith(":offset")]:
+        offsets, sizes = columns[column], columns[column[: -len("offset")] + "size"]
+        bad = np.flatnonzero((offsets < cls_offset + padded(cls_size) + BLOCK) | (offsets % BLOCK != 0)
+                             | (sizes < 0) | (offsets + padded(sizes) + 2 * BLOCK > size))
+        if len(bad):
+            raise check.error(f"shard {number} sample {int(bad[0])}: {column!r} {int(offsets[bad[0]])} is not a member "
+                              f"after the sample's .cls member inside the {size}-byte shard")
+        sample_end = np.maximum(sample_end, offsets + padded(sizes))
     if int(sample_end[-1]) + 2 * BLOCK > size:
         raise check.error(f"shard {number}: its last member ends at byte {int(sample_end[-1])}, past the end of "
                           f"the {size}-byte shard's archive")

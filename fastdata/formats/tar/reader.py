@@ -88,6 +88,12 @@ class TarIndexedDataset(StoredDataset):
         self.index = load_checked_index(self.path, self.manifest)
         self.labels = self.index.labels
 
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        if f.name not in (self.index.fields or {}):
+            raise CorruptManifestError(f"{str(self.path / INDEX_NAME)!r} has no members of field {f.name!r}, which "
+                                       "the manifest lists. Convert the source again.")
+        return field_values(self, f, indices)
+
     def _open(self) -> dict[int, int]:
         return {}  # shard -> descriptor, opened on first use in this process
 
@@ -109,6 +115,29 @@ class TarIndexedDataset(StoredDataset):
                 )
             )
         return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder)
+
+
+def field_values(dataset: Any, f: Any, indices: np.ndarray) -> Any:
+    """One extra field's stored values of ``indices`` from its members (:mod:`fastdata.fields`):
+    the (B, *shape) rows of a fixed field, else each sample's stored bytes."""
+    index = dataset.index
+    offsets, sizes = index.fields[f.name]
+    values = []
+    for sample in indices.tolist():
+        shard = int(index.shard_of[sample])
+        data = read_exact(dataset._descriptor(shard), int(sizes[sample]), int(offsets[sample]),
+                          _shard_path(dataset.path, index, shard))
+        values.append(f.from_member(data, f"{str(dataset.path / index.files[shard])!r} sample {sample}: "))
+    if f.variable:
+        return values
+    dtype = np.dtype(f.dtype).newbyteorder("<")
+    out = np.empty((len(values), *f.shape), dtype=f.dtype)
+    for row, stored in enumerate(values):
+        if len(stored) != f.row_bytes:
+            raise CorruptDataError(f"{str(dataset.path)!r} sample {int(indices[row])}: field {f.name!r} holds "
+                                   f"{len(stored)} bytes, not one {f.dtype} {f.shape} value. Convert the source again.")
+        out[row] = np.frombuffer(stored, dtype).reshape(f.shape)
+    return out
 
 
 def _shard_path(path: Path, index: ShardIndex, shard: int) -> Callable[[], Path]:

@@ -7,6 +7,7 @@ distributed rank reads in an epoch; every sample goes to exactly one of them.
 from __future__ import annotations
 
 import logging
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
-from fastdata.formats.tar.reader import load_dataset, member_pixels
+from fastdata.formats.tar.reader import TarIndexedDataset, load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
 from fastdata.reader import ReaderOptions, ReaderOutput, decoder_for
@@ -88,6 +89,12 @@ class TarDataset(ReaderOutput, IterableDataset):
         self._set_classes(self.manifest)
         self.rank, self.world_size = resolve_distributed(self.options.rank, self.options.world_size)
         self.epoch = 0
+        self.fields_reader = None
+        self.schema = None  # the fastdata.fields.Schema of a dataset with fields
+        if "fields" in self.manifest:  # samples with fields: built by the map-style reader's records
+            shared = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(ReaderOptions)}
+            self.fields_reader = TarIndexedDataset(self.path, **shared)
+            self.schema = self.fields_reader.schema
 
     @property
     def batch_size(self) -> int | None:
@@ -172,6 +179,9 @@ class TarDataset(ReaderOutput, IterableDataset):
 
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
+        if self.fields_reader is not None:
+            records = self.fields_reader.records
+            return [records.batch(samples)] if self.batch_size else records.samples(samples)
         pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
                                pil=self.image_format == "pil", decoder=self.decoder)
         if self.batch_size:

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import ManifestError
-from fastdata.formats.tar.index import load_index
+from fastdata.errors import FastdataError, ManifestError
+from fastdata.fields import Schema
+from fastdata.formats.tar.index import FIELD_PREFIX, load_index
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import CHECKSUM_ALGORITHM
 
@@ -41,18 +42,34 @@ def verify_shards(path: Path, manifest: dict[str, Any], *, deep: bool = False) -
             problems.append(f"{origin}: size or checksum of {shard['file']!r} differs from the manifest's.")
         file = path / shard["file"]
         if file.is_file() and file.stat().st_size == shard["bytes"]:
-            expected = _expected_members(shard, int(starts[number]), document["key_width"])
+            expected = _expected_members(shard, int(starts[number]), document["key_width"], _suffixes(manifest))
             problems += _check_members(file, expected, deep=deep)[:_SHOWN_PER_SHARD]
     return problems
 
 
-def _expected_members(shard: dict[str, Any], first: int, key_width: int) -> dict[int, tuple[str, int, int | None]]:
+def _suffixes(manifest: dict[str, Any]) -> dict[str, str]:
+    """Extra field -> its members' name after ``<key>.`` (docs/fields.md)."""
+    if "fields" not in manifest:
+        return {}
+    try:
+        schema = Schema.from_json(manifest["fields"])
+    except (FastdataError, TypeError, ValueError):
+        return {}
+    return {f.name: f.member_suffix() for f in schema.extras}
+
+
+def _expected_members(shard: dict[str, Any], first: int, key_width: int,
+                      suffixes: dict[str, str] | None = None) -> dict[int, tuple[str, int, int | None]]:
     """Header offset -> (member name, data size, label for ``.cls`` members) the index implies."""
     expected: dict[int, tuple[str, int, int | None]] = {}
     for row in range(shard["count"]):
         key = f"{first + row:0{key_width}d}"
         expected[shard["image_offset"][row] - BLOCK] = (f"{key}.{shard['extension'][row]}", shard["image_size"][row], None)
         expected[shard["cls_offset"][row] - BLOCK] = (f"{key}.cls", shard["cls_size"][row], shard["label"][row])
+        for name, suffix in (suffixes or {}).items():
+            offsets, sizes = shard.get(f"{FIELD_PREFIX}{name}:offset"), shard.get(f"{FIELD_PREFIX}{name}:size")
+            if offsets is not None and sizes is not None:
+                expected[offsets[row] - BLOCK] = (f"{key}.{suffix}", sizes[row], None)
     expected[shard["bytes"] - 2 * BLOCK] = ("", 0, None)  # the end-of-archive blocks
     return expected
 

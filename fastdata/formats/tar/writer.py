@@ -19,6 +19,7 @@ from fastdata.formats.tar.layout import (
     BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,
     padded,
 )
+from fastdata.formats.tar.index import field_columns
 from fastdata.images import sniff_extension
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
 from fastdata.conversion.options import parse_bytes, parse_count
@@ -45,7 +46,7 @@ class TarOptions:
 class _ShardFile:
     """One shard being written under a temporary name; :meth:`finish` renames it into place."""
 
-    def __init__(self, directory: Path, number: int, first: int):
+    def __init__(self, directory: Path, number: int, first: int, fields: tuple[str, ...] = ()):
         self.name = SHARD_PATTERN.format(number)
         self.final = directory / self.name
         self.temporary = directory / (self.name + ".partial")
@@ -53,7 +54,8 @@ class _ShardFile:
         self.digest = hashlib.blake2b(digest_size=32)
         self.first = first
         self.position = 0
-        self.columns: dict[str, list] = {k: [] for k in ("label", "extension", "image_offset", "image_size", "cls_offset", "cls_size")}
+        self.columns: dict[str, list] = {k: [] for k in ("label", "extension", "image_offset", "image_size", "cls_offset", "cls_size",
+                                                         *field_columns(fields))}
 
     @property
     def count(self) -> int:
@@ -72,12 +74,18 @@ class _ShardFile:
         out.append(ZEROS[: padded(size) - size])
         return offset, size
 
-    def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int) -> None:
+    def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int,
+            extras: list[tuple[str, bytes]] = ()) -> None:
+        """One sample's members: the image, ``.cls``, then each extra field's member (``extras``:
+        (member suffix, bytes) in field order)."""
         out: list[bytes | memoryview] = []
         image_offset, image_size = self._member(f"{key}.{extension}", parts, out)
         cls_offset, cls_size = self._member(f"{key}.cls", [str(label).encode("ascii")], out)
+        values = [label, extension, image_offset, image_size, cls_offset, cls_size]
+        for suffix, data in extras:
+            values.extend(self._member(f"{key}.{suffix}", [data], out))
         self._write(b"".join(out))
-        for name, value in zip(self.columns, (label, extension, image_offset, image_size, cls_offset, cls_size)):
+        for name, value in zip(self.columns, values):
             self.columns[name].append(value)
 
     def finish(self) -> dict[str, Any]:
@@ -98,7 +106,7 @@ class _ShardFile:
         return {"first": self.first, "position": self.position, "columns": self.columns}
 
     @classmethod
-    def reopen(cls, directory: Path, number: int, state: dict[str, Any]) -> "_ShardFile":
+    def reopen(cls, directory: Path, number: int, state: dict[str, Any], fields: tuple[str, ...] = ()) -> "_ShardFile":
         """Continue a shard at a checkpoint: cut what came after it, re-hash what came before."""
         shard = cls.__new__(cls)
         shard.name = SHARD_PATTERN.format(number)
@@ -127,6 +135,8 @@ class TarWriter(Writer):
             path.mkdir(parents=True)
         self.key_width = max(9, len(str(max(plan.count - 1, 0))))
         self.npy_header = npy_header(plan.shape) if plan.store == "raw" else b""
+        self.extras = plan.extras
+        self.field_names = tuple(f.name for f in self.extras)
         self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
@@ -137,7 +147,7 @@ class TarWriter(Writer):
                 done.set_result(json.loads((path / (SHARD_PATTERN.format(number) + RECORD_SUFFIX)).read_text()))
                 self.finished.append(done)
             if state["current"] is not None:
-                self.shard = _ShardFile.reopen(path, state["shards"], state["current"])
+                self.shard = _ShardFile.reopen(path, state["shards"], state["current"], self.field_names)
 
     @classmethod
     def resume(cls, path: Path, plan: Plan, options: TarOptions | None, state: dict[str, Any]) -> "TarWriter":
@@ -162,7 +172,7 @@ class TarWriter(Writer):
             self.finished.append(self.finisher.submit(shard.finish))
             shard = None
         if shard is None:
-            shard = self.shard = _ShardFile(self.path, len(self.finished), self.written)
+            shard = self.shard = _ShardFile(self.path, len(self.finished), self.written, self.field_names)
         return shard
 
     def write(self, batch: Batch) -> None:
@@ -174,8 +184,10 @@ class TarWriter(Writer):
                 blob = batch.blobs[row]
                 parts, extension = [blob], sniff_extension(blob)
             size = sum(len(part) for part in parts)
+            extras = [(f.member_suffix(), f.member(batch.fields[f.name][row])) for f in self.extras]
+            size += sum(BLOCK + padded(len(data)) for _, data in extras)
             key = f"{self.written:0{self.key_width}d}"
-            self._shard_for(size).add(key, extension, parts, int(batch.labels[row]))
+            self._shard_for(size).add(key, extension, parts, int(batch.labels[row]), extras)
             self.written += 1
 
     def close(self, manifest: dict[str, Any]) -> dict[str, Any]:

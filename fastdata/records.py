@@ -1,0 +1,249 @@
+"""Reading samples with fields (docs/fields.md): what a reader's ``ds[i]``, ``ds[indices]`` and
+``fastdata.loader`` give for a dataset whose manifest has a schema (:mod:`fastdata.fields`).
+
+``ds[i]`` gives the sample as the source returned it: a tuple where it was a tuple, a dict where
+it was a dict; images as ``tv_tensors.Image`` (uint8 CHW), masks as ``tv_tensors.Mask`` (H, W),
+boxes as ``tv_tensors.BoundingBoxes`` with their format and the canvas size of their image, so a
+``transforms.v2`` pipeline given as ``transform`` transforms the whole sample together. A batch
+(``ds[indices]``, ``fastdata.loader``) has one entry per field: fixed-shape fields stacked as
+tensors (images, raw masks, scalars, fixed arrays), variable ones as lists. Each field is read
+once per batch (one fancy-indexed read of a fixed field's rows).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError
+from fastdata.fields import Field, Schema, select, unflatten
+
+
+def open_schema(dataset: Any) -> Schema:
+    """The schema in ``dataset``'s manifest, checked, with ``fields=[...]`` applied."""
+    manifest = dataset.manifest
+    try:
+        schema = Schema.from_json(manifest["fields"])
+    except (InvalidOptionError, TypeError, ValueError) as exc:
+        raise CorruptManifestError(f"{str(dataset.path)!r}: the manifest's 'fields' are damaged ({exc}). "
+                                   "Convert the source again.") from exc
+    if schema.image is None:
+        raise CorruptManifestError(f"{str(dataset.path)!r}: the manifest's 'fields' have no image field.")
+    options = dataset.options
+    if options.target_transform is not None or options.batch_transform is not None:
+        which = "target_transform" if options.target_transform is not None else "batch_transform"
+        raise InvalidOptionError(
+            f"{which} applies to (image, label) datasets; {str(dataset.path)!r} has fields "
+            f"({', '.join(schema.names)}). Pass transform: it gets the whole sample (a transforms.v2 pipeline "
+            "transforms image, masks and boxes together)."
+        )
+    if options.fields is not None:
+        unknown = [name for name in options.fields if name not in schema.names]
+        if unknown:
+            raise InvalidOptionError(f"{str(dataset.path)!r} has no field {unknown[0]!r}. Its fields: "
+                                     f"{', '.join(schema.names)}.")
+    return schema
+
+
+class Records:
+    """Builds one reader's samples and batches from its fields."""
+
+    def __init__(self, dataset: Any):
+        self.ds = dataset
+        self.schema: Schema = dataset.schema
+        wanted = dataset.options.fields
+        self.wanted = [f for f in self.schema.fields if wanted is None or f.name in wanted]
+        names = {f.name for f in self.wanted}
+        self.structure = self.schema.structure if wanted is None else select(self.schema.structure, names)
+        if self.structure is None:
+            self.structure = [f.name for f in self.wanted]
+        self.format = dataset.options.image_format
+
+    # --- reading ----------------------------------------------------------------------
+
+    def _canvas_fields(self) -> set[str]:
+        return {f.meta.get("canvas_size_of") for f in self.wanted if f.meta.get("tv_tensor") == "BoundingBoxes"}
+
+    def _read(self, indices: np.ndarray, allocate: Callable | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each wanted field's values of ``indices`` (per sample lists, or stacked rows), and
+        the (H, W) canvas of each image field that boxes name."""
+        ds, schema = self.ds, self.schema
+        image, label = schema.image, schema.label
+        names = {f.name for f in self.wanted}
+        canvas_of = self._canvas_fields()
+        out: dict[str, Any] = {}
+        canvas: dict[str, Any] = {}
+        if image.name in names or image.name in canvas_of:
+            pil = self.format == "pil"
+            pixels = ds._read(indices, allocate, pil=pil)
+            out[image.name] = pixels
+            canvas[image.name] = [(p.height, p.width) if isinstance(p, Image.Image) else tuple(p.shape[:2])
+                                  for p in pixels]
+        if label is not None and label.name in names:
+            out[label.name] = ds.labels[indices]
+        for f in schema.extras:
+            if f.name not in names and f.name not in canvas_of:
+                continue
+            stored = ds._field_values(f, indices)
+            if f.kind in ("image", "mask"):
+                stored = [self._spatial(f, value, int(i)) for value, i in zip(stored, indices)] \
+                    if f.variable else stored
+                if f.name in canvas_of:
+                    canvas[f.name] = [tuple(np.shape(v)[:2]) if not isinstance(v, Image.Image) else (v.height, v.width)
+                                      for v in stored]
+            out[f.name] = stored
+        return out, canvas
+
+    def _spatial(self, f: Field, data: bytes, sample: int) -> Any:
+        """An encoded extra image or mask decoded: PIL (image_format 'pil') or a uint8 array
+        (masks (H, W) of class ids, images (H, W, C))."""
+        try:
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.load()
+                value = opened
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many types for damaged data
+            raise CorruptDataError(f"{str(self.ds.path)!r} sample {sample}: field {f.name!r} does not decode "
+                                   f"({exc}). Run 'fastdata verify --deep' or convert the source again.") from exc
+        if f.kind == "image" and f.mode and value.mode != f.mode:
+            value = value.convert(f.mode)
+        if self.format == "pil" and f.kind == "image":
+            return value
+        array = np.array(value, dtype=np.uint8)
+        if f.kind == "image" and array.ndim == 2:
+            array = array[:, :, None]
+        return array
+
+    # --- one sample -------------------------------------------------------------------
+
+    def _value(self, f: Field, column: Any, row: int, canvas: dict[str, Any]) -> Any:
+        value = column[row]
+        kind = f.kind
+        if kind in ("image", "mask"):
+            return self._image_value(f, value)
+        if kind == "int":
+            return bool(value) if f.dtype == "bool" else int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "array":
+            array = f.load(value) if f.variable else np.asarray(value)
+            return self._array_value(f, array, canvas, row)
+        return f.load(value)
+
+    def _image_value(self, f: Field, value: Any) -> Any:
+        if isinstance(value, Image.Image):
+            return value
+        array = np.asarray(value)
+        if self.format == "numpy":
+            return array
+        if self.format == "pil":
+            if f.kind == "mask":
+                image = Image.fromarray(np.ascontiguousarray(array), "L")
+                palette = f.meta.get("palette")
+                if f.mode == "P":
+                    image = Image.frombytes("P", image.size, image.tobytes())
+                    if palette:
+                        image.putpalette(palette)
+                return image
+            return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+        from torchvision import tv_tensors  # torchvision only for datasets with fields
+
+        if f.kind == "mask":
+            return tv_tensors.Mask(torch.from_numpy(np.ascontiguousarray(array)))
+        return tv_tensors.Image(torch.from_numpy(array).permute(2, 0, 1))
+
+    def _array_value(self, f: Field, array: np.ndarray, canvas: dict[str, Any], row: int) -> Any:
+        if f.meta.get("tv_tensor") == "BoundingBoxes":
+            from torchvision import tv_tensors
+
+            size = canvas.get(f.meta.get("canvas_size_of"))
+            height, width = size[row] if size is not None else self._fixed_canvas(f)
+            return tv_tensors.BoundingBoxes(torch.from_numpy(np.array(array)), format=f.meta["format"],
+                                            canvas_size=(int(height), int(width)))
+        if f.meta.get("tv_tensor") in ("Mask", "Image") and self.format == "tensor":
+            from torchvision import tv_tensors
+
+            return getattr(tv_tensors, f.meta["tv_tensor"])(torch.from_numpy(np.array(array)))
+        if f.meta.get("as") == "numpy" or self.format == "numpy":
+            return np.array(array)
+        return torch.from_numpy(np.array(array))
+
+    def _fixed_canvas(self, f: Field) -> tuple[int, int]:
+        image = self.schema[f.meta["canvas_size_of"]] if f.meta.get("canvas_size_of") in self.schema.names \
+            else self.schema.image
+        return tuple(image.shape[:2]) if image.shape else (0, 0)
+
+    def samples(self, indices: np.ndarray) -> list[Any]:
+        """Each sample of ``indices`` as the source returned it (``transform`` applied to the whole sample)."""
+        columns, canvas = self._read(indices, None)
+        transform = self.ds.options.transform
+        out = []
+        for row in range(len(indices)):
+            values = {f.name: self._value(f, columns[f.name], row, canvas) for f in self.wanted}
+            sample = unflatten(values, self.structure)
+            out.append(transform(sample) if transform is not None else sample)
+        return out
+
+    # --- a batch ------------------------------------------------------------------------
+
+    def batch(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
+        """The collated batch: fixed-shape fields stacked as tensors, variable ones as lists."""
+        if self.ds.options.transform is not None or self.format == "pil":
+            return collate(self.samples(indices))
+        columns, canvas = self._read(indices, allocate)
+        values = {}
+        for f in self.wanted:
+            column = columns[f.name]
+            if f.kind in ("image", "mask"):
+                values[f.name] = self._stacked_images(f, column, allocate)
+            elif f.kind in ("int", "float") or (f.kind == "array" and not f.variable):
+                array = np.ascontiguousarray(column)
+                if f.kind == "int" and f.dtype != "bool":
+                    array = array.astype(np.int64, copy=False)
+                values[f.name] = array if self.format == "numpy" else torch.from_numpy(array)
+            else:
+                values[f.name] = [self._value(f, column, row, canvas) for row in range(len(indices))]
+        return unflatten(values, self.structure)
+
+    def _stacked_images(self, f: Field, column: Any, allocate: Callable | None) -> Any:
+        """Images or masks of one shape as one tensor ((B, C, H, W) images, (B, H, W) masks); a list
+        when sizes differ (encoded images of different sizes)."""
+        if isinstance(column, list):
+            shapes = {np.shape(v) for v in column}
+            if len(shapes) > 1:
+                return [self._image_value(f, v) for v in column]
+            if not column:
+                column = np.empty((0, *(f.shape or (0, 0, 0))), np.uint8)
+            else:
+                out = allocate((len(column), *np.shape(column[0])), np.uint8) \
+                    if allocate is not None and f is self.schema.image else None
+                column = np.stack([np.asarray(v) for v in column], out=out) if out is not None \
+                    else np.stack([np.asarray(v) for v in column])
+        array = np.asarray(column)
+        if self.format == "numpy":
+            return array
+        tensor = torch.from_numpy(array)
+        return tensor.permute(0, 3, 1, 2) if f.kind == "image" else tensor
+
+
+def collate(samples: list[Any]) -> Any:
+    """Samples with fields collated: tensors of one shape stacked, numbers as tensors, the rest
+    (variable arrays, boxes, text, JSON, bytes, PIL images) as lists."""
+    first = samples[0] if samples else None
+    if isinstance(first, tuple):
+        return tuple(collate([s[i] for s in samples]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {key: collate([s[key] for s in samples]) for key in first}
+    if isinstance(first, torch.Tensor) and type(first).__name__ != "BoundingBoxes" and \
+            len({tuple(s.shape) for s in samples}) == 1 and all(isinstance(s, torch.Tensor) for s in samples):
+        return torch.stack([s.as_subclass(torch.Tensor) for s in samples])
+    if isinstance(first, bool) and all(isinstance(s, bool) for s in samples):
+        return torch.tensor(samples, dtype=torch.bool)
+    if isinstance(first, int) and all(isinstance(s, int) and not isinstance(s, bool) for s in samples):
+        return torch.tensor(samples, dtype=torch.int64)
+    if isinstance(first, float) and all(isinstance(s, float) for s in samples):
+        return torch.tensor(samples, dtype=torch.float64)
+    return list(samples)
