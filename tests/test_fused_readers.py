@@ -256,3 +256,30 @@ def test_the_png_members_are_pngs(datasets) -> None:
     kinds = [data[:4] == b"\x89PNG" for data in _source_bytes(datasets)]
     assert sum(kinds) == 2
     assert Image.open(io.BytesIO(_source_bytes(datasets)[kinds.index(True)])).format == "PNG"
+
+
+def test_bench_and_tune_say_where_the_decode_is_fused(datasets) -> None:
+    from fastdata.cli.bench import fused_line
+    from fastdata.cli.tune import fused_note
+
+    rows = [{"status": "ok", "format": "npy", "store": "encoded", "read_path": "fast", "fused_decode": "random_resized_crop"},
+            {"status": "ok", "format": "folder", "store": "-", "read_path": "standard", "fused_decode": "random_resized_crop"},
+            {"status": "ok", "format": "npy", "store": "raw", "read_path": "fast", "fused_decode": None},
+            {"status": "ok", "format": "probe", "store": "-", "read_path": "transfer", "fused_decode": None}]
+    assert fused_line(rows) == ("fused decode: folder, npy encoded decode the transform's leading RandomResizedCrop "
+                                "(+ flip) with the JPEG (fuse=True); not fused (stored pixels): npy raw")
+    assert fused_line(rows[2:]) is None
+    assert fused_note(_open(datasets, "npy", transform=_train())) == (
+        "fused decode: the transform's leading RandomResizedCrop (+ flip) is decoded with each JPEG (fuse=True; "
+        "docs/reading.md)")
+    assert fused_note(_open(datasets, "npy", transform=_train(), fuse=False)) is None
+
+
+def test_tune_augment_needs_a_crop_size(datasets) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "fastdata", "tune", str(datasets["npy"]), "--transform", "augment"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "fastdata: error: --transform augment needs the crop size: pass --resize HxW (or S)."

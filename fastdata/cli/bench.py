@@ -188,6 +188,24 @@ def config_of(args: argparse.Namespace, resize: str | None):
     )
 
 
+def fused_line(rows: list[dict]) -> str | None:
+    """Which datasets decoded the transform's leading crop with the image (the readers' fused
+    decode, docs/reading.md) and which ran it after decoding; None when no row fused."""
+    fused, after = [], []
+    for row in rows:
+        if row.get("status") != "ok" or row.get("read_path") == "transfer":
+            continue
+        name = row["format"] if row.get("store") in (None, "-") else f"{row['format']} {row['store']}"
+        (fused if row.get("fused_decode") else after).append(name)
+    if not fused:
+        return None
+    fused, after = sorted(set(fused)), sorted(set(after) - set(fused))
+    kinds = {row["fused_decode"] for row in rows if row.get("fused_decode")}
+    what = "RandomResizedCrop (+ flip)" if "random_resized_crop" in kinds else "Resize + CenterCrop"
+    line = f"fused decode: {', '.join(fused)} decode the transform's leading {what} with the JPEG (fuse=True)"
+    return line + (f"; not fused (stored pixels): {', '.join(after)}" if after else "")
+
+
 def report_text(result, source: str, config) -> str:
     """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
     short reasons and the files written."""
@@ -205,6 +223,9 @@ def report_text(result, source: str, config) -> str:
         lines += ["", "recommendation: " + result.recommendation]
     if result.backends:
         lines.append("backends: " + result.backends)
+    fused = fused_line(result.rows)
+    if fused:
+        lines.append(fused)
     lines += ["", *result.warnings, *([""] if result.warnings else []), result.table, "", "why:"]
     lines += [f"  {line}" for line in result.verdicts]
     out = result.out
