@@ -115,3 +115,19 @@ def test_max_side_must_be_a_positive_integer(uniform_folder: Path, tmp_path: Pat
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "fastdata: error: Invalid --max-side '0'. Use a positive integer."
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_max_side_geometry_caps_the_longest_side_after_resize_and_crop() -> None:
+    from PIL import Image
+
+    from fastdata.images import Geometry
+
+    cap = Geometry(max_side=256)
+    assert [cap.output_size(w, h) for w, h in [(500, 300), (200, 600), (80, 100), (256, 256), (2000, 3)]] == \
+        [(256, 154), (85, 256), (80, 100), (256, 256), (256, 1)]
+    assert cap.apply(Image.new("RGB", (500, 300))).size == (256, 154)
+    small = Image.new("RGB", (80, 100))
+    assert cap.apply(small) is small  # not resized at all
+    assert Geometry(resize=(300, 600), max_side=200).fixed_size == (100, 200)
+    assert Geometry(resize=(300,), center_crop=(224, 224), max_side=512).fixed_size == (224, 224)
+    assert Geometry(max_side=512).describe() == {"resize": None, "center_crop": None, "max_side": 512}

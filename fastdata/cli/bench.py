@@ -17,6 +17,7 @@ EXAMPLES = """
   fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --num-workers 0,2,4
   fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
   fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
+  fastdata bench ./photos --resize 224 --transform augment --stores encoded   # training crops, fused decode
 """
 
 

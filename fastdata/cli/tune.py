@@ -18,6 +18,7 @@ EXAMPLES = """
   fastdata tune mydata:train_set --batch-size 32 # any Dataset: module:name (a Dataset or a
                                                  # zero-argument function returning one)
   fastdata tune torchvision:MNIST --root ~/data --step mytrain:step --json
+  fastdata tune out/train.npy --transform augment --resize 224   # RandomResizedCrop + flip, fused decode
 """
 
 
