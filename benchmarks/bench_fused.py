@@ -2,6 +2,8 @@
 pipeline, per decoder, on the two generated sets of issue #22's Targets.
 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
+    python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
+        [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--json rows.json]
 
 Sets (seeded, generated in memory, JPEG quality 90, photo-like multi-scale noise):
 ``imagenet``: shorter side 300-500 px, aspect 3:4..4:3; ``large``: longer side 1500-2500 px.
@@ -19,6 +21,28 @@ Paths:
   fused-simplejpeg / fused-pil   fastdata.fused.fused_decode with that decoder
   fused-turbojpeg   PyTurboJPEG 1.x (if importable): lossless crop to the box's iMCU-aligned
                 region, then a DCT-scaled decode of that region only, crop, resize, flip
+
+``--loader``: the issue's targets end to end. Each set is written as an image folder (10
+classes), converted with ``fastdata convert --store encoded`` (the files' bytes kept), and read
+for whole epochs (batches of ``--batch-size``, shuffled, uint8 224x224 out):
+  torchvision   DataLoader(ImageFolder(src, transform=v2.Compose([v2.RandomResizedCrop(224),
+                v2.RandomHorizontalFlip(), v2.PILToTensor()])), shuffle=True, num_workers=w)
+  fused         fastdata.loader(fastdata.open_dataset(npy, transform=v2.Compose([
+                v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])), backend=b, num_workers=w)
+  fused-max-side  the same, converted with --max-side N --reencode jpeg:90 (FFCV's storage
+                advice; only with --max-side)
+  ffcv          (when ``import ffcv`` works, and with --max-side) the set written by FFCV's
+                DatasetWriter with RGBImageField(write_mode="jpg", max_resolution=N,
+                jpeg_quality=90), read by ffcv.loader.Loader(order=RANDOM, os_cache=True) with
+                [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(),
+                ToTorchImage()]; its num_workers are threads. One untimed epoch first (numba JIT).
+  dali          (when ``import nvidia.dali`` works) a CPU-only pipeline (device_id=None):
+                fn.readers.file + fn.decoders.image_random_crop(device="cpu") + fn.resize +
+                fn.flip, num_threads=w; one untimed epoch first.
+every backend (torch/thread/process) and ``--workers`` each, in ``--rounds`` rounds of one epoch
+per configuration in rotating order (interleaved, so load from other programs hits all alike);
+the median epoch of each, each path at its best configuration, and the ratios. Worker start-up
+is part of each epoch for both (no persistent workers), as in a default training loop.
 """
 
 from __future__ import annotations
@@ -145,14 +169,219 @@ def measure(paths: dict, images: list[bytes], repeats: int, plan: fused.FusedPla
                    "psnr_mean_db": quality[name][0], "psnr_min_db": quality[name][1]} for name in paths}
 
 
+def write_folder(images: list[bytes], root: str, classes: int = 10) -> None:
+    for index, data in enumerate(images):
+        folder = os.path.join(root, f"class{index % classes:02d}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{index:05d}.jpg"), "wb") as handle:
+            handle.write(data)
+
+
+def _epoch(batches) -> tuple[float, int]:
+    start, count = time.perf_counter(), 0
+    for images, _ in batches:
+        count += len(images)
+    return time.perf_counter() - start, count
+
+
+def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int) -> dict[str, object]:
+    """name -> a function giving one epoch's iterable (a fresh loader each epoch, like a default
+    training loop: workers start in every epoch)."""
+    import fastdata
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    standard = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    train = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
+    folder = ImageFolder(paths["source"], transform=standard)
+    configs: dict[str, object] = {}
+    for count in workers:
+        configs[f"torchvision nw={count}"] = (lambda count=count: DataLoader(
+            folder, batch_size=batch_size, shuffle=True, num_workers=count))
+    if "ffcv" in paths:
+        for count in [w for w in workers if w > 0]:
+            configs[f"ffcv threads={count}"] = ffcv_loader(paths["ffcv"], count, batch_size)
+    if "source" in paths and dali_available():
+        for count in [w for w in workers if w > 0]:
+            configs[f"dali threads={count}"] = dali_loader(paths["source"], count, batch_size)
+    for name in ("fused", "fused-max-side"):
+        if name not in paths:
+            continue
+        dataset = fastdata.open_dataset(paths[name], transform=train)
+        if dataset.decoder.plan is None:
+            raise SystemExit(f"{paths[name]}: the transform was not fused")
+        for backend in ("torch", "thread", "process"):
+            for count in workers:
+                if count == 0 and backend != "torch":
+                    continue  # num_workers=0 is one serial loop on every backend
+                configs[f"{name} {backend} nw={count}"] = (lambda dataset=dataset, backend=backend, count=count:
+                                                          fastdata.loader(dataset, batch_size=batch_size,
+                                                                          backend=backend, num_workers=count))
+    return configs
+
+
+def ffcv_available() -> bool:
+    try:
+        import ffcv  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_ffcv(source: str, out: str, max_side: int) -> None:
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+    from torchvision.datasets import ImageFolder
+
+    fields = {"image": RGBImageField(write_mode="jpg", max_resolution=max_side, jpeg_quality=90), "label": IntField()}
+    DatasetWriter(out, fields, num_workers=2).from_indexed_dataset(ImageFolder(source))
+
+
+def ffcv_loader(path: str, threads: int, batch_size: int):
+    """A function giving the same ffcv Loader each epoch (built, and one epoch run, on first use)."""
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
+
+    made = []
+
+    def epoch():
+        if not made:
+            pipelines = {"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip(), ToTensor(),
+                                   ToTorchImage()],
+                         "label": [IntDecoder(), ToTensor()]}
+            made.append(Loader(path, batch_size=batch_size, num_workers=threads, order=OrderOption.RANDOM,
+                               os_cache=True, drop_last=False, pipelines=pipelines))
+            _epoch(made[0])  # numba compiles the pipeline in the first epoch: untimed
+        return made[0]
+
+    return epoch
+
+
+def dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dali_loader(source: str, threads: int, batch_size: int):
+    """A function giving one epoch of a CPU-only DALI pipeline (built, one epoch run, on first use)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    made = []
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=source, random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE, antialias=True)
+        images = fn.flip(images, horizontal=fn.random.coin_flip())
+        return fn.transpose(images, perm=[2, 0, 1]), labels
+
+    def epoch():
+        if not made:
+            built = pipe()
+            built.build()
+            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=True,
+                                            last_batch_policy=LastBatchPolicy.PARTIAL))
+            _epoch(_dali_batches(made[0]))
+        return _dali_batches(made[0])
+
+    return epoch
+
+
+def _dali_batches(iterator):
+    for batch in iterator:
+        yield batch[0]["image"], batch[0]["label"]
+
+
+def run_loader(args: argparse.Namespace) -> list[dict]:
+    import fastdata
+
+    workers = [int(part) for part in args.workers.split(",")]
+    rows = []
+    for kind, count, seed in (("imagenet", args.count, 1), ("large", args.large_count, 2)):
+        root = os.path.join(args.out, kind)
+        paths = {"source": os.path.join(root, "source"), "fused": os.path.join(root, "fused.npy")}
+        if not os.path.isdir(paths["source"]):
+            print(f"{kind}: generating {count} JPEGs", flush=True)
+            write_folder(make_set(kind, count, seed), paths["source"])
+        if not os.path.exists(paths["fused"]):
+            fastdata.convert(paths["source"], paths["fused"], store="encoded", workers=0)
+        if args.max_side:
+            paths["fused-max-side"] = os.path.join(root, f"max-side-{args.max_side}.npy")
+            if not os.path.exists(paths["fused-max-side"]):
+                fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
+                                 reencode="jpeg:90", workers=0)
+        if args.max_side and ffcv_available():
+            paths["ffcv"] = os.path.join(root, f"max-side-{args.max_side}.beton")
+            if not os.path.exists(paths["ffcv"]):
+                write_ffcv(paths["source"], paths["ffcv"], args.max_side)
+        configs = loader_configs(paths, workers, args.batch_size)
+        names, rates = list(configs), {name: [] for name in configs}
+        for round_ in range(args.rounds):
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                try:
+                    elapsed, samples = _epoch(configs[name]())
+                except Exception as exc:  # one library failing leaves the others' numbers
+                    print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
+                    continue
+                if samples != count:
+                    print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
+                rates[name].append(samples / elapsed)
+                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s", flush=True)
+        for name in names:
+            if rates[name]:
+                rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
+                             "samples_per_s": statistics.median(rates[name]), "epoch_rates": rates[name],
+                             "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
+    return rows
+
+
+def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"os.cpu_count() = {os.cpu_count()}, batch {args.batch_size}, median of {args.rounds} epochs each, "
+          "interleaved")
+    print(f"{'set':9} {'configuration':28} {'samples/s':>10}")
+    for row in rows:
+        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f}")
+    print("best of each path, ratio to torchvision's best:")
+    for kind in dict.fromkeys(row["set"] for row in rows):
+        best = {}
+        for row in rows:
+            if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
+                best[row["path"]] = row
+        base = best["torchvision"]["samples_per_s"]
+        for path, row in best.items():
+            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  {row['samples_per_s'] / base:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2000, help="images in the ImageNet-size set")
     parser.add_argument("--large-count", type=int, default=500, help="images in the high-resolution set")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--loader", action="store_true", help="whole epochs through the loaders (see above)")
+    parser.add_argument("--out", default="/tmp/fastdata-bench-fused", help="--loader: where the sets are written")
+    parser.add_argument("--rounds", type=int, default=3, help="--loader: epochs per configuration")
+    parser.add_argument("--workers", default="0,1,2", help="--loader: num_workers values")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-side", type=int, default=0, help="--loader: also read a --max-side N --reencode "
+                        "jpeg:90 conversion")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.loader:
+        rows = run_loader(args)
+        print_loader(rows, args)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(rows, handle, indent=1)
+        return
     plan, _ = fused.split_transform(v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()]))
     paths = {"torchvision": torchvision_path(), "full+crop": full_crop_path(plan),
              "fused-simplejpeg": fused_path(plan, "simplejpeg"), "fused-pil": fused_path(plan, "pil")}

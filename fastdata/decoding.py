@@ -13,20 +13,31 @@ same ``--resize``/``--center-crop`` semantics as conversion, i.e. torchvision's 
   torchvision). Pixels differ slightly from Pillow's (measured in
   docs/reading.md); other image types take the Pillow path.
 
+With a :class:`~fastdata.fused.FusedPlan` (``plan``: the leading random-resized-crop + flip,
+or resize + centre crop, of the reader's ``transform``, split off by
+:class:`fastdata.reader.ReaderOptions`), each image is decoded through it instead
+(:func:`fastdata.fused.fused_decode`: only the DCT scale the crop box needs), its randomness
+drawn from ``(seed, epoch, sample index)``: the same crops on every backend and ``num_workers``,
+new ones each epoch. JPEGs go through simplejpeg when it is installed, else Pillow's ``draft``;
+other image types are decoded in full and cropped on the same box.
+
 With a fixed output size and an ``allocate`` (the process backend's shared-memory slot, or
 any preallocated batch buffer), each image is written straight into its row of the batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
+from fastdata.fused import FusedPlan, fused_decode, generator_for
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -62,6 +73,15 @@ class Decoder:
     mode: str
     geometry: Geometry = Geometry()
     fast: bool = False
+    plan: FusedPlan | None = None  # the transform's fused leading crop (None: decode, then transform)
+    seed: int = 0  # with ``plan``: the seed of its per-(epoch, sample) randomness
+    encoded: bool = True  # False: the dataset stores decoded pixels (never fused)
+
+    def with_options(self, options: Any) -> "Decoder":
+        """This decoder with the fused plan and seed of reader options ``options``
+        (:class:`fastdata.reader.ReaderOptions`); no plan for stored pixels."""
+        fused = options.fused if self.encoded else None
+        return dataclasses.replace(self, plan=fused[0] if fused else None, seed=options.seed)
 
     @classmethod
     def make(cls, mode: str, *, resize: Any = None, center_crop: Any = None, decoder: str = "pil") -> "Decoder":
@@ -78,6 +98,19 @@ class Decoder:
             return self._decode_fast(data)
         image = self.geometry.apply(to_mode(open_image(data), self.mode))
         return image if pil else as_hwc(image)
+
+    @property
+    def fused_library(self) -> str:
+        """What decodes JPEGs through ``plan``: simplejpeg when installed (measured fastest,
+        docs/reading.md), else Pillow's ``draft``."""
+        return "simplejpeg" if _has_simplejpeg() else "pil"
+
+    def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None) -> np.ndarray:
+        """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
+        global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give)."""
+        generator = None if epoch is None else generator_for(self.seed, epoch, index)
+        image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library)
+        return image.permute(1, 2, 0).numpy()
 
     def _decode_fast(self, data: bytes) -> np.ndarray:
         import torch
@@ -102,19 +135,28 @@ class Decoder:
         return pixels
 
     def decode_all(self, blobs: Iterable[bytes | memoryview], where: Callable[[int], str], dataset: Path, *,
-                   pil: bool = False, allocate: Callable | None = None) -> Any:
+                   pil: bool = False, allocate: Callable | None = None, indices: Sequence[int] | None = None,
+                   epoch: int | None = None) -> Any:
         """Decode every image: a list of arrays (or PIL images with ``pil``), or, when the output
         size is fixed and ``allocate`` gives room, one (B, H, W, C) array written row by row.
+        With a ``plan``, row ``r``'s crop is drawn from ``(seed, epoch, indices[r])``, or from
+        torch's global generator when ``epoch`` is None (as torchvision's transforms draw).
         A sample that does not decode is a CorruptDataError naming it (``where(row)``)."""
         blobs = list(blobs)
-        fixed = self.geometry.fixed_size
+        fused = self.plan is not None and not pil
+        if fused and epoch is not None and (indices is None or len(indices) != len(blobs)):
+            raise ValueError("a fused decode in a known epoch needs the sample index of every image (indices=...)")
+        fixed = self.plan.size if fused else self.geometry.fixed_size
         out = None
         if fixed is not None and allocate is not None and not pil:
             out = allocate((len(blobs), *fixed, self.channels), np.uint8)
         pixels = []
         for row, blob in enumerate(blobs):
             try:
-                decoded = self.decode(blob, pil=pil)
+                if fused:
+                    decoded = self.decode_fused(blob, None if epoch is None else int(indices[row]), epoch)
+                else:
+                    decoded = self.decode(blob, pil=pil)
             except DependencyMissingError:
                 raise  # the data is fine: the install command, not "convert again"
             except Exception as exc:
@@ -127,3 +169,10 @@ class Decoder:
             else:
                 pixels.append(decoded)
         return out if out is not None else pixels
+
+
+@functools.lru_cache(maxsize=None)
+def _has_simplejpeg() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("simplejpeg") is not None

@@ -155,17 +155,22 @@ def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] 
 
 @dataclass(frozen=True)
 class Geometry:
-    """``--resize`` and ``--center-crop``, with torchvision ``Resize``/``CenterCrop`` semantics.
+    """``--resize``, ``--center-crop`` and ``--max-side``, applied in that order: torchvision
+    ``Resize``/``CenterCrop`` semantics, then the longest side capped at ``max_side``.
 
     ``resize`` is ``(H, W)`` for an exact size, ``(S,)`` for "shorter side to S", or None.
+    ``max_side`` scales an image whose longest side is longer down to exactly ``max_side`` on
+    that side, the other rounded to keep the aspect ratio (at least 1 pixel); smaller images are
+    left as they are. (FFCV stores its ImageNet this way, ``max_resolution``, for fast decodes.)
     """
 
     resize: tuple[int, ...] | None = None
     center_crop: tuple[int, int] | None = None
+    max_side: int | None = None
 
     @property
     def is_identity(self) -> bool:
-        return self.resize is None and self.center_crop is None
+        return self.resize is None and self.center_crop is None and self.max_side is None
 
     def output_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) after this geometry is applied to an image of the given size."""
@@ -173,16 +178,22 @@ class Geometry:
             width, height = _resized_size(width, height, self.resize)
         if self.center_crop is not None:
             height, width = self.center_crop
+        if self.max_side is not None:
+            width, height = capped_size(width, height, self.max_side)
         return width, height
 
     @property
     def fixed_size(self) -> tuple[int, int] | None:
         """(H, W) every output has regardless of input size, or None when it depends on input."""
+        fixed = None
         if self.center_crop is not None:
-            return self.center_crop
-        if self.resize is not None and len(self.resize) == 2:
-            return self.resize[0], self.resize[1]
-        return None
+            fixed = self.center_crop
+        elif self.resize is not None and len(self.resize) == 2:
+            fixed = self.resize[0], self.resize[1]
+        if fixed is not None and self.max_side is not None:
+            width, height = capped_size(fixed[1], fixed[0], self.max_side)
+            fixed = height, width
+        return fixed
 
     def apply(self, image: Image.Image) -> Image.Image:
         if self.resize is not None:
@@ -191,13 +202,28 @@ class Geometry:
                 image = image.resize(size, Image.BILINEAR)
         if self.center_crop is not None:
             image = center_crop(image, *self.center_crop)
+        if self.max_side is not None:
+            size = capped_size(image.width, image.height, self.max_side)
+            if size != image.size:
+                image = image.resize(size, Image.BILINEAR)
         return image
 
     def describe(self) -> dict[str, Any]:
         return {
             "resize": list(self.resize) if self.resize else None,
             "center_crop": list(self.center_crop) if self.center_crop else None,
+            "max_side": self.max_side,
         }
+
+
+def capped_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(width, height) with the longest side at most ``max_side``, the aspect ratio kept."""
+    longest = max(width, height)
+    if longest <= max_side:
+        return width, height
+    if width >= height:
+        return max_side, max(1, round(height * max_side / width))
+    return max(1, round(width * max_side / height)), max_side
 
 
 def _resized_size(width: int, height: int, resize: tuple[int, ...]) -> tuple[int, int]:

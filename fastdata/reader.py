@@ -34,6 +34,7 @@ from fastdata.decoding import Decoder, check_decoder, geometry_of
 from fastdata.errors import CorruptManifestError, InvalidOptionError, ShapeMismatchError, UnknownOptionError
 from fastdata.formats.base import Reader
 from fastdata.formats.stored import open_manifest
+from fastdata.fused import FusedPlan, split_transform
 from fastdata.images import Geometry
 from fastdata.remote.dataset import RemoteOptions, locate
 from fastdata.remote.filesystem import Retry
@@ -57,6 +58,13 @@ class ReaderOptions:
     second. It needs ``image_format="tensor"``. ``resize``, ``center_crop`` and ``decoder``
     apply to encoded images (:mod:`fastdata.decoding`).
 
+    ``fuse`` (default True): a torchvision ``transform`` that starts with ``RandomResizedCrop``
+    (+ ``RandomHorizontalFlip``), or ``Resize`` + ``CenterCrop``, has that part done inside the
+    decode of encoded images (:mod:`fastdata.fused`) and the rest of it run after (``fused``:
+    ``(plan, rest)``, or None); ``fuse=False`` decodes, then runs the whole transform. Only with
+    ``image_format="tensor"`` and no read-time ``resize``/``center_crop``. The crops are drawn
+    from ``(seed, epoch, sample index)``.
+
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.
 
@@ -76,6 +84,8 @@ class ReaderOptions:
     cache_limit: int | None = None
     retry: Retry | None = None
     fields: Any = None  # names of the fields to read (datasets with fields, docs/fields.md); None: all
+    fuse: bool = True
+    seed: int = 0
 
     def __post_init__(self) -> None:
         self.remote  # validated up front
@@ -96,6 +106,36 @@ class ReaderOptions:
         object.__setattr__(self, "resize", geometry.resize)
         object.__setattr__(self, "center_crop", geometry.center_crop)
         check_decoder(self.decoder)
+        if not isinstance(self.fuse, bool):
+            raise InvalidOptionError(f"Invalid fuse {self.fuse!r}. Use True (fuse the transform's leading crop "
+                                     "into the decode) or False (decode, then transform).")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise InvalidOptionError(f"Invalid seed {self.seed!r}. Use an integer.")
+        object.__setattr__(self, "fused", self._split())
+
+    def _split(self) -> tuple[FusedPlan, Callable | None] | None:
+        """``(plan, rest)`` of a fusable ``transform`` (see the class docstring), else None."""
+        if not self.fuse or self.transform is None or self.image_format != "tensor" or not self.geometry.is_identity:
+            return None
+        if not type(self.transform).__module__.startswith("torchvision."):
+            return None  # only torchvision's own transforms are read (and torchvision stays optional)
+        return split_transform(self.transform)
+
+    @property
+    def unfused(self) -> "ReaderOptions":
+        """These options with ``fuse=False`` (what a reader whose images are not fused uses)."""
+        if self.fused is None:
+            return self
+        cached = self.__dict__.get("_unfused")
+        if cached is None:
+            cached = self.replace(fuse=False)
+            object.__setattr__(self, "_unfused", cached)
+        return cached
+
+    @property
+    def decoded_transform(self) -> Callable | None:
+        """What runs on each decoded image: ``transform``, or the rest of it after a fused crop."""
+        return self.fused[1] if self.fused is not None else self.transform
 
     @classmethod
     def build(cls, reader: str, values: dict[str, Any]) -> "ReaderOptions":
@@ -128,7 +168,8 @@ class ReaderOptions:
     @property
     def per_sample(self) -> bool:
         """Whether a batch must be built sample by sample (a transform, or PIL images)."""
-        return self.transform is not None or self.target_transform is not None or self.image_format == "pil"
+        return (self.decoded_transform is not None or self.target_transform is not None
+                or self.image_format == "pil")
 
     def samples(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray, *,
                 collated_next: bool = False) -> list[tuple[Any, Any]]:
@@ -145,8 +186,9 @@ class ReaderOptions:
             images = [p if isinstance(p, Image.Image) else Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p)
                       for p in pixels]
         targets = labels.tolist()
-        if self.transform is not None:
-            images = [self.transform(image) for image in images]
+        transform = self.decoded_transform
+        if transform is not None:
+            images = [transform(image) for image in images]
         if self.target_transform is not None:
             targets = [self.target_transform(label) for label in targets]
         if self.batch_transform is not None and not collated_next:
@@ -229,6 +271,9 @@ def _option(name: str) -> property:
 
     def set_(self: "ReaderOutput", value: Any) -> None:
         self.options = self.options.replace(**{name: value})
+        decoder = getattr(self, "decoder", None)
+        if isinstance(decoder, Decoder):
+            self.decoder = decoder.with_options(self.options)  # a new transform: a new fused plan
 
     return property(get, set_, doc=f"``{name}`` (see :class:`ReaderOptions`).")
 
@@ -263,7 +308,11 @@ class ReaderOutput:
 
     @property
     def output(self) -> ReaderOptions:
-        """The output contract with this reader's current options."""
+        """The output contract with this reader's current options (without fusion where its
+        decoder does not fuse: decoded pixels are stored)."""
+        decoder = getattr(self, "decoder", None)
+        if self.options.fused is not None and (decoder is None or decoder.plan is None):
+            return self.options.unfused
         return self.options
 
     @property
@@ -311,11 +360,24 @@ class MapDataset(ReaderOutput, Reader, Dataset):
     """
 
     labels: np.ndarray
+    epoch: int | None = None  # set_epoch's; None: the crops of a fused transform use torch's global generator
 
     def __init__(self, transform: Callable | None = None, target_transform: Callable | None = None, **options: Any):
         self._init_options(transform, target_transform, options)
         self._handles: Any = None
         self._pid: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the reads that do not carry one (``fastdata.loader``'s batches do): with
+        a fused transform, sample ``i``'s crop is drawn from ``(seed, epoch, i)``. Without it
+        (and without ``fastdata.loader``), crops come from torch's global generator, as
+        torchvision's transforms' do."""
+        self.epoch = int(epoch)
+
+    def epoch_of(self, indices: Any) -> int | None:
+        """The epoch a read of ``indices`` is in: the one ``fastdata.loader``'s batches carry,
+        else :meth:`set_epoch`'s (None: not known)."""
+        return getattr(indices, "epoch", self.epoch)
 
     # --- per-process resources ---------------------------------------------------------
 
@@ -408,13 +470,14 @@ class MapDataset(ReaderOutput, Reader, Dataset):
 def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
     """The read-time :class:`~fastdata.decoding.Decoder` of a converted dataset: resize,
     center_crop and decoder apply to encoded images; raw pixels were sized at conversion."""
-    made = Decoder(manifest["image"]["mode"], options.geometry, options.decoder == "fast")
-    if manifest["store"] == "raw" and (not made.geometry.is_identity or made.fast):
+    encoded = manifest["store"] != "raw"
+    made = Decoder(manifest["image"]["mode"], options.geometry, options.decoder == "fast", encoded=encoded)
+    if not encoded and (not made.geometry.is_identity or made.fast):
         raise InvalidOptionError(
             "resize, center_crop and decoder apply to datasets of encoded images; this one stores decoded "
             "pixels (--store raw). Convert with --resize/--center-crop instead, or transform the tensors."
         )
-    return made
+    return made.with_options(options)
 
 
 class StoredDataset(MapDataset):

@@ -48,6 +48,28 @@ def shared_seed(seed: int | None, world_size: int) -> int:
     return int(box[0])
 
 
+class EpochIndices(np.ndarray):
+    """A batch of sample indices that knows the epoch it is read in (``.epoch``), also after
+    pickling to a worker process: how the epoch reaches a reader's per-epoch randomness (the
+    fused random crop, :mod:`fastdata.fused`) on every backend and ``num_workers``. Otherwise a
+    plain int64 array."""
+
+    epoch: int = 0
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.epoch = getattr(obj, "epoch", 0)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return epoch_indices, (np.asarray(self), self.epoch)
+
+
+def epoch_indices(indices: np.ndarray, epoch: int) -> EpochIndices:
+    """``indices`` (a view, no copy) tagged with ``epoch``."""
+    tagged = np.asarray(indices).view(EpochIndices)
+    tagged.epoch = int(epoch)
+    return tagged
+
+
 class EpochSampler(Sampler):
     """Base of fastdata's samplers: one permutation per epoch from :meth:`order`, this rank's
     share of it, yielded as ints, or (with ``batch_size``) as sorted index arrays, one per batch.
@@ -133,7 +155,7 @@ class EpochSampler(Sampler):
         if self.batch_size is None:
             items: Iterator[Any] = iter(order[first:].tolist())
         else:
-            items = (np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size])
+            items = (epoch_indices(np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size]), epoch)
                      for batch in range(first, len(self)))
         for item in items:
             self._pass[1] += 1

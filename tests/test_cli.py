@@ -76,3 +76,58 @@ def test_version_and_help() -> None:
     assert fastdata("--version").stdout.startswith("fastdata ")
     help_text = fastdata("convert", "--help").stdout
     assert "--skip-bad" in help_text and "--resize" in help_text
+
+
+def test_max_side_and_reencode_store_small_jpegs_and_info_shows_their_sizes(tmp_path: Path) -> None:
+    from PIL import Image
+
+    source = tmp_path / "photos"
+    (source / "a").mkdir(parents=True)
+    sizes = [(300, 500), (600, 200), (100, 80), (256, 256)]  # (H, W); the last two are not resized
+    for index, (height, width) in enumerate(sizes):
+        pixels = np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(source / "a" / f"{index}.jpg", quality=95)
+    out = tmp_path / "small.npy"
+    result = fastdata("convert", source, out, "--store", "encoded", "--max-side", "256", "--reencode", "jpeg:80",
+                      "--workers", "0", "--quiet")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["options"]["max_side"] == 256 and manifest["options"]["reencode"] == ["jpeg", 80]
+    assert manifest["image"]["encoding"] == "jpeg"
+    import fastdata as library
+
+    dataset = library.open_dataset(out)
+    assert [tuple(dataset[i][0].shape[1:]) for i in range(4)] == [(154, 256), (256, 85), (100, 80), (256, 256)]
+    blobs = np.diff(np.load(out / "offsets.npy"))
+    info = fastdata("info", out)
+    lines = dict(line.split(":", 1) for line in info.stdout.splitlines())
+    assert lines["image"].strip() == "encoded (jpeg quality 80, longest side at most 256), mode RGB"
+    kb = [f"{value / 1000:.1f} kB" for value in (blobs.min(), np.median(blobs), blobs.max())]
+    assert lines["stored"].strip() == (f"width 80/170/256, height 100/205/256, bytes {kb[0]}/{kb[1]}/{kb[2]} "
+                                       "(min/median/max; sizes from every header)")
+    stored = json.loads(fastdata("info", out, "--json").stdout)["stored_sizes"]
+    assert stored == {"width": [80, 170, 256], "height": [100, 205, 256],
+                      "bytes": [int(blobs.min()), int(np.median(blobs)), int(blobs.max())], "headers_read": 4}
+
+
+def test_max_side_must_be_a_positive_integer(uniform_folder: Path, tmp_path: Path) -> None:
+    result = fastdata("convert", uniform_folder, tmp_path / "o.npy", "--max-side", "0")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "fastdata: error: Invalid --max-side '0'. Use a positive integer."
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_max_side_geometry_caps_the_longest_side_after_resize_and_crop() -> None:
+    from PIL import Image
+
+    from fastdata.images import Geometry
+
+    cap = Geometry(max_side=256)
+    assert [cap.output_size(w, h) for w, h in [(500, 300), (200, 600), (80, 100), (256, 256), (2000, 3)]] == \
+        [(256, 154), (85, 256), (80, 100), (256, 256), (256, 1)]
+    assert cap.apply(Image.new("RGB", (500, 300))).size == (256, 154)
+    small = Image.new("RGB", (80, 100))
+    assert cap.apply(small) is small  # not resized at all
+    assert Geometry(resize=(300, 600), max_side=200).fixed_size == (100, 200)
+    assert Geometry(resize=(300,), center_crop=(224, 224), max_side=512).fixed_size == (224, 224)
+    assert Geometry(max_side=512).describe() == {"resize": None, "center_crop": None, "max_side": 512}

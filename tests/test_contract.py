@@ -156,11 +156,12 @@ def test_key_fields_and_manifest_options_come_from_the_fields() -> None:
     options = decide_options("out", ConvertOptions(format="tar", store="encoded", reencode="png",
                                                    format_options={"shard_samples": 9}))
     assert options.key_fields() == {
-        "format": "tar", "store": "encoded", "mode": "auto", "resize": None, "center_crop": None,
+        "format": "tar", "store": "encoded", "mode": "auto", "resize": None, "center_crop": None, "max_side": None,
         "reencode": ["png", None], "skip_bad": False, "max_pixels": 89_478_485, "exif_transpose": False,
         "format_options": {"shard_samples": 9, "shard_bytes": 256_000_000},
     }
-    assert options.describe() == {"mode": "auto", "resize": None, "center_crop": None, "reencode": ["png", None],
+    assert options.describe() == {"mode": "auto", "resize": None, "center_crop": None, "max_side": None,
+                                  "reencode": ["png", None],
                                   "format_options": {"shard_samples": 9, "shard_bytes": 256_000_000}}
 
 

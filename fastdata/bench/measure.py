@@ -254,10 +254,12 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
     else:
         dataset = make_dataset(case, config, image_size)
     loader = make_loader(dataset, case, config)
+    plan = getattr(getattr(dataset, "decoder", None), "plan", None)
     rows = []
     for epoch in range(config.warmup + config.epochs):
         row = run_epoch(loader, config, case)
-        rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row})
+        rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row,
+                     "fused_decode": plan.kind if plan is not None else None})
     # peak memory comes from more, untimed epochs: sampling smaps costs ~10 ms per process
     sampled = sample_memory(loader, config, case)
     getattr(loader, "close", lambda: None)()

@@ -17,6 +17,7 @@ EXAMPLES = """
   fastdata bench ./photos --resize 64x64 --formats npy,hdf5 --num-workers 0,2,4
   fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
   fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
+  fastdata bench ./photos --resize 224 --transform augment --stores encoded   # training crops, fused decode
 """
 
 
@@ -191,6 +192,24 @@ def config_of(args: argparse.Namespace, resize: str | None):
     )
 
 
+def fused_line(rows: list[dict]) -> str | None:
+    """Which datasets decoded the transform's leading crop with the image (the readers' fused
+    decode, docs/reading.md) and which ran it after decoding; None when no row fused."""
+    fused, after = [], []
+    for row in rows:
+        if row.get("status") != "ok" or row.get("read_path") == "transfer":
+            continue
+        name = row["format"] if row.get("store") in (None, "-") else f"{row['format']} {row['store']}"
+        (fused if row.get("fused_decode") else after).append(name)
+    if not fused:
+        return None
+    fused, after = sorted(set(fused)), sorted(set(after) - set(fused))
+    kinds = {row["fused_decode"] for row in rows if row.get("fused_decode")}
+    what = "RandomResizedCrop (+ flip)" if "random_resized_crop" in kinds else "Resize + CenterCrop"
+    line = f"fused decode: {', '.join(fused)} decode the transform's leading {what} with the JPEG (fuse=True)"
+    return line + (f"; not fused (stored pixels): {', '.join(after)}" if after else "")
+
+
 def report_text(result, source: str, config) -> str:
     """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
     short reasons and the files written."""
@@ -208,6 +227,9 @@ def report_text(result, source: str, config) -> str:
         lines += ["", "recommendation: " + result.recommendation]
     if result.backends:
         lines.append("backends: " + result.backends)
+    fused = fused_line(result.rows)
+    if fused:
+        lines.append(fused)
     lines += ["", *result.warnings, *([""] if result.warnings else []), result.table, "", "why:"]
     lines += [f"  {line}" for line in result.verdicts]
     out = result.out

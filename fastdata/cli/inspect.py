@@ -38,12 +38,19 @@ def field_line(entry: dict[str, Any]) -> str:
     return "  " + " ".join(parts)
 
 
-def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None) -> str:
+def describe(path: Path | str, manifest: dict[str, Any], sizes: dict[str, Any] | None = None,
+             size: str | None = None) -> str:
+    from fastdata.cli.sizes import sizes_line  # numpy and Pillow: imported when info runs, not at CLI start-up
+
     image = manifest["image"]
     if image.get("shape"):
         shape = "x".join(str(v) for v in image["shape"]) + f" {image['dtype']}"
     else:
-        shape = f"encoded ({image['encoding']})"
+        options = manifest.get("options") or {}
+        reencode = options.get("reencode") or [None, None]
+        quality = f" quality {reencode[1]}" if image["encoding"] == "jpeg" and reencode[1] else ""
+        max_side = f", longest side at most {options['max_side']}" if options.get("max_side") else ""
+        shape = f"encoded ({image['encoding']}{quality}{max_side})"
     classes = manifest.get("classes", [])
     shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
     files = manifest.get("files", {})
@@ -52,6 +59,7 @@ def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None
         ("format", f"{manifest['format']} (layout {manifest['layout_version']}), store {manifest['store']}"),
         ("samples", f"{manifest['count']:,}"),
         ("image", f"{shape}, mode {image['mode']}"),
+        *([("stored", sizes_line(sizes, manifest["count"], human_bytes))] if sizes else []),
         ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
         ("size", size or f"{human_bytes(disk_usage(path))} on disk"),
         ("files", _files_line(files)),
@@ -68,6 +76,7 @@ def describe(path: Path | str, manifest: dict[str, Any], size: str | None = None
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from fastdata.cli.sizes import stored_sizes  # numpy and Pillow: imported when info runs, not at CLI start-up
     from fastdata.formats import require_manifest
 
     if is_url(args.path):  # only the manifest is fetched
@@ -80,14 +89,16 @@ def run_info(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(dict(manifest, size_bytes=total), indent=2))
         else:
-            print(describe(args.path, manifest, f"{human_bytes(total)} in object storage"))
+            print(describe(args.path, manifest, size=f"{human_bytes(total)} in object storage"))
         return 0
     path = Path(args.path)
     manifest = require_manifest(path)
+    sizes = stored_sizes(path, manifest)
     if args.json:
-        print(json.dumps(dict(manifest, size_bytes=disk_usage(path)), indent=2))
+        extra = {"stored_sizes": sizes} if sizes else {}
+        print(json.dumps(dict(manifest, size_bytes=disk_usage(path), **extra), indent=2))
     else:
-        print(describe(path, manifest))
+        print(describe(path, manifest, sizes))
     return 0
 
 
@@ -112,13 +123,15 @@ def add_parsers(commands) -> None:
     info = add_command(
         commands, "info", help="show a converted dataset's manifest",
         description="Show what a converted dataset holds: format, samples, image shape, classes, files and where "
-        "it came from.",
+        "it came from. For encoded images, the stored size distribution: min/median/max of bytes per image (from "
+        "the index) and of width and height (from the headers of up to 1,000 evenly spaced images).",
         examples="""
   fastdata info out/photos.npy
   fastdata info out/cifar.h5 --json      # the whole manifest, for scripts
 """)
     info.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
-    info.add_argument("--json", action="store_true", help="print the manifest (and size_bytes) as JSON")
+    info.add_argument("--json", action="store_true",
+                      help="print the manifest (with size_bytes and, for encoded images, stored_sizes) as JSON")
     info.set_defaults(run=run_info)
     check = add_command(
         commands, "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",

@@ -18,6 +18,7 @@ EXAMPLES = """
   fastdata tune mydata:train_set --batch-size 32 # any Dataset: module:name (a Dataset or a
                                                  # zero-argument function returning one)
   fastdata tune torchvision:MNIST --root ~/data --step mytrain:step --json
+  fastdata tune out/train.npy --transform augment --resize 224   # RandomResizedCrop + flip, fused decode
 """
 
 
@@ -45,6 +46,10 @@ def add_parser(commands) -> None:
                         help="worker start method to plan for (default: this platform's; spawn on Windows/macOS)")
     parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
                         "(needed when image sizes differ)")
+    parser.add_argument("--transform", default="none", choices=("none", "augment"),
+                        help="augment: tune for the training transform v2.RandomResizedCrop(--resize) + "
+                        "RandomHorizontalFlip; encoded images (image folders, encoded datasets) decode it fused "
+                        "with the JPEG (docs/reading.md). Default: none")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
     parser.add_argument("--split", default=None, metavar="NAME",
                         help="torchvision sources: the dataset's own split name (when not given, the one the dataset "
@@ -62,7 +67,11 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
     from fastdata.importing import is_import_string, load_dataset
 
     source = args.source
+    augment = _augment(args)
     if is_import_string(source):
+        if augment is not None:
+            raise InvalidOptionError("--transform augment applies to image folders, converted datasets and torchvision "
+                                     "sources; a module:name Dataset brings its own transform. Drop --transform.")
         return load_dataset(source), None, ("the source is a Python Dataset (module:name): a conversion is predicted "
                                             "for an image folder or a torchvision source")
     resize = _size(args.resize)
@@ -73,7 +82,9 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         from fastdata.sources import torchvision_dataset
 
         steps: list[Any] = [pil_to_tensor]
-        if resize:
+        if augment is not None:
+            steps.append(augment)
+        elif resize:
             from torchvision.transforms import v2
 
             steps.append(v2.Resize(resize, antialias=True))
@@ -94,11 +105,35 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         from fastdata.formats import get_format
 
         spec = get_format(manifest["format"])
-        dataset = (spec.map_dataset or spec.dataset)(path)  # tune needs random access (tar: TarIndexedDataset)
+        # tune needs random access (tar: TarIndexedDataset)
+        dataset = (spec.map_dataset or spec.dataset)(path, transform=augment)
         return dataset, None, f"the source is already converted ({manifest['format']} {manifest['store']})"
     from fastdata.formats.folder import FolderDataset
 
+    if augment is not None:
+        return FolderDataset(path, transform=augment), source, None
     return FolderDataset(path, resize=resize), source, None
+
+
+def _augment(args: argparse.Namespace) -> Any:
+    """``--transform augment``: RandomResizedCrop(--resize) + RandomHorizontalFlip (None: none)."""
+    if args.transform != "augment":
+        return None
+    size = _size(args.resize)
+    if size is None:
+        raise InvalidOptionError("--transform augment needs the crop size: pass --resize HxW (or S).")
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+
+
+def fused_note(dataset: Any) -> str | None:
+    """The line saying the dataset's transform is decoded fused with its images (None: it is not)."""
+    plan = getattr(getattr(dataset, "decoder", None), "plan", None)
+    if plan is None:
+        return None
+    what = "RandomResizedCrop (+ flip)" if plan.kind == "random_resized_crop" else "Resize + CenterCrop"
+    return f"fused decode: the transform's leading {what} is decoded with each JPEG (fuse=True; docs/reading.md)"
 
 
 def _size(text: str | None) -> Any:
@@ -125,10 +160,13 @@ def run_tune(args: argparse.Namespace) -> int:
                           start_method=args.start_method, convert_source=convert_source, progress=progress)
     if no_conversion:
         recommendation.conversion = {"skipped": no_conversion}
+    note = fused_note(dataset)
     if args.json:
-        print(json.dumps(recommendation.to_dict(), indent=2, default=str))
+        plan = dataset.decoder.plan if note else None
+        print(json.dumps(dict(recommendation.to_dict(), fused_decode=plan.kind if plan else None), indent=2,
+                         default=str))
         return 0
-    print(render(recommendation, args.source))
+    print(render(recommendation, args.source) + (f"\n{note}" if note else ""))
     return 0
 
 

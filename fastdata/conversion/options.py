@@ -143,6 +143,9 @@ class ConvertOptions:
                                              "torchvision Resize", key=True, metavar="HxW|S")
     center_crop: tuple[int, int] | None = _option(None, "HxW, applied after --resize, like torchvision CenterCrop",
                                                   key=True, metavar="HxW")
+    max_side: int | None = _option(None, "scale images whose longest side is longer than N down to N (aspect kept; "
+                                   "smaller ones are not resized), after --resize/--center-crop; with --store encoded "
+                                   "add --reencode jpeg:Q", key=True, metavar="N")
     reencode: tuple[str, int | None] | None = _option(None, "encoded store: re-encode as jpeg:Q or png instead of "
                                                       "keeping the original bytes", key=True, metavar="jpeg:Q|png")
     skip_bad: bool = _option(False, "leave unreadable images out (each is listed in the manifest)", key=True,
@@ -186,6 +189,7 @@ class ConvertOptions:
         _choice(self.mode, MODES, "mode")
         set_(self, "resize", parse_size(self.resize, flag="--resize", allow_single=True))
         set_(self, "center_crop", parse_size(self.center_crop, flag="--center-crop", allow_single=False))
+        set_(self, "max_side", parse_count(self.max_side, flag="--max-side", allow_none=True))
         set_(self, "reencode", parse_reencode(self.reencode))
         set_(self, "max_pixels", parse_count(self.max_pixels, flag="--max-pixels", allow_none=True))
         set_(self, "workers", parse_count(self.workers, flag="--workers", minimum=0, allow_none=True))
@@ -244,7 +248,7 @@ class ConvertOptions:
 
     @property
     def geometry(self) -> Geometry:
-        return Geometry(resize=self.resize, center_crop=self.center_crop)
+        return Geometry(resize=self.resize, center_crop=self.center_crop, max_side=self.max_side)
 
     @property
     def read(self) -> ReadOptions:

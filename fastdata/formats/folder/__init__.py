@@ -48,7 +48,7 @@ class FolderDataset(MapDataset):
         super().__init__(transform, target_transform, **options)
         self.root = Path(root)
         self.mode = self.options.mode
-        self.decoder = Decoder(self.mode, self.options.geometry, self.options.decoder == "fast")
+        self.decoder = Decoder(self.mode, self.options.geometry, self.options.decoder == "fast").with_options(self.options)
         keys, labels, self.class_to_idx = scan_folder(self.root)
         self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
         # numpy arrays, not lists of str: no copy-on-access growth in forked workers
@@ -58,7 +58,7 @@ class FolderDataset(MapDataset):
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         paths = [os.fsdecode(self.paths[index]) for index in indices.tolist()]
         return self.decoder.decode_all(_file_bytes(paths), lambda row: paths[row], self.root, pil=pil,
-                                       allocate=allocate)
+                                       allocate=allocate, indices=indices.tolist(), epoch=self.epoch_of(indices))
 
 
 def _file_bytes(paths: list[str]):

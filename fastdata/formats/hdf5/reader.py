@@ -205,4 +205,4 @@ class HDF5Dataset(StoredDataset):
             ) from exc
         where = repr(str(self.path))
         return self.decoder.decode_all(blobs, lambda row: f"{where} sample {rows[row]}", self.path, pil=pil,
-                                       allocate=allocate)
+                                       allocate=allocate, indices=rows, epoch=self.epoch_of(indices))

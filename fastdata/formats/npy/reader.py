@@ -80,4 +80,5 @@ class MemmapDataset(StoredDataset):
         data, offsets, rows = self.handles, self.offsets, indices.tolist()
         where = repr(str(self.path / "data.bin"))
         return self.decoder.decode_all((data[offsets[i] : offsets[i + 1]] for i in rows),
-                                       lambda row: f"{where} sample {rows[row]}", self.path, pil=pil, allocate=allocate)
+                                       lambda row: f"{where} sample {rows[row]}", self.path, pil=pil, allocate=allocate,
+                                       indices=rows, epoch=self.epoch_of(indices))

@@ -49,16 +49,18 @@ def load_checked_index(path: Path, manifest: dict[str, Any]) -> ShardIndex:
 
 def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs: list[bytes],
                   samples: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
-                  decoder: Any = None) -> Any:
+                  decoder: Any = None, epoch: int | None = None) -> Any:
     """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
     (one stacked array, in ``allocate``'d memory when given) or the encoded images decoded
-    (PIL images with ``pil``)."""
+    (PIL images with ``pil``; a fused crop's randomness from ``epoch``, see
+    :meth:`fastdata.decoding.Decoder.decode_all`)."""
     def where(row: int) -> str:
         sample = int(samples[row])
         return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
 
     if manifest["store"] != "raw":
-        return decoder.decode_all(blobs, where, path, pil=pil, allocate=allocate)
+        return decoder.decode_all(blobs, where, path, pil=pil, allocate=allocate, indices=samples.tolist(),
+                                  epoch=epoch)
     shape = tuple(manifest["image"]["shape"])
     size = int(np.prod(shape))
     out = allocated(allocate, (len(blobs), *shape))
@@ -114,7 +116,8 @@ class TarIndexedDataset(StoredDataset):
                     _shard_path(self.path, index, shard),  # built only if the read fails
                 )
             )
-        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder)
+        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder,
+                             epoch=self.epoch_of(indices))
 
 
 def field_values(dataset: Any, f: Any, indices: np.ndarray) -> Any:

@@ -110,7 +110,8 @@ class TarDataset(ReaderOutput, IterableDataset):
         return self.index.labels
 
     def set_epoch(self, epoch: int) -> None:
-        """Pick the epoch whose shuffle the next iteration uses (reaches non-persistent workers)."""
+        """Pick the epoch whose shuffle (and fused crops, drawn from ``(seed, epoch, sample)``)
+        the next iteration uses (reaches non-persistent workers)."""
         self.epoch = epoch
 
     def pieces(self, worker: int = 0, num_workers: int = 1) -> list[tuple[int, int, int]]:
@@ -183,7 +184,7 @@ class TarDataset(ReaderOutput, IterableDataset):
             records = self.fields_reader.records
             return [records.batch(samples)] if self.batch_size else records.samples(samples)
         pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
-                               pil=self.image_format == "pil", decoder=self.decoder)
+                               pil=self.image_format == "pil", decoder=self.decoder, epoch=self.epoch)
         if self.batch_size:
             return [self.output.batch(pixels, self.index.labels[samples])]
         return self.output.samples(pixels, self.index.labels[samples])
