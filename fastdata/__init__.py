@@ -25,7 +25,7 @@ _EXPORTS = {
     "WorkerError": "fastdata.loading",
     "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
-    "merge": "fastdata.conversion.scale.merge",
+    "merge": "fastdata.conversion.driver",
     "open_dataset": "fastdata.api",
     "Recommendation": "fastdata.tuning",
     "sweep": "fastdata.bench.sweep",

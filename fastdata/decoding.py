@@ -27,7 +27,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
-from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, to_mode
+from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -49,8 +49,6 @@ def check_decoder(decoder: str) -> str:
 def geometry_of(resize: Any, center_crop: Any) -> Geometry:
     """The read-time resize and center crop, parsed like ``--resize``/``--center-crop`` (an int
     center crop is a square, as torchvision's ``CenterCrop(int)``); parsing a parsed value gives it back."""
-    from fastdata.conversion.options import parse_size  # the one size parser, with the conversion options
-
     if isinstance(center_crop, int) and not isinstance(center_crop, bool):
         center_crop = (center_crop, center_crop)
     return Geometry(resize=parse_size(resize, flag="resize", allow_single=True),

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from fastdata.errors import InvalidOptionError
 
 GRAYSCALE_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
@@ -130,6 +133,24 @@ def to_mode(image: Image.Image, mode: str) -> Image.Image:
     if image.mode == mode:
         return image
     return image.convert(mode)
+
+
+def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
+    """``"64x48"`` -> (64, 48); ``"64"`` -> (64,) when ``allow_single``; ints and tuples pass."""
+    if value is None:
+        return None
+    given = value
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", value)
+        value = tuple(int(g) for g in match.groups() if g is not None) if match else ()
+    value = tuple(value) if isinstance(value, (tuple, list)) else ()
+    allowed = (1, 2) if allow_single else (2,)
+    if len(value) not in allowed or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        forms = "'HxW' (e.g. '64x64') or 'S' (shorter side)" if allow_single else "'HxW' (e.g. '56x56')"
+        raise InvalidOptionError(f"Invalid {flag} {given!r}. Use {forms}, with positive integers.")
+    return value
 
 
 @dataclass(frozen=True)

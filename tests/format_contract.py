@@ -1,8 +1,10 @@
 """The contract every writable storage format keeps, written once.
 
-A format's own test file subclasses :class:`FormatContract`, names the format, and supplies two
-small hooks: how to rewrite its manifest (to test the version check) and how to damage one of
-its data files (to test that readers name the damage). pytest then runs every test below for
+A format's own test file subclasses :class:`FormatContract`, names the format, and supplies
+small hooks: how to rewrite its manifest (to test the version check), how to damage one of its
+data files (to test that readers name the damage), its stored bytes (test_properties), and the
+damage its checksums are made to agree with (``reseal``, ``set_label``, ``garble_sample``,
+``sample_file``: test_verify, which takes each registry format's hooks from :data:`CONTRACTS`). pytest then runs every test below for
 that format and each of its stores, so adding a format means one module plus one test file
 (``tests/test_contract.py`` checks that every registered format has one).
 
@@ -25,7 +27,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import fastdata
 from fastdata.errors import BadSampleError, CorruptDataError, OutputExistsError, VersionMismatchError
-from fastdata.formats import get_format
+from fastdata.formats import find_manifest, get_format
+from fastdata.manifest import describe_file, write_manifest
 
 COUNT = 47  # prime: every batch size, shard size and worker count leaves a remainder
 CLASSES = 5
@@ -135,6 +138,31 @@ class FormatContract:
     @staticmethod
     def stored_bytes(out: Path) -> list[bytes]:
         """Each sample's encoded bytes as stored, read without fastdata (test_properties)."""
+        raise NotImplementedError
+
+    # damage the recorded checksums agree with (test_verify takes these from the registry's formats)
+
+    @staticmethod
+    def reseal(out: Path) -> None:
+        """Recompute every checksum the dataset records from its current content, as a writer
+        would (directory formats: the manifest's ``files``)."""
+        manifest = find_manifest(out)
+        manifest["files"] = {name: describe_file(out / name) for name in manifest["files"]}
+        write_manifest(out, manifest)
+
+    @classmethod
+    def set_label(cls, out: Path, sample: int, label: int) -> None:
+        """Store ``label`` as the label of ``sample`` (where the readers take it from), resealed."""
+        raise NotImplementedError
+
+    @classmethod
+    def garble_sample(cls, out: Path, sample: int) -> None:
+        """Overwrite an encoded sample's bytes (same length, offsets kept) with b"x", resealed."""
+        raise NotImplementedError
+
+    @staticmethod
+    def sample_file(out: Path, sample: int) -> Path:
+        """The file that holds ``sample``'s bytes (the path verify names for it)."""
         raise NotImplementedError
 
     # --- fixtures -------------------------------------------------------------------------

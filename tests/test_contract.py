@@ -24,6 +24,7 @@ from fastdata.formats import FormatSpec, available_formats, get_format, register
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.formats.npyfile import npy_header
 from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.plan import decide_options
 from conftest import WRITABLE_FORMATS
 from format_contract import CONTRACTS
 
@@ -119,15 +120,17 @@ def test_the_one_npy_header_writer_equals_numpys(shape: tuple[int, ...]) -> None
 
 
 def test_convert_options_parse_text_like_the_command_line() -> None:
-    options = ConvertOptions(format="hdf5", resize="64x48", center_crop="32x32", workers="2", max_pixels="1000",
-                             reencode=None, format_options={"compression": "GZIP"})
+    given = ConvertOptions(format="hdf5", resize="64x48", center_crop="32x32", workers="2", max_pixels="1000",
+                           reencode=None, format_options={"compression": "GZIP"})
+    assert given.format_options == {"compression": "GZIP"}  # the format's own options: checked once it is decided
+    options = decide_options("out.h5", given)
     assert options.resize == (64, 48) and options.center_crop == (32, 32) and options.workers == 2
     assert options.max_pixels == 1000 and options.format_options.compression == "gzip:4"
     assert ConvertOptions(resize=64).resize == (64,) and ConvertOptions(resize=(8, 9)).resize == (8, 9)
     assert ConvertOptions(store="encoded", reencode="jpg:80").reencode == ("jpeg", 80)
-    assert options.replace(compression="lzf").format_options.compression == "lzf"
-    assert options.replace(format="tar").format_options == get_format("tar").options()  # others' options reset
-    assert ConvertOptions.build(resize="8", shard_bytes="1MB", format="tar").format_options.shard_bytes == 10**6
+    assert decide_options("out.h5", options, compression="lzf").format_options.compression == "lzf"
+    assert decide_options("out", options, format="tar").format_options == get_format("tar").options()  # reset
+    assert decide_options("out", resize="8", shard_bytes="1MB", format="tar").format_options.shard_bytes == 10**6
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -144,13 +147,14 @@ def test_convert_options_parse_text_like_the_command_line() -> None:
     ({"compression": "lzf", "format": "npy"}, "Option 'compression' does not apply to format 'npy'. Its options: none."),
 ])
 def test_convert_options_refuse_bad_values(overrides: dict, message: str) -> None:
-    with pytest.raises(InvalidOptionError) as info:
-        ConvertOptions.build(**overrides)
+    with pytest.raises(InvalidOptionError) as info:  # a format given: decided (and its options checked) by the plan
+        decide_options("out", **overrides) if "format" in overrides else ConvertOptions.build(**overrides)
     assert str(info.value) == message
 
 
 def test_key_fields_and_manifest_options_come_from_the_fields() -> None:
-    options = ConvertOptions(format="tar", store="encoded", reencode="png", format_options={"shard_samples": 9})
+    options = decide_options("out", ConvertOptions(format="tar", store="encoded", reencode="png",
+                                                   format_options={"shard_samples": 9}))
     assert options.key_fields() == {
         "format": "tar", "store": "encoded", "mode": "auto", "resize": None, "center_crop": None,
         "reencode": ["png", None], "skip_bad": False, "max_pixels": 89_478_485, "exif_transpose": False,

@@ -28,7 +28,8 @@ from fastdata.errors import (
     ManifestError,
     SourceNotFoundError,
 )
-from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, default_chunk_images, write_manifest
+from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, USERBLOCK_BYTES, default_chunk_images, userblock, write_manifest
+from fastdata.manifest import seal_manifest
 from fastdata.samplers import ChunkShuffleSampler
 from fastdata.sources import scan_folder
 from format_contract import FormatContract
@@ -43,6 +44,36 @@ class TestHDF5Format(FormatContract):
         with h5py.File(out, "r") as file:
             blob, offsets = file["blob"][()], file["offsets"][()]
         return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
+
+    @staticmethod
+    def reseal(out: Path) -> None:
+        manifest = fastdata.formats.find_manifest(out)
+        with h5py.File(out, "a") as file:
+            for name, entry in manifest["files"].items():
+                content = np.ascontiguousarray(file[name][()]).tobytes()
+                entry["blake2b"] = hashlib.blake2b(content, digest_size=32).hexdigest()
+                file[name].attrs["blake2b"] = np.bytes_(entry["blake2b"])
+            write_manifest(file, json.dumps(seal_manifest(manifest)))
+        data = bytearray(out.read_bytes())
+        data[:USERBLOCK_BYTES] = userblock(hashlib.blake2b(data[USERBLOCK_BYTES:], digest_size=32).hexdigest())
+        out.write_bytes(bytes(data))
+
+    @classmethod
+    def set_label(cls, out: Path, sample: int, label: int) -> None:
+        with h5py.File(out, "a") as file:
+            file["labels"][sample] = label
+        cls.reseal(out)
+
+    @classmethod
+    def garble_sample(cls, out: Path, sample: int) -> None:
+        with h5py.File(out, "a") as file:
+            start, stop = file["offsets"][sample : sample + 2]
+            file["blob"][start:stop] = np.frombuffer(b"x" * int(stop - start), np.uint8)
+        cls.reseal(out)
+
+    @staticmethod
+    def sample_file(out: Path, sample: int) -> Path:
+        return out
 
     def rewrite_manifest(self, out: Path, change: dict) -> None:
         with h5py.File(out, "a") as file:
@@ -261,9 +292,9 @@ def test_cli_flags_come_from_the_options() -> None:
         ["convert", "src", "out.h5", "--format", "hdf5", "--compression", "GZIP", "--chunk-images", "64"]
     )
     from fastdata.cli.convert import options_from
-    from fastdata.conversion.options import ConvertOptions
+    from fastdata.conversion.plan import decide_options
 
-    options = ConvertOptions.build(**options_from(args, skip=("source", "output", "quiet", "command", "run")))
+    options = decide_options(args.output, **options_from(args, skip=("source", "output", "quiet", "command", "run")))
     assert options.format_options == HDF5Options(compression="gzip:4", chunk_images=64)
     assert HDF5Options(compression="GZIP", chunk_images=64) == HDF5Options(compression="gzip:4", chunk_images=64)
 

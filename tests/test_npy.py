@@ -30,6 +30,25 @@ class TestNpyFormat(FormatContract):
         offsets = np.load(out / "offsets.npy")
         return [data[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)]
 
+    @classmethod
+    def set_label(cls, out: Path, sample: int, label: int) -> None:
+        labels = np.load(out / "labels.npy")
+        labels[sample] = label
+        np.save(out / "labels.npy", labels)
+        cls.reseal(out)
+
+    @classmethod
+    def garble_sample(cls, out: Path, sample: int) -> None:
+        start, stop = np.load(out / "offsets.npy")[sample : sample + 2]
+        with open(out / "data.bin", "r+b") as handle:
+            handle.seek(int(start))
+            handle.write(b"x" * int(stop - start))
+        cls.reseal(out)
+
+    @staticmethod
+    def sample_file(out: Path, sample: int) -> Path:
+        return out / "data.bin"
+
     def damage(self, out: Path) -> str:
         data = out / ("images.npy" if (out / "images.npy").exists() else "data.bin")
         data.write_bytes(data.read_bytes()[:-100])

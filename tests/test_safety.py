@@ -76,7 +76,7 @@ def tree(path: Path) -> dict[str, bytes]:
 
 def _convert_then_die(source: str, output: str, after: int) -> None:
     """Run a conversion and die like SIGKILL (no clean-up) once ``after`` samples are written."""
-    journal.CHECKPOINT_INTERVAL_S = 0.0  # a checkpoint after every batch
+    journal.CHECKPOINT_INTERVAL_S = 0.0  # a checkpoint after every unit (of 8 samples below)
     done = [0]
 
     def progress(count: int, total: int) -> None:
@@ -84,7 +84,7 @@ def _convert_then_die(source: str, output: str, after: int) -> None:
         if done[0] >= after:
             os._exit(9)
 
-    fastdata.convert(source, output, workers=0, progress=progress)
+    fastdata.convert(source, output, workers=0, unit_samples=8, progress=progress)
 
 
 def interrupted(source: Path, output: Path, after: int) -> dict:

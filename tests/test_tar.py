@@ -26,6 +26,7 @@ from fastdata.formats.tar import TarOptions, member_header, parse_bytes
 from fastdata.formats.tar import ShardSplitWarning
 from fastdata.formats.tar.split import shard_order, split_pieces
 from fastdata.sources import scan_folder
+from fastdata.manifest import file_checksum
 from format_contract import FormatContract
 
 
@@ -44,6 +45,34 @@ class TestTarFormat(FormatContract):
                     if not member.name.endswith(".cls")
                 )
         return samples
+
+    @staticmethod
+    def reseal(out: Path) -> None:
+        index = json.loads((out / "index.json").read_text())
+        for shard in index["shards"]:
+            shard["bytes"] = (out / shard["file"]).stat().st_size
+            shard["blake2b"] = file_checksum(out / shard["file"])
+        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
+        FormatContract.reseal(out)
+
+    @classmethod
+    def set_label(cls, out: Path, sample: int, label: int) -> None:
+        index = json.loads((out / "index.json").read_text())  # the index holds the labels the readers use
+        index["shards"][0]["label"][sample] = label
+        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
+        cls.reseal(out)
+
+    @classmethod
+    def garble_sample(cls, out: Path, sample: int) -> None:
+        shard = json.loads((out / "index.json").read_text())["shards"][0]
+        with open(out / shard["file"], "r+b") as handle:
+            handle.seek(shard["image_offset"][sample])
+            handle.write(b"x" * shard["image_size"][sample])
+        cls.reseal(out)
+
+    @staticmethod
+    def sample_file(out: Path, sample: int) -> Path:
+        return out / json.loads((out / "index.json").read_text())["shards"][0]["file"]
 
     def damage(self, out: Path) -> str:
         shard = out / "shard-000000.tar"

@@ -3,7 +3,7 @@ truncation, unlisted files, labels out of range, undecodable samples, and no unp
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import json
 import pickle
 import re
@@ -19,13 +19,13 @@ import pytest
 
 import fastdata
 from conftest import WRITABLE, WRITABLE_IDS, convert_to
+from format_contract import CONTRACTS
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, SourceNotFoundError
 from fastdata.formats import get_format
-from fastdata.formats.hdf5 import USERBLOCK_BYTES, userblock
-from fastdata.formats.hdf5 import write_manifest as write_hdf5_manifest
+from fastdata.formats.hdf5 import USERBLOCK_BYTES
 from fastdata.formats.tar import TRAILER, member_header
 from fastdata.formats.tar import padded
-from fastdata.manifest import MANIFEST_NAME, describe_file, file_checksum, write_manifest
+from fastdata.manifest import MANIFEST_NAME, file_checksum
 
 IDS = WRITABLE_IDS
 ENCODED = [(name, store) for name, store in WRITABLE if store == "encoded"]
@@ -55,72 +55,19 @@ def assert_caught(out: Path, name: str) -> None:
     assert any(name in problem for problem in report.problems), report.problems
 
 
-# --- resealing: damage that the recorded checksums agree with ------------------------------
+# --- damage that the recorded checksums agree with: each format's hooks (tests/format_contract.py)
+
+for _name in sorted({name for name, _ in WRITABLE}):  # each registry format's test file defines its hooks
+    importlib.import_module(f"test_{_name}")
+
+
+def hooks(out: Path) -> type:
+    """The contract class (its damage hooks) of the format ``out`` is written in."""
+    return CONTRACTS[manifest_of(out)["format"]]
 
 
 def reseal(out: Path) -> None:
-    """Recompute every checksum the dataset records, from its current content (as a writer would)."""
-    manifest = manifest_of(out)
-    if manifest["format"] == "hdf5":
-        return reseal_hdf5(out, manifest)
-    if manifest["format"] == "tar":
-        index = json.loads((out / "index.json").read_text())
-        for shard in index["shards"]:
-            shard["bytes"] = (out / shard["file"]).stat().st_size
-            shard["blake2b"] = file_checksum(out / shard["file"])
-        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
-    manifest["files"] = {name: describe_file(out / name) for name in manifest["files"]}
-    write_manifest(out, manifest)
-
-
-def reseal_hdf5(out: Path, manifest: dict) -> None:
-    from fastdata.manifest import seal_manifest
-
-    with h5py.File(out, "a") as file:
-        for name, entry in manifest["files"].items():
-            content = np.ascontiguousarray(file[name][()]).tobytes()
-            entry["blake2b"] = hashlib.blake2b(content, digest_size=32).hexdigest()
-            file[name].attrs["blake2b"] = np.bytes_(entry["blake2b"])
-        write_hdf5_manifest(file, json.dumps(seal_manifest(manifest)))
-    data = bytearray(out.read_bytes())
-    data[:USERBLOCK_BYTES] = userblock(hashlib.blake2b(data[USERBLOCK_BYTES:], digest_size=32).hexdigest())
-    out.write_bytes(bytes(data))
-
-
-def set_label(out: Path, sample: int, label: int) -> None:
-    fmt = manifest_of(out)["format"]
-    if fmt == "npy":
-        labels = np.load(out / "labels.npy")
-        labels[sample] = label
-        np.save(out / "labels.npy", labels)
-    elif fmt == "hdf5":
-        with h5py.File(out, "a") as file:
-            file["labels"][sample] = label
-    else:  # the index holds the labels the readers use
-        index = json.loads((out / "index.json").read_text())
-        index["shards"][0]["label"][sample] = label
-        (out / "index.json").write_text(json.dumps(index, separators=(",", ":")))
-    reseal(out)
-
-
-def garble_sample(out: Path, sample: int) -> None:
-    """Overwrite one encoded sample's bytes (same length), keeping offsets."""
-    fmt = manifest_of(out)["format"]
-    if fmt == "npy":
-        start, stop = np.load(out / "offsets.npy")[sample : sample + 2]
-        with open(out / "data.bin", "r+b") as handle:
-            handle.seek(int(start))
-            handle.write(b"x" * int(stop - start))
-    elif fmt == "hdf5":
-        with h5py.File(out, "a") as file:
-            start, stop = file["offsets"][sample : sample + 2]
-            file["blob"][start:stop] = np.frombuffer(b"x" * int(stop - start), np.uint8)
-    else:
-        shard = json.loads((out / "index.json").read_text())["shards"][0]
-        with open(out / shard["file"], "r+b") as handle:
-            handle.seek(shard["image_offset"][sample])
-            handle.write(b"x" * shard["image_size"][sample])
-    reseal(out)
+    hooks(out).reseal(out)
 
 
 # --- sound datasets ---------------------------------------------------------------------------
@@ -205,15 +152,8 @@ def test_hdf5_a_flipped_byte_in_data_or_metadata_is_caught(uniform_folder: Path,
 
 def test_manifest_edit_that_stays_valid_json_is_caught(converted: Path) -> None:
     manifest = manifest_of(converted)
-    if converted.is_dir():
-        text = (converted / MANIFEST_NAME).read_text()
-        (converted / MANIFEST_NAME).write_text(text.replace('"created": "2', '"created": "1', 1))
-        origin = repr(str(converted / MANIFEST_NAME))
-    else:
-        with h5py.File(converted, "a") as file:
-            text = file["fastdata_manifest"][()].tobytes().decode()
-            write_hdf5_manifest(file, text.replace('"created": "2', '"created": "1', 1))
-        origin = repr(str(converted))
+    hooks(converted)().rewrite_manifest(converted, {"created": "1" + manifest["created"][1:]})  # the seal kept
+    origin = repr(str(converted / MANIFEST_NAME if converted.is_dir() else converted))
     report = fastdata.verify(converted)
     assert report.problems[0] == (
         f"{origin}: the manifest's content does not match its 'manifest_blake2b' {manifest['manifest_blake2b']!r} "
@@ -268,24 +208,24 @@ def test_files_the_manifest_does_not_list_are_reported(converted: Path) -> None:
 
 
 def test_label_out_of_range_with_matching_checksums(converted: Path) -> None:
-    set_label(converted, 3, 7)
+    hooks(converted).set_label(converted, 3, 7)
     report = fastdata.verify(converted)
     assert report.problems == (
         f"{str(converted)!r}: sample 3 has label 7; the manifest lists 3 classes, so labels are 0..2.",
     )
-    set_label(converted, 3, -1)
+    hooks(converted).set_label(converted, 3, -1)
     assert fastdata.verify(converted).problems[0].startswith(f"{str(converted)!r}: sample 3 has label -1;")
 
 
 @pytest.mark.parametrize("name,store", ENCODED, ids=[f"{f}-{s}" for f, s in ENCODED])
 def test_deep_decodes_a_sample_whose_checksum_was_made_to_match(uniform_folder: Path, tmp_path: Path, name: str, store: str) -> None:
     out = convert(uniform_folder, tmp_path, name, store)
-    garble_sample(out, 4)
+    hooks(out).garble_sample(out, 4)
     assert fastdata.verify(out).ok  # the checksums agree with the damage
     problems = fastdata.verify(out, deep=True).problems
     assert len(problems) == 1, problems
     assert re.search(r"sample 4:? cannot (be )?decode", problems[0]), problems
-    where = {"npy": out / "data.bin", "hdf5": out, "tar": out / "shard-000000.tar"}[name]
+    where = hooks(out).sample_file(out, 4)
     assert problems[0].startswith(repr(str(where))), problems
 
 

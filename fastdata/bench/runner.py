@@ -22,7 +22,7 @@ from fastdata.bench.config import BenchConfig, Case
 from fastdata.errors import FastdataError, InvalidOptionError, ShapeMismatchError
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
-from fastdata.conversion.options import parse_size
+from fastdata.images import parse_size
 from fastdata.conversion.files import remove_path
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 

@@ -28,7 +28,7 @@ def add_parser(commands) -> None:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from fastdata.conversion.scale.merge import merge
+    from fastdata.conversion.driver import merge
 
     with LazyBar(disable=args.quiet, desc="merge") as bar:
         manifest = merge(args.output, progress=bar.update)

@@ -102,7 +102,7 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 def _size(text: str | None) -> Any:
     if not text:
         return None
-    from fastdata.conversion.options import parse_size
+    from fastdata.images import parse_size
 
     size = parse_size(text, flag="--resize", allow_single=True)
     return size[0] if len(size) == 1 else tuple(size)

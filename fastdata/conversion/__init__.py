@@ -14,7 +14,7 @@ from typing import Any
 _EXPORTS = {
     "ConvertOptions": "fastdata.conversion.options",
     "convert": "fastdata.conversion.driver",
-    "merge": "fastdata.conversion.scale.merge",
+    "merge": "fastdata.conversion.driver",
     "open_source": "fastdata.conversion.driver",
 }
 

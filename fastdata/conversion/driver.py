@@ -8,7 +8,10 @@ Write (:mod:`fastdata.conversion.write`): one loop streams the finished units th
 format's writer into ``<output>.partial``, which is renamed to ``<output>`` only when complete,
 so a failed or interrupted conversion never leaves something that looks like a dataset. This
 module decides *whether* a conversion writes (the output rules of
-:mod:`~fastdata.conversion.outputs`, the lock, ``--resume`` and "already complete").
+:mod:`~fastdata.conversion.outputs`, the lock, ``--resume`` and "already complete"), and owns the
+one restart a conversion may make, for every engine and the merge (:func:`restarting`): auto mode
+planned grayscale and a colour image came up, so it runs again as RGB. Every engine resumes the
+same way (:mod:`fastdata.conversion.resume`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from fastdata.conversion import journal
 from fastdata.conversion.engine import run_here
@@ -26,18 +29,21 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import Target, check_existing, check_output_path, prepare_output
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.plan import conversion_key, decide_options, open_source, plan_job
-from fastdata.conversion.resume import keep_complete
+from fastdata.conversion.resume import in_order, keep_complete, resumed_units, units_to_run
+from fastdata.conversion.scale.merge import merge_parts
 from fastdata.conversion.scale.parts import convert_part, source_argument
-from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray
+from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray, ray_session
 from fastdata.conversion.scale.staging import check_no_parts
+from fastdata.conversion.scale.units import plan_units
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
 from fastdata.urls import refuse_url
 
-__all__ = ["convert", "open_source", "run_conversion"]
+__all__ = ["convert", "merge", "open_source", "run_conversion"]
 logger = logging.getLogger("fastdata")
+T = TypeVar("T")
 
 
 def convert(
@@ -70,12 +76,36 @@ def convert(
     options = decide_options(output, options, **overrides)
     check_output_path(output)
     if options.engine == "ray":
-        import_ray()  # says how to install it before the source is read
-        return convert_on_ray(open_source(source, options), output, options, progress)
+        ray = import_ray()  # says how to install it before the source is read
+        src = open_source(source, options)
+        with ray_session(ray, options.ray_address):
+            return restarting(lambda mode: convert_on_ray(ray, src, output, options, progress, mode=mode))
     if options.part is not None:
-        return convert_part(open_source(source, options), output, options, progress,
-                            source=source_argument(source, options))
+        src, reopen = open_source(source, options), source_argument(source, options)
+        return restarting(lambda mode: convert_part(src, output, options, progress, source=reopen, mode=mode))
     return run_conversion(open_source(source, options), output, options, progress)
+
+
+def merge(output: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None,
+          source: Any = None) -> dict[str, Any]:
+    """Write ``output`` from its parts (``fastdata convert ... --part I/N``); return its manifest.
+
+    ``source`` is needed only when the parts were converted from a Python dataset object and, in
+    auto mode, some parts met colour images while others did not (their units are converted again).
+    """
+    refuse_url(output, "output")
+    return restarting(lambda mode: merge_parts(Path(output), progress=progress, source=source, mode=mode))
+
+
+def restarting(attempt: Callable[[str | None], T]) -> T:
+    """``attempt(None)``, the conversion as planned; when auto mode planned grayscale and an engine
+    met a colour image (:class:`~fastdata.conversion.pipeline.ModeConflict`, raised by every
+    engine and the merge), ``attempt("RGB")``: the conversion again as RGB. The only place a
+    conversion restarts; units finished as RGB are kept (:func:`~fastdata.conversion.resume.kept_units`)."""
+    try:
+        return attempt(None)
+    except ModeConflict:
+        return attempt("RGB")
 
 
 def run_conversion(
@@ -106,16 +136,22 @@ def run_conversion(
 
 def _write_here(src: Source, options: ConvertOptions, target: Target, fields: dict[str, Any],
                 state: dict[str, Any] | None) -> dict[str, Any]:
-    """Plan, run here, write; when auto mode planned grayscale and met a colour image, again as RGB."""
-    job = plan_job(src, options, mode=state["mode"] if state else None)
-    start = state["next_index"] if state else 0
-    try:
-        return write_units(target, job.plan, options, run_here(job, options.workers, start), source=src.describe(),
-                           state=state)
-    except ModeConflict:
-        journal.start(target.output, key=target.key, fields=fields, fingerprint=target.fingerprint)
-        job = plan_job(src, options, mode="RGB")
-        return write_units(target, job.plan, options, run_here(job, options.workers), source=src.describe())
+    """Plan units, run the ones not in the partial output here, write (restarting as RGB when
+    auto mode meets a colour image: a fresh journal, nothing kept)."""
+
+    def attempt(mode: str | None) -> dict[str, Any]:
+        nonlocal state
+        if mode is not None:  # the restart: the partial output is gone
+            journal.start(target.output, key=target.key, fields=fields, fingerprint=target.fingerprint)
+            state = None
+        job = plan_job(src, options, mode=mode or (state["mode"] if state else None))
+        run = dataclasses.replace(options, unit_samples=resumed_units(state, options))
+        units = plan_units(len(src), run.unit_samples)
+        computed = run_here(job, run.workers, units_to_run(units, state, {}))
+        return write_units(target, job.plan, run, in_order(units, state, {}, None, job.plan, computed),
+                           source=src.describe(), state=state)
+
+    return restarting(attempt)
 
 
 def _cap_workers(requested: int, count: int, *, explicit: int | None) -> int:

@@ -3,8 +3,10 @@
 It is written before the partial output is created, so it is fastdata's record that
 ``OUTPUT.partial`` is its own (a partial output without it is never removed). It holds what
 determines the output (the conversion key and its fields), the source's fingerprint, the
-process that writes it and, for resumable writers, the last checkpoint: which source index comes
-next, how many samples were written and skipped, and the writer's own state. ``--resume``
+process that writes it and, for resumable writers, the last checkpoint, made at a unit boundary:
+how many of the conversion's units (of ``unit_samples`` samples) the partial output holds
+(``next_unit``; ``next_index`` is the source index after them), how many samples were written
+and skipped, and the writer's own state (see :mod:`fastdata.conversion.resume`). ``--resume``
 reopens the partial output at that checkpoint only when key and fingerprint both match.
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 
 JOURNAL_SUFFIX = ".partial.json"
 JOURNAL_MARK = "fastdata conversion journal"
-JOURNAL_VERSION = 2
+JOURNAL_VERSION = 3  # 3: checkpoints at unit boundaries (next_unit, unit_samples)
 # how often a checkpoint is made durable (fsync) and recorded; tests shorten it
 CHECKPOINT_INTERVAL_S = float(os.environ.get("FASTDATA_CHECKPOINT_INTERVAL_S", "2.0"))
 
@@ -41,7 +43,7 @@ def start(output: Path, *, key: str, fields: dict[str, Any], fingerprint: dict[s
         "journal": JOURNAL_MARK, "version": JOURNAL_VERSION, "key": key, "fields": fields,
         "source_fingerprint": fingerprint,
         "owner": {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")},
-        "mode": None, "next_index": 0, "written": 0, "skipped": {}, "writer": None,
+        "mode": None, "unit_samples": None, "next_unit": 0, "next_index": 0, "written": 0, "skipped": {}, "writer": None,
     }
     save(output, state)
     return state

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata.errors import InvalidOptionError
-from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions
+from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions, parse_size
 
 STORES = ("raw", "encoded")
 ENGINES = ("local", "ray")
@@ -28,24 +28,6 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 
 # --- parsers shared by every option that takes text ----------------------------------------
-
-
-def parse_size(value: Any, *, flag: str, allow_single: bool) -> tuple[int, ...] | None:
-    """``"64x48"`` -> (64, 48); ``"64"`` -> (64,) when ``allow_single``; ints and tuples pass."""
-    if value is None:
-        return None
-    given = value
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", value)
-        value = tuple(int(g) for g in match.groups() if g is not None) if match else ()
-    value = tuple(value) if isinstance(value, (tuple, list)) else ()
-    allowed = (1, 2) if allow_single else (2,)
-    if len(value) not in allowed or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        forms = "'HxW' (e.g. '64x64') or 'S' (shorter side)" if allow_single else "'HxW' (e.g. '56x56')"
-        raise InvalidOptionError(f"Invalid {flag} {given!r}. Use {forms}, with positive integers.")
-    return value
 
 
 def parse_reencode(value: Any) -> tuple[str, int | None] | None:
@@ -149,8 +131,9 @@ class ConvertOptions:
     >>> ConvertOptions(format="hdf5", resize="64x64", compression="lzf")   # doctest: +SKIP
     Unknown fields are the format's own options (``compression``, ``shard_bytes``, ...), checked
     by that format. :meth:`replace` returns a copy with some values changed (validated again).
-    ``format=None`` (the default) means "from the output's name":
-    :func:`fastdata.conversion.plan.decide_options` decides it and checks the format's own options then.
+    ``format=None`` (the default) means "from the output's name". The format is decided, and the
+    store and the format's own options checked against it, in one place:
+    :func:`fastdata.conversion.plan.decide_options` (``fastdata.convert`` and the CLI go through it).
     """
 
     format: str | None = _option(None, "output format: {formats} (default: from OUTPUT's name: .npy npy, "
@@ -184,8 +167,8 @@ class ConvertOptions:
     part: tuple[int, int] | None = _option(None, "write part I of N (1-based) of a job array into OUTPUT.partial.units; "
                                            "'fastdata merge OUTPUT' finishes the output once all N are done",
                                            metavar="I/N", group="run")
-    unit_samples: int = _option(1000, "--part and --engine ray: samples per unit of work (every part must use the "
-                                "same)", metavar="N", group="run")
+    unit_samples: int = _option(1000, "samples per unit of work: what a resumed conversion keeps (every part of "
+                                "--part must use the same)", metavar="N", group="run")
     root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
                                metavar="DIR", group="source")
     split: str = _option("train", "torchvision sources: train or test (mapped to the dataset's own argument)",
@@ -199,15 +182,9 @@ class ConvertOptions:
                                   key=True, kind="format")
 
     def __post_init__(self) -> None:
-        from fastdata.formats import get_format
-
-        spec = get_format(self.format, writable=True) if self.format is not None else None
         set_ = object.__setattr__
-        stores = spec.stores if spec is not None else STORES
-        if self.store not in STORES or self.store not in stores:
-            allowed = ", ".join(repr(s) for s in stores)
-            where = f" for format {self.format!r}" if spec is not None else ""
-            raise InvalidOptionError(f"Unknown store {self.store!r}{where}. Allowed: {allowed}.")
+        if self.format is None and self.store not in STORES:  # a format's own stores: plan.with_format
+            raise InvalidOptionError(f"Unknown store {self.store!r}. Allowed: {', '.join(repr(s) for s in STORES)}.")
         _choice(self.mode, MODES, "mode")
         set_(self, "resize", parse_size(self.resize, flag="--resize", allow_single=True))
         set_(self, "center_crop", parse_size(self.center_crop, flag="--center-crop", allow_single=False))
@@ -217,14 +194,8 @@ class ConvertOptions:
         _choice(self.split, SPLITS, "split")
         self._check_engine()
         set_(self, "source_options", dict(self.source_options or {}))
-        given = self.format_options
-        if spec is None:  # checked by the format once the output's name decides it
-            set_(self, "format_options", dict(given or {}) if given is None or isinstance(given, dict)
-                 else dataclasses.asdict(given))
-        elif given is None or isinstance(given, dict):
-            set_(self, "format_options", spec.make_options(dict(given or {})))
-        elif spec.options is None or not isinstance(given, spec.options):
-            raise InvalidOptionError(f"format_options {given!r} are not options of format {self.format!r}.")
+        if isinstance(self.format_options, dict):  # the format's own options, checked by the format once decided
+            set_(self, "format_options", dict(self.format_options))
 
     def _check_engine(self) -> None:
         _choice(self.engine, ENGINES, "engine")

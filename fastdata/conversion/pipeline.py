@@ -228,36 +228,44 @@ class WorkerPool:
             self.pool.join()
 
     def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
-        chunks = _split(indices, size)
+        return self.convert_chunks(split(indices, size))
+
+    def convert_chunks(self, chunks: list[list[int]]) -> Iterator[Batch]:
+        """Each chunk of source indices converted as one batch, in order."""
         if self.pool is None:
             return map(self.job.chunk, chunks)
         return self.pool.imap(_worker_chunk, chunks)
 
 
-def _split(indices: list[int], size: int) -> list[list[int]]:
+def split(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
 
 
-def _chunk_size(plan: Plan, count: int, workers: int) -> int:
+def chunk_size(plan: Plan, count: int, workers: int) -> int:
     per_image = int(np.prod(plan.shape)) if plan.shape else 64 * 1024
     by_bytes = max(1, _CHUNK_BYTES // per_image)
     by_balance = max(1, count // (max(workers, 1) * 8))
     return max(1, min(256, by_bytes, by_balance))
 
 
+def is_array_copy(job: Job) -> bool:
+    """Whether the job's batches are rows of the source's array, copied without the pool."""
+    plan, src = job.plan, job.src
+    return isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
+        plan.mode == src.native_mode or src.native_mode == "L")
+
+
 def batches(job: Job, pool: WorkerPool, start: int = 0, stop: int | None = None) -> Iterator[tuple[Batch, int]]:
     """Converted batches in source order from index ``start`` (to ``stop``), each with the next index."""
     plan, src = job.plan, job.src
     stop = len(src) if stop is None else stop
-    if isinstance(src, ArraySource) and plan.store == "raw" and plan.geometry.is_identity and (
-        plan.mode == src.native_mode or src.native_mode == "L"
-    ):
+    if is_array_copy(job):
         step = max(1, _CHUNK_BYTES // int(np.prod(plan.shape)))
         for first in range(start, stop, step):
             last = min(first + step, stop)
             yield job.array_chunk(first, last), last
         return
     indices = list(range(start, stop))
-    size = _chunk_size(plan, len(indices), pool.workers)
+    size = chunk_size(plan, len(indices), pool.workers)
     for number, batch in enumerate(pool.convert(indices, size)):
         yield batch, min(start + (number + 1) * size, stop)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.conversion import journal
-from fastdata.conversion.options import ConvertOptions
+from fastdata.conversion.options import STORES, ConvertOptions
+from fastdata.errors import InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
@@ -32,9 +33,27 @@ from fastdata.sources import (
 
 def decide_options(output: str | os.PathLike, options: ConvertOptions | None = None, **overrides: Any) -> ConvertOptions:
     """``options`` with ``overrides`` and the format decided for ``output``: its extension,
-    checked against an explicit ``format`` (:func:`fastdata.formats.format_for_output`)."""
+    checked against an explicit ``format`` (:func:`fastdata.formats.format_for_output`), then the
+    store and the format's own options checked against it (:func:`with_format`)."""
     overrides["format"] = format_for_output(output, overrides.get("format", options.format if options else None))
-    return ConvertOptions.build(options, **overrides)
+    return with_format(ConvertOptions.build(options, **overrides))
+
+
+def with_format(options: ConvertOptions) -> ConvertOptions:
+    """``options`` (their format given) checked against the format: a store it writes, and its own
+    options made into its options dataclass (refusing options it does not know)."""
+    spec = get_format(options.format, writable=True)
+    if options.store not in STORES or options.store not in spec.stores:
+        allowed = ", ".join(repr(s) for s in spec.stores)
+        raise InvalidOptionError(f"Unknown store {options.store!r} for format {options.format!r}. Allowed: {allowed}.")
+    given = options.format_options
+    if given is None or isinstance(given, dict):
+        made = spec.make_options(dict(given or {}))
+    elif spec.options is None or not isinstance(given, spec.options):
+        raise InvalidOptionError(f"format_options {given!r} are not options of format {options.format!r}.")
+    else:
+        made = given
+    return dataclasses.replace(options, format_options=made)
 
 
 def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
@@ -209,7 +228,7 @@ def plan_record(job: Job) -> dict[str, Any]:
     plan = job.plan
     return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
             "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
-            "gray_guess": job.gray_guess, "schema": plan.schema.to_json() if plan.schema is not None else None}
+            "schema": plan.schema.to_json() if plan.schema is not None else None}
 
 
 def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:

@@ -1,22 +1,38 @@
-"""Resume: what a conversion keeps of an earlier run of itself.
+"""Resume: what a conversion keeps of an earlier run of itself, the same way for every engine.
 
-A finished output is kept when ``--resume`` finds it written from the same, unchanged source with
-the same options (:func:`keep_complete`). A partial output is ours only when its journal says so
-(:func:`claim_partial`): it is then reopened at its last checkpoint (``--resume``, a resumable
-writer, same key and fingerprint) or removed. Parts and Ray keep their finished units the same
-way, by conversion key (:func:`fastdata.conversion.scale.units.reusable_units`).
+Every conversion is planned as the same deterministic units (:func:`~fastdata.conversion.scale.units.plan_units`:
+ranges of source indices, from the sample count and ``unit_samples`` alone). A unit, once
+finished, is kept in one of two places, and a resumed run computes only the units in neither:
+
+* **in the partial output**: the write loop (:func:`fastdata.conversion.write.write_units`, which
+  every engine goes through) records in the journal, at a unit boundary, how many leading units
+  the partial output holds (``next_unit``) with the writer's checkpoint. ``--resume`` reopens the
+  partial output there (:func:`claim_partial`: a resumable writer, same key and fingerprint). A
+  local conversion keeps its units this way only, so no unit is written to disk twice.
+* **staged** in ``OUTPUT.partial.units`` (:mod:`~fastdata.conversion.scale.units`), by engines
+  whose units are computed elsewhere than where the output is written (``--part I/N``, Ray
+  tasks): a unit finished for the same conversion key in the planned mode is reused by any later
+  run (:func:`kept_units`).
+
+:func:`units_to_run` says which units an engine computes, :func:`in_order` gives the write loop
+every unit after the checkpoint in order, kept or computed. A finished output is kept whole when
+``--resume`` finds it written from the same, unchanged source with the same options
+(:func:`keep_complete`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from fastdata.conversion import journal
 from fastdata.conversion.fingerprint import describe_changes
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.files import remove_path
 from fastdata.conversion.outputs import Target
+from fastdata.conversion.pipeline import ModeConflict
+from fastdata.conversion.scale.units import Finished, Unit, read_unit, remove_unit, staged
+from fastdata.formats.base import Plan
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
 
 
@@ -100,3 +116,50 @@ def field_changes(before: dict[str, Any], now: dict[str, Any]) -> str:
     if "source" in names:
         return f"another source ({before.get('source')!r}, now {now.get('source')!r})"
     return "other options (" + ", ".join(f"{name} {before.get(name)!r}, now {now.get(name)!r}" for name in names) + ")"
+
+
+def kept_units(staging: Path, units: list[Unit], key: str, *, mode: str, gray_guess: bool) -> dict[int, dict[str, Any]]:
+    """The staged records of ``units`` finished for this conversion (``key``) in ``mode``, by unit
+    number; a staged copy in another mode or for other options is removed. While auto mode guesses
+    grayscale, a unit staged as RGB met a colour image: :class:`ModeConflict` (the driver restarts
+    as RGB, and that unit is kept then)."""
+    kept: dict[int, dict[str, Any]] = {}
+    for unit in units:
+        record = read_unit(staging, unit, key)
+        if record is not None and record["mode"] == mode:
+            kept[unit.number] = record
+        elif record is not None and gray_guess and record["mode"] == "RGB":
+            raise ModeConflict()
+        else:
+            remove_unit(staging, unit)
+    return kept
+
+
+def units_to_run(units: list[Unit], state: dict[str, Any] | None, kept: dict[int, dict[str, Any]]) -> list[Unit]:
+    """The units an engine computes: those after the journal's checkpoint ``state`` (the partial
+    output holds the ones before it) that are not ``kept`` (staged)."""
+    done = state["next_unit"] if state else 0
+    return [unit for unit in units[done:] if unit.number not in kept]
+
+
+def in_order(units: list[Unit], state: dict[str, Any] | None, kept: dict[int, dict[str, Any]], staging: Path | None,
+             plan: Plan, computed: Iterator[Finished]) -> Iterator[Finished]:
+    """Every unit after the checkpoint ``state``, in order, for the write loop: kept ones read back
+    from ``staging``, the others from ``computed`` (an engine's finished :func:`units_to_run`, in order)."""
+    done = state["next_unit"] if state else 0
+    try:
+        for unit in units[done:]:
+            if unit.number in kept:
+                yield from staged(staging, [kept[unit.number]], plan)
+            else:
+                yield next(computed)
+    finally:
+        close = getattr(computed, "close", None)
+        if close is not None:  # stop the engine's pool or tasks now, not when collected
+            close()
+
+
+def resumed_units(state: dict[str, Any] | None, options: ConvertOptions) -> int:
+    """The unit size a run plans with: the journal's when it resumes one (its ``next_unit`` counts
+    units of that size), else ``options.unit_samples``."""
+    return state.get("unit_samples", options.unit_samples) if state else options.unit_samples

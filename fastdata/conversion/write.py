@@ -4,7 +4,9 @@ Every engine (this process, a local pool, the parts of a job array, Ray tasks) y
 units in source order; :func:`write_units` streams them through the format's writer, the only
 one that writes the output, and writes index and manifest last. That is why the output's bytes
 never depend on the engine. :func:`written_once` wraps it in the output rules: the partial output
-claimed (or resumed), removed on failure, renamed into place when complete.
+claimed (or resumed), removed on failure, renamed into place when complete. The journal's
+checkpoints, made here at unit boundaries, are how every engine keeps the units already in the
+partial output (:mod:`fastdata.conversion.resume`).
 """
 
 from __future__ import annotations
@@ -12,30 +14,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from fastdata.conversion import journal
 from fastdata._version import __version__
 from fastdata.errors import BadSampleError
 from fastdata.formats import FormatSpec
-from fastdata.formats.base import Batch, Plan
+from fastdata.formats.base import Plan
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.files import remove_path
 from fastdata.conversion.outputs import Target, partial_removed_on_failure, publish
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.resume import claim_partial
-
-
-@dataclass
-class Finished:
-    """A finished unit of work, as an engine yields it: its converted samples as batches, in
-    source order (consumed once), the samples it left out (source index -> key and reason), and
-    the source index after it (where a resumed conversion goes on)."""
-
-    batches: Iterable[Batch]
-    skipped: dict[int, dict[str, str]]
-    stop: int
+from fastdata.conversion.scale.units import Finished
 
 
 def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: Iterable[Finished], *,
@@ -45,8 +36,9 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
     writer's ``close``); the manifest as written. ``source`` is the source's description.
 
     With a journal ``state`` (``--resume``), the writer reopens the partial output at that
-    checkpoint, and ``finished`` starts at ``state["next_index"]``. A resumable writer's
-    checkpoint is recorded in the journal every ``journal.CHECKPOINT_INTERVAL_S`` seconds. On any
+    checkpoint, and ``finished`` starts at unit ``state["next_unit"]``. At the end of a unit, at
+    most every ``journal.CHECKPOINT_INTERVAL_S`` seconds, a resumable writer's checkpoint is
+    recorded in the journal with the number of units the partial output holds. On any
     failure the partial output is removed (and the engine stopped); after a :class:`ModeConflict`
     the progress reported so far is taken back.
     """
@@ -72,7 +64,8 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
             target.report(len(unit.skipped), plan.count)
             reported += len(unit.skipped)
             if record is not None and time.monotonic() - last_checkpoint > journal.CHECKPOINT_INTERVAL_S:
-                record.update(mode=plan.mode, next_index=unit.stop, written=written, skipped=skipped,
+                record.update(mode=plan.mode, unit_samples=options.unit_samples, next_unit=unit.unit.number + 1,
+                              next_index=unit.unit.stop, written=written, skipped=skipped,
                               writer=writer.checkpoint())
                 journal.save(target.output, record)
                 last_checkpoint = time.monotonic()

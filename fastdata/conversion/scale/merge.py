@@ -6,42 +6,42 @@ writes index and manifest last and renames it into place (:func:`write_output`, 
 driver uses too). Because one writer sees every sample in order, the output is byte-identical to
 a local conversion: skipped samples shift later rows and keys as they would there, encoded npy
 offsets are computed from the units' sample sizes, and tar shards are cut by count and by bytes.
+:func:`fastdata.merge` is :func:`fastdata.conversion.driver.merge`, which restarts
+:func:`merge_parts` as RGB when auto mode left units of both modes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterator
 
 from fastdata.conversion.fingerprint import describe_changes
 from fastdata.conversion.locks import ConversionLock
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import Target, check_existing, check_output_path
-from fastdata.conversion.pipeline import with_mode
-from fastdata.conversion.plan import open_source, plan_from_record, plan_job
+from fastdata.conversion.pipeline import ModeConflict, with_mode
+from fastdata.conversion.plan import open_source, plan_from_record, plan_job, with_format
+from fastdata.conversion.resume import in_order
 from fastdata.conversion.scale.parts import convert_here
 from fastdata.conversion.scale.staging import check_complete, is_staging, read_records, remove_staging
 from fastdata.conversion.scale.units import (
-    Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged, staging_path,
+    Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path,
 )
 from fastdata.conversion.write import write_units, written_once
 from fastdata.errors import PartsError, SourceChangedError
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.machine import usable_cores
-from fastdata.urls import refuse_url
 
 Progress = Callable[[int, int], None]
 
 
-def merge(output: str | Path, *, progress: Progress | None = None, source: Any = None) -> dict[str, Any]:
-    """Write ``output`` from its parts (``fastdata convert ... --part I/N``); return its manifest.
-
-    ``source`` is needed only when the parts were converted from a Python dataset object and, in
-    auto mode, some parts met colour images while others did not (their units are converted again).
-    """
-    refuse_url(output, "output")
-    output = Path(output)
+def merge_parts(output: Path, *, progress: Progress | None = None, source: Any = None,
+                mode: str | None = None) -> dict[str, Any]:
+    """One attempt of :func:`fastdata.merge` (the driver's, which restarts it): write ``output``
+    from its parts' units. When auto mode left units of both modes (some parts met colour
+    images), :class:`ModeConflict` without ``mode``; with ``mode="RGB"`` the grayscale units are
+    converted again as RGB first (unless their bytes are the original files, the same in either mode)."""
     check_output_path(output)
     staging = staging_path(output)
     if not (staging.is_dir() and is_staging(staging)):
@@ -58,20 +58,26 @@ def merge(output: str | Path, *, progress: Progress | None = None, source: Any =
         spec = get_format(options.format, writable=True)
         plan = plan_from_record(first["plan"], options)
         units = plan_units(plan.count, first["unit_samples"])
-        unit_records = [_finished(staging, unit, first) for unit in units]
-        plan, unit_records = settle_mode(plan, first["plan"]["gray_guess"], units, unit_records,
-                                         lambda stale: _reconvert(output, first, options, stale, source))
+        kept = {unit.number: _finished(staging, unit, first) for unit in units}
+        modes = {record["mode"] for record in kept.values()}
+        if len(modes) > 1 and mode is None:
+            raise ModeConflict()
+        plan = with_mode(plan, mode or modes.pop())
+        stale = [unit for unit in units if kept[unit.number]["mode"] != plan.mode]
+        if stale and plan.encoding != "original":
+            for unit, record in zip(stale, _reconvert(output, first, options, stale, source)):
+                kept[unit.number] = record
         existing = check_existing(output, overwrite=all(r.get("overwrite") for r in records), resume=False)
-        manifest = write_output(output, spec, plan, options, unit_records, key=first["key"], fields=first["fields"],
-                                fingerprint=first["fingerprint"], source=first["source"], existing=existing,
-                                progress=progress)
+        manifest = write_output(output, spec, plan, options, units, kept, iter(()), key=first["key"],
+                                fields=first["fields"], fingerprint=first["fingerprint"], source=first["source"],
+                                existing=existing, progress=progress)
         remove_staging(staging)
     return manifest
 
 
 def options_from_fields(fields: dict[str, Any]) -> ConvertOptions:
     """The conversion options recorded in a conversion key's fields."""
-    return ConvertOptions.build(**{k: v for k, v in fields.items() if k not in ("layout_version", "source")})
+    return with_format(ConvertOptions.build(**{k: v for k, v in fields.items() if k not in ("layout_version", "source")}))
 
 
 def _finished(staging: Path, unit: Unit, record: dict[str, Any]) -> dict[str, Any]:
@@ -82,19 +88,6 @@ def _finished(staging: Path, unit: Unit, record: dict[str, Any]) -> dict[str, An
             "damaged although its part finished. Run the part that holds it again with --overwrite."
         )
     return found
-
-
-def settle_mode(plan: Plan, gray_guess: bool, units: list[Unit], records: list[dict[str, Any]],
-                reconvert: Callable[[list[Unit]], list[dict[str, Any]]]) -> tuple[Plan, list[dict[str, Any]]]:
-    """Auto mode: RGB when any unit met a colour image; grayscale units are then converted again
-    (unless their bytes are the original files, which do not depend on the mode)."""
-    if not gray_guess or all(r["mode"] == plan.mode for r in records):
-        return plan, records
-    stale = [(position, unit) for position, (unit, r) in enumerate(zip(units, records)) if r["mode"] != "RGB"]
-    if plan.encoding != "original":
-        for (position, _), record in zip(stale, reconvert([unit for _, unit in stale])):
-            records[position] = record
-    return with_mode(plan, "RGB"), records
 
 
 def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, units: list[Unit],
@@ -120,14 +113,16 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
     return convert_here(job, units, staging_path(output), record["key"], min(usable_cores(), len(units)))
 
 
-def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: Iterable[dict[str, Any]], *,
-                 key: str, fields: dict[str, Any], fingerprint: dict[str, Any], source: dict[str, Any],
-                 existing: dict[str, Any] | None, progress: Progress | None = None) -> dict[str, Any]:
-    """Write ``output`` from finished units' records, in order, through the one write loop
-    (:func:`~fastdata.conversion.write.write_units`); the caller holds the exclusive lock. ``units``
-    may be a generator that yields each unit's record once it is finished (the Ray driver writes
-    while later units are still converted); an error it raises removes the partial output."""
+def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: list[Unit],
+                 kept: dict[int, dict[str, Any]], computed: Iterator[Finished], *, key: str, fields: dict[str, Any],
+                 fingerprint: dict[str, Any], source: dict[str, Any], existing: dict[str, Any] | None,
+                 progress: Progress | None = None) -> dict[str, Any]:
+    """Write ``output`` from its ``units``, in order, through the one write loop
+    (:func:`~fastdata.conversion.write.write_units`); the caller holds the exclusive lock.
+    ``kept`` are the records of staged units, ``computed`` yields the others finished, in order
+    (the Ray driver writes while later units are still converted); an error it raises removes
+    the partial output."""
     target = Target(output, spec, key, fingerprint, progress)
-    finished = staged(staging_path(output), units, plan)
+    finished = in_order(units, None, kept, staging_path(output), plan, computed)
     return written_once(target, fields, options.replace(resume=False), existing,
                         lambda state: write_units(target, plan, options, finished, source=source))

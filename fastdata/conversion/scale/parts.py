@@ -4,10 +4,14 @@ converts its own block of them into ``OUTPUT.partial.units`` with a local proces
 records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.conversion.scale.merge`) writes the output once
 every part is there.
 
+A part keeps its finished units: run again, it converts only the units not staged yet
+(:mod:`fastdata.conversion.resume`, as every engine).
+
 ``--mode auto`` across parts: each part plans from the same first 64 readable images. When they
-are all grayscale, a part that meets a colour image converts *its* units again as RGB (as a local
-conversion restarts) and records the mode per unit; the merge then converts the other parts'
-grayscale units again as RGB, so the output is the one a local conversion gives.
+are all grayscale, a part that meets a colour image raises :class:`ModeConflict`, and the driver
+runs it again as RGB (:func:`fastdata.conversion.driver.restarting`, as a local conversion
+restarts); each unit records its mode, and the merge converts the other parts' grayscale units
+again as RGB, so the output is the one a local conversion gives.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from fastdata.conversion.engine import run_here
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import check_existing, prepare_output
-from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
+from fastdata.conversion.pipeline import Job, ModeConflict
 from fastdata.importing import is_import_string
 from fastdata.conversion.plan import conversion_key, plan_job, plan_record
+from fastdata.conversion.resume import kept_units, units_to_run
 from fastdata.conversion.scale.staging import (
     PART_PATTERN, PartLock, check_agreement, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.conversion.scale.units import Unit, part_units, plan_units, reusable_units, write_unit
+from fastdata.conversion.scale.units import Unit, part_units, plan_units, write_unit
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
@@ -46,8 +52,9 @@ def source_argument(source: Any, options: ConvertOptions) -> dict[str, Any] | No
 
 
 def convert_part(src: Source, output: Path, options: ConvertOptions, progress: Progress | None = None,
-                 *, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Convert part ``options.part`` of ``src`` into ``OUTPUT.partial.units``; return the part's record."""
+                 *, source: dict[str, Any] | None = None, mode: str | None = None) -> dict[str, Any]:
+    """Convert part ``options.part`` of ``src`` (in ``mode``, else as planned) into
+    ``OUTPUT.partial.units``; return the part's record."""
     part, parts = options.part
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     if options.overwrite:  # only a fastdata dataset may be replaced: known before converting a part
@@ -64,16 +71,22 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
                     raise duplicate_error(output, record)
                 mine.unlink()
                 earlier.remove(record)
-        job = plan_job(src, options)
+        planned = plan_job(src, options)  # the plan every part makes, recorded; the units may be RGB
+        job = planned if mode is None else planned.on(src, mode=mode)
         record = {"part": part, "parts": parts, "key": key, "fields": fields, "fingerprint": fingerprint,
-                  "unit_samples": options.unit_samples, "plan": plan_record(job), "source": src.describe(),
+                  "unit_samples": options.unit_samples, "plan": plan_record(planned), "source": src.describe(),
                   "options": options.describe(), "reopen": source, "overwrite": options.overwrite}
         for other in earlier:
             check_agreement(output, record, other)
         units = part_units(plan_units(len(src), options.unit_samples), part, parts)
         total = sum(len(unit) for unit in units)
         workers = usable_cores() if options.workers is None else min(options.workers, usable_cores())
-        results = convert_here(job, units, staging, key, workers, Counter(progress, total))
+        counter = Counter(progress, total)
+        try:
+            results = convert_here(job, units, staging, key, workers, counter)
+        except ModeConflict:
+            counter.restart()  # the driver runs the part again as RGB
+            raise
         record["count"] = sum(r["count"] for r in results)
         record["skipped"] = sum(len(r["skipped"]) for r in results)
         record["units"] = [units[0].number, units[-1].number + 1] if units else [0, 0]
@@ -98,33 +111,21 @@ class Counter:
 
 def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
                  counter: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Convert ``units`` with a process pool here; finished units of the same conversion (``key``)
-    and mode are kept. In auto mode, a colour image among grayscale ones converts every unit of
-    this call again as RGB."""
+    """Convert ``units`` with a process pool here into ``staging``; finished units of the same
+    conversion (``key``) and mode are kept (:func:`~fastdata.conversion.resume.kept_units`). The
+    units' records, in order."""
     counter = counter or Counter(None, 0)
-    try:
-        return _convert_units(job, units, staging, key, workers, counter)
-    except ModeConflict:
-        if isinstance(counter, Counter):
-            counter.restart()
-        return _convert_units(job.on(job.src, mode="RGB"), units, staging, key, workers, counter)
-
-
-def _convert_units(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
-                   counter: Callable[[int], None]) -> list[dict[str, Any]]:
-    records, todo = reusable_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
+    records = kept_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
     for unit in units:
         if unit.number in records:
             counter(len(unit))
-    with WorkerPool(job, workers, sum(len(u) for u in todo)) as pool:
-        for unit in todo:
-            records[unit.number] = write_unit(staging, unit, job.plan, key, _counted(job, pool, unit, counter))
-    if job.gray_guess and any(r["mode"] != job.plan.mode for r in records.values()):
-        raise ModeConflict()
+    for finished in run_here(job, workers, units_to_run(units, None, records)):
+        records[finished.unit.number] = write_unit(staging, finished.unit, job.plan, key,
+                                                   _counted(finished.batches, counter))
     return [records[unit.number] for unit in units]
 
 
-def _counted(job: Job, pool: WorkerPool, unit: Unit, counter: Callable[[int], None]):
-    for batch, _ in batches(job, pool, unit.start, unit.stop):
+def _counted(batches, counter: Callable[[int], None]):
+    for batch in batches:
         counter(len(batch) + len(batch.skipped))
         yield batch

@@ -8,8 +8,12 @@ cluster), under a temporary name renamed when complete, so a worker killed mid-t
 unit that looks finished; Ray runs the task again (``max_retries``). Bad input fails the task
 with the same error as the local engine (not retried: it would fail again); the driver reports
 the first bad unit in source order. The driver then writes the output from the units with the
-format's writer (:func:`fastdata.conversion.scale.merge.write_output`): it is the single writer of an HDF5
-file, and npy and tar come out byte-identical to ``--engine local``.
+format's writer (:func:`fastdata.conversion.scale.merge.write_output`), each unit as soon as it and
+the ones before it are finished: it is the single writer of an HDF5 file, and npy and tar come
+out byte-identical to ``--engine local``. Units finished by an earlier run of the same
+conversion are kept and not sent again (:mod:`fastdata.conversion.resume`). A task that meets a
+colour image while auto mode guessed grayscale raises :class:`ModeConflict`; the driver runs the
+conversion again as RGB in the same Ray session.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.locks import ConversionLock
 from fastdata.conversion.outputs import check_existing, prepare_output
 from fastdata.conversion.pipeline import Job, ModeConflict, WorkerPool, batches
-from fastdata.conversion.plan import plan_job
-from fastdata.conversion.scale.merge import settle_mode, write_output
-from fastdata.conversion.plan import conversion_key
+from fastdata.conversion.plan import conversion_key, plan_job
+from fastdata.conversion.resume import kept_units, units_to_run
+from fastdata.conversion.scale.merge import write_output
 from fastdata.conversion.scale.parts import Counter
 from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
-from fastdata.conversion.scale.units import Unit, plan_units, remove_temporaries, reusable_units, staging_path, write_unit
+from fastdata.conversion.scale.units import (
+    Finished, Unit, plan_units, remove_temporaries, staged, staging_path, write_unit,
+)
 from fastdata.sources import Source
 from fastdata.extras import install_command
 
@@ -50,10 +56,10 @@ def import_ray():
     return ray
 
 
-def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
-                   progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Convert ``src`` into ``output`` with Ray tasks; return the manifest."""
-    ray = import_ray()
+def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,
+                   progress: Callable[[int, int], None] | None = None, *, mode: str | None = None) -> dict[str, Any]:
+    """Convert ``src`` into ``output`` with Ray tasks (in ``mode``, else as planned), in a
+    :func:`ray_session`; return the manifest."""
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     spec = get_format(options.format, writable=True)
     fields, key = conversion_key(spec, src, options)
@@ -64,23 +70,33 @@ def convert_on_ray(src: Source, output: Path, options: ConvertOptions,
             check_no_parts(output, overwrite=options.overwrite)  # a job array's parts: refused or discarded
         staging = claim_staging(output)  # units of an earlier run of this conversion are kept
         remove_temporaries(staging)
-        job = plan_job(src, options)
+        job = plan_job(src, options, mode=mode)
         units = plan_units(len(src), options.unit_samples)
-        started = _connect(ray, options.ray_address)
+        counter = Counter(progress, len(src))
         try:
-            records = run_units(ray, job, src, units, staging, key, Counter(progress, len(src)))
-            plan = job.plan
-            if job.gray_guess:  # the mode is known only once every unit is done
-                plan, records = settle_mode(plan, True, units, list(records), lambda stale: list(run_units(
-                    ray, job.on(job.src, mode="RGB"), src, stale, staging, key, None)))
-            # otherwise the driver writes each unit as soon as the ones before it are done
-            manifest = write_output(output, spec, plan, options, records, key=key, fields=fields,
+            kept = kept_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
+            for record in kept.values():
+                counter(record["count"] + len(record["skipped"]))
+            computed = run_units(ray, job, src, units_to_run(units, None, kept), staging, key, counter)
+            manifest = write_output(output, spec, job.plan, options, units, kept, computed, key=key, fields=fields,
                                     fingerprint=fingerprint, source=src.describe(), existing=existing)
-        finally:
-            if started:
-                ray.shutdown()
+        except ModeConflict:
+            counter.restart()  # the driver converts again as RGB
+            raise
         remove_staging(staging)
     return manifest
+
+
+@contextlib.contextmanager
+def ray_session(ray, address: str | None) -> Iterator[None]:
+    """Joined to the cluster at ``address`` (or a local Ray started) for the block; Ray is shut
+    down after it when this started it."""
+    started = _connect(ray, address)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _connect(ray, address: str | None) -> bool:
@@ -96,29 +112,26 @@ def _connect(ray, address: str | None) -> bool:
 
 
 def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key: str,
-              counter: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
-    """Run ``units`` as Ray tasks (finished ones of this conversion are kept); yield their records
-    in unit order, each as soon as it and every unit before it are finished."""
-    records, todo = reusable_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
-    if counter:
-        for record in records.values():
-            counter(record["count"] + len(record["skipped"]))
+              counter: Callable[[int], None] | None) -> Iterator[Finished]:
+    """Run ``units`` as Ray tasks; yield them finished, in unit order, each as soon as it and
+    every unit before it are finished (read back from ``staging``)."""
+    records: dict[int, dict[str, Any]] = {}
     cut = src.take(0, 0) is not None
     job_ref = ray.put(job.on(None) if cut else job)  # once into the object store, not once per task
     task = ray.remote(_unit_task).options(max_retries=MAX_RETRIES, num_cpus=1)
-    tasks = {task.remote(job_ref, src.take(u.start, u.stop) if cut else None, u, str(staging), key): u for u in todo}
+    tasks = {task.remote(job_ref, src.take(u.start, u.stop) if cut else None, u, str(staging), key): u for u in units}
     failures: dict[int, BaseException] = {}
     pending, position = list(tasks), 0
     try:
         while pending:
             while position < len(units) and units[position].number in records:
-                yield records[units[position].number]
+                yield from staged(staging, [records[units[position].number]], job.plan)
                 position += 1
             (ref,), pending = ray.wait(pending, num_returns=1)
             unit = tasks[ref]
             try:
                 record = ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:  # the task raised: bad input, or a bug
+            except ray.exceptions.RayTaskError as exc:  # the task raised: bad input, a colour image, or a bug
                 failures[unit.number] = getattr(exc, "cause", None) or exc
             except ray.exceptions.RayError as exc:  # worker, node or object lost, more often than retried
                 failures[unit.number] = _lost(unit, exc)
@@ -135,10 +148,12 @@ def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key:
         for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
+    for unit in units[position:]:
+        if unit.number not in records:
+            break
+        yield from staged(staging, [records[unit.number]], job.plan)
     if failures:
         raise failures[min(failures)]
-    for unit in units[position:]:
-        yield records[unit.number]
 
 
 def _lost(unit: Unit, exc: Exception) -> EngineError:
@@ -152,13 +167,8 @@ def _lost(unit: Unit, exc: Exception) -> EngineError:
 def _unit_task(job: Job, src: Source | None, unit: Unit, staging: str, key: str) -> dict[str, Any]:
     """One Ray task: convert ``unit`` (of ``src``, a cut of the source, or of the job's own source)."""
     disable_pillow_limit()
-    mode = None
-    while True:
-        work = job.on(src if src is not None else job.src, mode=mode)
-        start, stop, offset = (0, len(unit), unit.start) if src is not None else (unit.start, unit.stop, 0)
-        try:
-            with WorkerPool(work, 0, 0) as pool:
-                converted = (batch for batch, _ in batches(work, pool, start, stop))
-                return write_unit(Path(staging), unit, work.plan, key, converted, offset)
-        except ModeConflict:  # auto mode guessed grayscale and met a colour image: this unit is RGB
-            mode = "RGB"
+    work = job.on(src if src is not None else job.src)
+    start, stop, offset = (0, len(unit), unit.start) if src is not None else (unit.start, unit.stop, 0)
+    with WorkerPool(work, 0, 0) as pool:  # a colour image while auto mode guessed grayscale: ModeConflict
+        converted = (batch for batch, _ in batches(work, pool, start, stop))
+        return write_unit(Path(staging), unit, work.plan, key, converted, offset)

@@ -1,17 +1,21 @@
-"""Units: the deterministic pieces of work of a conversion that runs on many processes or machines.
+"""Units: the deterministic pieces of work of every conversion.
 
-A unit is a range of source indices, ``[start, stop)``, planned from the sample count alone
-(:func:`plan_units`), so every part of a job array and every Ray task computes the same plan
-without talking to the others. A unit's converted samples go to the staging folder beside the
-output, ``OUTPUT.partial.units/unit-NNNNNN/``: written under a temporary name and renamed into place
-when complete, so a process killed mid-unit leaves no unit that looks finished. A finished unit
+A unit is a range of source indices, ``[start, stop)``, planned from the sample count and the
+unit size alone (:func:`plan_units`), so the local engine, every part of a job array and every
+Ray task compute the same plan without talking to each other. An engine yields each unit
+finished (:class:`Finished`) to the one write loop. Parts and Ray tasks, which compute units away
+from the writer, stage a unit's converted samples beside the output,
+``OUTPUT.partial.units/unit-NNNNNN/``: written under a temporary name and renamed into place
+when complete, so a process killed mid-unit leaves no unit that looks finished. A staged unit
 holds ``data.bin`` (raw rows, or encoded files back to back), ``sizes.npy`` (encoded: each
 sample's byte count), ``labels.npy`` and ``unit.json`` (its range, count, mode, skipped samples).
 
-The output itself is written afterwards by one process (the merge): it streams the units, in
-order, through the format's own writer. That is why the output's bytes never depend on how the
-work was split: skipped samples, encoded offsets and tar shard bounds (by count and by bytes)
-come out exactly as in a local conversion.
+The output itself is written by one process (the local driver, the merge, the Ray driver): it
+streams the units, in order, through the format's own writer
+(:func:`fastdata.conversion.write.write_units`). That is why the output's bytes never depend on
+how the work was split: skipped samples, encoded offsets and tar shard bounds (by count and by
+bytes) come out exactly as in a local conversion. Which units are finished and kept, in the
+partial output or staged, :mod:`fastdata.conversion.resume` says, for every engine.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from fastdata.conversion.write import Finished
 from fastdata.formats.base import Batch, Plan
 
 UNIT_SAMPLES = 1000
@@ -50,6 +53,17 @@ class Unit:
 
     def __len__(self) -> int:
         return self.stop - self.start
+
+
+@dataclass
+class Finished:
+    """A finished unit, as an engine yields it to the write loop: its converted samples as
+    batches, in source order (consumed once), and the samples it left out (source index -> key
+    and reason; complete once the batches are consumed)."""
+
+    unit: Unit
+    batches: Iterable[Batch]
+    skipped: dict[int, dict[str, str]]
 
 
 def plan_units(count: int, unit_samples: int = UNIT_SAMPLES) -> list[Unit]:
@@ -163,23 +177,6 @@ def remove_unit(staging: Path, unit: Unit) -> None:
     shutil.rmtree(staging / unit.name, ignore_errors=True)
 
 
-def reusable_units(staging: Path, units: list[Unit], key: str, *, mode: str,
-                   gray_guess: bool) -> tuple[dict[int, dict[str, Any]], list[Unit]]:
-    """The records of ``units`` already finished for this conversion (``key``) in this ``mode``,
-    by unit number, and the units still to convert (any other copy of them removed). While auto
-    mode guesses grayscale, a unit finished as RGB is kept: it met a colour image."""
-    records: dict[int, dict[str, Any]] = {}
-    todo = []
-    for unit in units:
-        record = read_unit(staging, unit, key)
-        if record is not None and (record["mode"] == mode or gray_guess):
-            records[unit.number] = record
-        else:
-            remove_unit(staging, unit)  # converted in the other mode or for other options, or none
-            todo.append(unit)
-    return records, todo
-
-
 def remove_temporaries(staging: Path) -> None:
     """Units that a killed process left half-written (never visible as finished units)."""
     for entry in staging.glob(f"unit-*{_TEMPORARY_INFIX}*"):
@@ -250,8 +247,13 @@ def _unit_batches(folder: Path, plan: Plan) -> Iterator[Batch]:
 def staged(staging: Path, records: Iterable[dict[str, Any]], plan: Plan) -> Iterator[Finished]:
     """Finished units read back from the staging folder, in the order of ``records``, for the write loop."""
     for record in records:
-        yield Finished(unit_batches(staging, record, plan), {int(i): entry for i, entry in record["skipped"]},
-                       record["stop"])
+        yield Finished(unit_of(record), unit_batches(staging, record, plan),
+                       {int(i): entry for i, entry in record["skipped"]})
+
+
+def unit_of(record: dict[str, Any]) -> Unit:
+    """The unit a finished unit's record describes."""
+    return Unit(record["unit"], record["start"], record["stop"])
 
 
 def _save(path: Path, array: np.ndarray) -> None:
