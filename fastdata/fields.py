@@ -163,7 +163,8 @@ class Field:
                 array = np.frombuffer(bytes(data), dtype=np.dtype(self.dtype).newbyteorder("<"))
                 return array[0].item()
             if kind == "array" and self.encoding == "npy":
-                array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+                stored = io.BytesIO(bytes(data))
+                array = np.load(stored, allow_pickle=False)
                 if str(array.dtype.newbyteorder("=")) != self.dtype and array.dtype != np.dtype(self.dtype):
                     raise ValueError(f"holds {array.dtype}, not {self.dtype}")
                 return array.astype(self.dtype, copy=False)
@@ -260,7 +261,8 @@ class Field:
                 self.load(data)  # a damaged member fails here, naming it
                 return data
             if kind == "array" or (kind in SPATIAL and self.encoding == "raw"):
-                array = np.load(io.BytesIO(data), allow_pickle=False)
+                stored = io.BytesIO(bytes(data))
+                array = np.load(stored, allow_pickle=False)
                 return np.ascontiguousarray(array, dtype=np.dtype(self.dtype).newbyteorder("<")).tobytes()
         except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
             raise CorruptDataError(f"{where}field {self.name!r}: damaged {kind} member ({exc}). "
@@ -755,3 +757,4 @@ def digest_value(f: Field, value: Any) -> bytes:
     if f.kind in SPATIAL:
         return f"{value.mode} {value.size}\n".encode() + value.tobytes()
     return f.store(value)
+

@@ -141,7 +141,7 @@ def test_convert_options_parse_text_like_the_command_line() -> None:
     ({"store": "zip", "format": "npy"}, "Unknown store 'zip' for format 'npy'. Allowed: 'raw', 'encoded'."),
     ({"store": "zip"}, "Unknown store 'zip'. Allowed: 'raw', 'encoded'."),
     ({"mode": "CMYK"}, "Unknown mode 'CMYK'. Allowed: 'auto', 'RGB', 'L'."),
-    ({"split": "val"}, "Unknown split 'val'. Allowed: 'train', 'test'."),
+    ({"split": 3}, "Invalid split 3. Use the dataset's split name, e.g. 'train'."),
     ({"reencode": "gif"}, "Invalid --reencode 'gif'. Use 'jpeg:Q' (Q in 1..100) or 'png'."),
     ({"format": "zarr"}, "Unknown format 'zarr'. Available formats: 'hdf5', 'npy', 'tar'."),
     ({"compression": "lzf", "format": "npy"}, "Option 'compression' does not apply to format 'npy'. Its options: none."),

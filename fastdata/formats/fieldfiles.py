@@ -3,7 +3,7 @@
 (int64, N + 1) for variable ones. Written by the ``npy`` writer in place and by the ``hdf5``
 writer as temporary files it copies into datasets; read back by :class:`FieldColumns`.
 
-Every file is plain numpy: ``np.load("fields/boxes.offsets.npy")`` and
+Every file is plain numpy: ``np.load("fields/boxes.offsets.npy", allow_pickle=False)`` and
 ``np.fromfile("fields/boxes.bin", "<f4")[o[i] // 4 : o[i + 1] // 4].reshape(-1, 4)`` give sample
 ``i``'s boxes without fastdata.
 """

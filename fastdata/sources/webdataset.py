@@ -264,7 +264,8 @@ def _member_value(kind: str, data: bytes, key: str, suffix: str) -> Any:
         if kind == "array":
             import io
 
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            member = io.BytesIO(data)
+            return np.load(member, allow_pickle=False)
         if kind == "int":
             return int(data.strip())
         if kind in ("image", "mask"):
