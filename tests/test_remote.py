@@ -514,7 +514,9 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
         if part == 3:
             capsys.readouterr()
             assert main(["merge", url, "--quiet"]) == 1
-            assert capsys.readouterr().err.startswith("fastdata: error: Cannot merge ")  # part 3 of 3 is missing
+            assert capsys.readouterr().err.startswith(f"fastdata: error: Cannot merge {url!r}: 1 of 3 parts missing (3/3).")
+            assert not (tmp_path / "machine-3" / ".uploads").exists() or not [  # records checked before units fetched
+                p for p in (tmp_path / "machine-3").rglob("unit-*")]
         record = fastdata.convert(source, url, part=f"{part}/3", unit_samples=4, workers=0, **options)
         assert record["count"] == [7, 12, 11][part - 1]
     with pytest.raises(fastdata.errors.PartsError, match=re.escape(
@@ -533,6 +535,9 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
     assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar/.fastdata-upload")
     for cache in ["merger", "machine-1", "machine-2", "machine-3"]:  # no staged unit or record kept in a cache
         assert not [p for p in (tmp_path / cache).rglob("*") if p.is_file() and "unit-" in p.as_posix()], cache
+    with pytest.raises(fastdata.errors.OutputExistsError, match=re.escape(
+            f"Output {url!r} already exists. Pass --overwrite to replace it.")):  # a part of a new job array
+        fastdata.convert(source, url, part="1/3", unit_samples=4, workers=0, **options)
     read = all_samples(fastdata.open_dataset(url, shuffle=False, cache_dir=tmp_path / "read"))
     expected = all_samples(fastdata.open_dataset(local, shuffle=False))
     assert read[1] == expected[1] and len(read[0]) == 30

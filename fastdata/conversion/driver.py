@@ -138,9 +138,6 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
     """One part of a job array converting to ``url``: its units staged here, then uploaded under
     ``URL.partial.units/`` with its record last, where ``fastdata merge URL`` finds every part's."""
     part, parts = options.part
-    for stale in (staging, partial_path(staging)):  # a finished upload's leftovers: parts never write these
-        if stale.exists() or stale.is_symlink():
-            remove_path(stale)
     earlier = part_record(url, part, parts, remote)
     if earlier is not None and not options.overwrite:
         raise PartsError(
@@ -182,12 +179,15 @@ def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: An
             f"Nothing to merge for {scrub(url)!r}: {scrub(units_url(url))!r} holds no parts. Convert the parts "
             f"first: 'fastdata convert SOURCE {scrub(url)} --part I/N' for I = 1..N.")
     records = read_records(local_units)
-    check_complete(staging, records)
-    download_units(url, local_units, remote)
+    try:
+        check_complete(staging, records)
+    except PartsError as exc:  # named as the user named it: the URL, not the local staging copy
+        raise PartsError(str(exc).replace(str(staging), scrub(url))) from None
     options = options_from_fields(records[0]["fields"])
     single = get_format(options.format).read_manifest is not None
     replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
-                                resume=True, options=remote)
+                                resume=True, options=remote)  # resume: an interrupted merge's upload
+    download_units(url, local_units, remote)
     for stale in (staging, partial_path(staging)):
         if stale.exists() or stale.is_symlink():
             remove_path(stale)
