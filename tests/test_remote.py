@@ -562,3 +562,21 @@ def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, mon
     assert manifest["count"] == 20 and [s["key"] for s in manifest["skipped"]] == ["a/007-bad.png"]
     assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no staging copy or unit kept
+
+
+def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_is_left(
+        s3: S3, tmp_path: Path, monkeypatch) -> None:
+    from test_parts import h5_contents, make_folder
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    source = make_folder(tmp_path / "src", 20)
+    fastdata.convert(source, tmp_path / "local.h5", workers=0, skip_bad=True)
+    url = f"s3://{BUCKET}/h5parts/ds.h5"
+    for part in (1, 2):
+        fastdata.convert(source, url, part=f"{part}/2", unit_samples=4, workers=0, skip_bad=True)
+    assert fastdata.merge(url)["count"] == 20
+    fastdata.convert(source, f"s3://{BUCKET}/h5parts/plain.h5", workers=0, skip_bad=True)
+    assert s3.fs().find(f"{BUCKET}/h5parts") == [f"{BUCKET}/h5parts/ds.h5", f"{BUCKET}/h5parts/plain.h5"]
+    for name in ("ds.h5", "plain.h5"):  # the upload marker of a one-object dataset is removed too
+        s3.fs().get_file(f"{BUCKET}/h5parts/{name}", str(tmp_path / f"got-{name}"))
+        assert h5_contents(tmp_path / f"got-{name}") == h5_contents(tmp_path / "local.h5")
