@@ -12,6 +12,7 @@ from fastdata.urls import is_url
 EXAMPLES = """
   fastdata merge out/in1k.npy            # after every 'fastdata convert ... out/in1k.npy --part I/N'
   fastdata merge out/shards --quiet      # no progress bar (batch jobs)
+  fastdata merge s3://bucket/in1k.tar    # parts converted to a URL: their units are shared in the bucket
 """
 
 
