@@ -491,3 +491,92 @@ def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_fold
     assert list(uploader.sent) == ["shard-000000.tar"]
     assert s3.fs().ls(f"{BUCKET}/streamed/ds.tar") == [f"{BUCKET}/streamed/ds.tar/shard-000000.tar"]
     assert s3.fs().cat_file(f"{BUCKET}/streamed/ds.tar/shard-000000.tar") == (local / "shard-000000.tar").read_bytes()
+
+
+def downloaded(s3: S3, url: str, local: Path) -> Path:
+    """The objects at ``url``, downloaded as they are (to compare byte for byte)."""
+    s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)
+    return local
+
+
+def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_bytes(
+        s3: S3, tmp_path: Path, capsys, monkeypatch) -> None:
+    from fastdata.cli import main
+    from test_parts import make_folder, tree
+
+    source = make_folder(tmp_path / "src", 30)
+    options = dict(format="tar", store="encoded", shard_samples=8, skip_bad=True)
+    local = tmp_path / "local"
+    fastdata.convert(source, local, workers=0, **options)
+    url = f"s3://{BUCKET}/parts/ds.tar"
+    for part in (1, 2, 3):  # each part in a cache of its own: a machine of its own
+        monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / f"machine-{part}"))
+        if part == 3:
+            capsys.readouterr()
+            assert main(["merge", url, "--quiet"]) == 1
+            assert capsys.readouterr().err.startswith(f"fastdata: error: Cannot merge {url!r}: 1 of 3 parts missing (3/3).")
+            assert not (tmp_path / "machine-3" / ".uploads").exists() or not [  # records checked before units fetched
+                p for p in (tmp_path / "machine-3").rglob("unit-*")]
+        record = fastdata.convert(source, url, part=f"{part}/3", unit_samples=4, workers=0, **options)
+        assert record["count"] == [7, 12, 11][part - 1]
+    with pytest.raises(fastdata.errors.PartsError, match=re.escape(
+            f"Part 2/3 of {url!r} was already uploaded (process {os.getpid()} on ")):
+        fastdata.convert(source, url, part="2/3", unit_samples=4, workers=0, **options)
+    assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar")  # the units lie beside the output: no dataset yet
+    shared = sorted(name.rsplit("/", 1)[-1] for name in s3.fs().ls(f"{BUCKET}/parts/ds.tar.partial.units"))
+    assert [name for name in shared if name.startswith("part-")] == [
+        "part-0001-of-0003.json", "part-0002-of-0003.json", "part-0003-of-0003.json"]
+    assert [name for name in shared if name.startswith("unit-")] == [f"unit-{n:06d}" for n in range(8)]
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "merger"))
+    assert main(["merge", url, "--quiet"]) == 0
+    assert capsys.readouterr().out == f"merged into {url}: 30 samples (67.3 kB); skipped 1 (listed in the manifest)\n"
+    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)  # the objects are the local engine's files
+    assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar.partial.units")
+    assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar/.fastdata-upload")
+    for cache in ["merger", "machine-1", "machine-2", "machine-3"]:  # no staged unit or record kept in a cache
+        assert not [p for p in (tmp_path / cache).rglob("*") if p.is_file() and "unit-" in p.as_posix()], cache
+    with pytest.raises(fastdata.errors.OutputExistsError, match=re.escape(
+            f"Output {url!r} already exists. Pass --overwrite to replace it.")):  # a part of a new job array
+        fastdata.convert(source, url, part="1/3", unit_samples=4, workers=0, **options)
+    read = all_samples(fastdata.open_dataset(url, shuffle=False, cache_dir=tmp_path / "read"))
+    expected = all_samples(fastdata.open_dataset(local, shuffle=False))
+    assert read[1] == expected[1] and len(read[0]) == 30
+    assert all(np.array_equal(x, y) for x, y in zip(read[0], expected[0]))
+
+
+def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, monkeypatch) -> None:
+    ray = pytest.importorskip("ray")
+    from test_parts import make_folder, tree
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    source = make_folder(tmp_path / "src", 20)
+    options = dict(format="npy", store="encoded", skip_bad=True)
+    local = tmp_path / "local"
+    fastdata.convert(source, local, workers=0, **options)
+    url = f"s3://{BUCKET}/ray/ds.npy"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        manifest = fastdata.convert(source, url, engine="ray", unit_samples=6, **options)
+    finally:
+        ray.shutdown()
+    assert manifest["count"] == 20 and [s["key"] for s in manifest["skipped"]] == ["a/007-bad.png"]
+    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no staging copy or unit kept
+
+
+def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_is_left(
+        s3: S3, tmp_path: Path, monkeypatch) -> None:
+    from test_parts import h5_contents, make_folder
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    source = make_folder(tmp_path / "src", 20)
+    fastdata.convert(source, tmp_path / "local.h5", workers=0, skip_bad=True)
+    url = f"s3://{BUCKET}/h5parts/ds.h5"
+    for part in (1, 2):
+        fastdata.convert(source, url, part=f"{part}/2", unit_samples=4, workers=0, skip_bad=True)
+    assert fastdata.merge(url)["count"] == 20
+    fastdata.convert(source, f"s3://{BUCKET}/h5parts/plain.h5", workers=0, skip_bad=True)
+    assert s3.fs().find(f"{BUCKET}/h5parts") == [f"{BUCKET}/h5parts/ds.h5", f"{BUCKET}/h5parts/plain.h5"]
+    for name in ("ds.h5", "plain.h5"):  # the upload marker of a one-object dataset is removed too
+        s3.fs().get_file(f"{BUCKET}/h5parts/{name}", str(tmp_path / f"got-{name}"))
+        assert h5_contents(tmp_path / f"got-{name}") == h5_contents(tmp_path / "local.h5")

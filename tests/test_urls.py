@@ -1,4 +1,4 @@
-"""A URL where fastdata still takes only a local path (every output, ``merge``) is refused, never
+"""A URL where fastdata still takes only a local path (``bench --out``) is refused, never
 taken for a relative path (``Path("s3://bucket/x")`` would be the local folder ``s3:/bucket/x``);
 where it reads one, an unreachable server or a missing backend is one clear error. Reading from
 real servers is tests/test_remote.py."""
@@ -13,12 +13,12 @@ import pytest
 
 import fastdata
 from fastdata.cli import main
-from fastdata.errors import DependencyMissingError, InvalidOptionError, RemoteUnavailableError, UnsupportedURLError
+from fastdata.errors import DependencyMissingError, InvalidOptionError, RemoteUnavailableError
 from fastdata.remote import Retry
 from fastdata.urls import is_url
 
 REFUSED = ("is a {scheme}:// URL, and this writes to local paths only (of the writing commands only 'fastdata "
-           "convert' uploads to a URL). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
+           "convert' and 'fastdata merge' upload to a URL). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
            "--recursive DIR URL').")
 
 
@@ -31,7 +31,6 @@ def test_what_counts_as_a_url() -> None:
 
 @pytest.mark.parametrize("command", [
     ["bench", "{folder}", "--out", "s3://bucket/bench"],
-    ["merge", "s3://bucket/digits.tar"],
 ])
 def test_the_cli_refuses_a_url_it_would_write_and_writes_nothing(command, uniform_folder: Path, tmp_path: Path,
                                                                  capsys, monkeypatch) -> None:
@@ -43,17 +42,6 @@ def test_the_cli_refuses_a_url_it_would_write_and_writes_nothing(command, unifor
     captured = capsys.readouterr()
     assert captured.err == f"fastdata: error: {url!r}: {role} " + REFUSED.format(scheme="s3") + "\n"
     assert sorted(os.listdir(tmp_path)) == ["uniform"]  # no ./s3:/bucket/... folder
-
-
-def test_the_python_api_refuses_a_url_it_cannot_write(uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/out.tar': output is a s3:// URL") as caught:
-        fastdata.merge("s3://bucket/out.tar")
-    assert isinstance(caught.value, InvalidOptionError) and isinstance(caught.value, ValueError)
-    with pytest.raises(UnsupportedURLError, match=r"^'s3://bucket/out.tar': --engine ray and --part write local "
-                                                  r"outputs only for now\."):
-        fastdata.convert(uniform_folder, "s3://bucket/out.tar", workers=0, part=(1, 2))
-    assert sorted(os.listdir(tmp_path)) == ["uniform"]
 
 
 @pytest.mark.parametrize("command", [["info", "{url}"], ["verify", "{url}"], ["tune", "{url}"],

@@ -153,7 +153,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         for role in _WRITTEN_PATHS:
-            if not (role == "output" and args.command == "convert"):  # convert uploads to a URL
+            if not (role == "output" and args.command in ("convert", "merge")):  # these upload to a URL
                 refuse_url(getattr(args, role, None), role.upper())
         if is_url(getattr(args, "source", None)):  # bench, tune, convert: a converted dataset, fetched first
             args.source = str(fetch_converted(args.source, cold=getattr(args, "cache", "warm") == "cold"))

@@ -7,10 +7,12 @@ import argparse
 from pathlib import Path
 
 from fastdata.cli.common import LazyBar, add_command, disk_usage, human_bytes
+from fastdata.urls import is_url
 
 EXAMPLES = """
   fastdata merge out/in1k.npy            # after every 'fastdata convert ... out/in1k.npy --part I/N'
   fastdata merge out/shards --quiet      # no progress bar (batch jobs)
+  fastdata merge s3://bucket/in1k.tar    # parts converted to a URL: their units are shared in the bucket
 """
 
 
@@ -32,7 +34,9 @@ def run_merge(args: argparse.Namespace) -> int:
 
     with LazyBar(disable=args.quiet, desc="merge") as bar:
         manifest = merge(args.output, progress=bar.update)
-    line = f"merged into {args.output}: {manifest['count']:,} samples ({human_bytes(disk_usage(Path(args.output)))})"
+    size = sum(entry["bytes"] for entry in manifest["files"].values()) if is_url(args.output) else \
+        disk_usage(Path(args.output))
+    line = f"merged into {args.output}: {manifest['count']:,} samples ({human_bytes(size)})"
     if manifest["skipped"]:
         line += f"; skipped {len(manifest['skipped'])} (listed in the manifest)"
     print(line)

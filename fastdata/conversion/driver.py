@@ -30,20 +30,25 @@ from fastdata.conversion.outputs import Target, check_existing, check_output_pat
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.plan import conversion_key, decide_options, open_source, plan_job
 from fastdata.conversion.resume import in_order, keep_complete, resumed_units, units_to_run
-from fastdata.conversion.scale.merge import merge_parts
+from fastdata.conversion.scale.merge import merge_parts, options_from_fields
 from fastdata.conversion.scale.parts import convert_part, source_argument
 from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray, ray_session
-from fastdata.conversion.scale.staging import check_no_parts
-from fastdata.conversion.scale.units import plan_units
+from fastdata.conversion.scale.staging import (
+    PART_PATTERN, check_complete, check_no_parts, claim_staging, describe_part, is_staging, read_records,
+)
+from fastdata.conversion.scale.units import part_units, plan_units, remove_unit
+from fastdata.conversion.scale.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.conversion.files import remove_path
-from fastdata.errors import UnsupportedURLError
+from fastdata.errors import PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
+from fastdata.remote.filesystem import scrub
+from fastdata.remote.units import download_units, part_record, remove_units, units_url, upload_part
 from fastdata.remote.upload import ShardUploader, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.sources import Source
-from fastdata.urls import is_url, refuse_url
+from fastdata.urls import is_url
 
 __all__ = ["convert", "merge", "open_source", "run_conversion"]
 logger = logging.getLogger("fastdata")
@@ -96,29 +101,56 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
                     progress: Callable[[int, int], None] | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """Convert into a local staging copy (in the cache directory; ``--resume`` continues it),
     then upload it to ``url``, the manifest last (:mod:`fastdata.remote.upload`). The rules for
-    an existing output (``--overwrite``, ``--resume``) apply to what is at the URL."""
+    an existing output (``--overwrite``, ``--resume``) apply to what is at the URL. Every engine
+    writes there: the local one and Ray through the same staging copy and upload; a ``--part``
+    shares its units through the bucket (:mod:`fastdata.remote.units`) for ``fastdata merge URL``."""
     staging = staging_path(url)
     decided = decide_options(staging, options, **overrides)
-    if decided.engine == "ray" or decided.part is not None:
-        raise UnsupportedURLError(
-            f"{url!r}: --engine ray and --part write local outputs only for now. Convert to a local path, then "
-            "copy it to the bucket, or convert without them.")
     remote = RemoteOptions()
     single = get_format(decided.format).read_manifest is not None  # a one-file format (.h5)
-    replace = check_destination(url, single=single, overwrite=decided.overwrite, resume=decided.resume,
-                                options=remote)
+    replace = check_destination(url, single=single, overwrite=decided.overwrite,
+                                resume=decided.resume or decided.part is not None, options=remote)
     staging.parent.mkdir(parents=True, exist_ok=True)
+    if decided.part is not None:
+        return _part_to_url(source, url, staging, decided, progress, remote)
     if not decided.resume:  # an earlier staging copy (ours), started again without --resume
         for stale in (staging, partial_path(staging)):
             if stale.exists() or stale.is_symlink():
                 remove_path(stale)
+    local = dataclasses.replace(decided, overwrite=False)
+    if decided.engine == "ray":
+        ray = import_ray()  # says how to install it before anything is uploaded
     begin_upload(url, replace=replace, options=remote)
     with ShardUploader(partial_path(staging), url, remote) as uploader:
-        manifest = run_conversion(open_source(source, decided), staging,
-                                  dataclasses.replace(decided, overwrite=False), progress)
+        if decided.engine == "ray":
+            src = open_source(source, local)
+            with ray_session(ray, local.ray_address):
+                manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode))
+        else:
+            manifest = run_conversion(open_source(source, local), staging, local, progress)
     finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
     remove_path(staging)
     return manifest
+
+
+def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
+                 progress: Callable[[int, int], None] | None, remote: RemoteOptions) -> dict[str, Any]:
+    """One part of a job array converting to ``url``: its units staged here, then uploaded under
+    ``URL.partial.units/`` with its record last, where ``fastdata merge URL`` finds every part's."""
+    part, parts = options.part
+    earlier = part_record(url, part, parts, remote)
+    if earlier is not None and not options.overwrite:
+        raise PartsError(
+            f"Part {part}/{parts} of {scrub(url)!r} was already uploaded ({describe_part(earlier)}); each --part I/N "
+            f"runs once. Check the job array's indices, or pass --overwrite to convert part {part}/{parts} again.")
+    src, reopen = open_source(source, options), source_argument(source, options)
+    record = restarting(lambda mode: convert_part(src, staging, options, progress, source=reopen, mode=mode))
+    units = part_units(plan_units(len(src), options.unit_samples), part, parts)
+    upload_part(units_staging(staging), url, units, record, remote)
+    for unit in units:  # the bucket holds them now; other parts here may still be writing beside them
+        remove_unit(units_staging(staging), unit)
+    (units_staging(staging) / PART_PATTERN.format(part, parts)).unlink()
+    return record
 
 
 def merge(output: str | os.PathLike, *, progress: Callable[[int, int], None] | None = None,
@@ -127,9 +159,45 @@ def merge(output: str | os.PathLike, *, progress: Callable[[int, int], None] | N
 
     ``source`` is needed only when the parts were converted from a Python dataset object and, in
     auto mode, some parts met colour images while others did not (their units are converted again).
+    A URL ``output``: the parts' units are downloaded from ``URL.partial.units/``, the output is
+    written locally and uploaded as ``convert`` uploads it (the manifest last), then the units removed.
     """
-    refuse_url(output, "output")
+    if is_url(output):
+        return _merge_url(os.fspath(output), progress, source)
     return restarting(lambda mode: merge_parts(Path(output), progress=progress, source=source, mode=mode))
+
+
+def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: Any) -> dict[str, Any]:
+    staging = staging_path(url)
+    remote = RemoteOptions()
+    local_units = units_staging(staging)
+    local_units.parent.mkdir(parents=True, exist_ok=True)
+    if local_units.exists() and not is_staging(local_units):
+        claim_staging(staging)  # refuses a folder fastdata did not write
+    if not download_units(url, local_units, remote, records_only=True):
+        raise PartsError(
+            f"Nothing to merge for {scrub(url)!r}: {scrub(units_url(url))!r} holds no parts. Convert the parts "
+            f"first: 'fastdata convert SOURCE {scrub(url)} --part I/N' for I = 1..N.")
+    records = read_records(local_units)
+    try:
+        check_complete(staging, records)
+    except PartsError as exc:  # named as the user named it: the URL, not the local staging copy
+        raise PartsError(str(exc).replace(str(staging), scrub(url))) from None
+    options = options_from_fields(records[0]["fields"])
+    single = get_format(options.format).read_manifest is not None
+    replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
+                                resume=True, options=remote)  # resume: an interrupted merge's upload
+    download_units(url, local_units, remote)
+    for stale in (staging, partial_path(staging)):
+        if stale.exists() or stale.is_symlink():
+            remove_path(stale)
+    begin_upload(url, replace=replace, options=remote)
+    with ShardUploader(partial_path(staging), url, remote) as uploader:
+        manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode))
+    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
+    remove_units(url, remote)
+    remove_path(staging)
+    return manifest
 
 
 def restarting(attempt: Callable[[str | None], T]) -> T:

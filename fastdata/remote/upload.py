@@ -60,7 +60,7 @@ def check_destination(url: str, *, single: bool, overwrite: bool, resume: bool, 
         if not overwrite:
             raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass --overwrite to replace it.")
         return [""]
-    if single:
+    if single and names != [MARKER]:  # [MARKER]: an interrupted upload of an .h5, checked below
         raise OutputExistsError(f"Output {scrub(url)!r} is a folder of objects; fastdata never replaces it with a "
                                 "file. Choose another output URL.")
     if MANIFEST_NAME in names:
@@ -144,6 +144,10 @@ def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteO
 
     if local.is_file():  # one object: it appears whole, or not at all
         call(fs.put_file, str(local), path)
+        try:
+            call(fs.rm_file, f"{path}/{MARKER}")
+        except RemoteNotFoundError:
+            pass
         return local.stat().st_size
     files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
     total = 0
