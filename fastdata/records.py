@@ -228,7 +228,7 @@ class Records:
         """The collated batch: fixed-shape fields stacked as tensors, variable ones as lists."""
         if self.ds.options.transform is not None or self.format == "pil":
             return collate(self.samples(indices))
-        columns, canvas = self._read(indices, allocate)
+        columns, canvas, _ = self._read(indices, allocate)  # no transform: nothing fused
         values = {}
         for f in self.wanted:
             column = columns[f.name]

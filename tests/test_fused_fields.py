@@ -155,3 +155,20 @@ def test_a_field_of_another_size_is_a_clear_error_not_a_mismatch(tmp_path: Path)
     with pytest.raises(InvalidOptionError, match=r"odd\.npy' sample 2: field 'depth' is 40x64 \(HxW\) but its image "
                                                  r"'image' is 48x64; the transform crops them together only at one size"):
         fastdata.open_dataset(out, transform=transform)[2]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_fastdata_loader_batches_carry_the_epochs_crops_for_every_field(tmp_path: Path, backend: str) -> None:
+    out = tmp_path / "seg.npy"
+    fastdata.convert(Segmentation(), out, workers=0, store="encoded")
+    transform = v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()])
+    ds = fastdata.open_dataset(out, transform=transform, seed=SEED)
+    loader = fastdata.loader(ds, batch_size=3, shuffle=False, num_workers=2, backend=backend)
+    loader.set_epoch(EPOCH)
+    batches = list(loader)
+    assert [batch["label"].tolist() for batch in batches] == [[0, 1, 2], [3, 4, 5]]
+    for batch in batches:
+        for row, index in enumerate(batch["label"].tolist()):
+            want = _expected(out, transform, index)
+            assert torch.equal(batch["image"][row], want["image"]) and torch.equal(batch["mask"][row], want["mask"])
+            assert torch.equal(batch["boxes"][row], want["boxes"]) and torch.equal(batch["depth"][row], want["depth"])
