@@ -8,6 +8,11 @@ boxes as ``tv_tensors.BoundingBoxes`` with their format and the canvas size of t
 (``ds[indices]``, ``fastdata.loader``) has one entry per field: fixed-shape fields stacked as
 tensors (images, raw masks, scalars, fixed arrays), variable ones as lists. Each field is read
 once per batch (one fancy-indexed read of a fixed field's rows).
+
+Where the image's decode fuses the transform's leading crop (+ flip) (:mod:`fastdata.fused`),
+every other tv_tensor of the sample gets the same drawn box and flip through torchvision's
+kernels (:func:`fastdata.fused.transform_like`), then the rest of the transform runs on the
+whole sample: what the unfused v2 pipeline gives for the same draw.
 """
 
 from __future__ import annotations
