@@ -105,11 +105,13 @@ class Decoder:
         docs/reading.md), else Pillow's ``draft``."""
         return "simplejpeg" if _has_simplejpeg() else "pil"
 
-    def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None) -> np.ndarray:
+    def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None,
+                     on_draw: Callable | None = None) -> np.ndarray:
         """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
         global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give)."""
         generator = None if epoch is None else generator_for(self.seed, epoch, index)
-        image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library)
+        image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
+                             on_draw=on_draw)
         return image.permute(1, 2, 0).numpy()
 
     def _decode_fast(self, data: bytes) -> np.ndarray:
@@ -136,11 +138,13 @@ class Decoder:
 
     def decode_all(self, blobs: Iterable[bytes | memoryview], where: Callable[[int], str], dataset: Path, *,
                    pil: bool = False, allocate: Callable | None = None, indices: Sequence[int] | None = None,
-                   epoch: int | None = None) -> Any:
+                   epoch: int | None = None, draws: list | None = None) -> Any:
         """Decode every image: a list of arrays (or PIL images with ``pil``), or, when the output
         size is fixed and ``allocate`` gives room, one (B, H, W, C) array written row by row.
         With a ``plan``, row ``r``'s crop is drawn from ``(seed, epoch, indices[r])``, or from
-        torch's global generator when ``epoch`` is None (as torchvision's transforms draw).
+        torch's global generator when ``epoch`` is None (as torchvision's transforms draw); a
+        ``draws`` list gets each row's ``(height, width, Draw)`` (the sample's other fields are
+        moved alike, :mod:`fastdata.records`).
         A sample that does not decode is a CorruptDataError naming it (``where(row)``)."""
         blobs = list(blobs)
         fused = self.plan is not None and not pil
@@ -154,7 +158,8 @@ class Decoder:
         for row, blob in enumerate(blobs):
             try:
                 if fused:
-                    decoded = self.decode_fused(blob, None if epoch is None else int(indices[row]), epoch)
+                    decoded = self.decode_fused(blob, None if epoch is None else int(indices[row]), epoch,
+                                                None if draws is None else lambda *drawn: draws.append(drawn))
                 else:
                     decoded = self.decode(blob, pil=pil)
             except DependencyMissingError:

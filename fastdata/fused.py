@@ -302,17 +302,21 @@ def _finish(pixels: torch.Tensor, plan: FusedPlan, out_size: tuple[int, int], fl
 
 
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
-                 mode: str = "RGB", decoder: str = "simplejpeg") -> torch.Tensor:
+                 mode: str = "RGB", decoder: str = "simplejpeg",
+                 on_draw: Callable[[int, int, Draw], None] | None = None) -> torch.Tensor:
     """Decode ``data`` through ``plan``: a uint8 CHW tensor of ``plan.size``. The box and flip
     are drawn from ``generator`` (see :meth:`FusedPlan.draw`). A JPEG is decoded at the DCT
-    scale the box allows, other images in full (then cropped on the same box)."""
+    scale the box allows, other images in full (then cropped on the same box). ``on_draw`` gets
+    the image's (height, width) and its draw (to move the sample's other fields alike)."""
     if decoder not in DECODERS[:2]:
         raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS[:2]))}.")
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
-        return fallback_decode(data, plan, generator=generator, mode=mode)
+        return fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw)
     height, width = jpeg_size(data, decoder)
     draw = plan.draw(height, width, generator)
+    if on_draw is not None:
+        on_draw(height, width, draw)
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
     scale = dct_scale(draw.height, draw.width, *out_size)
     pixels = _decode_scaled(data, scale, height, width, mode, decoder)
@@ -323,7 +327,7 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
 
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
-                    mode: str = "RGB") -> torch.Tensor:
+                    mode: str = "RGB", on_draw: Callable[[int, int, Draw], None] | None = None) -> torch.Tensor:
     """Decode in full (Pillow, fastdata's mode rules), then crop on the plan's box, resize and
     flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator."""
     from fastdata.images import decode
@@ -331,6 +335,8 @@ def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: tor
     pixels = torch.from_numpy(decode(data, mode)).permute(2, 0, 1)
     height, width = pixels.shape[-2:]
     draw = plan.draw(height, width, generator)
+    if on_draw is not None:
+        on_draw(int(height), int(width), draw)
     region = pixels[:, draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
     if plan.kind == "resize_center_crop":
         _, _, functional = _torchvision()
@@ -339,3 +345,20 @@ def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: tor
                                     max_size=plan.max_size, antialias=plan.antialias)
         return functional.center_crop(resized, list(plan.size))
     return _finish(region.contiguous(), plan, plan.size, draw.flip)
+
+
+def transform_like(value: Any, plan: FusedPlan, draw: Draw) -> Any:
+    """What the fused steps do to another spatial value of the same sample (a tv_tensor: a
+    ``Mask``, ``BoundingBoxes``, another ``Image``, ...): torchvision's own functional kernels
+    (``resized_crop`` then ``horizontal_flip``, or ``resize`` then ``center_crop``) with the box
+    and flip drawn for the image, i.e. exactly what the unfused v2 pipeline gives for that draw
+    (masks resized nearest-neighbour, boxes moved and clamped to the new canvas by torchvision)."""
+    _, _, functional = _torchvision()
+    interpolation = functional.InterpolationMode(plan.interpolation)
+    if plan.kind == "resize_center_crop":
+        value = functional.resize(value, list(plan.resize) if plan.resize else None, interpolation=interpolation,
+                                  max_size=plan.max_size, antialias=plan.antialias)
+        return functional.center_crop(value, list(plan.size))
+    value = functional.resized_crop(value, draw.top, draw.left, draw.height, draw.width, list(plan.size),
+                                    interpolation=interpolation, antialias=plan.antialias)
+    return functional.horizontal_flip(value) if draw.flip else value

@@ -63,7 +63,8 @@ class ReaderOptions:
     decode of encoded images (:mod:`fastdata.fused`) and the rest of it run after (``fused``:
     ``(plan, rest)``, or None); ``fuse=False`` decodes, then runs the whole transform. Only with
     ``image_format="tensor"`` and no read-time ``resize``/``center_crop``. The crops are drawn
-    from ``(seed, epoch, sample index)``.
+    from ``(seed, epoch, sample index)``; a dataset with fields moves its masks, boxes and
+    further images with the same crop and flip (:mod:`fastdata.records`).
 
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.

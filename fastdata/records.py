@@ -8,6 +8,11 @@ boxes as ``tv_tensors.BoundingBoxes`` with their format and the canvas size of t
 (``ds[indices]``, ``fastdata.loader``) has one entry per field: fixed-shape fields stacked as
 tensors (images, raw masks, scalars, fixed arrays), variable ones as lists. Each field is read
 once per batch (one fancy-indexed read of a fixed field's rows).
+
+Where the image's decode fuses the transform's leading crop (+ flip) (:mod:`fastdata.fused`),
+every other tv_tensor of the sample gets the same drawn box and flip through torchvision's
+kernels (:func:`fastdata.fused.transform_like`), then the rest of the transform runs on the
+whole sample: what the unfused v2 pipeline gives for the same draw.
 """
 
 from __future__ import annotations
@@ -68,21 +73,28 @@ class Records:
     def _canvas_fields(self) -> set[str]:
         return {f.meta.get("canvas_size_of") for f in self.wanted if f.meta.get("tv_tensor") == "BoundingBoxes"}
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Each wanted field's values of ``indices`` (per sample lists, or stacked rows), and
-        the (H, W) canvas of each image field that boxes name."""
+    def _read(self, indices: np.ndarray, allocate: Callable | None) -> tuple[dict[str, Any], dict[str, Any], list | None]:
+        """Each wanted field's values of ``indices`` (per sample lists, or stacked rows), the
+        (H, W) canvas of each image field that boxes name, and, where the image's decode fused
+        the transform's leading crop, each row's ``(height, width, Draw)`` (else None)."""
         ds, schema = self.ds, self.schema
         image, label = schema.image, schema.label
         names = {f.name for f in self.wanted}
         canvas_of = self._canvas_fields()
         out: dict[str, Any] = {}
         canvas: dict[str, Any] = {}
+        draws = None
         if image.name in names or image.name in canvas_of:
             pil = self.format == "pil"
-            pixels = ds._read(indices, allocate, pil=pil)
+            if not pil and getattr(ds, "decoder", None) is not None and ds.decoder.plan is not None:
+                draws = []
+                pixels = ds._read(indices, allocate, pil=pil, draws=draws)
+                canvas[image.name] = [(height, width) for height, width, _ in draws]  # the boxes' canvas: before the crop
+            else:
+                pixels = ds._read(indices, allocate, pil=pil)
+                canvas[image.name] = [(p.height, p.width) if isinstance(p, Image.Image) else tuple(p.shape[:2])
+                                      for p in pixels]
             out[image.name] = pixels
-            canvas[image.name] = [(p.height, p.width) if isinstance(p, Image.Image) else tuple(p.shape[:2])
-                                  for p in pixels]
         if label is not None and label.name in names:
             out[label.name] = ds.labels[indices]
         for f in schema.extras:
@@ -96,7 +108,7 @@ class Records:
                     canvas[f.name] = [tuple(np.shape(v)[:2]) if not isinstance(v, Image.Image) else (v.height, v.width)
                                       for v in stored]
             out[f.name] = stored
-        return out, canvas
+        return out, canvas, draws
 
     def _spatial(self, f: Field, data: bytes, sample: int) -> Any:
         """An encoded extra image or mask decoded: PIL (image_format 'pil') or a uint8 array
@@ -178,14 +190,42 @@ class Records:
 
     def samples(self, indices: np.ndarray) -> list[Any]:
         """Each sample of ``indices`` as the source returned it (``transform`` applied to the whole sample)."""
-        columns, canvas = self._read(indices, None)
-        transform = self.ds.options.transform
+        columns, canvas, draws = self._read(indices, None)
+        # a fused decode did the transform's leading crop (+ flip) on the image: the rest runs after
+        transform = self.ds.options.transform if draws is None else self.ds.output.decoded_transform
         out = []
         for row in range(len(indices)):
             values = {f.name: self._value(f, columns[f.name], row, canvas) for f in self.wanted}
+            if draws is not None:
+                values = self._moved_alike(values, *draws[row], int(indices[row]))
             sample = unflatten(values, self.structure)
             out.append(transform(sample) if transform is not None else sample)
         return out
+
+    def _moved_alike(self, values: dict[str, Any], height: int, width: int, draw: Any, sample: int) -> dict[str, Any]:
+        """The sample's other spatial values (every tv_tensor but the fused image: masks, boxes,
+        further images) cropped, resized and flipped as the fused image was
+        (:func:`fastdata.fused.transform_like`); what is no tv_tensor the v2 pipeline passes
+        through, and so does this."""
+        from torchvision import tv_tensors
+        from torchvision.transforms.v2.functional import get_size
+
+        from fastdata.fused import transform_like
+
+        plan, image = self.ds.decoder.plan, self.schema.image.name
+        moved = {}
+        for name, value in values.items():
+            if name != image and isinstance(value, tv_tensors.TVTensor):
+                size = tuple(get_size(value))
+                if size != (height, width):
+                    raise InvalidOptionError(
+                        f"{str(self.ds.path)!r} sample {sample}: field {name!r} is {size[0]}x{size[1]} (HxW) but its "
+                        f"image {image!r} is {height}x{width}; the transform crops them together only at one size "
+                        "(torchvision's v2 transforms refuse it too). Resize the field at conversion, or pass "
+                        "a transform that handles it, with fuse=False.")
+                value = transform_like(value, plan, draw)
+            moved[name] = value
+        return moved
 
     # --- a batch ------------------------------------------------------------------------
 
@@ -193,7 +233,7 @@ class Records:
         """The collated batch: fixed-shape fields stacked as tensors, variable ones as lists."""
         if self.ds.options.transform is not None or self.format == "pil":
             return collate(self.samples(indices))
-        columns, canvas = self._read(indices, allocate)
+        columns, canvas, _ = self._read(indices, allocate)  # no transform: nothing fused
         values = {}
         for f in self.wanted:
             column = columns[f.name]

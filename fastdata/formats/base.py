@@ -134,11 +134,13 @@ class Reader:
         pickled."""
         return None
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
         """Pixels of ``indices``: one (B, H, W, C) uint8 array or a list of (H, W, C) arrays (with
         ``pil``, a reader of encoded images may return the decoded PIL images instead). Where a
         reader can, it writes the pixels into ``allocate(shape, dtype)`` (which may return None:
-        no room) instead of new memory."""
+        no room) instead of new memory. Readers of formats with fields take ``draws``: a list that
+        a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.records`)."""
         raise NotImplementedError
 
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:

@@ -189,7 +189,8 @@ class HDF5Dataset(StoredDataset):
             return _Handles(file, RowReader(data))
         return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
         data = self.handles.data
         try:
             if self.store == "raw":
@@ -205,4 +206,4 @@ class HDF5Dataset(StoredDataset):
             ) from exc
         where = repr(str(self.path))
         return self.decoder.decode_all(blobs, lambda row: f"{where} sample {rows[row]}", self.path, pil=pil,
-                                       allocate=allocate, indices=rows, epoch=self.epoch_of(indices))
+                                       allocate=allocate, indices=rows, epoch=self.epoch_of(indices), draws=draws)

@@ -71,7 +71,8 @@ class MemmapDataset(StoredDataset):
             )
         return array.view(np.ndarray)  # the mapping stays open through the view; no memmap subclass per batch
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
         if self.store == "raw":
             images = self.handles
             out = allocated(allocate, (len(indices), *images.shape[1:]))
@@ -81,4 +82,4 @@ class MemmapDataset(StoredDataset):
         where = repr(str(self.path / "data.bin"))
         return self.decoder.decode_all((data[offsets[i] : offsets[i + 1]] for i in rows),
                                        lambda row: f"{where} sample {rows[row]}", self.path, pil=pil, allocate=allocate,
-                                       indices=rows, epoch=self.epoch_of(indices))
+                                       indices=rows, epoch=self.epoch_of(indices), draws=draws)

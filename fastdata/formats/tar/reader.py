@@ -49,7 +49,7 @@ def load_checked_index(path: Path, manifest: dict[str, Any]) -> ShardIndex:
 
 def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs: list[bytes],
                   samples: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
-                  decoder: Any = None, epoch: int | None = None) -> Any:
+                  decoder: Any = None, epoch: int | None = None, draws: list | None = None) -> Any:
     """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
     (one stacked array, in ``allocate``'d memory when given) or the encoded images decoded
     (PIL images with ``pil``; a fused crop's randomness from ``epoch``, see
@@ -60,7 +60,7 @@ def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs
 
     if manifest["store"] != "raw":
         return decoder.decode_all(blobs, where, path, pil=pil, allocate=allocate, indices=samples.tolist(),
-                                  epoch=epoch)
+                                  epoch=epoch, draws=draws)
     shape = tuple(manifest["image"]["shape"])
     size = int(np.prod(shape))
     out = allocated(allocate, (len(blobs), *shape))
@@ -106,7 +106,8 @@ class TarIndexedDataset(StoredDataset):
             descriptors[shard] = open_shard(self.path, self.index, shard)
         return descriptors[shard]
 
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
         index, blobs = self.index, []
         for sample in indices.tolist():
             shard = int(index.shard_of[sample])
@@ -117,7 +118,7 @@ class TarIndexedDataset(StoredDataset):
                 )
             )
         return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder,
-                             epoch=self.epoch_of(indices))
+                             epoch=self.epoch_of(indices), draws=draws)
 
 
 def field_values(dataset: Any, f: Any, indices: np.ndarray) -> Any:

@@ -181,6 +181,7 @@ class TarDataset(ReaderOutput, IterableDataset):
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
         if self.fields_reader is not None:
+            self.fields_reader.epoch = self.epoch  # fused crops drawn from (seed, epoch, sample), as without fields
             records = self.fields_reader.records
             return [records.batch(samples)] if self.batch_size else records.samples(samples)
         pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
