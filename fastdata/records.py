@@ -6,7 +6,8 @@ it was a dict; images as ``tv_tensors.Image`` (uint8 CHW), masks as ``tv_tensors
 boxes as ``tv_tensors.BoundingBoxes`` with their format and the canvas size of their image, so a
 ``transforms.v2`` pipeline given as ``transform`` transforms the whole sample together. A batch
 (``ds[indices]``, ``fastdata.loader``) has one entry per field: fixed-shape fields stacked as
-tensors (images, raw masks, scalars, fixed arrays), variable ones as lists. Each field is read
+tensors (images, raw masks, scalars, fixed arrays), variable ones as lists (or padded:
+:class:`Padding`, ``fastdata.loader(..., pad=...)``). Each field is read
 once per batch (one fancy-indexed read of a fixed field's rows).
 """
 
@@ -268,7 +269,9 @@ class Padding:
     def __init__(self, dataset: Any, pad: Any):
         records = Records(dataset)
         self.structure = records.structure
-        paddable = {f.name: f for f in records.wanted if f.kind == "array" and f.variable}
+        # arrays of a variable first dimension only: a ragged array ("array:ragged", COCO's (K, H, W)
+        # masks) varies in every dimension, so it has no one trailing shape to pad to
+        paddable = {f.name: f for f in records.wanted if f.kind == "array" and f.variable and f.shape is not None}
         where = str(getattr(dataset, "path", type(dataset).__name__))
         listed = ", ".join(paddable) or "none"
         if pad is True:
@@ -294,7 +297,8 @@ class Padding:
                     what = "was left out by fields=[...]"
                 elif name in names:
                     known = records.schema[name]
-                    what = f"is {known.kind}{' of a fixed shape' if known.kind == 'array' else ''}"
+                    what = (f"is {known.kind}" if known.kind != "array" else "is an array of a fixed shape"
+                            if known.shape is not None else "is a ragged array (every dimension varies)")
                 else:
                     what = "is not one of its fields"
                 raise InvalidOptionError(

@@ -163,3 +163,22 @@ def test_pad_is_refused_where_it_does_not_apply(detection: Path, tmp_path: Path)
         fastdata.loader(fastdata.open_dataset(detection), pad=True, collate_fn=list)
     with pytest.raises(InvalidOptionError, match=r"^pad: field 'boxes' of '.*' was left out by fields=\[\.\.\.\]"):
         fastdata.loader(fastdata.open_dataset(detection, fields=["image", "labels"]), pad={"boxes": 0.0})
+
+
+def test_a_ragged_array_is_not_padded(tmp_path: Path) -> None:
+    class Ragged(Detection):
+        fastdata_kinds = {"masks": "array:ragged"}
+
+        def __getitem__(self, index: int):
+            image, target = super().__getitem__(index)
+            return image, {**target, "masks": torch.zeros((index % 3, 1 + index % 2, 2), dtype=torch.uint8)}
+
+    out = tmp_path / "ragged.npy"
+    fastdata.convert(Ragged(), out, workers=0)
+    ds = fastdata.open_dataset(out)
+    with pytest.raises(InvalidOptionError, match=r"^pad: field 'masks' of '.*' is a ragged array \(every dimension "
+                                                 r"varies\); pad pads arrays of a variable first dimension"):
+        fastdata.loader(ds, pad={"masks": 0})
+    _, target = next(iter(fastdata.loader(ds, batch_size=3, shuffle=False, pad=True)))  # True: the others only
+    assert "masks_length" not in target and [tuple(m.shape) for m in target["masks"]] == [(0, 1, 2), (1, 2, 2), (2, 1, 2)]
+    assert target["boxes"].shape == (3, 2, 4)
