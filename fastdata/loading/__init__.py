@@ -50,6 +50,7 @@ def loader(
     rank: int | None = None,
     world_size: int | None = None,
     even: bool = True,
+    pad: Any = None,
     **dataloader_kwargs: Any,
 ) -> Any:
     """Batches of ``dataset``, each read with one ``dataset[indices]`` call.
@@ -75,6 +76,13 @@ def loader(
     the loader is (epoch, batches consumed); ``load_state_dict(state)`` on a loader built the
     same way (same dataset, batch size, rank and world size) continues with the first batch not
     consumed, whatever the backend or ``num_workers``.
+
+    ``pad`` (datasets with fields, docs/fields.md): variable-first-dimension arrays (boxes,
+    keypoints) come padded to each batch's longest instead of as lists, as
+    ``torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=fill)`` pads them, with
+    each sample's length beside them as ``<key>_length`` (int64 ``(B,)``; a field at a tuple position
+    becomes ``(padded, lengths)``). ``pad=True`` pads every such field with 0, a list of names
+    those, a dict ``{"boxes": 0.0, "labels": -1}`` each with its fill value (of the field's dtype).
     """
     from torch.utils.data import IterableDataset
 
@@ -95,11 +103,12 @@ def loader(
         raise InvalidOptionError(f"Invalid zero_copy {zero_copy!r}. Use 0 (copy batches out) or a number of batches >= 1.")
     if zero_copy and backend != "process":
         raise InvalidOptionError(f"zero_copy applies to backend='process' only (got backend={backend!r}).")
+    padding = _padding(dataset, pad, dataloader_kwargs) if pad is not None and pad is not False else None
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                                 rank=rank, world_size=world_size, even=even)
     if backend == "torch":
-        return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs)
-    return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs)
+        return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs, padding)
+    return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs, padding)
 
 
 class TorchLoader(Resumable, DataLoader):
@@ -138,8 +147,40 @@ class TorchLoader(Resumable, DataLoader):
         return serial_batches(self.index_sampler, fetch, pin)
 
 
-def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any]) -> DataLoader:
+def _padding(dataset: Any, pad: Any, kwargs: dict[str, Any]) -> Any:
+    """The checked ``pad`` option as a :class:`~fastdata.records.Padding` (fastdata readers of
+    datasets with fields only)."""
+    if getattr(dataset, "schema", None) is None or not accepts_index_arrays(dataset):
+        raise InvalidOptionError(
+            f"pad applies to fastdata readers of datasets with fields (boxes, keypoints); {type(dataset).__name__} "
+            "has none. Pad in a collate_fn (torch.nn.utils.rnn.pad_sequence) instead.")
+    if kwargs.get("collate_fn") is not None:
+        raise InvalidOptionError("pad pads fastdata's own batches; with a collate_fn, pad in it "
+                                 "(torch.nn.utils.rnn.pad_sequence) and leave pad out.")
+    from fastdata.records import Padding  # only datasets with fields need it
+
+    return Padding(dataset, pad)
+
+
+class PaddedConvert:
+    """The torch backend's ``collate_fn`` with ``pad``: the batch padded, then what a
+    DataLoader with ``batch_size=None`` does to it (``default_convert``). Picklable."""
+
+    def __init__(self, padding: Any):
+        self.padding = padding
+
+    def __call__(self, batch: Any) -> Any:
+        from fastdata.loading.serial import converted
+
+        return converted(self.padding(batch))
+
+
+def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any],
+                  padding: Any = None) -> DataLoader:
     collate_fn = kwargs.pop("collate_fn", None)
+    if padding is not None:
+        return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers,
+                           collate_fn=PaddedConvert(padding), **kwargs)
     if accepts_index_arrays(dataset) and collate_fn is None:
         return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs)
     # per-sample datasets: the same batches, fetched per index and collated by torch
@@ -166,7 +207,7 @@ class _ListBatches:
 
 
 def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, backend: str, zero_copy: int,
-                kwargs: dict[str, Any]) -> BatchLoader:
+                kwargs: dict[str, Any], padding: Any = None) -> BatchLoader:
     from fastdata.loading.processes import ProcessLoader
     from fastdata.loading.threads import ThreadLoader
 
@@ -180,11 +221,11 @@ def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, back
     if num_workers == 0:
         from fastdata.loading.serial import SerialLoader
 
-        return SerialLoader(dataset, sampler, num_workers=0, backend=backend,
+        return SerialLoader(dataset, sampler, num_workers=0, backend=backend, padding=padding,
                             **{k: v for k, v in kwargs.items() if k in _SHARED})
     if backend == "thread":
-        return ThreadLoader(dataset, sampler, num_workers=num_workers, **kwargs)
-    return ProcessLoader(dataset, sampler, num_workers=num_workers, zero_copy=zero_copy, **kwargs)
+        return ThreadLoader(dataset, sampler, num_workers=num_workers, padding=padding, **kwargs)
+    return ProcessLoader(dataset, sampler, num_workers=num_workers, zero_copy=zero_copy, padding=padding, **kwargs)
 
 
 def _map_reader_of(dataset: Any) -> str:

@@ -88,14 +88,14 @@ class BatchLoader(Resumable):
 
     def __init__(self, dataset: Any, sampler: BatchIndexSampler, *, num_workers: int, collate_fn: Any = None,
                  prefetch_factor: int | None = 2, timeout: float = 0, worker_init_fn: Any = None,
-                 pin_memory: bool = False, persistent_workers: bool = False):
+                 pin_memory: bool = False, persistent_workers: bool = False, padding: Any = None):
         self.dataset = dataset
         self.sampler = sampler
         self.index_sampler = sampler
         self.batch_sampler = sampler
         self.batch_size = sampler.batch_size
         self.num_workers = num_workers
-        self.fetch = BatchFetcher(dataset, collate_fn)
+        self.fetch = BatchFetcher(dataset, collate_fn, padding)
         if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
                                             or prefetch_factor < 1):
             raise InvalidOptionError(f"Invalid prefetch_factor {prefetch_factor!r}. Use a number of batches per worker "

@@ -48,15 +48,21 @@ class BatchFetcher:
     """``fetcher(indices)`` -> the collated batch of ``indices`` (a sorted int64 array).
     Picklable, so process workers run exactly what the main process would."""
 
-    def __init__(self, dataset: Any, collate_fn: Callable | None = None):
+    def __init__(self, dataset: Any, collate_fn: Callable | None = None, padding: Callable | None = None):
         self.dataset = dataset
         self.collate_fn = collate_fn
+        self.padding = padding  # the loader's pad option (fastdata.records.Padding), applied to each batch
         self.batched = accepts_index_arrays(dataset) and collate_fn is None
         self.read = batch_reader(dataset) if self.batched else None
 
     def __call__(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
         """The batch; ``allocate(shape, dtype)`` (the process backend's shared-memory slot) lets
         a fastdata reader write its pixels straight where they are sent from."""
+        if self.padding is not None:
+            get_batch = getattr(self.dataset, "get_batch", None)
+            batch = get_batch(indices, allocate=allocate) if allocate is not None and get_batch is not None \
+                else self.read(indices)
+            return self.padding(batch)
         if self.batched:
             get_batch = getattr(self.dataset, "get_batch", None)
             if allocate is not None and get_batch is not None:

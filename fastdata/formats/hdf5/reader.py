@@ -141,6 +141,11 @@ class HDF5Dataset(StoredDataset):
                     check_offsets(offsets, count, data_shape[0] if data_shape else -1, origin, names[0])
                     self._field_layout[dataset_name] = offsets
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_field_maps", None)  # this process's mappings of the field data: never pickled (workers map their own)
+        return state
+
     def _field_values(self, f: Any, indices: np.ndarray) -> Any:
         maps = self.__dict__.get("_field_maps")
         if maps is None or maps[0] != os.getpid():

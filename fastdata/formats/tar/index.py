@@ -49,7 +49,7 @@ class ShardIndex:
     image_offset: np.ndarray  # (N,) byte offset of the image member's data
     image_size: np.ndarray
     sample_end: np.ndarray  # (N,) byte offset just after the sample's last member
-    extensions: list[str]
+    extensions: np.ndarray  # (N,) the image member's extension, fixed-width str (no Python object per sample)
     key_width: int
     fields: dict[str, tuple[np.ndarray, np.ndarray]] = None  # extra field -> (N,) data offsets, sizes
 
@@ -162,7 +162,9 @@ def load_index(directory: Path) -> ShardIndex:
         image_offset=merged["image_offset"],
         image_size=merged["image_size"],
         sample_end=sample_end,
-        extensions=extensions,
+        # one numpy array, not a list of N str: the reader is pickled into every worker, and a
+        # Python object per sample there costs each worker memory in proportion to the samples
+        extensions=np.asarray(extensions, dtype=f"<U{max(map(len, extensions), default=1)}"),
         key_width=key_width,
         fields=fields,
     )

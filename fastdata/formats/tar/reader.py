@@ -121,16 +121,17 @@ class TarIndexedDataset(StoredDataset):
                              epoch=self.epoch_of(indices), draws=draws)
 
 
-def field_values(dataset: Any, f: Any, indices: np.ndarray) -> Any:
+def field_values(dataset: Any, f: Any, indices: np.ndarray, members: list[bytes] | None = None) -> Any:
     """One extra field's stored values of ``indices`` from its members (:mod:`fastdata.fields`):
-    the (B, *shape) rows of a fixed field, else each sample's stored bytes."""
+    the (B, *shape) rows of a fixed field, else each sample's stored bytes. ``members``: the
+    members' bytes already read (the streaming reader's block reads); else each is read here."""
     index = dataset.index
     offsets, sizes = index.fields[f.name]
     values = []
-    for sample in indices.tolist():
+    for row, sample in enumerate(indices.tolist()):
         shard = int(index.shard_of[sample])
-        data = read_exact(dataset._descriptor(shard), int(sizes[sample]), int(offsets[sample]),
-                          _shard_path(dataset.path, index, shard))
+        data = members[row] if members is not None else read_exact(
+            dataset._descriptor(shard), int(sizes[sample]), int(offsets[sample]), _shard_path(dataset.path, index, shard))
         values.append(f.from_member(data, f"{str(dataset.path / index.files[shard])!r} sample {sample}: "))
     if f.variable:
         return values

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
-from fastdata.formats.tar.reader import TarIndexedDataset, load_dataset, member_pixels
+from fastdata.formats.tar.reader import TarIndexedDataset, field_values, load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
 from fastdata.reader import ReaderOptions, ReaderOutput, decoder_for
@@ -181,8 +181,12 @@ class TarDataset(ReaderOutput, IterableDataset):
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
         if self.fields_reader is not None:
-            self.fields_reader.epoch = self.epoch  # fused crops drawn from (seed, epoch, sample), as without fields
-            records = self.fields_reader.records
+            from fastdata.records import Records  # only datasets with fields need it
+
+            names = self._block_fields()
+            members = BlockMembers(self.fields_reader, [blob[0] for _, blob in chunk],
+                                   {name: [blob[1][k] for _, blob in chunk] for k, name in enumerate(names)}, self.epoch)
+            records = Records(members)
             return [records.batch(samples)] if self.batch_size else records.samples(samples)
         pixels = member_pixels(self.path, self.manifest, self.index, [blob for _, blob in chunk], samples,
                                pil=self.image_format == "pil", decoder=self.decoder, epoch=self.epoch)
@@ -190,14 +194,22 @@ class TarDataset(ReaderOutput, IterableDataset):
             return [self.output.batch(pixels, self.index.labels[samples])]
         return self.output.samples(pixels, self.index.labels[samples])
 
-    def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
-        """``(global sample index, image member bytes)`` of the pieces, in order, read in blocks."""
+    def _block_fields(self) -> list[str]:
+        """The extra fields whose members the block reads hand on (datasets with fields)."""
+        return sorted(self.index.fields or {})
+
+    def _records(self, pieces: list[tuple[int, int, int]]) -> Iterator[tuple[int, Any]]:
+        """``(global sample index, image member bytes)`` of the pieces, in order, read in blocks;
+        for a dataset with fields ``(index, (image bytes, [each field member's bytes]))``, the
+        fields in :meth:`_block_fields` order, cut from the same blocks."""
         index, starts = self.index, self.index.starts
-        names = [index.files[shard] for shard, _, _ in pieces]
+        names = self._block_fields() if self.fields_reader is not None else None
+        columns = [index.fields[name] for name in names] if names is not None else []
+        files = [index.files[shard] for shard, _, _ in pieces]
         for position, (shard, start, stop) in enumerate(pieces):
             first = int(starts[shard])
-            self.files.prefetch([name for name in names[position + 1:] if name != names[position]])
-            lease = self.files.lease(names[position])  # a URL's shard, in the cache and kept there while read
+            self.files.prefetch([name for name in files[position + 1:] if name != files[position]])
+            lease = self.files.lease(files[position])  # a URL's shard, in the cache and kept there while read
             try:
                 descriptor = open_shard(self.path, index, shard)
             except BaseException:
@@ -214,9 +226,43 @@ class TarDataset(ReaderOutput, IterableDataset):
                     view = memoryview(block)
                     for s in range(sample, end):
                         offset = int(index.image_offset[s]) - base
-                        yield s, bytes(view[offset : offset + int(index.image_size[s])])
+                        image = bytes(view[offset : offset + int(index.image_size[s])])
+                        if names is None:
+                            yield s, image
+                            continue
+                        extras = []
+                        for offsets, sizes in columns:  # each field member, inside the block (written after the image)
+                            at, size = int(offsets[s]) - base, int(sizes[s])
+                            extras.append(bytes(view[at : at + size]) if 0 <= at and at + size <= len(block) else
+                                          read_exact(descriptor, size, int(offsets[s]), self.path / index.files[shard]))
+                        yield s, (image, extras)
                     sample = end
             finally:
                 os.close(descriptor)
                 if lease is not None:
                     lease.release()
+
+
+class BlockMembers:
+    """The map-style reader of a dataset with fields (what :class:`fastdata.records.Records`
+    builds samples from), reading one chunk's images and field members from the bytes the
+    streaming reader's block reads already hold, not one read per member. ``images`` and each
+    of ``fields``' lists are in the order of the indices the records ask for."""
+
+    def __init__(self, reader: TarIndexedDataset, images: list[bytes], fields: dict[str, list[bytes]], epoch: int):
+        self.reader, self.images, self.fields, self.epoch = reader, images, fields, epoch
+
+    def __getattr__(self, name: str) -> Any:  # schema, options, path, labels, manifest: the reader's
+        return getattr(self.reader, name)
+
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
+        reader = self.reader
+        return member_pixels(reader.path, reader.manifest, reader.index, self.images, indices, allocate, pil=pil,
+                             decoder=reader.decoder, epoch=self.epoch, draws=draws)
+
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        members = self.fields.get(f.name)
+        if members is None:
+            return self.reader._field_values(f, indices)  # names the missing field's members
+        return field_values(self.reader, f, indices, members)
