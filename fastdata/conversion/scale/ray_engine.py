@@ -41,6 +41,7 @@ from fastdata.conversion.scale.units import (
 from fastdata.sources import Source
 from fastdata.extras import install_command
 
+CANCEL_WAIT_S = 60  # the longest a failed conversion waits for its cancelled tasks to stop
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
 INSTALL_HINT = install_command("ray")
 
@@ -121,7 +122,7 @@ def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key:
     task = ray.remote(_unit_task).options(max_retries=MAX_RETRIES, num_cpus=1)
     tasks = {task.remote(job_ref, src.take(u.start, u.stop) if cut else None, u, str(staging), key): u for u in units}
     failures: dict[int, BaseException] = {}
-    pending, position = list(tasks), 0
+    pending, position, cancelled = list(tasks), 0, []
     try:
         while pending:
             while position < len(units) and units[position].number in records:
@@ -143,11 +144,18 @@ def run_units(ray, job: Job, src: Source, units: list[Unit], staging: Path, key:
             first = min(failures)  # later units cannot change which error a local conversion reports
             for later in [r for r in pending if tasks[r].number > first]:
                 ray.cancel(later)
+                cancelled.append(later)
             pending = [r for r in pending if tasks[r].number < first]
     finally:  # the caller stopped early (an error, Ctrl-C): no task keeps running for nothing
         for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
+        # a cancelled task may be mid-way through writing its unit: let it settle (bounded) so that
+        # nothing writes into the staging folder after this returns (a rerun may be removing it)
+        stopping = cancelled + pending
+        if stopping:
+            with contextlib.suppress(Exception):
+                ray.wait(stopping, num_returns=len(stopping), timeout=CANCEL_WAIT_S)
     for unit in units[position:]:
         if unit.number not in records:
             break

@@ -87,7 +87,14 @@ def is_staging(staging: Path) -> bool:
 def remove_staging(staging: Path) -> None:
     """Remove a staging folder of ours (callers hold the exclusive lock)."""
     if staging.is_dir() and not staging.is_symlink() and is_staging(staging):
-        shutil.rmtree(staging)
+        shutil.rmtree(staging, onerror=_vanished_ok)
+
+
+def _vanished_ok(function: Any, path: str, exc_info: Any) -> None:
+    """``rmtree``'s error handler: a file that went away meanwhile (a unit's temporary file renamed
+    by a task that was stopping) is gone, as wanted; any other error is raised."""
+    if not issubclass(exc_info[0], FileNotFoundError):
+        raise exc_info[1]
 
 
 def read_records(staging: Path) -> list[dict[str, Any]]:
