@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset, default_collate
 
 def accepts_index_arrays(dataset: Any) -> bool:
     """Whether ``dataset[indices]`` returns a collated batch for an index array."""
-    from fastdata.reader import MapDataset
+    from fastdata.reader.mapstyle import MapDataset
 
     explicit = getattr(dataset, "supports_index_arrays", None)
     if explicit is not None:
@@ -29,7 +29,7 @@ def batch_reader(dataset: Any) -> Callable[[np.ndarray], Any]:
     """``dataset[indices]`` for the loader's index arrays (sorted, in range: the sampler cut them
     from ``range(len(dataset))``). A fastdata reader whose indexing is its own is read with
     ``get_batch`` straight away: the same batch without checking and wrapping the indices again."""
-    from fastdata.reader import MapDataset
+    from fastdata.reader.mapstyle import MapDataset
 
     if isinstance(dataset, MapDataset) and type(dataset).__getitem__ is MapDataset.__getitem__:
         return dataset.get_batch

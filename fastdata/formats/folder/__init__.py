@@ -17,7 +17,8 @@ from fastdata.errors import CorruptDataError, InvalidOptionError
 from fastdata.formats.base import FormatSpec
 from fastdata.formats.registry import register
 from fastdata.decoding import Decoder
-from fastdata.reader import MapDataset, ReaderOptions
+from fastdata.reader.mapstyle import MapDataset
+from fastdata.reader.options import ReaderOptions
 from fastdata.conversion.folders import scan_folder
 
 

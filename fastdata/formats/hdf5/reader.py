@@ -15,7 +15,8 @@ from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
 from fastdata.formats.fieldfiles import check_offsets
-from fastdata.reader import ReaderOptions, StoredDataset, allocated
+from fastdata.reader.options import ReaderOptions, allocated
+from fastdata.reader.stored import StoredDataset
 from fastdata.urls import is_url
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)

@@ -9,7 +9,8 @@ import numpy as np
 from fastdata.errors import CorruptDataError
 from fastdata.formats.fieldfiles import FieldColumns
 from fastdata.manifest import check_file_sizes, load_small_array
-from fastdata.reader import StoredDataset, allocated
+from fastdata.reader.options import allocated
+from fastdata.reader.stored import StoredDataset
 
 
 class MemmapDataset(StoredDataset):

@@ -17,7 +17,8 @@ from fastdata.formats.npyfile import MAGIC, npy_header
 from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
 from fastdata.formats.stored import open_manifest
-from fastdata.reader import StoredDataset, allocated
+from fastdata.reader.options import allocated
+from fastdata.reader.stored import StoredDataset
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:

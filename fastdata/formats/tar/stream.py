@@ -22,7 +22,9 @@ from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
 from fastdata.formats.tar.reader import TarIndexedDataset, field_values, load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
-from fastdata.reader import ReaderOptions, ReaderOutput, decoder_for
+from fastdata.reader.options import ReaderOptions
+from fastdata.reader.output import ReaderOutput
+from fastdata.reader.stored import decoder_for
 from fastdata.remote.dataset import locate
 from fastdata.urls import is_url
 
