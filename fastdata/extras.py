@@ -25,6 +25,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "ray": ("ray",),
     "remote": ("fsspec",),
     "s3": ("fsspec", "s3fs"),
+    "gcs": ("fsspec", "gcsfs"),  # gs:// URLs
+    "azure": ("fsspec", "adlfs"),  # az:// and abfs:// URLs
     "http": ("fsspec", "aiohttp"),
     "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
     "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it

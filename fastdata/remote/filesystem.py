@@ -12,7 +12,6 @@ S3-compatible stores (MinIO, R2, Ceph, moto) are reached through the standard
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -23,18 +22,14 @@ from typing import Any, Callable, TypeVar
 from fastdata.errors import (
     DependencyMissingError, FastdataError, InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError,
 )
-from fastdata.extras import DISTRIBUTION, EXTRAS, require
+from fastdata.extras import EXTRAS, require
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# scheme -> (extra, module the backend needs): an extra's install command is in the error when missing
-BACKENDS: dict[str, tuple[str, str]] = {
-    "s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"),
-    "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
-    "az": ("azure", "adlfs"), "abfs": ("azure", "adlfs"), "abfss": ("azure", "adlfs"),
-    "http": ("http", "aiohttp"), "https": ("http", "aiohttp"),
-}
+# scheme -> the extra whose modules (fastdata.extras.EXTRAS) its backend needs, named when missing
+BACKENDS: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+                            "abfss": "azure", "http": "http", "https": "http"}
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
           "storage_options={'anon': True} for a public bucket",
@@ -153,14 +148,9 @@ def remember_session(url: str, fs: Any, storage_options: dict[str, Any] | None) 
 def _require_backend(scheme: str, url: str) -> None:
 
     require("fsspec", extra="remote", feature=f"Reading {scrub(url)!r}")
-    if scheme in BACKENDS:
-        extra, module = BACKENDS[scheme]
-        if extra in EXTRAS:
-            require(module, extra=extra, feature=f"Reading {scheme}:// URLs ({scrub(url)!r})")
-        elif importlib.util.find_spec(module) is None:  # an extra the tests do not install (gcsfs, adlfs)
-            raise DependencyMissingError(
-                f"Reading {scheme}:// URLs ({scrub(url)!r}) needs the {module} package, which is not installed. "
-                f"Install it with: pip install '{DISTRIBUTION}[{extra}]'")
+    extra = BACKENDS.get(scheme)
+    for module in EXTRAS.get(extra, ()):
+        require(module, extra=extra, feature=f"Reading {scheme}:// URLs ({scrub(url)!r})")
 
 
 def is_transient(exc: BaseException) -> bool:
