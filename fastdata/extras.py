@@ -40,16 +40,17 @@ def install_command(extra: str) -> str:
     return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
-def require(module: str, *, extra: str, feature: str) -> ModuleType:
+def require(module: str, *, extra: str, feature: str, otherwise: str | None = None) -> ModuleType:
     """Import ``module`` for ``feature``, or raise :class:`DependencyMissingError` naming the
-    module and the command that installs ``extra``. Call it where the feature is asked for
-    (an option validated, a dataset opened), so a missing package is one clear error up front,
-    never a failure on every sample."""
+    module and the command that installs ``extra`` (and ``otherwise``, what to do instead, when
+    given). Call it where the feature is asked for (an option validated, a dataset opened), so a
+    missing package is one clear error up front, never a failure on every sample. Every optional
+    import of the package goes through here, so every such error has this one shape."""
     if module not in EXTRAS.get(extra, ()):
         raise ValueError(f"Module {module!r} is not installed by the extra {extra!r} (see fastdata.extras.EXTRAS).")
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise DependencyMissingError(
-            f"{feature} needs the {module} package, which is not installed. Install it with: {install_command(extra)}"
-        ) from exc
+        instead = f" (or {otherwise})." if otherwise else ""
+        raise DependencyMissingError(f"{feature} needs the {module} package, which is not installed. "
+                                     f"Install it with: {install_command(extra)}{instead}") from exc

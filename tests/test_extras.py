@@ -114,6 +114,20 @@ def run_without(blocked: list[str], code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
+def refusal(blocked: list[str], statement: str) -> str:
+    """What ``statement`` (a call of fastdata's) prints, ``refused: <message>``, when it raises
+    DependencyMissingError in a fresh interpreter without the modules ``blocked``."""
+    result = run_without(blocked, (
+        "import fastdata\n"
+        "from fastdata.errors import DependencyMissingError\n"
+        "try:\n"
+        f"    {statement}\n"
+        "except DependencyMissingError as exc:\n"
+        "    print('refused:', exc)\n"))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 @pytest.fixture
 def encoded_jpegs(tmp_path: Path) -> Path:
     rng = np.random.default_rng(3)
@@ -137,15 +151,8 @@ def test_the_jpeg_extra_alone_runs_the_fast_decoder(encoded_jpegs: Path) -> None
 
 
 def test_without_the_jpeg_extra_the_fast_decoder_is_refused_when_the_dataset_is_opened(encoded_jpegs: Path) -> None:
-    result = run_without(["simplejpeg"], (
-        "import fastdata\n"
-        "from fastdata.errors import DependencyMissingError\n"
-        "try:\n"
-        f"    fastdata.open_dataset({str(encoded_jpegs)!r}, resize=32, decoder='fast')\n"
-        "except DependencyMissingError as exc:\n"
-        "    print('refused:', exc)\n"))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == ("refused: decoder='fast' needs the simplejpeg package, which is not installed. "
+    refused = refusal(["simplejpeg"], f"fastdata.open_dataset({str(encoded_jpegs)!r}, resize=32, decoder='fast')")
+    assert refused == ("refused: decoder='fast' needs the simplejpeg package, which is not installed. "
                              "Install it with: pip install 'torch-fastdata[jpeg]'\n")
 
 
@@ -159,6 +166,14 @@ def test_the_torchvision_extra_alone_converts_a_torchvision_dataset(tmp_path: Pa
         f"print(len(fastdata.open_dataset({str(out)!r})))\n"))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "5\n"
+
+
+def test_a_torchvision_source_without_torchvision_is_one_error_naming_the_extra(tmp_path: Path) -> None:
+    out = tmp_path / "fake.npy"
+    refused = refusal(["torchvision"], f"fastdata.convert('torchvision:FakeData', {str(out)!r}, workers=0)")
+    assert refused == ("refused: A torchvision source needs the torchvision package, which is not installed. "
+                             "Install it with: pip install 'torch-fastdata[torchvision]'\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_the_hdf5plugin_extra_alone_compresses_with_zstd(encoded_jpegs: Path, tmp_path: Path) -> None:

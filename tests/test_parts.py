@@ -277,8 +277,9 @@ def test_engine_ray_without_ray_installed_is_one_clear_error(tmp_path: Path) -> 
             f"sys.exit(main(['convert', {str(source)!r}, {str(tmp_path / 'out')!r}, '--format', 'npy', '--engine', 'ray']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout) == (1, "")
-    assert result.stderr == ('fastdata: error: --engine ray needs Ray, which is not installed. Install it with: pip '
-                             "install 'torch-fastdata[ray]' (or use --engine local, or --part I/N on a job array).\n")
+    assert result.stderr == ("fastdata: error: --engine ray needs the ray package, which is not installed. Install it "
+                             "with: pip install 'torch-fastdata[ray]' (or use --engine local, or --part I/N on a job "
+                             "array).\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 

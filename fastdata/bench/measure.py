@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastdata.bench.config import BenchConfig, Case
 from fastdata.bench.timing import time_epoch
-from fastdata.errors import DependencyMissingError, InvalidOptionError
-from fastdata.extras import install_command
+from fastdata.errors import InvalidOptionError
+from fastdata.extras import require
 
 # Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
 # from when the first batch arrives (workers are up), then every 0.1 s.
@@ -37,12 +37,8 @@ def make_transform(config: BenchConfig, size: tuple[int, int] | None, *, resize:
         return load_callable(config.transform, what="--transform")
     if config.transform == "none" and not resize:
         return None
-    try:
-        from torchvision.transforms import v2
-    except ImportError as exc:
-        raise DependencyMissingError(
-            f"--transform and --resize on encoded data need torchvision: {install_command('torchvision')}"
-        ) from exc
+    require("torchvision", extra="torchvision", feature="bench --transform/--resize")
+    from torchvision.transforms import v2  # here: torchvision is optional (the line above says how to install it)
     steps: list[Any] = []
     if config.transform == "augment":
         if size is None:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from fastdata.errors import FastdataError, InvalidOptionError, SourceNotFoundError
 from fastdata.sources.datasets import dataset_length
-from fastdata.extras import install_command
+from fastdata.extras import require
 
 TORCHVISION_PREFIX = "torchvision:"
 ALIASES = {"SBD": "SBDataset"}  # the names users know these datasets by
@@ -63,14 +63,8 @@ _NO_SPLIT_HINT = {"CocoDetection": "annFile", "CocoCaptions": "annFile", "Flickr
 
 def dataset_class(name: str) -> type:
     """``torchvision.datasets.<name>`` (or an alias such as ``SBD``), or a clear error."""
-    try:
-        import torchvision.datasets as tv_datasets
-    except ImportError as exc:
-        from fastdata.errors import DependencyMissingError
-
-        raise DependencyMissingError(
-            f"torchvision sources need torchvision. Install it with: {install_command('torchvision')}"
-        ) from exc
+    require("torchvision", extra="torchvision", feature="A torchvision source")
+    import torchvision.datasets as tv_datasets  # here: torchvision is optional (the line above says how to install it)
     cls = getattr(tv_datasets, ALIASES.get(name, name), None)
     if not inspect.isclass(cls):
         known = [n for n in dir(tv_datasets) if inspect.isclass(getattr(tv_datasets, n)) and n[0].isupper()]
@@ -270,8 +264,6 @@ def _check_needed(name: str, cls: type, kwargs: dict[str, Any]) -> None:
                 and param.name != "self" and param.name not in kwargs:
             raise InvalidOptionError(f"torchvision:{name} needs its {param.name!r} argument. "
                                      f"Give it with --source-option {param.name}=VALUE.")
-    from fastdata.extras import require
-
     if cls.__name__ in ("CocoDetection", "CocoCaptions"):
         require("pycocotools", extra="coco", feature=f"torchvision:{name}")
     if cls.__name__ == "SBDataset":

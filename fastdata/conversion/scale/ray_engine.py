@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fastdata.errors import DependencyMissingError, EngineError
+from fastdata.errors import EngineError
 from fastdata.formats import get_format
 from fastdata.images import disable_pillow_limit
 from fastdata.conversion.options import ConvertOptions
@@ -39,22 +39,16 @@ from fastdata.conversion.scale.units import (
     Finished, Unit, plan_units, remove_temporaries, staged, staging_path, write_unit,
 )
 from fastdata.sources import Source
-from fastdata.extras import install_command
+from fastdata.extras import require
 
 CANCEL_WAIT_S = 60  # the longest a failed conversion waits for its cancelled tasks to stop
 MAX_RETRIES = 3  # a task whose worker or node dies runs again, up to this many times
-INSTALL_HINT = install_command("ray")
 
 
 def import_ray():
-    try:
-        import ray
-    except ImportError as exc:
-        raise DependencyMissingError(
-            f"--engine ray needs Ray, which is not installed. Install it with: {INSTALL_HINT} "
-            "(or use --engine local, or --part I/N on a job array)."
-        ) from exc
-    return ray
+    """The ``ray`` module, or the one clear error that says how to install it."""
+    return require("ray", extra="ray", feature="--engine ray",
+                   otherwise="use --engine local, or --part I/N on a job array")
 
 
 def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.errors import DependencyMissingError, InvalidOptionError
+from fastdata.errors import InvalidOptionError
+from fastdata.extras import require
 from fastdata.conversion.options import parse_count
 
 CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
@@ -44,14 +45,7 @@ def parse_compression(value: str | None) -> str | None:
 
 
 def import_hdf5plugin(what: str) -> Any:
-    try:
-        import hdf5plugin
-    except ImportError as exc:
-        raise DependencyMissingError(
-            f"{what} needs the 'hdf5plugin' package, which is not installed. "
-            "Install it with 'pip install hdf5plugin', or use 'gzip' or 'lzf'."
-        ) from exc
-    return hdf5plugin
+    return require("hdf5plugin", extra="hdf5plugin", feature=what, otherwise="use 'gzip' or 'lzf'")
 
 
 @dataclass(frozen=True)
