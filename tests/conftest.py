@@ -4,7 +4,12 @@ writable formats x stores, and a converted dataset of each."""
 from __future__ import annotations
 
 import io
+import json
+import os
+import signal
 import struct
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +111,16 @@ def make_mnist(root: Path, train: int = 40, test: int = 15) -> Path:
 def mnist_root(tmp_path: Path) -> Path:
     return make_mnist(tmp_path)
 
+
+def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 1000) -> int:
+    """SIGKILL the conversion ``process`` (started with ``start_new_session=True``, so its workers
+    die with it) once its journal ``journal`` records a checkpoint past sample ``past``; the
+    checkpoint's ``next_index``. Fails if the conversion ends first, or writes none in 120 s."""
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > past):
+        assert process.poll() is None, "the conversion ended before a checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    return json.loads(journal.read_text())["next_index"]

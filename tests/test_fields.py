@@ -476,9 +476,8 @@ items = Many()
 @pytest.mark.parametrize("fmt", ["npy", "tar"])
 def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path: Path, fmt: str) -> None:
     import os
-    import signal
-    import time
 
+    from conftest import kill_after_checkpoint
     from test_resume import contents
 
     (tmp_path / "many.py").write_text(MANY)
@@ -496,13 +495,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
     finish(convert(tmp_path / "reference"))
     journal = tmp_path / "out.partial.json"
     process = convert(tmp_path / "out", start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > 1000):
-        assert process.poll() is None, "the conversion ended before a checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
+    kill_after_checkpoint(process, journal)
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
     finish(convert(tmp_path / "out", "--resume"))
     assert contents(tmp_path / "out") == contents(tmp_path / "reference")

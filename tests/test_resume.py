@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import kill_after_checkpoint
 from fastdata.formats import all_formats
 
 SOURCE = ["torchvision:FakeData", "--source-option", "size=8000", "--source-option", "image_size=(3, 8, 8)"]
@@ -48,14 +47,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path: Path, fmt:
     out = tmp_path / "out"
     journal = tmp_path / "out.partial.json"
     process = convert(out, fmt, store, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > 1000):
-        assert process.poll() is None, "the conversion ended before a checkpoint"
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
-    checkpoint = json.loads(journal.read_text())["next_index"]
+    checkpoint = kill_after_checkpoint(process, journal)
     assert not out.exists() and (tmp_path / "out.partial").exists() and 1000 < checkpoint < 8000
     finish(convert(out, fmt, store, "--resume"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
