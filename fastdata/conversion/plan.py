@@ -103,11 +103,17 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
                 break
         if len(found) >= _PROBE_SAMPLES:
             break
+    _fail_unless_found(src, options, found, first_error)
+    return found
+
+
+def _fail_unless_found(src: Source, options: ConvertOptions, found: list,
+                       first_error: tuple[int, Exception] | None) -> None:
+    """A probe's end: the first unreadable sample's error, as the conversion would raise it, when
+    no sample was readable or (without --skip-bad) one was not."""
     if not found or (first_error and not options.skip_bad):
         index, exc = first_error
-        error = Job(src, None, options).fail(index, exc, "read")
-        raise error from exc
-    return found
+        raise Job(src, None, options).fail(index, exc, "read") from exc
 
 
 _SCHEMA_SAMPLES = 8
@@ -140,9 +146,7 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
                 break
         if len(found) >= _SCHEMA_SAMPLES:
             break
-    if not found or (first_error and not options.skip_bad):
-        index, exc = first_error
-        raise Job(src, None, options).fail(index, exc, "read") from exc
+    _fail_unless_found(src, options, found, first_error)
     return found, infer(records, src.kinds, src.layout, src.structure)
 
 

@@ -80,18 +80,23 @@ def _as_palette(image: Image.Image, palette: list[int] | None) -> Image.Image:
     return result
 
 
+def raw_bytes(f: Field, array: np.ndarray, sample: str) -> bytes:
+    """A raw-stored field's bytes, or a clear error where its size is not the planned one."""
+    if array.shape != f.shape:
+        raise ShapeMismatchError(
+            f"{sample}: field {f.name!r} is {array.shape[0]}x{array.shape[1]} (HxW) but raw storage planned "
+            f"{f.shape[0]}x{f.shape[1]}. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+        )
+    return array.tobytes()
+
+
 def store_field(f: Field, value: Any, plan: Plan, sample: str) -> bytes:
     """One extra field's stored bytes: masks lossless (raw uint8 rows or PNG), extra images
     with the image's geometry and storage, the rest as :meth:`Field.store` says."""
     if f.kind == "mask":
         if f.encoding == "raw":
             array = np.array(value.convert("L") if value.mode == "1" else value, dtype=np.uint8)
-            if array.shape != f.shape:
-                raise ShapeMismatchError(
-                    f"{sample}: field {f.name!r} is {array.shape[0]}x{array.shape[1]} (HxW) but raw storage planned "
-                    f"{f.shape[0]}x{f.shape[1]}. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
-                )
-            return array.tobytes()
+            return raw_bytes(f, array, sample)
         # PNG of the class ids in mode L (a P mask's palette is in the schema): stock webdataset's
         # decode("l8") then reads the ids themselves, where it would colour-convert a palette image
         ids = value.convert("L") if value.mode == "1" else value
@@ -101,12 +106,6 @@ def store_field(f: Field, value: Any, plan: Plan, sample: str) -> bytes:
     if f.kind == "image":
         image = plan.geometry.apply(to_mode(value, f.mode))
         if f.encoding == "raw":
-            array = pixels(image)
-            if array.shape != f.shape:
-                raise ShapeMismatchError(
-                    f"{sample}: field {f.name!r} is {array.shape[0]}x{array.shape[1]} (HxW) but raw storage planned "
-                    f"{f.shape[0]}x{f.shape[1]}. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
-                )
-            return array.tobytes()
+            return raw_bytes(f, pixels(image), sample)
         return encode(image, f.encoding, plan.jpeg_quality)
     return f.store(value)

@@ -60,8 +60,8 @@ class FieldFileWriter:
                 self.offsets.write(np.zeros(1, dtype=np.int64).tobytes())
         else:
             self.count, self.position = state["count"], state["bytes"]
-            self.data = _reopen(self.data_path, self.position)
-            self.offsets = _reopen(self.offsets_path, 8 * (self.count + 1)) if self.offsets_path else None
+            self.data = reopen(self.data_path, self.position)
+            self.offsets = reopen(self.offsets_path, 8 * (self.count + 1)) if self.offsets_path else None
 
     def write(self, values: list[bytes]) -> None:
         if not values:
@@ -170,7 +170,9 @@ def check_offsets(offsets: np.ndarray, count: int, size: int, where: str, data_n
         )
 
 
-def _reopen(file: Path, size: int):
+def reopen(file: Path, size: int):
+    """A resumed conversion's partial file, open to append at ``size`` bytes (what its checkpoint
+    recorded; anything written after that is cut off)."""
     handle = open(file, "r+b")
     handle.truncate(size)
     handle.seek(size)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.formats.base import Batch, Plan, Writer
-from fastdata.formats.fieldfiles import FieldFileWriter
+from fastdata.formats.fieldfiles import FieldFileWriter, reopen
 from fastdata.formats.npyfile import npy_header
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
 
@@ -43,9 +43,9 @@ class MemmapWriter(Writer):
         else:  # reopen the checkpointed files, dropping whatever was written after the checkpoint
             self.count, self.position = state["count"], state["data_bytes"]
             self.digest = None  # what came before the checkpoint is re-read at the end
-            self.data = _reopen(path / data_name, self.position)
-            self.labels = _reopen(path / "labels.partial", 8 * self.count)
-            self.offsets = None if self.raw else _reopen(path / "offsets.partial", 8 * (self.count + 1))
+            self.data = reopen(path / data_name, self.position)
+            self.labels = reopen(path / "labels.partial", 8 * self.count)
+            self.offsets = None if self.raw else reopen(path / "offsets.partial", 8 * (self.count + 1))
         fields = (state or {}).get("fields") or {}
         self.field_writers = [FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None)
                               for f in plan.extras]
@@ -119,9 +119,3 @@ class MemmapWriter(Writer):
         for writer in self.field_writers:
             writer.abort()
 
-
-def _reopen(file: Path, size: int):
-    handle = open(file, "r+b")
-    handle.truncate(size)
-    handle.seek(size)
-    return handle
