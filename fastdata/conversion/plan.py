@@ -21,8 +21,8 @@ from fastdata.errors import InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
-from fastdata.errors import InvalidOptionError
-from fastdata.fields import Field, FieldError, Schema, infer
+from fastdata.fields import Field, FieldError, Schema
+from fastdata.fieldvalues import infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
@@ -115,7 +115,7 @@ _SCHEMA_SAMPLES = 8
 
 def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
     """Headers of the first readable samples' images and the schema their records make
-    (:func:`fastdata.fields.infer`), for a source whose samples have fields."""
+    (:func:`fastdata.fieldvalues.infer`), for a source whose samples have fields."""
     records, found, first_error = [], [], None
     for index in range(len(src)):
         try:
