@@ -23,7 +23,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError
 
 _SPATIAL = ("image", "mask")  # fastdata.fields.SPATIAL (not imported: fields imports this module)
-_DAMAGE = (ValueError, UnicodeDecodeError, EOFError, OSError)
+_ORIGINAL_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 
 
 # --- stored bytes -------------------------------------------------------------------------
@@ -109,6 +109,9 @@ def extension(field: Any) -> str:
         return "bin"
     if field.encoding == "raw":
         return "npy"
+    if field.encoding == "original":  # a source's own file (a WebDataset member): its name says its type
+        last = field.name.rsplit(".", 1)[-1].lower()
+        return last if last in _ORIGINAL_SUFFIXES else "img"
     if field.kind == "mask":
         return "png"
     return field.encoding if field.encoding in ("png",) else ("jpg" if field.encoding == "jpeg" else "img")

@@ -119,7 +119,8 @@ class Job:
         extras = plan.extras
         if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
             values = transform_fields(schema, values, image.size, plan.geometry, name)
-        stored = {f.name: store_field(f, values[f.name], plan, name) for f in extras}
+        stored = {f.name: self.src.field_bytes(index, f.name) if f.encoding == "original"
+                  else store_field(f, values[f.name], plan, name) for f in extras}
         if plan.encoding == "original":
             data = self.src.file_bytes(index)
             self._check_mode(open_image(data, self.options.max_pixels))
