@@ -166,8 +166,24 @@ def from_member(field: Any, data: bytes, where: str = "") -> bytes:
         if kind == "array" or (kind in _SPATIAL and field.encoding == "raw"):
             stored = io.BytesIO(bytes(data))
             array = np.load(stored, allow_pickle=False)
+            _check_member_array(field, array)  # never cast: a member that no longer fits is damage
             return np.ascontiguousarray(array, dtype=np.dtype(field.dtype).newbyteorder("<")).tobytes()
     except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
         raise CorruptDataError(f"{where}field {field.name!r}: damaged {kind} member ({exc}). "
                                "Run 'fastdata verify' or convert the source again.") from exc
     return data
+
+
+def _check_member_array(field: Any, array: np.ndarray) -> None:
+    """A ``.npy`` member's array has the field's dtype and shape (a variable field: its trailing
+    shape); else ValueError saying what differs."""
+    shape = tuple(field.shape) if field.shape is not None else None
+    if array.dtype.newbyteorder("=") != np.dtype(field.dtype).newbyteorder("="):
+        raise ValueError(f"holds {array.dtype}, the manifest says {field.dtype}")
+    if shape is None:
+        return
+    fits = (array.ndim == len(shape) and tuple(array.shape[1:]) == shape[1:]) if None in shape \
+        else tuple(array.shape) == shape
+    if not fits:
+        shown = tuple("K" if s is None else s for s in shape)
+        raise ValueError(f"has shape {tuple(array.shape)}, the manifest says {shown}")
