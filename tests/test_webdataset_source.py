@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,66 @@ def test_resume_notices_a_changed_shard_and_the_output_stays_out_of_the_shards(t
         fastdata.convert(shards, out, workers=0, resume=True)
     with pytest.raises(InvalidOptionError, match="is inside the source shards folder"):
         fastdata.convert(shards, shards / "inside.npy", workers=0)
+
+
+def field_bytes(out: Path, fmt: str, name: str, count: int) -> list[bytes]:
+    """Each sample's stored bytes of a variable field (or, name None, the image), read from the
+    format's own files without fastdata (docs/fields.md, docs/formats.md)."""
+    if fmt == "npy":
+        data = (out / ("data.bin" if name is None else f"fields/{name}.bin")).read_bytes()
+        offsets = np.load(out / ("offsets.npy" if name is None else f"fields/{name}.offsets.npy"))
+        return [data[offsets[i]:offsets[i + 1]] for i in range(count)]
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(out, "r") as file:
+            data = file["blob" if name is None else f"fields/{name}.data"][:].tobytes()
+            offsets = file["offsets" if name is None else f"fields/{name}.offsets"][:]
+        return [data[offsets[i]:offsets[i + 1]] for i in range(count)]
+    members: dict[str, dict[str, bytes]] = {}
+    for shard in sorted(out.glob("*.tar")):
+        with tarfile.open(shard) as archive:
+            for member in archive:
+                key, _, suffix = member.name.partition(".")
+                members.setdefault(key, {})[suffix] = archive.extractfile(member).read()
+    samples = [members[key] for key in sorted(members)]
+    assert len(samples) == count
+    return [sample[name] if name is not None else sample["jpg"] for sample in samples]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "tar"])
+def test_encoded_store_keeps_every_member_byte_identical(tmp_path: Path, fmt: str) -> None:
+    """Several images per sample (``.jpg`` + ``.left.png`` + a P-mode ``.seg.png`` mask), a
+    caption, a json: with ``--store encoded`` every member is stored as the bytes it was."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    written = []
+    with wds.TarWriter(str(shards / "x.tar")) as sink:
+        for index in range(5):
+            left = Image.fromarray(pattern(6 + index, 5, seed=10 + index))
+            left_bytes = io.BytesIO()
+            left.save(left_bytes, format="PNG", compress_level=1)  # not what fastdata would encode
+            seg = Image.fromarray(np.full((6 + index, 5), index, np.uint8), "L").convert("P")
+            seg.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9] + [0] * 753)
+            seg_bytes = io.BytesIO()
+            seg.save(seg_bytes, format="PNG")
+            sample = {"__key__": f"k{index}", "jpg": encoded(pattern(6 + index, 5, seed=index), "JPEG"),
+                      "left.png": left_bytes.getvalue(), "seg.png": seg_bytes.getvalue(),
+                      "txt": f"caption {index} \u00e9\n".encode(), "json": json.dumps({"id": index}, indent=1).encode()}
+            sink.write(sample)
+            written.append(sample)
+    out = tmp_path / f"out{ {'npy': '.npy', 'hdf5': '.h5', 'tar': '.tar'}[fmt] }"
+    manifest = fastdata.convert(shards, out, store="encoded", workers=0)
+    fields = {f["name"]: f for f in manifest["fields"]["fields"]}
+    assert fields["left.png"]["encoding"] == "original" and fields["seg.png"]["encoding"] == "original"
+    assert field_bytes(out, fmt, None, 5) == [s["jpg"] for s in written]
+    for name in ("left.png", "seg.png", "txt", "json"):
+        assert field_bytes(out, fmt, name, 5) == [s[name] for s in written], name
+    assert fastdata.verify(out, deep=True).ok
+    ds = (fastdata.TarIndexedDataset(out, image_format="numpy") if fmt == "tar"
+          else fastdata.open_dataset(out, image_format="numpy"))
+    for index, sample in enumerate(written):
+        got = ds[index]
+        assert got["left.png"].tobytes() == pattern(6 + index, 5, seed=10 + index).tobytes()
+        assert got["seg.png"].tolist() == np.full((6 + index, 5), index, np.uint8).tolist()  # the class ids
+        assert got["txt"] == sample["txt"].decode() and got["json"] == {"id": index}

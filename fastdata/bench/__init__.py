@@ -22,6 +22,7 @@ from fastdata.bench.runner import (
     resolve, run_isolated, select_formats,
 )
 from fastdata.bench.summary import summary_document
+from fastdata.errors import InvalidOptionError
 from fastdata.formats import find_manifest, get_format
 from fastdata.machine import machine_info
 from fastdata.manifest import disk_usage
@@ -203,6 +204,7 @@ def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
     from fastdata.importing import load_dataset
 
     dataset = load_dataset(source)
+    refuse_pil_samples(dataset, source)
     step = config.step if config.step is not None else (config.step_ms or None)
     rows = sweep(dataset, batch_size=config.batch_size, workers=config.workers, backends=config.backends, step=step,
                  epochs=config.epochs, warmup=config.warmup, persistent_workers=config.persistent_workers,
@@ -211,6 +213,32 @@ def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
     meta = {"machine": machine_info(), "config": config.to_dict(), "source": source, "baseline": None,
             "conversions": []}
     return _report(rows, None, meta, Path(out), config)
+
+
+def refuse_pil_samples(dataset: Any, source: str) -> None:
+    """A dataset whose samples hold PIL images (a torchvision dataset without a transform) is
+    refused up front: DataLoader's default_collate cannot batch them, so the user's own training
+    loop could not either, and timing a list of PIL images would measure nothing they run."""
+    from PIL import Image
+
+    try:
+        sample = dataset[0]
+    except Exception:  # noqa: BLE001 - the sweep reports a dataset that cannot be read, per row
+        return
+    stack = [sample]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Image.Image):
+            raise InvalidOptionError(
+                f"{source}: sample 0 holds a PIL image, which DataLoader's default_collate cannot batch (a training "
+                "loop over it fails the same way). Give the dataset a transform that makes tensors of one size, "
+                "e.g. transform=v2.Compose([v2.PILToTensor(), v2.Resize((224, 224))]) (torchvision.transforms.v2), "
+                f"or convert it and bench that: fastdata convert {source} out.npy --resize 224x224, then fastdata "
+                "bench out.npy.")
+        if isinstance(value, (tuple, list)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
 
 
 def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, Any], out: Path,

@@ -72,7 +72,11 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         if augment is not None:
             raise InvalidOptionError("--transform augment applies to image folders, converted datasets and torchvision "
                                      "sources; a module:name Dataset brings its own transform. Drop --transform.")
-        return load_dataset(source), None, ("the source is a Python Dataset (module:name): a conversion is predicted "
+        from fastdata.bench import refuse_pil_samples  # only for module:name sources
+
+        dataset = load_dataset(source)
+        refuse_pil_samples(dataset, source)
+        return dataset, None, ("the source is a Python Dataset (module:name): a conversion is predicted "
                                             "for an image folder or a torchvision source")
     resize = _size(args.resize)
     if source.startswith("torchvision:"):

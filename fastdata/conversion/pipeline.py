@@ -12,6 +12,7 @@ from PIL import Image, UnidentifiedImageError
 
 from fastdata.errors import BadSampleError, ShapeMismatchError
 from fastdata.fields import FieldError
+from fastdata.fieldvalues import check_record
 from fastdata.conversion.spatial import store_field, transform_fields
 from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
@@ -110,7 +111,7 @@ class Job:
         and every extra field's stored bytes, checked against the schema; spatial fields get the
         image's geometry (:func:`fastdata.conversion.spatial.transform_fields`)."""
         plan, schema, name = self.plan, self.plan.schema, self.src.sample_name(index)
-        values = schema.check(self.src.load_record(index, self.options.read), name)
+        values = check_record(schema, self.src.load_record(index, self.options.read), name)
         image_field, label_field = schema.image, schema.label
         image = values[image_field.name]
         label = values[label_field.name] if label_field is not None else -1
@@ -118,7 +119,8 @@ class Job:
         extras = plan.extras
         if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
             values = transform_fields(schema, values, image.size, plan.geometry, name)
-        stored = {f.name: store_field(f, values[f.name], plan, name) for f in extras}
+        stored = {f.name: self.src.field_bytes(index, f.name) if f.encoding == "original"
+                  else store_field(f, values[f.name], plan, name) for f in extras}
         if plan.encoding == "original":
             data = self.src.file_bytes(index)
             self._check_mode(open_image(data, self.options.max_pixels))

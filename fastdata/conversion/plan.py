@@ -21,8 +21,8 @@ from fastdata.errors import InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
-from fastdata.errors import InvalidOptionError
-from fastdata.fields import Field, FieldError, Schema, infer
+from fastdata.fields import Field, FieldError, Schema
+from fastdata.fieldvalues import infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
@@ -121,7 +121,7 @@ _SCHEMA_SAMPLES = 8
 
 def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
     """Headers of the first readable samples' images and the schema their records make
-    (:func:`fastdata.fields.infer`), for a source whose samples have fields."""
+    (:func:`fastdata.fieldvalues.infer`), for a source whose samples have fields."""
     records, found, first_error = [], [], None
     for index in range(len(src)):
         try:
@@ -150,13 +150,21 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
     return found, infer(records, src.kinds, src.layout, src.structure)
 
 
-def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None) -> Schema:
+def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None,
+                    field_files: frozenset[str] = frozenset()) -> Schema:
     """The schema with how each image and mask is stored: the image field as the plan says,
-    masks lossless (raw uint8 (H, W) or PNG), extra images like the image."""
+    masks lossless (raw uint8 (H, W) or PNG), extra images like the image; where the plan keeps
+    the image's original bytes, the fields in ``field_files`` (the source's own image and mask
+    files) keep theirs too (encoding ``original``)."""
     fields = []
     for f in schema.fields:
         if f is schema.image or f.name == schema.image.name:
             f = Field(f.name, "image", "uint8", plan.shape, plan.encoding, plan.mode, f.meta)
+        elif plan.encoding == "original" and f.name in field_files and f.kind in ("image", "mask"):
+            value = (probe_values or {}).get(f.name)
+            mode = value.mode if f.kind == "mask" else (
+                value.mode if isinstance(value, Image.Image) and value.mode in CHANNELS else plan.mode)
+            f = Field(f.name, f.kind, "uint8", None, "original", mode, f.meta)
         elif f.kind == "mask":
             height, width = plan.shape[:2] if plan.shape else (None, None)
             encoding = "raw" if plan.store == "raw" else "png"
@@ -223,7 +231,7 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
     if schema is not None:
         values = {k: to_pil(v) if k != schema.image.name and schema[k].kind == "image" else v
                   for k, v in src.load_record(reference, options.read).items()}
-        plan = dataclasses.replace(plan, schema=complete_schema(schema, plan, values))
+        plan = dataclasses.replace(plan, schema=complete_schema(schema, plan, values, src.field_files))
     return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 

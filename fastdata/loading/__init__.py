@@ -148,7 +148,7 @@ class TorchLoader(Resumable, DataLoader):
 
 
 def _padding(dataset: Any, pad: Any, kwargs: dict[str, Any]) -> Any:
-    """The checked ``pad`` option as a :class:`~fastdata.records.Padding` (fastdata readers of
+    """The checked ``pad`` option as a :class:`~fastdata.padding.Padding` (fastdata readers of
     datasets with fields only)."""
     if getattr(dataset, "schema", None) is None or not accepts_index_arrays(dataset):
         raise InvalidOptionError(
@@ -157,7 +157,7 @@ def _padding(dataset: Any, pad: Any, kwargs: dict[str, Any]) -> Any:
     if kwargs.get("collate_fn") is not None:
         raise InvalidOptionError("pad pads fastdata's own batches; with a collate_fn, pad in it "
                                  "(torch.nn.utils.rnn.pad_sequence) and leave pad out.")
-    from fastdata.records import Padding  # only datasets with fields need it
+    from fastdata.padding import Padding  # only datasets with fields need it
 
     return Padding(dataset, pad)
 

@@ -63,6 +63,17 @@ class Source:
         """The sample's original encoded bytes, or None when the source has no files."""
         return None
 
+    @property
+    def field_files(self) -> frozenset[str]:
+        """The extra image and mask fields whose encoded bytes the source holds as files of their
+        own (a WebDataset sample's ``left.png``, ``seg.png``): with ``--store encoded`` and no
+        resize they are kept as those bytes (:meth:`field_bytes`), as the image is."""
+        return frozenset()
+
+    def field_bytes(self, index: int, name: str) -> bytes:
+        """The original encoded bytes of field ``name`` (one of :attr:`field_files`) of a sample."""
+        raise NotImplementedError
+
     def header(self, index: int, read: ReadOptions | None = None) -> tuple[str, int, int]:
         """(PIL mode, width, height) of a sample, as cheaply as the source allows."""
         image, _ = self.load(index, read)

@@ -16,7 +16,7 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
-from fastdata.fields import check_value, digest_value, flatten, kind_of
+from fastdata.fieldvalues import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source
 
 

@@ -252,16 +252,24 @@ class TorchvisionRecordSource(Source):
         return self._wrapped
 
     def instance_wrapper(self, mask: Image.Image) -> dict[str, Any]:
-        """Cityscapes' instance-id image as the wrapper gives it (``masks`` and ``labels``), by
-        the wrapper's own code: a one-sample dataset of the same class would need files."""
-        # the wrapper's factory table lives in a torchvision module of its own; no public name reaches it
-        from torchvision.tv_tensors._dataset_wrapper import WRAPPER_FACTORIES
+        """Cityscapes' instance-id image as ``wrap_dataset_for_transforms_v2`` gives it: ``masks``
+        (one boolean ``tv_tensors.Mask`` per id, (K, 1, H, W)) and ``labels`` (id // 1000 for ids
+        >= 1000, cityscapesScripts' convention). Built here with public ``tv_tensors``: the public
+        wrapper refuses a dataset whose ``target_type`` has ``polygon`` or ``color``, fails on the
+        16-bit instance PNGs Pillow opens as ``I;16`` (torch cannot compare uint16), and its
+        per-type code is private. tests/test_tv_fields.py checks every mask and label exactly."""
+        import torch
 
-        factory = WRAPPER_FACTORIES[type(self.dataset)]
-        if mask.mode == "I;16":  # Pillow opens the 16-bit PNGs so; torch cannot compare uint16 (the wrapper fails)
+        if mask.mode == "I;16":  # Pillow opens the 16-bit PNGs so; torch cannot compare uint16
             mask = mask.convert("I")
-        _, target = factory(_InstanceOnly(), None)(0, (None, mask))
-        return target
+        data = _tv().tv_tensors.Mask(torch.from_numpy(np.array(mask))[None])  # (1, H, W), as the wrapper's
+        ids = data.unique()
+        if not len(ids):
+            return {"masks": _tv().tv_tensors.Mask(torch.zeros((0, *data.shape), dtype=torch.bool)),
+                    "labels": torch.zeros(0, dtype=torch.int64)}
+        masks = _tv().tv_tensors.Mask(torch.stack([data.as_subclass(torch.Tensor) == i for i in ids]))
+        labels = torch.where(ids >= 1000, ids // 1000, ids)
+        return {"masks": masks, "labels": labels}
 
     # --- the Source protocol -------------------------------------------------------------
 
@@ -313,12 +321,6 @@ class TorchvisionRecordSource(Source):
         record = self.load_record(index, read)
         label = record.get("label", -1)
         return record["image"], label if isinstance(label, int) else -1
-
-
-class _InstanceOnly:
-    """What Cityscapes' wrapper factory reads of a dataset: ``target_type`` (instance only)."""
-
-    target_type = ["instance"]
 
 
 def _value_digest(name: str, value: Any) -> bytes:

@@ -15,6 +15,8 @@ or the ``label``/``cls`` field of its ``json``. Shards without labels convert wi
 Every other member is kept as a field of its own, named by its suffix (docs/fields.md): ``txt``
 text and ``json`` JSON stored as the bytes they were, ``npy`` arrays, ``seg.png`` (or another
 suffix ending in ``seg.<image suffix>``) masks, other image suffixes images, anything else bytes;
+with ``--store encoded`` (and no ``--resize``/``--center-crop``/``--reencode``) every image and
+mask member is kept as the bytes it was, like the image, and so are text, JSON and bytes members;
 read back, ``ds[i]`` is a dict keyed by suffix (the image under its suffix, or ``image`` when
 samples mix image suffixes). A sample that lacks a member other samples have is an error
 naming the sample and the member (``--skip-bad`` leaves it out).
@@ -216,6 +218,14 @@ class WebDatasetSource(Source):
 
     def protected(self) -> list[Protected]:
         return [Protected(self.root, "source shards folder")]
+
+    @property
+    def field_files(self) -> frozenset[str]:
+        return frozenset(s for s in self.field_suffixes if self.kinds[s] in ("image", "mask"))
+
+    def field_bytes(self, index: int, name: str) -> bytes:
+        shard, offset, size = self.places[index][name]
+        return self._read(shard, offset, size)
 
     def file_bytes(self, index: int) -> bytes:
         shard, offset, size = self.images[index].tolist()

@@ -25,6 +25,7 @@ def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) ->
             continue
         if array.shape != shape or array.dtype != dtype:
             problems.append(f"{str(path / name)!r}: holds {array.dtype} {array.shape}, expected {np.dtype(dtype)} {shape}.")
+    problems += _field_headers(path, manifest)
     offsets = arrays.get("offsets.npy")
     if offsets is not None and offsets.shape == (count + 1,):
         size = (path / "data.bin").stat().st_size if (path / "data.bin").is_file() else None
@@ -33,4 +34,26 @@ def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) ->
                 f"{str(path / 'offsets.npy')!r}: offsets must rise from 0 to the size of data.bin ({size}); "
                 f"they run from {int(offsets[0])} to {int(offsets[-1])}."
             )
+    return problems
+
+
+def _field_headers(path: Path, manifest: dict[str, Any]) -> list[str]:
+    """Each fixed-shape field's ``fields/<name>.npy`` holds the dtype and (N, *shape) the manifest says."""
+    problems = []
+    for f in (manifest.get("fields") or {}).get("fields") or []:
+        shape = f.get("shape")
+        if f.get("variable", True) or shape is None or f.get("dtype") is None or f.get("name") in ("image", "label"):
+            continue
+        file = path / "fields" / f"{f['name']}.npy"
+        if not file.is_file():
+            continue  # the file check names a missing file
+        try:
+            array = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            problems.append(f"{str(file)!r}: field {f['name']!r}: not a readable .npy array ({exc}).")
+            continue
+        expected = (manifest["count"], *shape)
+        if array.shape != expected or array.dtype != np.dtype(f["dtype"]):
+            problems.append(f"{str(file)!r}: field {f['name']!r} holds {array.dtype} {array.shape}, the manifest says "
+                            f"{f['dtype']} {expected}.")
     return problems
