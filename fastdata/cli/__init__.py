@@ -156,6 +156,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if not (role == "output" and args.command in ("convert", "merge")):  # these upload to a URL
                 refuse_url(getattr(args, role, None), role.upper())
         if is_url(getattr(args, "source", None)):  # bench, tune, convert: a converted dataset, fetched first
+            args.source_url = args.source  # bench reads it from the URL too, beside the local copy
             args.source = str(fetch_converted(args.source, cold=getattr(args, "cache", "warm") == "cold"))
         return args.run(args)
     except FastdataError as exc:

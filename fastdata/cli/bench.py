@@ -145,7 +145,8 @@ def run_bench(args: argparse.Namespace) -> int:
         if is_import_string(source):
             result = bench_dataset(source, config, out, on_case)
         else:
-            result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
+            result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case,
+                               url=getattr(args, "source_url", None))
     finally:
         if bar is not None:
             bar.update(bar.total - bar.n)
@@ -159,7 +160,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if result.all_failed:
             print(failed.replace(" (see the table above)", ""), file=sys.stderr)
         return 1 if result.all_failed else 0
-    report = report_text(result, source, config)
+    report = report_text(result, getattr(args, "source_url", None) or source, config)
     if result.all_failed:
         print(report, file=sys.stderr)
         print(failed, file=sys.stderr)
@@ -227,6 +228,8 @@ def report_text(result, source: str, config) -> str:
         lines += ["", "recommendation: " + result.recommendation]
     if result.backends:
         lines.append("backends: " + result.backends)
+    if result.remote:
+        lines.append("remote: " + result.remote)
     fused = fused_line(result.rows)
     if fused:
         lines.append(fused)
