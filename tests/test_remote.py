@@ -261,22 +261,25 @@ def test_the_cli_reads_a_url(s3: S3, uniform_folder: Path, tmp_path: Path) -> No
     assert verify.stdout.startswith(f"{url}: OK (tar, 12 samples; 4 checksums match)")
 
 
-def test_bench_on_a_url_reads_it_cold_beside_the_local_copy_and_says_how_the_best_num_workers_shifts(
+def test_bench_on_a_url_reads_it_cold_beside_the_local_copy_says_how_the_best_num_workers_shifts_and_uploads(
         s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
     local = convert_to(uniform_folder, tmp_path, "tar", "encoded", shard_samples=2)  # 6 shards
     url = upload(s3, local, "bench/ds.tar")
     shards = sorted(p.name for p in local.glob("shard-*.tar"))
     before = {name: s3.log.gets(f"bench/ds.tar/{name}") for name in shards}
     env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"))
-    out = tmp_path / "bench-out"
+    out = f"s3://{BUCKET}/bench/results"  # bench --out URL: the results are uploaded there
     run = subprocess.run([sys.executable, "-m", "fastdata", "bench", url, "--formats", "tar", "--stores", "encoded",
                           "--num-workers", "0,2", "--backends", "torch", "--batch-size", "4", "--epochs", "1",
-                          "--warmup", "0", "--cache", "cold", "--quiet", "--out", str(out)],
+                          "--warmup", "0", "--cache", "cold", "--quiet", "--out", out],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert f"fastdata: {url}: 8 file(s) downloaded" in run.stderr  # the local copy: manifest, index, 6 shards
     assert run.stdout.startswith(f"fastdata bench: {url}, batch 4")
-    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert f"\nwrote {out}/results.json, {out}/results.csv" in run.stdout
+    document = json.loads(s3.fs().cat_file(f"{BUCKET}/bench/results/results.json"))
+    assert s3.fs().cat_file(f"{BUCKET}/bench/results/results.csv").startswith(b"format,store,read_path,")
+    rows = document["rows"]
     cells = sorted((row["store"], row["read_path"], row["num_workers"]) for row in rows if row["format"] == "tar")
     assert cells == sorted((store, path, workers) for store in ("encoded", "encoded url:cold")
                            for path in ("fast", "standard") for workers in (0, 2))
@@ -293,7 +296,7 @@ def test_bench_on_a_url_reads_it_cold_beside_the_local_copy_and_says_how_the_bes
     assert re.fullmatch(r"remote: from the URL \(a cold cache: every shard downloaded while it is read\), tar encoded "
                         r"(fast|standard) is best at num_workers=[02] \([\d,]+/s, [\d.]+x the local copy's best\) "
                         r"against num_workers=[02] on the local copy \([\d,]+/s\): .+\.", remote), remote
-    summary = json.loads((out / "results.json").read_text())["summary"]["remote"]
+    summary = document["summary"]["remote"]
     assert summary["cache"] == "cold" and summary["store"] == "encoded" and summary["text"] == remote[len("remote: "):]
 
 
