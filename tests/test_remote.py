@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 import torch
 from torch.utils.data import DataLoader
 
@@ -497,18 +498,76 @@ def test_overwrite_never_replaces_what_fastdata_did_not_write(s3: S3, uniform_fo
     assert s3.fs().cat_file(f"{BUCKET}/foreign/notes.h5") == b"not ours either"
 
 
-def test_a_memory_mapped_dataset_bigger_than_the_cache_goes_over_its_limit_with_a_warning(
-        s3: S3, uniform_folder: Path, tmp_path: Path, caplog) -> None:
-    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
-    url = upload(s3, local, "toobig/ds.npy")
-    size = (local / "images.npy").stat().st_size
-    with caplog.at_level(logging.WARNING, logger="fastdata.remote.cache"):
-        remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size // 2)
+@pytest.mark.parametrize("name", ["npy", "hdf5"])
+def test_a_memory_mapped_dataset_bigger_than_the_cache_is_refused_before_anything_is_downloaded(
+        s3: S3, name: str, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, name, "raw")
+    url = upload(s3, local, f"toobig/{local.name}")
+    if local.is_file():
+        size, shards = local.stat().st_size, [local.name]
+    else:
+        files = json.loads((local / "manifest.json").read_text())["files"]
+        size, shards = sum(entry["bytes"] for entry in files.values()), list(files)
+    start = len(s3.log.lines)
+    with pytest.raises(fastdata.errors.InvalidOptionError) as caught:
+        fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size // 2)
+    why = ("its one file is fetched whole and read from the cache while it is open" if name == "hdf5" else
+           "its files are fetched whole and memory-mapped from the cache while it is open")
+    assert str(caught.value) == (
+        f"{url!r} is {size} bytes, more than cache_limit {size // 2} bytes: {why}. Raise cache_limit (cache_limit= or "
+        f"$FASTDATA_CACHE_LIMIT) to at least {size} bytes, or convert it to tar ('fastdata convert {url} OUT.tar'), "
+        "whose readers stream shards through a cache of any size.")
+    assert not [line for line in s3.log.lines[start:] for file in shards if f"{local.name}/{file} " in line
+                or line.endswith(f"GET /{BUCKET}/toobig/{local.name} HTTP/1.1")]  # no data file was downloaded
+    remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size)  # the fix: it fits
     assert torch.equal(remote[list(range(12))][0], fastdata.open_dataset(local)[list(range(12))][0])
-    warnings = [record.getMessage() for record in caplog.records if record.name == "fastdata.remote.cache"]
-    assert len(warnings) == 2 and re.fullmatch(  # images.npy, then labels.npy, each said once
-        rf"cache .*: images.npy needs {size} bytes but only \d+ of cache_limit {size // 2} are free \(the rest is "
-        r"in use\); going over the limit", warnings[0]) and "labels.npy needs" in warnings[1]
+
+
+def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_limit_plus_one_shard(
+        s3: S3, tmp_path: Path) -> None:
+    from conftest import pattern, save
+
+    folder = tmp_path / "large"  # 64x64 images: a shard (12 kB) well above the index and manifest held at open
+    for i in range(12):
+        save(Image.fromarray(pattern(64, 64, seed=i)), folder / ["ant", "bee", "cow"][i % 3] / f"{i}.png")
+    local = convert_to(folder, tmp_path, "tar", "raw", shard_samples=1)  # 12 shards
+    url = upload(s3, local, "indexed/ds.tar")
+    manifest = json.loads((local / "manifest.json").read_text())
+    shard_files = [name for name in manifest["files"] if name.endswith(".tar")]
+    total = sum(manifest["files"][name]["bytes"] for name in shard_files)
+    shard = max(manifest["files"][name]["bytes"] for name in shard_files)
+    limit = total // 3
+    cache_dir = tmp_path / "cache"
+    cache = Cache(cache_dir, limit)
+    sizes, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            sizes.append(cache.usage())
+            time.sleep(0.001)
+
+    remote = TarIndexedDataset(url, cache_dir=cache_dir, cache_limit=limit)
+    expected = TarIndexedDataset(local)
+    order = np.random.default_rng(0).permutation(np.tile(np.arange(12), 3))  # every sample 3 times, shuffled
+    before = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for batch in np.array_split(order, 9):  # batches of 4 samples from up to 4 shards
+            got, want = remote[batch.tolist()], expected[batch.tolist()]
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        remote.close()  # its open shards released: the workers' readers below have the cache to themselves
+        for workers in (0, 2):
+            fresh = TarIndexedDataset(url, cache_dir=cache_dir, cache_limit=limit)
+            loader = DataLoader(fresh, batch_size=3, shuffle=True, num_workers=workers)
+            assert sorted(int(label) for _, labels in loader for label in labels) == sorted(expected.labels.tolist())
+            fresh.close()
+    finally:
+        done.set()
+        sampler.join()
+    assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
+    fetched = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files) - before
+    assert fetched > 12  # shards evicted to stay within the limit were fetched again when read again
 
 
 def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
