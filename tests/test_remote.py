@@ -642,6 +642,52 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
     assert all(np.array_equal(x, y) for x, y in zip(read[0], expected[0]))
 
 
+def test_a_part_killed_after_its_first_unit_resumes_from_the_bucket_without_converting_it_again(
+        s3: S3, tmp_path: Path) -> None:
+    import signal
+
+    from test_parts import tree
+
+    url = f"s3://{BUCKET}/killed/ds.tar"
+    units = f"{BUCKET}/killed/ds.tar.partial.units"
+    source = ["torchvision:FakeData", "--source-option", "size=6000", "--source-option", "image_size=(3, 64, 64)"]
+    options = ["--format", "tar", "--store", "encoded", "--unit-samples", "500", "--workers", "1", "--quiet"]
+
+    def convert(output: str, machine: str, *extra: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / machine))
+        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *source, output, *options, *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+
+    process = convert(url, "machine-1", "--part", "1/1")
+    deadline = time.monotonic() + 120
+    while not s3.fs().exists(f"{units}/unit-000000/unit.json"):  # the first unit is in the bucket
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "no unit was uploaded"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert not s3.fs().exists(f"{units}/part-0001-of-0001.json")  # killed midway: the part is not done
+    uploaded = sorted(name.rsplit("/", 1)[-1] for name in s3.fs().find(f"{units}/unit-000000"))
+    assert uploaded == ["data.bin", "labels.npy", "sizes.npy", "unit.json"]
+    start = len(s3.log.lines)
+    again = convert(url, "machine-2", "--part", "1/1")  # another machine: only the bucket holds the unit
+    _, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    lines = s3.log.lines[start:]
+    assert [line for line in lines if re.search(r"(?<![A-Z])GET /[^ ]*/unit-000000/data.bin", line)]
+    assert not [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000000/", line)]  # kept, not redone
+    assert [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000011/unit.json", line)]
+    merge = subprocess.run([sys.executable, "-m", "fastdata", "merge", url, "--quiet"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "merger")),
+                           timeout=300)
+    assert merge.returncode == 0, merge.stderr
+    local = tmp_path / "local.tar"
+    finish = convert(str(local), "machine-3")
+    assert finish.communicate(timeout=300) and finish.returncode == 0
+    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+
+
 def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, monkeypatch) -> None:
     ray = pytest.importorskip("ray")
     from test_parts import make_folder, tree
