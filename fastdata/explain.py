@@ -124,7 +124,8 @@ def remote_sentence(row: str, cache: str, remote: tuple[int, float], local: tupl
         text += ("no shift: decoding, not the download, bounds this read on this machine" if cache == "cold" else
                  "no shift: with every shard cached the read is a local one")
     else:
-        text += "fewer workers: the download is the bound here, and more workers only compete for it"
+        text += ("fewer workers win from the URL here: its workers cost more than they overlap (each opens its own "
+                 "connection to the store and waits for its first shard); the row's 'why:' line below gives the costs")
     if workers == largest and workers > local_workers:
         text += "; still rising at the largest num_workers tried, so try more"
     return text + "."
