@@ -121,8 +121,8 @@ def remote_sentence(row: str, cache: str, remote: tuple[int, float], local: tupl
         text += ("a worker waiting on the network leaves the CPU to the others, so more workers overlap the downloads "
                  "with decoding (I/O-bound reads reward more workers)")
     elif workers == local_workers:
-        text += ("no shift: decoding, not the download, bounds this read on this machine" if cache == "cold" else
-                 "no shift: with every shard cached the read is a local one")
+        text += ("no shift: waiting on the downloads does not change which num_workers wins on this machine"
+                 if cache == "cold" else "no shift: with every shard cached the read is a local one")
     else:
         text += ("fewer workers win from the URL here: its workers cost more than they overlap (each opens its own "
                  "connection to the store and waits for its first shard); the row's 'why:' line below gives the costs")
