@@ -148,7 +148,7 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
     src, reopen = open_source(source, options), source_argument(source, options)
     units = part_units(plan_units(len(src), options.unit_samples), part, parts)
     local_units = claim_staging(staging)  # refuses a folder fastdata did not write
-    already = fetch_uploaded_units(url, local_units, units, remote) if not options.overwrite else set()
+    already = fetch_uploaded_units(url, local_units, units, remote) if not options.overwrite else {}
     with UnitUploader(local_units, url, units, remote, already=already) as uploader:  # each unit as it is done
         record = restarting(lambda mode: convert_part(src, staging, options, progress, source=reopen, mode=mode))
     upload_part(local_units, url, units, record, remote, sent=uploader.sent)

@@ -35,26 +35,43 @@ def units_url(url: str) -> str:
     return url.rstrip("/") + STAGING_SUFFIX
 
 
-def _put_unit(fs: Any, path: str, local_units: Path, unit: str, url: str, options: RemoteOptions) -> None:
+def _put_unit(fs: Any, path: str, local_units: Path, unit: str, url: str, options: RemoteOptions, *,
+              replacing: bool = False) -> None:
     """One staged unit's files uploaded, its ``unit.json`` last: a unit whose record is in the
-    bucket is complete there."""
+    bucket is complete there (``replacing`` an older version of it: its record removed first)."""
+    if replacing:
+        try:
+            with_retry(lambda: fs.rm_file(f"{path}/{unit}/{UNIT_RECORD}"), units_url(url), options.retry,
+                       options.storage_options)
+        except RemoteNotFoundError:
+            pass
     files = sorted((local_units / unit).iterdir(), key=lambda file: (file.name == UNIT_RECORD, file.name))
     for file in files:
         with_retry(lambda: fs.put_file(str(file), f"{path}/{unit}/{file.name}"), units_url(url), options.retry,
                    options.storage_options)
 
 
+def _stamp(local_units: Path, unit: str) -> int | None:
+    """Which version of a staged unit this is (its ``unit.json``'s mtime; a unit converted again,
+    e.g. as RGB after a mode conflict, is a new one); None when it is not finished."""
+    try:
+        return (local_units / unit / UNIT_RECORD).stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
 def upload_part(local_units: Path, url: str, units: list[Unit], record: dict[str, Any],
-                options: RemoteOptions, *, sent: set[str] | frozenset[str] = frozenset()) -> None:
-    """Upload one finished part: the staging mark, its ``units`` not ``sent`` yet (uploaded as
-    each was finished, :class:`UnitUploader`), then its record."""
+                options: RemoteOptions, *, sent: dict[str, int] | None = None) -> None:
+    """Upload one finished part: the staging mark, its ``units`` not ``sent`` yet as they are now
+    (uploaded as each was finished, :class:`UnitUploader`), then its record."""
+    sent = sent or {}
     fs, path = filesystem(units_url(url), options.storage_options)
     path = path.rstrip("/")
     with_retry(lambda: fs.put_file(str(local_units / _STAGING_MARK_NAME), f"{path}/{_STAGING_MARK_NAME}"),
                units_url(url), options.retry, options.storage_options)
     for unit in units:
-        if unit.name not in sent:
-            _put_unit(fs, path, local_units, unit.name, url, options)
+        if sent.get(unit.name) != _stamp(local_units, unit.name):
+            _put_unit(fs, path, local_units, unit.name, url, options, replacing=unit.name in sent)
     name = PART_PATTERN.format(record["part"], record["parts"])
     with_retry(lambda: fs.put_file(str(local_units / name), f"{path}/{name}"), units_url(url), options.retry,
                options.storage_options)
@@ -109,18 +126,19 @@ def remove_units(url: str, options: RemoteOptions) -> None:
         pass
 
 
-def fetch_uploaded_units(url: str, local_units: Path, units: list[Unit], options: RemoteOptions) -> set[str]:
+def fetch_uploaded_units(url: str, local_units: Path, units: list[Unit], options: RemoteOptions) -> dict[str, int]:
     """This part's units already in the bucket (an earlier run of it, killed midway, uploaded
     each as it was finished) brought into ``local_units``, each downloaded into a temporary
     folder renamed into place, so the conversion keeps them instead of converting them again.
-    A unit without its ``unit.json`` there (its upload was cut) is converted again. Their names."""
+    A unit without its ``unit.json`` there (its upload was cut) is converted again. Their names
+    and versions (:func:`_stamp`), as :class:`UnitUploader` records what it sent."""
     fs, path = filesystem(units_url(url), options.storage_options)
     path = path.rstrip("/")
     try:
         found = with_retry(lambda: fs.find(path, withdirs=False), units_url(url), options.retry,
                            options.storage_options)
     except RemoteNotFoundError:
-        return set()
+        return {}
     prefix, wanted = path + "/", {unit.name for unit in units}
     by_unit: dict[str, list[str]] = {}
     for name in found:
@@ -128,7 +146,7 @@ def fetch_uploaded_units(url: str, local_units: Path, units: list[Unit], options
         if "/" in relative:
             unit, file = relative.split("/", 1)
             by_unit.setdefault(unit, []).append(file)
-    got = set()
+    got: dict[str, int] = {}
     for unit, files in sorted(by_unit.items()):
         if unit not in wanted or UNIT_RECORD not in files:
             continue
@@ -140,7 +158,7 @@ def fetch_uploaded_units(url: str, local_units: Path, units: list[Unit], options
                 with_retry(lambda: fs.get_file(f"{path}/{unit}/{file}", str(temporary / file)), units_url(url),
                            options.retry, options.storage_options)
             os.rename(temporary, target)
-        got.add(unit)
+        got[unit] = _stamp(local_units, unit)
     if got:
         logger.info("%d unit(s) of this part already in %s: kept, not converted again", len(got), scrub(units_url(url)))
     return got
@@ -153,9 +171,9 @@ class UnitUploader:
     :attr:`sent` (``already``: units that were there before); :func:`upload_part` sends the rest."""
 
     def __init__(self, local_units: Path, url: str, units: list[Unit], options: RemoteOptions, *,
-                 already: set[str] | frozenset[str] = frozenset(), poll_s: float = 0.2):
+                 already: dict[str, int] | None = None, poll_s: float = 0.2):
         self.local_units, self.url, self.units, self.options, self.poll_s = local_units, url, units, options, poll_s
-        self.sent: set[str] = set(already)
+        self.sent: dict[str, int] = dict(already or {})  # unit -> the version sent (_stamp)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fastdata-unit-upload")
 
@@ -176,15 +194,17 @@ class UnitUploader:
                 for unit in self.units:
                     if self._stop.is_set():
                         return
-                    if unit.name in self.sent or not (self.local_units / unit.name / UNIT_RECORD).is_file():
+                    stamp = _stamp(self.local_units, unit.name)
+                    if stamp is None or self.sent.get(unit.name) == stamp:
                         continue
                     if not marked:
                         mark = self.local_units / _STAGING_MARK_NAME
                         with_retry(lambda: fs.put_file(str(mark), f"{path}/{_STAGING_MARK_NAME}"),
                                    units_url(self.url), self.options.retry, self.options.storage_options)
                         marked = True
-                    _put_unit(fs, path, self.local_units, unit.name, self.url, self.options)
-                    self.sent.add(unit.name)
+                    _put_unit(fs, path, self.local_units, unit.name, self.url, self.options,
+                              replacing=unit.name in self.sent)
+                    self.sent[unit.name] = stamp
                     logger.info("uploaded %s as it was finished", scrub(f"{units_url(self.url)}/{unit.name}"))
             except Exception as exc:  # noqa: BLE001 - upload_part sends it again, or raises
                 logger.debug("upload of a finished unit failed: %s", scrub(str(exc), self.options.storage_options))
