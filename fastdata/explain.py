@@ -107,6 +107,30 @@ def backends_sentence(row: str, workers: int, ratios: dict[str, float]) -> str:
     return text + "."
 
 
+def remote_sentence(row: str, cache: str, remote: tuple[int, float], local: tuple[int, float], largest: int) -> str:
+    """How reading from a URL shifts the best num_workers of ``row`` (``fastdata bench URL``):
+    ``remote`` and ``local`` are (best num_workers, its samples/s) read from the URL through a
+    ``cache`` ("cold": emptied before each epoch; "warm") and from the local copy."""
+    (workers, rate), (local_workers, local_rate) = remote, local
+    how = ("a cold cache: every shard downloaded while it is read" if cache == "cold"
+           else "a warm cache: every shard already downloaded")
+    text = (f"from the URL ({how}), {row} is best at num_workers={workers} ({rate:,.0f}/s, "
+            f"{rate / local_rate:.2f}x the local copy's best) against num_workers={local_workers} on the local copy "
+            f"({local_rate:,.0f}/s): ")
+    if workers > local_workers:
+        text += ("a worker waiting on the network leaves the CPU to the others, so more workers overlap the downloads "
+                 "with decoding (I/O-bound reads reward more workers)")
+    elif workers == local_workers:
+        text += ("no shift: waiting on the downloads does not change which num_workers wins on this machine"
+                 if cache == "cold" else "no shift: with every shard cached the read is a local one")
+    else:
+        text += ("fewer workers win from the URL here: its workers cost more than they overlap (each opens its own "
+                 "connection to the store and waits for its first shard); the row's 'why:' line below gives the costs")
+    if workers == largest and workers > local_workers:
+        text += "; still rising at the largest num_workers tried, so try more"
+    return text + "."
+
+
 def ms(value: float) -> str:
     """A per-batch duration with the precision it needs: 0.016 ms, 1.4 ms, 30 ms."""
     if value < 0.095:

@@ -4,8 +4,9 @@
 wrote a local folder and reported success, and ``info``/``verify`` then read that folder back.
 Reading a URL goes through :mod:`fastdata.remote` (readers, ``open_dataset``, ``verify``, the
 CLI's ``info``/``verify``/``bench``/``tune`` and ``convert``'s SOURCE), and so does the OUTPUT
-of ``convert`` (every engine and ``--part``) and ``merge`` (:mod:`fastdata.remote.upload`); what
-is still local only (``bench --out``) is refused here, never taken for a relative path.
+of ``convert`` (every engine and ``--part``) and ``merge`` (:mod:`fastdata.remote.upload`) and
+``bench --out`` (its results); what is still local only (``preview --out``) is refused here,
+never taken for a relative path.
 """
 
 from __future__ import annotations
@@ -33,6 +34,6 @@ def refuse_url(value: Any, role: str) -> None:
         scheme = os.fspath(value).split("://", 1)[0]
         raise UnsupportedURLError(
             f"{os.fspath(value)!r}: {role} is a {scheme}:// URL, and this writes to local paths only (of the "
-            "writing commands only 'fastdata convert' and 'fastdata merge' upload to a URL). Write to a local directory, then copy it "
+            "writing commands only 'fastdata convert', 'fastdata merge' and 'fastdata bench --out' upload to a URL). Write to a local directory, then copy it "
             "to the bucket (e.g. 'aws s3 cp --recursive DIR URL')."
         )

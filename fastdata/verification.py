@@ -205,7 +205,7 @@ def _decode_all(reader: Any, progress: Callable[[int, int], None]) -> list[str]:
 def _verify_remote(url: str, *, deep: bool, progress: Callable[[int, int], None] | None,
                    options: RemoteOptions) -> VerifyReport:
     try:
-        local, files = locate(url, options, fetch=None)
+        local, files = locate(url, options, fetch=None, reader=False)
     except CorruptDataError as exc:
         if isinstance(exc, RemoteError):
             raise

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 import torch
 from torch.utils.data import DataLoader
 
@@ -261,6 +262,45 @@ def test_the_cli_reads_a_url(s3: S3, uniform_folder: Path, tmp_path: Path) -> No
     assert verify.stdout.startswith(f"{url}: OK (tar, 12 samples; 4 checksums match)")
 
 
+def test_bench_on_a_url_reads_it_cold_beside_the_local_copy_says_how_the_best_num_workers_shifts_and_uploads(
+        s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "encoded", shard_samples=2)  # 6 shards
+    url = upload(s3, local, "bench/ds.tar")
+    shards = sorted(p.name for p in local.glob("shard-*.tar"))
+    before = {name: s3.log.gets(f"bench/ds.tar/{name}") for name in shards}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"))
+    out = f"s3://{BUCKET}/bench/results"  # bench --out URL: the results are uploaded there
+    run = subprocess.run([sys.executable, "-m", "fastdata", "bench", url, "--formats", "tar", "--stores", "encoded",
+                          "--num-workers", "0,2", "--backends", "torch", "--batch-size", "4", "--epochs", "1",
+                          "--warmup", "0", "--cache", "cold", "--quiet", "--out", out],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"fastdata: {url}: 8 file(s) downloaded" in run.stderr  # the local copy: manifest, index, 6 shards
+    assert run.stdout.startswith(f"fastdata bench: {url}, batch 4")
+    assert f"\nwrote {out}/results.json, {out}/results.csv" in run.stdout
+    document = json.loads(s3.fs().cat_file(f"{BUCKET}/bench/results/results.json"))
+    assert s3.fs().cat_file(f"{BUCKET}/bench/results/results.csv").startswith(b"format,store,read_path,")
+    rows = document["rows"]
+    cells = sorted((row["store"], row["read_path"], row["num_workers"]) for row in rows if row["format"] == "tar")
+    assert cells == sorted((store, path, workers) for store in ("encoded", "encoded url:cold")
+                           for path in ("fast", "standard") for workers in (0, 2))
+    assert all(row["status"] == "ok" for row in rows)
+    assert {row["url"] for row in rows if row.get("location") == "url"} == {url}
+    # every shard downloaded once for the local copy, then once per cold epoch of each of the 4 URL rows
+    assert {name: s3.log.gets(f"bench/ds.tar/{name}") - before[name] for name in shards} == {name: 5 for name in shards}
+    table = run.stdout.split("\n")
+    assert any(line.startswith("tar encoded url:cold fast ") for line in table)
+    assert any(line.startswith("tar encoded fast ") for line in table)
+    assert any(line.startswith("url:cold: read from the dataset's URL through a cache of the bench's own, emptied "
+                               "before each epoch") for line in table)
+    remote = next(line for line in table if line.startswith("remote: "))
+    assert re.fullmatch(r"remote: from the URL \(a cold cache: every shard downloaded while it is read\), tar encoded "
+                        r"(fast|standard) is best at num_workers=[02] \([\d,]+/s, [\d.]+x the local copy's best\) "
+                        r"against num_workers=[02] on the local copy \([\d,]+/s\): .+\.", remote), remote
+    summary = document["summary"]["remote"]
+    assert summary["cache"] == "cold" and summary["store"] == "encoded" and summary["text"] == remote[len("remote: "):]
+
+
 # --- the cache -------------------------------------------------------------------------------
 
 
@@ -458,18 +498,76 @@ def test_overwrite_never_replaces_what_fastdata_did_not_write(s3: S3, uniform_fo
     assert s3.fs().cat_file(f"{BUCKET}/foreign/notes.h5") == b"not ours either"
 
 
-def test_a_memory_mapped_dataset_bigger_than_the_cache_goes_over_its_limit_with_a_warning(
-        s3: S3, uniform_folder: Path, tmp_path: Path, caplog) -> None:
-    local = convert_to(uniform_folder, tmp_path, "npy", "raw")
-    url = upload(s3, local, "toobig/ds.npy")
-    size = (local / "images.npy").stat().st_size
-    with caplog.at_level(logging.WARNING, logger="fastdata.remote.cache"):
-        remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size // 2)
+@pytest.mark.parametrize("name", ["npy", "hdf5"])
+def test_a_memory_mapped_dataset_bigger_than_the_cache_is_refused_before_anything_is_downloaded(
+        s3: S3, name: str, uniform_folder: Path, tmp_path: Path) -> None:
+    local = convert_to(uniform_folder, tmp_path, name, "raw")
+    url = upload(s3, local, f"toobig/{local.name}")
+    if local.is_file():
+        size, shards = local.stat().st_size, [local.name]
+    else:
+        files = json.loads((local / "manifest.json").read_text())["files"]
+        size, shards = sum(entry["bytes"] for entry in files.values()), list(files)
+    start = len(s3.log.lines)
+    with pytest.raises(fastdata.errors.InvalidOptionError) as caught:
+        fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size // 2)
+    why = ("its one file is fetched whole and read from the cache while it is open" if name == "hdf5" else
+           "its files are fetched whole and memory-mapped from the cache while it is open")
+    assert str(caught.value) == (
+        f"{url!r} is {size} bytes, more than cache_limit {size // 2} bytes: {why}. Raise cache_limit (cache_limit= or "
+        f"$FASTDATA_CACHE_LIMIT) to at least {size} bytes, or convert it to tar ('fastdata convert {url} OUT.tar'), "
+        "whose readers stream shards through a cache of any size.")
+    assert not [line for line in s3.log.lines[start:] for file in shards if f"{local.name}/{file} " in line
+                or line.endswith(f"GET /{BUCKET}/toobig/{local.name} HTTP/1.1")]  # no data file was downloaded
+    remote = fastdata.open_dataset(url, cache_dir=tmp_path / "cache", cache_limit=size)  # the fix: it fits
     assert torch.equal(remote[list(range(12))][0], fastdata.open_dataset(local)[list(range(12))][0])
-    warnings = [record.getMessage() for record in caplog.records if record.name == "fastdata.remote.cache"]
-    assert len(warnings) == 2 and re.fullmatch(  # images.npy, then labels.npy, each said once
-        rf"cache .*: images.npy needs {size} bytes but only \d+ of cache_limit {size // 2} are free \(the rest is "
-        r"in use\); going over the limit", warnings[0]) and "labels.npy needs" in warnings[1]
+
+
+def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_limit_plus_one_shard(
+        s3: S3, tmp_path: Path) -> None:
+    from conftest import pattern, save
+
+    folder = tmp_path / "large"  # 64x64 images: a shard (12 kB) well above the index and manifest held at open
+    for i in range(12):
+        save(Image.fromarray(pattern(64, 64, seed=i)), folder / ["ant", "bee", "cow"][i % 3] / f"{i}.png")
+    local = convert_to(folder, tmp_path, "tar", "raw", shard_samples=1)  # 12 shards
+    url = upload(s3, local, "indexed/ds.tar")
+    manifest = json.loads((local / "manifest.json").read_text())
+    shard_files = [name for name in manifest["files"] if name.endswith(".tar")]
+    total = sum(manifest["files"][name]["bytes"] for name in shard_files)
+    shard = max(manifest["files"][name]["bytes"] for name in shard_files)
+    limit = total // 3
+    cache_dir = tmp_path / "cache"
+    cache = Cache(cache_dir, limit)
+    sizes, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            sizes.append(cache.usage())
+            time.sleep(0.001)
+
+    remote = TarIndexedDataset(url, cache_dir=cache_dir, cache_limit=limit)
+    expected = TarIndexedDataset(local)
+    order = np.random.default_rng(0).permutation(np.tile(np.arange(12), 3))  # every sample 3 times, shuffled
+    before = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for batch in np.array_split(order, 9):  # batches of 4 samples from up to 4 shards
+            got, want = remote[batch.tolist()], expected[batch.tolist()]
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        remote.close()  # its open shards released: the workers' readers below have the cache to themselves
+        for workers in (0, 2):
+            fresh = TarIndexedDataset(url, cache_dir=cache_dir, cache_limit=limit)
+            loader = DataLoader(fresh, batch_size=3, shuffle=True, num_workers=workers)
+            assert sorted(int(label) for _, labels in loader for label in labels) == sorted(expected.labels.tolist())
+            fresh.close()
+    finally:
+        done.set()
+        sampler.join()
+    assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
+    fetched = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files) - before
+    assert fetched > 12  # shards evicted to stay within the limit were fetched again when read again
 
 
 def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
@@ -542,6 +640,52 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
     expected = all_samples(fastdata.open_dataset(local, shuffle=False))
     assert read[1] == expected[1] and len(read[0]) == 30
     assert all(np.array_equal(x, y) for x, y in zip(read[0], expected[0]))
+
+
+def test_a_part_killed_after_its_first_unit_resumes_from_the_bucket_without_converting_it_again(
+        s3: S3, tmp_path: Path) -> None:
+    import signal
+
+    from test_parts import tree
+
+    url = f"s3://{BUCKET}/killed/ds.tar"
+    units = f"{BUCKET}/killed/ds.tar.partial.units"
+    source = ["torchvision:FakeData", "--source-option", "size=6000", "--source-option", "image_size=(3, 64, 64)"]
+    options = ["--format", "tar", "--store", "encoded", "--unit-samples", "500", "--workers", "1", "--quiet"]
+
+    def convert(output: str, machine: str, *extra: str) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / machine))
+        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *source, output, *options, *extra],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+
+    process = convert(url, "machine-1", "--part", "1/1")
+    deadline = time.monotonic() + 120
+    while not s3.fs().exists(f"{units}/unit-000000/unit.json"):  # the first unit is in the bucket
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "no unit was uploaded"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert not s3.fs().exists(f"{units}/part-0001-of-0001.json")  # killed midway: the part is not done
+    uploaded = sorted(name.rsplit("/", 1)[-1] for name in s3.fs().find(f"{units}/unit-000000"))
+    assert uploaded == ["data.bin", "labels.npy", "sizes.npy", "unit.json"]
+    start = len(s3.log.lines)
+    again = convert(url, "machine-2", "--part", "1/1")  # another machine: only the bucket holds the unit
+    _, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    lines = s3.log.lines[start:]
+    assert [line for line in lines if re.search(r"(?<![A-Z])GET /[^ ]*/unit-000000/data.bin", line)]
+    assert not [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000000/", line)]  # kept, not redone
+    assert [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000011/unit.json", line)]
+    merge = subprocess.run([sys.executable, "-m", "fastdata", "merge", url, "--quiet"], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "merger")),
+                           timeout=300)
+    assert merge.returncode == 0, merge.stderr
+    local = tmp_path / "local.tar"
+    finish = convert(str(local), "machine-3")
+    assert finish.communicate(timeout=300) and finish.returncode == 0
+    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
 
 
 def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, monkeypatch) -> None:

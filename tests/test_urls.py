@@ -1,4 +1,4 @@
-"""A URL where fastdata still takes only a local path (``bench --out``) is refused, never
+"""A URL where fastdata still takes only a local path (``preview --out``) is refused, never
 taken for a relative path (``Path("s3://bucket/x")`` would be the local folder ``s3:/bucket/x``);
 where it reads one, an unreachable server or a missing backend is one clear error. Reading from
 real servers is tests/test_remote.py."""
@@ -18,7 +18,7 @@ from fastdata.remote import Retry
 from fastdata.urls import is_url
 
 REFUSED = ("is a {scheme}:// URL, and this writes to local paths only (of the writing commands only 'fastdata "
-           "convert' and 'fastdata merge' upload to a URL). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
+           "convert', 'fastdata merge' and 'fastdata bench --out' upload to a URL). Write to a local directory, then copy it to the bucket (e.g. 'aws s3 cp "
            "--recursive DIR URL').")
 
 
@@ -30,14 +30,14 @@ def test_what_counts_as_a_url() -> None:
 
 
 @pytest.mark.parametrize("command", [
-    ["bench", "{folder}", "--out", "s3://bucket/bench"],
+    ["preview", "{folder}", "--out", "s3://bucket/preview.png"],
 ])
 def test_the_cli_refuses_a_url_it_would_write_and_writes_nothing(command, uniform_folder: Path, tmp_path: Path,
                                                                  capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     args = [part.format(folder=uniform_folder, tmp=tmp_path) for part in command]
     url = next(part for part in args if "://" in part)
-    role = "OUT" if args[0] == "bench" else "OUTPUT"
+    role = "OUT" if args[0] in ("bench", "preview") else "OUTPUT"
     assert main(args) == 1
     captured = capsys.readouterr()
     assert captured.err == f"fastdata: error: {url!r}: {role} " + REFUSED.format(scheme="s3") + "\n"

@@ -9,6 +9,7 @@ rendered from those rows (:mod:`~fastdata.bench.summary`, :mod:`~fastdata.bench.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from fastdata.errors import InvalidOptionError
 from fastdata.formats import find_manifest, get_format
 from fastdata.machine import machine_info
 from fastdata.manifest import disk_usage
+from fastdata.remote.filesystem import scrub
 
 __all__ = ["BenchConfig", "BenchResult", "auto_workers", "bench_dataset", "machine_info", "parse_workers", "run_bench"]
 
@@ -63,6 +65,13 @@ class BenchResult:
         """One line: what fastdata's thread and process backends change against the DataLoader's
         workers (``summary["backends"]``; None where they were not measured beside it)."""
         effect = self.summary.get("backends")
+        return effect["text"] if effect else None
+
+    @property
+    def remote(self) -> str | None:
+        """One line: how reading from the URL shifted the best num_workers against the local copy
+        (``summary["remote"]``; None where the source was not a URL)."""
+        effect = self.summary.get("remote")
         return effect["text"] if effect else None
 
     @property
@@ -104,6 +113,19 @@ def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: di
     return prepared, reference
 
 
+def _remote_twins(prepared: list[Prepared], source: Any, url: str, config: BenchConfig, out: Path) -> list[Prepared]:
+    """The converted dataset ``source`` (the local copy of ``url``) read from ``url`` itself, when its
+    format streams (tar); npy and HDF5 readers fetch every file at open, so their epochs would be
+    the local copy's."""
+    twins = []
+    for item in prepared:
+        if item.baseline or item.path != str(source) or not get_format(item.format).iterable:
+            continue
+        kwargs = dict(item.dataset_kwargs, cache_dir=str(out / "remote-cache"))
+        twins.append(dataclasses.replace(item, path=url, dataset_kwargs=kwargs, remote=config.cache))
+    return twins
+
+
 def _probe_case(prepared: list[Prepared], config: BenchConfig) -> list[Case]:
     """The transfer probe: a trivial dataset with the benchmark's batch shape, nw=0 and nw>0."""
     size = parse_resize(config.resize) or next((p.image_size for p in prepared if p.image_size), None)
@@ -142,6 +164,7 @@ def run_bench(
     source_options: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     on_case: Callable[[Case, int, int], None] | None = None,
+    url: str | None = None,
 ) -> BenchResult:
     """Measure every configuration of ``config`` on ``source``; write results under ``out``.
 
@@ -152,6 +175,12 @@ def run_bench(
     ``results.csv`` (rows) and ``throughput.png`` (with matplotlib, when anything was measured)
     under ``out`` and returns a :class:`BenchResult`.
 
+    ``url``: where ``source`` (a converted dataset, fetched into the cache) came from. A streamed
+    format (tar) is then also read from the URL itself, through a cache of the bench's own under
+    ``out/remote-cache`` (emptied before each epoch with ``config.cache == "cold"``, so every
+    shard is downloaded while it is decoded), in rows ``<store> url:cold`` (or ``url:warm``)
+    beside the local copy's; :attr:`BenchResult.remote` says how that shifts the best num_workers.
+
     Raises :class:`~fastdata.errors.ShapeMismatchError` before converting or measuring anything
     when a folder's images differ in size and ``config.resize`` is None. A configuration that
     fails is recorded as rows whose ``status`` is ``failed: <reason>``; when all fail,
@@ -160,12 +189,14 @@ def run_bench(
     out = Path(out)
     progress = progress or (lambda message: None)
     prepared, reference = _prepare(source, config, out, source_options or {}, progress)
+    if url is not None:
+        prepared += _remote_twins(prepared, source, url, config, out)
     cases: list[tuple[Case, Prepared | None]] = []
     failed_rows: list[dict[str, Any]] = []
     for item in prepared:
         for path, backend, workers in _grid(item, config):
                 case = Case(item.format, item.store, path, workers, item.path, item.dataset_kwargs,
-                            item.files() if config.cache == "cold" else (), backend)
+                            item.files() if config.cache == "cold" else (), backend, item.remote)
                 if item.error:
                     failed_rows.append(make_row(case, item, {"status": f"failed: {item.error}",
                                                              "warmup": False}, config))
@@ -183,6 +214,7 @@ def run_bench(
         "machine": machine_info(),
         "config": config.to_dict(),
         "source": str(source),
+        **({"url": scrub(url)} if url is not None else {}),
         "baseline": reference,
         "conversions": [
             {"format": p.format, "store": p.store, "path": p.path, "disk_bytes": p.disk_bytes,

@@ -127,8 +127,10 @@ class Case:
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ()  # evicted from the page cache before each epoch with --cache cold
     backend: str = "torch"  # who computes a batch on the fast path (fastdata.loader's backend)
+    remote: str = ""  # a dataset read from its URL: "cold" (the cache emptied before each epoch) or "warm"
 
     @property
     def label(self) -> str:
-        parts = [part for part in (self.format, self.store, self.path) if part and part != "-"]
+        store = f"{self.store} url:{self.remote}" if self.remote else self.store
+        parts = [part for part in (self.format, store, self.path) if part and part != "-"]
         return " ".join(parts) + (f" [{self.backend}]" if self.backend != "torch" else "")

@@ -253,6 +253,8 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
     plan = getattr(getattr(dataset, "decoder", None), "plan", None)
     rows = []
     for epoch in range(config.warmup + config.epochs):
+        if case.remote == "cold":  # a URL read from an empty cache: every shard downloaded while it is decoded
+            dataset.files.drop()
         row = run_epoch(loader, config, case)
         rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row,
                      "fused_decode": plan.kind if plan is not None else None})

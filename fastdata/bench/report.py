@@ -172,6 +172,10 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
         "samples/s: median of the epochs ± half their range; * = the row's best num_workers (the fewest within the "
         f"noise of its fastest: ranges overlap or medians within {NOISE_FLOOR:.0%}); = within the noise",
         *(f"{path}: {PATH_WORDS[path]}" for path in paths),
+        *([f"url:{cache}: read from the dataset's URL through a cache of the bench's own, "
+           + ("emptied before each epoch (every shard downloaded while it is read)" if cache == "cold" else
+              "filled by the warm-up epoch") + "; the rows without it read the local copy"
+           for cache in sorted({key[1].split(" url:", 1)[1] for key in summary if " url:" in key[1]})]),
         *(["nw=0 of a [thread] or [process] row: the torch row's one measurement (at num_workers=0 every backend runs "
            "the same serial loop in the calling thread)"] if shared else []),
     ])

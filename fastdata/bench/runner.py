@@ -24,6 +24,7 @@ from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
 from fastdata.images import parse_size
 from fastdata.conversion.files import remove_path
+from fastdata.remote.filesystem import scrub
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 
 ROW_FIELDS = (
@@ -46,8 +47,11 @@ class Prepared:
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     baseline: bool = False  # the source read as it is (image folder, torchvision dataset)
+    remote: str = ""  # read from its URL (``path``) through a cache of the bench's own: "cold" or "warm"
 
     def files(self) -> tuple[str, ...]:
+        if self.remote:
+            return ()  # no local file: a cold URL read starts from an emptied cache instead (measure.run_case)
         root = Path(self.path)
         if root.is_file():
             return (str(root),)
@@ -196,6 +200,9 @@ def make_row(case: Case, prepared: Prepared | None, result: dict[str, Any], conf
     row = {name: result.get(name) for name in ROW_FIELDS}
     row.update(format=case.format, store=case.store, read_path=case.path, num_workers=case.num_workers,
                backend=case.backend)
+    if case.remote:  # its own row of the table, beside the local copy's
+        row.update(store=f"{case.store} url:{case.remote}", location="url", url_cache=case.remote,
+                   url=scrub(case.dataset_path))
     extra = {key: value for key, value in result.items() if key not in row}
     row.update(extra)
     row.update(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from fastdata.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler
+from fastdata.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -174,7 +174,7 @@ def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[s
     warnings = [w for w in (batches_warning(summary, batch), epochs_warning(summary)) if w]
     recommendation = recommend(summary, baseline)
     return {"rows": out_rows, "recommendation": recommendation, "backends": backend_effect(summary, recommendation),
-            "warnings": warnings, "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
+            "remote": remote_effect(summary), "warnings": warnings, "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
 
 
 def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],
@@ -206,6 +206,36 @@ def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],
     return {"format": group[0], "store": group[1], "read_path": group[2], "num_workers": workers,
             "serial_samples_per_s": serial, "samples_per_s": rates, "ratio_to_serial": ratios,
             "text": backends_sentence(" ".join(p for p in group if p != "-"), workers, ratios)}
+
+
+URL_MARK = " url:"  # a row read from the dataset's URL: its store is "<store> url:<cold|warm>" (runner.make_row)
+
+
+def remote_effect(summary: dict[Key, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """How reading from the URL shifts the best num_workers (``fastdata bench URL``): the row read
+    from the URL with the best rate, its best num_workers and rate beside its local copy's. None
+    where no row was read from a URL (or either side failed)."""
+    pairs = []
+    for key, by_workers in summary.items():
+        if URL_MARK not in key[1]:
+            continue
+        store, cache = key[1].split(URL_MARK, 1)
+        local = summary.get((key[0], store, key[2], key[3]))
+        remote_best, local_best = best_workers(by_workers), best_workers(local) if local else None
+        if remote_best is None or local_best is None:
+            continue
+        pairs.append((by_workers[remote_best]["samples_per_s"], key, store, cache, remote_best, local_best, local))
+    if not pairs:
+        return None
+    rate, key, store, cache, remote_best, local_best, local = max(pairs, key=lambda item: item[0])
+    local_rate = local[local_best]["samples_per_s"]
+    name = " ".join(part for part in (key[0], store, key[2]) if part and part != "-")
+    largest = max(w for w, cell in summary[key].items() if cell["status"] == "ok")
+    return {"format": key[0], "store": store, "read_path": key[2], "backend": key[3], "cache": cache,
+            "best_num_workers": remote_best, "samples_per_s": rate,
+            "local_best_num_workers": local_best, "local_samples_per_s": local_rate,
+            "ratio_to_local": round(rate / local_rate, 3),
+            "text": remote_sentence(name, cache, (remote_best, rate), (local_best, local_rate), largest)}
 
 
 def recommend(summary: dict[Key, dict[int, dict[str, Any]]], baseline: str | None) -> dict[str, Any] | None:

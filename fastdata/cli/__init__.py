@@ -153,9 +153,11 @@ def _main(argv: Sequence[str] | None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         for role in _WRITTEN_PATHS:
-            if not (role == "output" and args.command in ("convert", "merge")):  # these upload to a URL
+            if not (role == "output" and args.command in ("convert", "merge")  # these upload to a URL
+                    or role == "out" and args.command == "bench"):
                 refuse_url(getattr(args, role, None), role.upper())
         if is_url(getattr(args, "source", None)):  # bench, tune, convert: a converted dataset, fetched first
+            args.source_url = args.source  # bench reads it from the URL too, beside the local copy
             args.source = str(fetch_converted(args.source, cold=getattr(args, "cache", "warm") == "cold"))
         return args.run(args)
     except FastdataError as exc:

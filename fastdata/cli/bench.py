@@ -76,7 +76,9 @@ def add_parser(commands) -> None:
                         help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
                         "formats (default: torch,thread,process; at num_workers=0 they are one serial loop)")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
-                        help="results and cached conversions (default: ./bench-out)")
+                        help="results and cached conversions (default: ./bench-out); a URL (s3://...) gets "
+                        "results.json, results.csv and throughput.png, the conversions stay cached under the "
+                        "cache directory")
     parser.add_argument("--root", metavar="DIR", help="torchvision sources: the dataset's root folder")
     parser.add_argument("--split", default=None, metavar="NAME",
                         help="torchvision sources: the dataset's own split name (when not given, the one the dataset "
@@ -112,7 +114,17 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from fastdata.bench import bench_dataset, run_bench
 
-    out = Path(args.out)
+    from fastdata.urls import is_url
+
+    out_url = args.out if is_url(args.out) else None
+    if out_url is not None:  # results written locally (conversions cached there too), then uploaded
+        from fastdata.remote import RemoteOptions
+        from fastdata.remote.upload import check_writable, staging_path
+
+        check_writable(out_url, RemoteOptions())
+        out = staging_path(out_url).with_name("bench-out")
+    else:
+        out = Path(args.out)
     source = args.source
     resize = args.resize
     if args.demo:
@@ -145,13 +157,21 @@ def run_bench(args: argparse.Namespace) -> int:
         if is_import_string(source):
             result = bench_dataset(source, config, out, on_case)
         else:
-            result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case)
+            result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case,
+                               url=getattr(args, "source_url", None))
     finally:
         if bar is not None:
             bar.update(bar.total - bar.n)
             bar.close()
+    written = None
+    if out_url is not None:
+        from fastdata.remote import RemoteOptions
+        from fastdata.remote.upload import upload_results
+
+        names = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
+        written = upload_results([out / name for name in names], out_url, RemoteOptions())
     failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
-              f"Rows with each failure: {out / 'results.json'}")
+              f"Rows with each failure: {written[0] if written else out / 'results.json'}")
     if args.json:
         import json
 
@@ -159,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if result.all_failed:
             print(failed.replace(" (see the table above)", ""), file=sys.stderr)
         return 1 if result.all_failed else 0
-    report = report_text(result, source, config)
+    report = report_text(result, getattr(args, "source_url", None) or source, config, written)
     if result.all_failed:
         print(report, file=sys.stderr)
         print(failed, file=sys.stderr)
@@ -210,7 +230,7 @@ def fused_line(rows: list[dict]) -> str | None:
     return line + (f"; not fused (stored pixels): {', '.join(after)}" if after else "")
 
 
-def report_text(result, source: str, config) -> str:
+def report_text(result, source: str, config, written: list[str] | None = None) -> str:
     """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
     short reasons and the files written."""
     from fastdata.bench import machine_info
@@ -227,14 +247,17 @@ def report_text(result, source: str, config) -> str:
         lines += ["", "recommendation: " + result.recommendation]
     if result.backends:
         lines.append("backends: " + result.backends)
+    if result.remote:
+        lines.append("remote: " + result.remote)
     fused = fused_line(result.rows)
     if fused:
         lines.append(fused)
     lines += ["", *result.warnings, *([""] if result.warnings else []), result.table, "", "why:"]
     lines += [f"  {line}" for line in result.verdicts]
-    out = result.out
-    written = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
-    lines.append(f"\nwrote {', '.join(str(out / name) for name in written)}")
+    if written is None:  # written: the URLs they were uploaded to (--out URL)
+        names = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
+        written = [str(result.out / name) for name in names]
+    lines.append(f"\nwrote {', '.join(written)}")
     if result.plot is None and not result.all_failed:
         lines.append(f"(no plot: install matplotlib, e.g. {install_command('plot')})")
     return "\n".join(lines)

@@ -45,7 +45,9 @@ from fastdata.conversion.files import remove_path
 from fastdata.errors import PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
 from fastdata.remote.filesystem import scrub
-from fastdata.remote.units import download_units, part_record, remove_units, units_url, upload_part
+from fastdata.remote.units import (
+    UnitUploader, download_units, fetch_uploaded_units, part_record, remove_units, units_url, upload_part,
+)
 from fastdata.remote.upload import ShardUploader, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.sources import Source
 from fastdata.urls import is_url
@@ -144,9 +146,12 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
             f"Part {part}/{parts} of {scrub(url)!r} was already uploaded ({describe_part(earlier)}); each --part I/N "
             f"runs once. Check the job array's indices, or pass --overwrite to convert part {part}/{parts} again.")
     src, reopen = open_source(source, options), source_argument(source, options)
-    record = restarting(lambda mode: convert_part(src, staging, options, progress, source=reopen, mode=mode))
     units = part_units(plan_units(len(src), options.unit_samples), part, parts)
-    upload_part(units_staging(staging), url, units, record, remote)
+    local_units = claim_staging(staging)  # refuses a folder fastdata did not write
+    already = fetch_uploaded_units(url, local_units, units, remote) if not options.overwrite else {}
+    with UnitUploader(local_units, url, units, remote, already=already) as uploader:  # each unit as it is done
+        record = restarting(lambda mode: convert_part(src, staging, options, progress, source=reopen, mode=mode))
+    upload_part(local_units, url, units, record, remote, sent=uploader.sent)
     for unit in units:  # the bucket holds them now; other parts here may still be writing beside them
         remove_unit(units_staging(staging), unit)
     (units_staging(staging) / PART_PATTERN.format(part, parts)).unlink()

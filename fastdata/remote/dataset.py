@@ -176,6 +176,11 @@ class RemoteFiles:
             if name not in self._pinned:
                 self._pinned[name] = self._fetch(name)
 
+    def held_bytes(self) -> int:
+        """Bytes of the files this reader holds in the cache while it lives (:meth:`ensure`)."""
+        return sum(os.fstat(lease.descriptor).st_size for lease in self._pinned.values()
+                   if lease is not None and lease.descriptor >= 0)
+
     def lease(self, name: str) -> Lease:
         """The cached file ``name`` (prefetched, or fetched now), leased until released."""
         self._check_process()
@@ -246,6 +251,21 @@ class RemoteFiles:
             self._pinned, self._ahead = {}, {}
 
 
+def check_fits(files: RemoteFiles, size: int, why: str) -> None:
+    """Refuse, before anything is downloaded, a dataset that a reader holds in the cache whole
+    (npy, HDF5) when it is bigger than ``cache_limit``: it could only go over the limit."""
+    limit = files.cache.limit
+    if size > limit:
+        raise InvalidOptionError(
+            f"{scrub(files.url)!r} is {_size(size)}, more than cache_limit {_size(limit)}: {why}. Raise cache_limit "
+            f"(cache_limit= or $FASTDATA_CACHE_LIMIT) to at least {_size(size)}, or convert it to tar ('fastdata "
+            f"convert {scrub(files.url)} OUT.tar'), whose readers stream shards through a cache of any size.")
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e6:.1f} MB ({count} bytes)" if count >= 10**5 else f"{count} bytes"
+
+
 def _single_file_problem(file: Path, url: str) -> str | None:
     """What the format's own verify finds wrong with a downloaded single-file dataset."""
     from fastdata.formats.registry import get_format  # the registry imports every format: only when needed
@@ -264,9 +284,10 @@ def _key(url: str, version: str) -> str:
     return f"{name or 'dataset'}-{hashlib.blake2b(f'{scrub(url)}|{version}'.encode(), digest_size=8).hexdigest()}"
 
 
-def open_remote(url: str, options: RemoteOptions) -> RemoteFiles:
+def open_remote(url: str, options: RemoteOptions, *, reader: bool = False) -> RemoteFiles:
     """The dataset at ``url``: its manifest fetched (a directory dataset), or its one file
-    downloaded and checked (a single-file dataset such as ``.h5``)."""
+    downloaded and checked (a single-file dataset such as ``.h5``; for a ``reader``, refused
+    first when it is bigger than ``cache_limit``: see :func:`check_fits`)."""
     url = str(url).rstrip("/")
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
@@ -287,6 +308,8 @@ def open_remote(url: str, options: RemoteOptions) -> RemoteFiles:
         if not is_plain_name(name):
             raise InvalidOptionError(f"{scrub(url)!r}: cannot name a cache file after {name!r}.")
         files = RemoteFiles(url, options, _key(url, version), None, single=name, single_size=int(info.get("size") or 0))
+        if reader:
+            check_fits(files, files.single_size, "its one file is fetched whole and read from the cache while it is open")
         files.ensure([name])
         return files
     try:
@@ -315,16 +338,21 @@ def _write_manifest(files: RemoteFiles, text: bytes) -> None:
 
 
 def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *,
-           fetch: Iterable[str] | None = ()) -> tuple[Path, LocalFiles | RemoteFiles]:
+           fetch: Iterable[str] | None = (), reader: bool = True) -> tuple[Path, LocalFiles | RemoteFiles]:
     """Where a reader finds the dataset ``path``: the local path itself, or for a URL its
     directory (or file) in the cache, with the files ``fetch`` names brought there first
-    (``None``: every file of the manifest)."""
+    (``None``: every file of the manifest). For a ``reader`` (not ``verify``, which holds the
+    files only while it checks them), a dataset held whole that is bigger than ``cache_limit``
+    is refused first (:func:`check_fits`)."""
     if not is_url(path):
         return Path(path), LocalFiles()
-    files = open_remote(os.fspath(path), options or RemoteOptions())
+    files = open_remote(os.fspath(path), options or RemoteOptions(), reader=reader)
     if files.single:
         return files.directory / files.single, files
     names = list(files.manifest["files"]) if fetch is None else [n for n in fetch if n in files.manifest["files"]]
+    if fetch is None and reader:
+        check_fits(files, sum(int(files.manifest["files"][n]["bytes"]) for n in names),
+                   "its files are fetched whole and memory-mapped from the cache while it is open")
     files.ensure(names)
     return files.directory, files
 

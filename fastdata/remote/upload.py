@@ -181,3 +181,23 @@ def staging_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
     name = url.rstrip("/").rsplit("/", 1)[-1]
     digest = hashlib.blake2b(scrub(url).encode(), digest_size=8).hexdigest()
     return base / ".uploads" / digest / name
+
+
+def check_writable(url: str, options: RemoteOptions) -> None:
+    """Reach ``url`` before a long run writes there (``bench --out URL``): no credentials, a
+    403 or an unreachable server is one clear error now, not after the run."""
+    fs, path = filesystem(url, options.storage_options)
+    with_retry(lambda: fs.exists(path.rstrip("/")), url, options.retry, options.storage_options)
+
+
+def upload_results(files: list[Path], url: str, options: RemoteOptions) -> list[str]:
+    """Put each of ``files`` under ``url`` (``bench --out URL``'s results); their URLs."""
+    fs, path = filesystem(url, options.storage_options)
+    path = path.rstrip("/")
+    sent = []
+    for file in files:
+        with_retry(lambda: fs.put_file(str(file), f"{path}/{file.name}"), f"{url.rstrip('/')}/{file.name}",
+                   options.retry, options.storage_options)
+        sent.append(f"{scrub(url).rstrip('/')}/{file.name}")
+    return sent
+

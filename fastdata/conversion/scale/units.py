@@ -36,6 +36,7 @@ UNIT_SAMPLES = 1000
 STAGING_SUFFIX = ".partial.units"
 UNIT_RECORD = "unit.json"
 _TEMPORARY_INFIX = ".tmp-"
+TEMPORARY_INFIX = _TEMPORARY_INFIX  # a unit being written (or downloaded) is named unit-NNNNNN.tmp-XXXX
 _READ_BYTES = 16 * 1024 * 1024
 
 

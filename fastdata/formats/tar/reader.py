@@ -6,11 +6,15 @@ parsed at read time, and member names are never used.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from torch.utils.data import get_worker_info
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
 from fastdata.formats.npyfile import MAGIC, npy_header
@@ -85,7 +89,9 @@ class TarIndexedDataset(StoredDataset):
 
     format_name = FORMAT
     required_files = {"raw": (INDEX_NAME,), "encoded": (INDEX_NAME,)}
-    remote_fetch = (INDEX_NAME,)  # shards are fetched as they are read (and kept while this reader lives)
+    # a URL's shards are fetched as they are read, and this process keeps its least recently read
+    # ones open within its share of cache_limit (:class:`OpenShards`)
+    remote_fetch = (INDEX_NAME,)
 
     def _load(self) -> None:
         self.index = load_checked_index(self.path, self.manifest)
@@ -97,27 +103,33 @@ class TarIndexedDataset(StoredDataset):
                                        "the manifest lists. Convert the source again.")
         return field_values(self, f, indices)
 
-    def _open(self) -> dict[int, int]:
-        return {}  # shard -> descriptor, opened on first use in this process
+    def _open(self) -> "OpenShards":
+        return OpenShards(self.files.url is not None)  # opened on first use in this process
 
-    def _descriptor(self, shard: int) -> int:
-        descriptors = self.handles
-        if shard not in descriptors:
-            self.files.ensure([self.index.files[shard]])  # a URL's shard: into the cache first
-            descriptors[shard] = open_shard(self.path, self.index, shard)
-        return descriptors[shard]
+    def close(self) -> None:
+        """Close this process's open shards and release what it holds in a URL's cache (so the
+        cache may evict it at once, not when the reader is garbage collected); reading again
+        opens (and fetches) shards again."""
+        if self._handles is not None and self._pid == os.getpid():
+            self._handles.close()
+        self.files.close()
+
+    def _shard(self, shard: int) -> Any:
+        """``with dataset._shard(shard) as descriptor``: the shard open (a URL's in the cache) while used."""
+        return self.handles.use(self, shard)
 
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:
-        index, blobs = self.index, []
-        for sample in indices.tolist():
-            shard = int(index.shard_of[sample])
-            blobs.append(
-                read_exact(
-                    self._descriptor(shard), int(index.image_size[sample]), int(index.image_offset[sample]),
-                    _shard_path(self.path, index, shard),  # built only if the read fails
-                )
-            )
+        index = self.index
+        samples = indices.tolist()
+        shards = index.shard_of[indices] if len(indices) else np.empty(0, np.int64)
+        blobs: list[Any] = [None] * len(samples)
+        for shard in dict.fromkeys(shards.tolist()):  # each shard once per read, in first-use order
+            with self._shard(shard) as descriptor:
+                for row in np.flatnonzero(shards == shard).tolist():
+                    sample = samples[row]
+                    blobs[row] = read_exact(descriptor, int(index.image_size[sample]), int(index.image_offset[sample]),
+                                            _shard_path(self.path, index, shard))  # built only if the read fails
         return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder,
                              epoch=self.epoch_of(indices), draws=draws)
 
@@ -131,8 +143,12 @@ def field_values(dataset: Any, f: Any, indices: np.ndarray, members: list[bytes]
     values = []
     for row, sample in enumerate(indices.tolist()):
         shard = int(index.shard_of[sample])
-        data = members[row] if members is not None else read_exact(
-            dataset._descriptor(shard), int(sizes[sample]), int(offsets[sample]), _shard_path(dataset.path, index, shard))
+        if members is not None:
+            data = members[row]
+        else:
+            with dataset._shard(shard) as descriptor:
+                data = read_exact(descriptor, int(sizes[sample]), int(offsets[sample]),
+                                  _shard_path(dataset.path, index, shard))
         values.append(f.from_member(data, f"{str(dataset.path / index.files[shard])!r} sample {sample}: "))
     if f.variable:
         return values
@@ -148,3 +164,78 @@ def field_values(dataset: Any, f: Any, indices: np.ndarray, members: list[bytes]
 
 def _shard_path(path: Path, index: ShardIndex, shard: int) -> Callable[[], Path]:
     return lambda: path / index.files[shard]  # no Path per sample in workers' memory
+
+
+class OpenShards:
+    """One process's open shards of a :class:`TarIndexedDataset`. Local shards stay open. A URL's
+    shards are leased from the cache while open (never evicted meanwhile), and the least
+    recently used ones not being read are closed (their leases released, so the cache may evict
+    them) before another is opened past this process's share of ``cache_limit``: the limit less
+    the files held at open (index, manifest), split over the DataLoader's workers. So random
+    access to a dataset bigger than the cache keeps the cache within ``cache_limit`` plus one
+    shard, re-fetching an evicted shard when it is read again (as Mosaic Streaming does)."""
+
+    def __init__(self, remote: bool):
+        self.remote = remote  # no reference to the dataset: closed as soon as the dataset is dropped
+        self.open: OrderedDict[int, list[Any]] = OrderedDict()  # shard -> [descriptor, lease, bytes, users]
+        self.lock = threading.Lock()  # the thread backend reads one dataset from several threads
+
+    def _budget(self, dataset: TarIndexedDataset) -> float:
+        files = dataset.files
+        info = get_worker_info()
+        return (files.cache.limit - files.held_bytes()) / (info.num_workers if info else 1)
+
+    def use(self, dataset: TarIndexedDataset, shard: int) -> Any:
+        @contextlib.contextmanager
+        def held() -> Any:
+            entry = self._acquire(dataset, shard)
+            try:
+                yield entry[0]
+            finally:
+                with self.lock:
+                    entry[3] -= 1
+        return held()
+
+    def _acquire(self, dataset: TarIndexedDataset, shard: int) -> list[Any]:
+        with self.lock:
+            entry = self.open.get(shard)
+            if entry is None:
+                name = dataset.index.files[shard]
+                size = int(dataset.index.sizes[shard])
+                if self.remote:
+                    budget, used = self._budget(dataset), sum(e[2] for e in self.open.values())
+                    for idle in [s for s, e in self.open.items() if e[3] == 0]:  # least recently used first
+                        if used + size <= budget:
+                            break
+                        used -= self._close(idle)
+                lease = dataset.files.lease(name) if self.remote else None  # a URL's shard: into the cache
+                try:
+                    descriptor = open_shard(dataset.path, dataset.index, shard)
+                except BaseException:
+                    if lease is not None:
+                        lease.release()
+                    raise
+                entry = self.open[shard] = [descriptor, lease, size, 0]
+            self.open.move_to_end(shard)
+            entry[3] += 1
+            return entry
+
+    def _close(self, shard: int) -> int:
+        descriptor, lease, size, _ = self.open.pop(shard)
+        os.close(descriptor)
+        if lease is not None:
+            lease.release()
+        return size
+
+    def close(self) -> None:
+        with self.lock:
+            for shard in list(self.open):
+                self._close(shard)
+
+    def __del__(self) -> None:
+        for shard in list(getattr(self, "open", {})):
+            try:
+                self._close(shard)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
