@@ -40,8 +40,13 @@ for whole epochs (batches of ``--batch-size``, shuffled, uint8 224x224 out):
                 fn.readers.file + fn.decoders.image_random_crop(device="cpu") + fn.resize +
                 fn.flip, num_threads=w; one untimed epoch first.
 every backend (torch/thread/process) and ``--workers`` each, in ``--rounds`` rounds of one epoch
-per configuration in rotating order (interleaved, so load from other programs hits all alike);
-the median epoch of each, each path at its best configuration, and the ratios. Worker start-up
+per configuration in a shuffled order per round (interleaved, so load from other programs hits
+all alike, and no configuration always runs right after the same one); before each epoch the
+script waits until no thread of its process uses CPU (DALI's iterator prefetches the next
+epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next).
+The median epoch of each, each path at its best configuration, and the ratios; also samples per
+CPU-second of this process for the configurations that work in it (num_workers=0, the thread
+backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
 is part of each epoch for both (no persistent workers), as in a default training loop.
 """
 
@@ -184,6 +189,26 @@ def _epoch(batches) -> tuple[float, int]:
     return time.perf_counter() - start, count
 
 
+def _quiesce(limit_s: float = 10.0) -> None:
+    """Wait (at most ``limit_s``) until no thread of this process uses CPU: a library's threads
+    still working ahead after its epoch (DALI's prefetch) would otherwise be timed in the next
+    configuration's epoch. The main thread sleeps here, so any CPU time is another thread's."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = time.process_time()
+        time.sleep(0.2)
+        if time.process_time() - before < 0.01:
+            return
+
+
+def _order(names: list[str], round_: int) -> list[str]:
+    """This round's order: a seeded shuffle, so no configuration always follows the same one
+    (a rotation keeps every neighbour)."""
+    order = list(names)
+    np.random.default_rng(round_).shuffle(order)
+    return order
+
+
 def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int) -> dict[str, object]:
     """name -> a function giving one epoch's iterable (a fresh loader each epoch, like a default
     training loop: workers start in every epoch)."""
@@ -324,8 +349,11 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 write_ffcv(paths["source"], paths["ffcv"], args.max_side)
         configs = loader_configs(paths, workers, args.batch_size)
         names, rates = list(configs), {name: [] for name in configs}
+        cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
         for round_ in range(args.rounds):
-            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            for name in _order(names, round_):
+                _quiesce()
+                cpu_start = time.process_time()
                 try:
                     elapsed, samples = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
@@ -334,21 +362,30 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 if samples != count:
                     print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
                 rates[name].append(samples / elapsed)
-                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s", flush=True)
+                cpu_rates[name].append(samples / max(time.process_time() - cpu_start, 1e-9))
+                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s "
+                      f"({cpu_rates[name][-1]:.1f} per CPU-second of this process)", flush=True)
         for name in names:
             if rates[name]:
                 rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
                              "samples_per_s": statistics.median(rates[name]), "epoch_rates": rates[name],
+                             "samples_per_cpu_s": statistics.median(cpu_rates[name]) if _in_process(name) else None,
                              "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
     return rows
+
+
+def _in_process(name: str) -> bool:
+    """The configuration does all its work in this process (its CPU time is all counted)."""
+    return name.endswith("nw=0") or " thread " in name or name.startswith(("ffcv", "dali"))
 
 
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"os.cpu_count() = {os.cpu_count()}, batch {args.batch_size}, median of {args.rounds} epochs each, "
           "interleaved")
-    print(f"{'set':9} {'configuration':28} {'samples/s':>10}")
+    print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'per CPU-s':>10}")
     for row in rows:
-        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f}")
+        per_cpu = "" if row["samples_per_cpu_s"] is None else f"{row['samples_per_cpu_s']:10.1f}"
+        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {per_cpu}")
     print("best of each path, ratio to torchvision's best:")
     for kind in dict.fromkeys(row["set"] for row in rows):
         best = {}
