@@ -182,11 +182,12 @@ def write_folder(images: list[bytes], root: str, classes: int = 10) -> None:
             handle.write(data)
 
 
-def _epoch(batches) -> tuple[float, int]:
-    start, count = time.perf_counter(), 0
+def _epoch(batches) -> tuple[float, int, float]:
+    """(seconds, samples, CPU seconds of this process) of one pass over ``batches``."""
+    start, cpu_start, count = time.perf_counter(), time.process_time(), 0
     for images, _ in batches:
         count += len(images)
-    return time.perf_counter() - start, count
+    return time.perf_counter() - start, count, time.process_time() - cpu_start
 
 
 def _quiesce(limit_s: float = 10.0) -> None:
@@ -353,16 +354,15 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
         for round_ in range(args.rounds):
             for name in _order(names, round_):
                 _quiesce()
-                cpu_start = time.process_time()
                 try:
-                    elapsed, samples = _epoch(configs[name]())
+                    elapsed, samples, cpu_s = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
                     print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
                     continue
                 if samples != count:
                     print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
                 rates[name].append(samples / elapsed)
-                cpu_rates[name].append(samples / max(time.process_time() - cpu_start, 1e-9))
+                cpu_rates[name].append(samples / max(cpu_s, 1e-9))
                 print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s "
                       f"({cpu_rates[name][-1]:.1f} per CPU-second of this process)", flush=True)
         for name in names:

@@ -93,11 +93,13 @@ class FusedPlan:
         return Draw(top, left, box_height, box_width, flip)
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
-        """For a resize + centre crop plan: (height, width) after the Resize, torchvision's rule."""
-        from torchvision.transforms.v2.functional._geometry import _compute_resized_output_size
-
-        new_height, new_width = _compute_resized_output_size((height, width), list(self.resize), self.max_size)
-        return new_height, new_width
+        """For a resize + centre crop plan: (height, width) after the Resize, torchvision's rule,
+        asked of torchvision's public ``v2.functional.resize`` on an empty (0, height, width)
+        tensor (it computes the output size and resizes nothing)."""
+        _, _, functional = _torchvision()
+        empty = torch.empty((0, height, width), dtype=torch.uint8)
+        resized = functional.resize(empty, list(self.resize) if self.resize else None, max_size=self.max_size)
+        return int(resized.shape[-2]), int(resized.shape[-1])
 
 
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
@@ -167,13 +169,24 @@ def _subclass_of(step: Any, name: str) -> bool:
 
 
 def _interpolation(step: Any) -> tuple[str | None, str | None]:
-    """(the step's interpolation as an InterpolationMode value, None) or (None, why not fused)."""
-    from torchvision.transforms.v2.functional._geometry import _check_interpolation
+    """(the step's interpolation as an InterpolationMode value, None) or (None, why not fused).
+    torchvision takes an ``InterpolationMode``, its value as a string (``"bilinear"``) or, as
+    documented, the Pillow integer constant of one (``PIL.Image.Resampling``: 0 nearest,
+    1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming); anything else it refuses when the
+    transform runs, so that is left to it (not fused). Public names only: the mapping is
+    checked against torchvision's own resize in tests/test_fused.py."""
+    from PIL import Image
 
-    try:
-        mode = _check_interpolation(step.interpolation).value
-    except (TypeError, ValueError) as exc:
-        return None, f"{type(step).__name__} has an interpolation torchvision refuses ({exc})"
+    _, _, functional = _torchvision()
+    value = step.interpolation
+    if isinstance(value, functional.InterpolationMode):
+        mode = value.value
+    elif isinstance(value, str) and value in {member.value for member in functional.InterpolationMode}:
+        mode = value
+    elif isinstance(value, int) and not isinstance(value, bool) and value in set(Image.Resampling):
+        mode = functional.InterpolationMode[Image.Resampling(value).name].value
+    else:
+        return None, f"{type(step).__name__} has an interpolation torchvision refuses ({value!r})"
     if mode in _PIL_ONLY_MODES:
         return None, f"{type(step).__name__} interpolation {mode!r} exists only for PIL images"
     return mode, None
