@@ -393,8 +393,11 @@ def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
             if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
                 best[row["path"]] = row
         base = best["torchvision"]["samples_per_s"]
+        ffcv = best.get("ffcv", {}).get("samples_per_s")
         for path, row in best.items():
-            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  {row['samples_per_s'] / base:5.2f}x")
+            versus_ffcv = f"  {row['samples_per_s'] / ffcv:5.2f}x FFCV" if ffcv else ""
+            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  "
+                  f"{row['samples_per_s'] / base:5.2f}x{versus_ffcv}")
 
 
 def main() -> None:
@@ -413,7 +416,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.loader:
+        print(f"load average at the start: {os.getloadavg()}", flush=True)
         rows = run_loader(args)
+        print(f"load average at the end: {os.getloadavg()}")
         print_loader(rows, args)
         if args.json:
             with open(args.json, "w") as handle:
