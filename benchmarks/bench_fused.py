@@ -43,7 +43,9 @@ every backend (torch/thread/process) and ``--workers`` each, in ``--rounds`` rou
 per configuration in a shuffled order per round (interleaved, so load from other programs hits
 all alike, and no configuration always runs right after the same one); before each epoch the
 script waits until no thread of its process uses CPU (DALI's iterator prefetches the next
-epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next).
+epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next)
+and sets torch back to one intra-op thread (FFCV's Loader sets torch's thread count, for the
+whole process, to its own num_workers, and leaves it so).
 The median epoch of each, each path at its best configuration, and the ratios; also samples per
 CPU-second of this process for the configurations that work in it (num_workers=0, the thread
 backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
@@ -354,6 +356,11 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
         for round_ in range(args.rounds):
             for name in _order(names, round_):
                 _quiesce()
+                # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
+                # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: without this,
+                # every later in-process configuration ran torch on 2 spinning intra-op threads
+                # (measured: fused num_workers=0 6x slower per CPU-second after an FFCV epoch)
+                torch.set_num_threads(1)
                 try:
                     elapsed, samples, cpu_s = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
