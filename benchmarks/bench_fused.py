@@ -315,15 +315,20 @@ def dali_loader(source: str, threads: int, batch_size: int):
         if not made:
             built = pipe()
             built.build()
-            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=True,
+            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=False,
                                             last_batch_policy=LastBatchPolicy.PARTIAL))
             _epoch(_dali_batches(made[0]))
-        return _dali_batches(made[0])
+        return _dali_batches(made[0], reset=True)
 
     return epoch
 
 
-def _dali_batches(iterator):
+def _dali_batches(iterator, reset: bool = False):
+    """One epoch's batches; with ``reset``, the iterator is reset (and starts prefetching) inside
+    the timed epoch, not when the previous one ended (auto_reset would prefetch the next epoch
+    while the script waits between configurations: untimed work)."""
+    if reset:
+        iterator.reset()
     for batch in iterator:
         yield batch[0]["image"], batch[0]["label"]
 
