@@ -40,8 +40,15 @@ for whole epochs (batches of ``--batch-size``, shuffled, uint8 224x224 out):
                 fn.readers.file + fn.decoders.image_random_crop(device="cpu") + fn.resize +
                 fn.flip, num_threads=w; one untimed epoch first.
 every backend (torch/thread/process) and ``--workers`` each, in ``--rounds`` rounds of one epoch
-per configuration in rotating order (interleaved, so load from other programs hits all alike);
-the median epoch of each, each path at its best configuration, and the ratios. Worker start-up
+per configuration in a shuffled order per round (interleaved, so load from other programs hits
+all alike, and no configuration always runs right after the same one); before each epoch the
+script waits until no thread of its process uses CPU (DALI's iterator prefetches the next
+epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next)
+and sets torch back to one intra-op thread (FFCV's Loader sets torch's thread count, for the
+whole process, to its own num_workers, and leaves it so).
+The median epoch of each, each path at its best configuration, and the ratios; also samples per
+CPU-second of this process for the configurations that work in it (num_workers=0, the thread
+backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
 is part of each epoch for both (no persistent workers), as in a default training loop.
 """
 
@@ -177,11 +184,32 @@ def write_folder(images: list[bytes], root: str, classes: int = 10) -> None:
             handle.write(data)
 
 
-def _epoch(batches) -> tuple[float, int]:
-    start, count = time.perf_counter(), 0
+def _epoch(batches) -> tuple[float, int, float]:
+    """(seconds, samples, CPU seconds of this process) of one pass over ``batches``."""
+    start, cpu_start, count = time.perf_counter(), time.process_time(), 0
     for images, _ in batches:
         count += len(images)
-    return time.perf_counter() - start, count
+    return time.perf_counter() - start, count, time.process_time() - cpu_start
+
+
+def _quiesce(limit_s: float = 10.0) -> None:
+    """Wait (at most ``limit_s``) until no thread of this process uses CPU: a library's threads
+    still working ahead after its epoch (DALI's prefetch) would otherwise be timed in the next
+    configuration's epoch. The main thread sleeps here, so any CPU time is another thread's."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = time.process_time()
+        time.sleep(0.2)
+        if time.process_time() - before < 0.01:
+            return
+
+
+def _order(names: list[str], round_: int) -> list[str]:
+    """This round's order: a seeded shuffle, so no configuration always follows the same one
+    (a rotation keeps every neighbour)."""
+    order = list(names)
+    np.random.default_rng(round_).shuffle(order)
+    return order
 
 
 def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int) -> dict[str, object]:
@@ -287,15 +315,20 @@ def dali_loader(source: str, threads: int, batch_size: int):
         if not made:
             built = pipe()
             built.build()
-            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=True,
+            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=False,
                                             last_batch_policy=LastBatchPolicy.PARTIAL))
             _epoch(_dali_batches(made[0]))
-        return _dali_batches(made[0])
+        return _dali_batches(made[0], reset=True)
 
     return epoch
 
 
-def _dali_batches(iterator):
+def _dali_batches(iterator, reset: bool = False):
+    """One epoch's batches; with ``reset``, the iterator is reset (and starts prefetching) inside
+    the timed epoch, not when the previous one ended (auto_reset would prefetch the next epoch
+    while the script waits between configurations: untimed work)."""
+    if reset:
+        iterator.reset()
     for batch in iterator:
         yield batch[0]["image"], batch[0]["label"]
 
@@ -324,31 +357,47 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 write_ffcv(paths["source"], paths["ffcv"], args.max_side)
         configs = loader_configs(paths, workers, args.batch_size)
         names, rates = list(configs), {name: [] for name in configs}
+        cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
         for round_ in range(args.rounds):
-            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            for name in _order(names, round_):
+                _quiesce()
+                # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
+                # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: without this,
+                # every later in-process configuration ran torch on 2 spinning intra-op threads
+                # (measured: fused num_workers=0 6x slower per CPU-second after an FFCV epoch)
+                torch.set_num_threads(1)
                 try:
-                    elapsed, samples = _epoch(configs[name]())
+                    elapsed, samples, cpu_s = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
                     print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
                     continue
                 if samples != count:
                     print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
                 rates[name].append(samples / elapsed)
-                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s", flush=True)
+                cpu_rates[name].append(samples / max(cpu_s, 1e-9))
+                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s "
+                      f"({cpu_rates[name][-1]:.1f} per CPU-second of this process)", flush=True)
         for name in names:
             if rates[name]:
                 rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
                              "samples_per_s": statistics.median(rates[name]), "epoch_rates": rates[name],
+                             "samples_per_cpu_s": statistics.median(cpu_rates[name]) if _in_process(name) else None,
                              "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
     return rows
+
+
+def _in_process(name: str) -> bool:
+    """The configuration does all its work in this process (its CPU time is all counted)."""
+    return name.endswith("nw=0") or " thread " in name or name.startswith(("ffcv", "dali"))
 
 
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"os.cpu_count() = {os.cpu_count()}, batch {args.batch_size}, median of {args.rounds} epochs each, "
           "interleaved")
-    print(f"{'set':9} {'configuration':28} {'samples/s':>10}")
+    print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'per CPU-s':>10}")
     for row in rows:
-        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f}")
+        per_cpu = "" if row["samples_per_cpu_s"] is None else f"{row['samples_per_cpu_s']:10.1f}"
+        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {per_cpu}")
     print("best of each path, ratio to torchvision's best:")
     for kind in dict.fromkeys(row["set"] for row in rows):
         best = {}
@@ -356,8 +405,11 @@ def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
             if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
                 best[row["path"]] = row
         base = best["torchvision"]["samples_per_s"]
+        ffcv = best.get("ffcv", {}).get("samples_per_s")
         for path, row in best.items():
-            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  {row['samples_per_s'] / base:5.2f}x")
+            versus_ffcv = f"  {row['samples_per_s'] / ffcv:5.2f}x FFCV" if ffcv else ""
+            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  "
+                  f"{row['samples_per_s'] / base:5.2f}x{versus_ffcv}")
 
 
 def main() -> None:
@@ -376,7 +428,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.loader:
+        print(f"load average at the start: {os.getloadavg()}", flush=True)
         rows = run_loader(args)
+        print(f"load average at the end: {os.getloadavg()}")
         print_loader(rows, args)
         if args.json:
             with open(args.json, "w") as handle:

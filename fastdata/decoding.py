@@ -106,12 +106,13 @@ class Decoder:
         return "simplejpeg" if _has_simplejpeg() else "pil"
 
     def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None,
-                     on_draw: Callable | None = None) -> np.ndarray:
+                     on_draw: Callable | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
-        global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give)."""
+        global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give),
+        written into ``out`` (a row of the batch) when given."""
         generator = None if epoch is None else generator_for(self.seed, epoch, index)
         image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
-                             on_draw=on_draw)
+                             on_draw=on_draw, out=out)
         return image.permute(1, 2, 0).numpy()
 
     def _decode_fast(self, data: bytes) -> np.ndarray:
@@ -140,7 +141,8 @@ class Decoder:
                    pil: bool = False, allocate: Callable | None = None, indices: Sequence[int] | None = None,
                    epoch: int | None = None, draws: list | None = None) -> Any:
         """Decode every image: a list of arrays (or PIL images with ``pil``), or, when the output
-        size is fixed and ``allocate`` gives room, one (B, H, W, C) array written row by row.
+        size is fixed and ``allocate`` gives room (or with a ``plan``, always), one (B, H, W, C)
+        array written row by row.
         With a ``plan``, row ``r``'s crop is drawn from ``(seed, epoch, indices[r])``, or from
         torch's global generator when ``epoch`` is None (as torchvision's transforms draw); a
         ``draws`` list gets each row's ``(height, width, Draw)`` (the sample's other fields are
@@ -154,12 +156,17 @@ class Decoder:
         out = None
         if fixed is not None and allocate is not None and not pil:
             out = allocate((len(blobs), *fixed, self.channels), np.uint8)
+        if out is None and fused and blobs:  # one batch array, each image decoded into its row:
+            out = np.empty((len(blobs), *fixed, self.channels), np.uint8)  # no list to stack after
         pixels = []
         for row, blob in enumerate(blobs):
             try:
-                if fused:
+                if fused:  # written straight into the batch's row when there is one
                     decoded = self.decode_fused(blob, None if epoch is None else int(indices[row]), epoch,
-                                                None if draws is None else lambda *drawn: draws.append(drawn))
+                                                None if draws is None else lambda *drawn: draws.append(drawn),
+                                                out=None if out is None else out[row])
+                    if out is not None:
+                        continue
                 else:
                     decoded = self.decode(blob, pil=pil)
             except DependencyMissingError:

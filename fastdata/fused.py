@@ -27,6 +27,7 @@ and needs no extra. Output: a uint8 CHW tensor, the readers' default.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -92,11 +93,13 @@ class FusedPlan:
         return Draw(top, left, box_height, box_width, flip)
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
-        """For a resize + centre crop plan: (height, width) after the Resize, torchvision's rule."""
-        from torchvision.transforms.v2.functional._geometry import _compute_resized_output_size
-
-        new_height, new_width = _compute_resized_output_size((height, width), list(self.resize), self.max_size)
-        return new_height, new_width
+        """For a resize + centre crop plan: (height, width) after the Resize, torchvision's rule,
+        asked of torchvision's public ``v2.functional.resize`` on an empty (0, height, width)
+        tensor (it computes the output size and resizes nothing)."""
+        _, _, functional = _torchvision()
+        empty = torch.empty((0, height, width), dtype=torch.uint8)
+        resized = functional.resize(empty, list(self.resize) if self.resize else None, max_size=self.max_size)
+        return int(resized.shape[-2]), int(resized.shape[-1])
 
 
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
@@ -104,7 +107,7 @@ def random_resized_crop_box(height: int, width: int, scale: tuple[float, float],
     """(top, left, box_height, box_width), line for line torchvision 0.29's
     ``RandomResizedCrop.get_params`` / ``make_params``, drawing from ``generator``."""
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    log_ratio = _log_ratio(tuple(ratio))
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
         aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=generator)).item()
@@ -122,6 +125,14 @@ def random_resized_crop_box(height: int, width: int, scale: tuple[float, float],
     else:
         box_width, box_height = width, height
     return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+
+
+@functools.lru_cache(maxsize=64)
+def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
+    """torchvision's ``torch.log(torch.tensor(ratio))`` (float32), as Python floats: the same
+    bounds for ``uniform_``, computed once per ratio instead of two tensor ops per draw."""
+    low, high = torch.log(torch.tensor(ratio)).tolist()
+    return low, high
 
 
 def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -158,13 +169,24 @@ def _subclass_of(step: Any, name: str) -> bool:
 
 
 def _interpolation(step: Any) -> tuple[str | None, str | None]:
-    """(the step's interpolation as an InterpolationMode value, None) or (None, why not fused)."""
-    from torchvision.transforms.v2.functional._geometry import _check_interpolation
+    """(the step's interpolation as an InterpolationMode value, None) or (None, why not fused).
+    torchvision takes an ``InterpolationMode``, its value as a string (``"bilinear"``) or, as
+    documented, the Pillow integer constant of one (``PIL.Image.Resampling``: 0 nearest,
+    1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming); anything else it refuses when the
+    transform runs, so that is left to it (not fused). Public names only: the mapping is
+    checked against torchvision's own resize in tests/test_fused.py."""
+    from PIL import Image
 
-    try:
-        mode = _check_interpolation(step.interpolation).value
-    except (TypeError, ValueError) as exc:
-        return None, f"{type(step).__name__} has an interpolation torchvision refuses ({exc})"
+    _, _, functional = _torchvision()
+    value = step.interpolation
+    if isinstance(value, functional.InterpolationMode):
+        mode = value.value
+    elif isinstance(value, str) and value in {member.value for member in functional.InterpolationMode}:
+        mode = value
+    elif isinstance(value, int) and not isinstance(value, bool) and value in set(Image.Resampling):
+        mode = functional.InterpolationMode[Image.Resampling(value).name].value
+    else:
+        return None, f"{type(step).__name__} has an interpolation torchvision refuses ({value!r})"
     if mode in _PIL_ONLY_MODES:
         return None, f"{type(step).__name__} interpolation {mode!r} exists only for PIL images"
     return mode, None
@@ -291,28 +313,44 @@ def _decode_scaled(data: bytes, scale: int, height: int, width: int, mode: str, 
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-def _finish(pixels: torch.Tensor, plan: FusedPlan, out_size: tuple[int, int], flip: bool) -> torch.Tensor:
+def _finish(pixels: torch.Tensor, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
+            out: np.ndarray | None = None) -> torch.Tensor:
+    """Resize CHW ``pixels`` to ``out_size``, centre-crop (a resize + centre crop plan) and flip;
+    with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result is written there,
+    flipped while copying (no flipped tensor made first), and a CHW view of ``out`` returned."""
     _, _, functional = _torchvision()
     if tuple(pixels.shape[-2:]) != out_size:
         pixels = functional.resize(pixels, list(out_size), interpolation=functional.InterpolationMode(plan.interpolation),
                                    antialias=plan.antialias)
     if plan.kind == "resize_center_crop":
         pixels = functional.center_crop(pixels, list(plan.size))
-    return pixels.flip(-1) if flip else pixels
+    if out is None:
+        return pixels.flip(-1) if flip else pixels
+    target = torch.from_numpy(out).permute(2, 0, 1)
+    target.copy_(pixels.flip(-1) if flip else pixels)
+    return target
 
 
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
                  mode: str = "RGB", decoder: str = "simplejpeg",
-                 on_draw: Callable[[int, int, Draw], None] | None = None) -> torch.Tensor:
+                 on_draw: Callable[[int, int, Draw], None] | None = None,
+                 out: np.ndarray | None = None) -> torch.Tensor:
     """Decode ``data`` through ``plan``: a uint8 CHW tensor of ``plan.size``. The box and flip
     are drawn from ``generator`` (see :meth:`FusedPlan.draw`). A JPEG is decoded at the DCT
     scale the box allows, other images in full (then cropped on the same box). ``on_draw`` gets
-    the image's (height, width) and its draw (to move the sample's other fields alike)."""
+    the image's (height, width) and its draw (to move the sample's other fields alike).
+    ``out``: a uint8 (height, width, channels) array (a row of a preallocated batch) the image
+    is written into; the tensor returned is then a CHW view of it."""
     if decoder not in DECODERS[:2]:
         raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS[:2]))}.")
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
-        return fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw)
+        image = fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw)
+        if out is None:
+            return image
+        target = torch.from_numpy(out).permute(2, 0, 1)
+        target.copy_(image)
+        return target
     height, width = jpeg_size(data, decoder)
     draw = plan.draw(height, width, generator)
     if on_draw is not None:
@@ -322,8 +360,10 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     pixels = _decode_scaled(data, scale, height, width, mode, decoder)
     scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
     top, left, bottom, right = _scaled_region(draw, scale, *pixels.shape[:2])
+    # a contiguous HWC copy of the box: channels-last, the memory layout torch's uint8 resize
+    # kernel is fastest on (measured: faster than resizing the strided view of the whole image)
     region = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).permute(2, 0, 1)
-    return _finish(region, plan, out_size, draw.flip)
+    return _finish(region, plan, out_size, draw.flip, out)
 
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,

@@ -241,3 +241,36 @@ def test_what_is_not_fused_says_why(transform, reason: str, caplog) -> None:
         assert fused.split_transform(transform) is None
     assert fused.fusion_refusal(transform) == reason
     assert f"transform not fused: {reason}" in caplog.text
+
+
+# --- what fastdata reads from torchvision, checked against torchvision itself -----------------
+# fused.py uses public torchvision names only; these tests fail loudly if torchvision changes
+# what those stand for (the Pillow integer constants of an interpolation, Resize's output size).
+
+
+@pytest.mark.parametrize("interpolation", [0, 1, 2, 3, "nearest", "nearest-exact", "bicubic",
+                                           v2.InterpolationMode.LANCZOS, v2.InterpolationMode.BILINEAR])
+@pytest.mark.parametrize("version", [v1, v2])
+def test_the_interpolation_read_is_the_one_torchvision_resizes_with(interpolation, version) -> None:
+    step = version.RandomResizedCrop(16, interpolation=interpolation)
+    plan, _ = fused.split_transform(step)
+    image = torch.from_numpy(_photo(40, 52)).permute(2, 0, 1).contiguous()
+    ours = v2.functional.resize(image, [16, 16], interpolation=v2.InterpolationMode(plan.interpolation))
+    theirs = v2.functional.resize(image, [16, 16], interpolation=step.interpolation)
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("interpolation,shown", [(4, "'box'"), (5, "'hamming'"), (9, None), ("cubic", None)])
+def test_an_interpolation_torchvision_resizes_only_for_pil_or_refuses_is_not_fused(interpolation, shown) -> None:
+    step = v2.RandomResizedCrop(16, interpolation=interpolation)
+    expected = (f"RandomResizedCrop interpolation {shown} exists only for PIL images" if shown else
+                f"RandomResizedCrop has an interpolation torchvision refuses ({interpolation!r})")
+    assert fused.fusion_refusal(step) == expected
+
+
+@pytest.mark.parametrize("size,max_size", [(256, None), ((200, 300), None), (256, 300), (None, 300), (7, None)])
+@pytest.mark.parametrize("height,width", [(375, 500), (500, 333), (40, 999), (480, 640)])
+def test_the_resized_size_is_torchvisions_resize(size, max_size, height: int, width: int) -> None:
+    plan, _ = fused.split_transform(v2.Compose([v2.Resize(size, max_size=max_size), v2.CenterCrop(2)]))
+    resized = v2.Resize(size, max_size=max_size)(torch.zeros((1, height, width), dtype=torch.uint8))
+    assert plan.resized_size(height, width) == tuple(resized.shape[-2:])
