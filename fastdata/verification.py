@@ -155,10 +155,22 @@ def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool,
     problems = []
     if len(labels) != manifest["count"]:
         problems.append(f"{str(path)!r}: {len(labels)} labels but the manifest says {manifest['count']} samples.")
-    problems += check_label_range(path, labels, len(manifest["classes"]))
+    if has_label_column(manifest):
+        problems += check_label_range(path, labels, len(manifest["classes"]))
     if deep:
         problems += _decode_all(reader, progress or (lambda count, total: None))
     return problems
+
+
+def has_label_column(manifest: dict[str, Any]) -> bool:
+    """Whether the readers' label column holds class indices: always for a classic dataset; for
+    one with fields only when a ``label`` (or ``cls``) field is stored there. Otherwise it is -1
+    for every sample, and ``classes`` names the ids of another field (VOCDetection's ``labels``)."""
+    schema = manifest.get("fields")
+    if not isinstance(schema, dict):
+        return True
+    return any(isinstance(f, dict) and f.get("name") in ("label", "cls") and f.get("kind") == "int"
+               for f in schema.get("fields", ()))
 
 
 def check_label_range(path: Path, labels: np.ndarray, classes: int) -> list[str]:

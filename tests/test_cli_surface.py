@@ -199,3 +199,11 @@ def test_bench_and_its_demo_measure_fastdatas_backends_beside_the_dataloader() -
     only = config_of(parser.parse_args(["bench", "photos", "--backends", "torch"]), None)
     assert only.backends == ("torch",)
     assert (DEMO["small"] + DEMO["large"]) // DEMO["batch_size"] >= 20  # MIN_TIMED_BATCHES
+
+
+def test_the_resume_example_says_what_ctrl_c_leaves() -> None:
+    # Ctrl-C (and SIGTERM) removes the partial output (docs/reliability.md), so there is nothing
+    # to resume after it; only a crash or SIGKILL leaves a checkpoint
+    epilog = subcommands()["convert"].epilog
+    line = next(line for line in epilog.splitlines() if "--resume" in line)
+    assert "after Ctrl-C" not in line and "Ctrl-C removes the partial output" in line

@@ -65,4 +65,4 @@ def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     other = convert(out, "npy", "encoded", "--resume")
     _, stderr = other.communicate(timeout=300)
-    assert other.returncode == 1 and "with other options; --resume does not replace it. Pass --overwrite" in stderr
+    assert other.returncode == 1 and "with other options (store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite" in stderr

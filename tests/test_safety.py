@@ -198,7 +198,20 @@ def test_resume_refuses_a_changed_torchvision_dataset(tmp_path: Path) -> None:
     other = ["torchvision:FakeData", "--source-option", "size=20", "--source-option", "image_size=(3, 8, 8)",
              "--source-option", "random_offset=5"]  # same length, other images
     message = one_error_line(cli("convert", *other, out, "--quiet", "--resume"))
-    assert "was converted from another source or with other options" in message  # the options are in the key
+    assert "was converted from another source (" in message and "'random_offset': '5'" in message  # named
+
+
+def test_resume_on_a_finished_output_names_the_options_that_differ(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    for index in range(4):
+        (source / "a").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (6, 4), (index, 0, 0)).save(source / "a" / f"{index}.png")
+    out = tmp_path / "out.npy"
+    assert cli("convert", source, out, "--resize", "4x4", "--workers", "0", "--quiet").returncode == 0
+    message = one_error_line(cli("convert", source, out, "--resize", "8x8", "--store", "encoded", "--workers", "0",
+                                 "--resume", "--quiet"))
+    assert message == (f"Output {str(out)!r} was converted with other options (resize [4, 4], now [8, 8], "
+                       "store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite to convert again.")
 
 
 class Items(torch.utils.data.Dataset):

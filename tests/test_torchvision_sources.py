@@ -95,6 +95,9 @@ def test_tensor_and_ndarray_items(tmp_path: Path) -> None:
 def test_torchvision_errors(tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError, match="Unknown torchvision dataset 'CIFAR11'. Did you mean 'CIFAR10'?"):
         fastdata.convert("torchvision:CIFAR11", tmp_path / "x.npy", root=tmp_path)
+    # a case slip, which difflib's ratio alone does not suggest
+    with pytest.raises(InvalidOptionError, match="Unknown torchvision dataset 'Cifar10'. Did you mean 'CIFAR10'?"):
+        fastdata.convert("torchvision:Cifar10", tmp_path / "x.npy", root=tmp_path)
     with pytest.raises(SourceNotFoundError, match="Pass --download to fetch it"):
         fastdata.convert("torchvision:MNIST", tmp_path / "x.npy", root=tmp_path / "empty")
     with pytest.raises(InvalidOptionError, match="needs --root"):

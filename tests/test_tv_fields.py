@@ -512,6 +512,23 @@ def test_voc_detection_and_flickr_convert_and_read_back_equal(tmp_path: Path, su
         assert captions == expected_captions and len(captions) == 5
 
 
+@pytest.mark.parametrize("suffix, store", [(".npy", "raw"), (".h5", "encoded"), (".tar", "encoded")])
+def test_voc_detection_output_verifies(tmp_path: Path, suffix: str, store: str) -> None:
+    """The manifest's 21 classes name the ``labels`` field's ids; the label column (no ``label``
+    field) is -1 for every sample, which verify must not report as out of range."""
+    import fastdata
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    out = tmp_path / f"det{suffix}"
+    fastdata.convert("torchvision:VOCDetection", out, root=tmp_path / "voc", split="trainval", store=store,
+                     resize="32x32" if store == "raw" else None, workers=0)
+    manifest = out / "manifest.json" if out.is_dir() else None
+    if manifest is not None:
+        assert len(json.loads(manifest.read_text())["classes"]) == 21
+    report = fastdata.verify(out, deep=True)
+    assert report.ok, report.problems
+
+
 def test_resize_keeps_every_box_on_its_object_as_preview_shows(tmp_path: Path, capsys) -> None:
     """CLI end to end: convert with --resize (raw), then 'fastdata preview' draws each stored
     box where the object is: the boxes read back are the originals scaled 2x, and the grid has

@@ -235,7 +235,8 @@ def run_conversion(
         check_no_parts(output, overwrite=options.overwrite)
         existing = check_existing(output, overwrite=options.overwrite, resume=options.resume)
         if options.resume and existing is not None:
-            kept = keep_complete(output, existing, target, overwrite=options.overwrite)
+            kept = keep_complete(output, existing, target, overwrite=options.overwrite, options=options,
+                                 source=fields["source"])
             if kept is not None:
                 return kept
         return written_once(target, fields, options, existing,

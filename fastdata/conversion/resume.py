@@ -36,9 +36,12 @@ from fastdata.formats.base import Plan
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
 
 
-def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, overwrite: bool) -> dict[str, Any] | None:
+def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, overwrite: bool,
+                  options: ConvertOptions | None = None, source: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """``--resume`` on a finished output: its manifest when written from the same, unchanged
-    source with the same options; None to convert again (``--overwrite`` given); else a refusal."""
+    source with the same options; None to convert again (``--overwrite`` given); else a refusal
+    (naming what differs from the manifest's ``source``, ``store`` and ``options`` when
+    ``options`` and ``source``, this conversion's key fields' source, are given)."""
     if manifest.get("conversion_key") != target.key:
         if overwrite:
             return None
@@ -48,8 +51,16 @@ def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ove
                 f"{target.spec.name} (from --format or the output's name); --resume does not replace it. Pass "
                 f"--format {manifest.get('format')} to resume it, or --overwrite to convert again."
             )
+        differs = "from another source or with other options"
+        if options is not None and source is not None:
+            before = {"source": {k: v for k, v in (manifest.get("source") or {}).items() if k != "length"},
+                      "store": manifest.get("store"), **(manifest.get("options") or {})}
+            now = {"source": source, "store": options.store, **options.describe()}
+            if any(before.get(name) != now.get(name) for name in set(before) | set(now)):
+                differs = field_changes(before, now).replace("another source", "from another source", 1)
+                differs = differs if differs.startswith("from") else "with " + differs
         raise OutputExistsError(
-            f"Output {str(output)!r} was converted from another source or with other options; "
+            f"Output {str(output)!r} was converted {differs}; "
             "--resume does not replace it. Pass --overwrite to convert again."
         )
     changes = describe_changes(manifest.get("source_fingerprint"), target.fingerprint)

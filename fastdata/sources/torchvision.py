@@ -68,7 +68,9 @@ def dataset_class(name: str) -> type:
     cls = getattr(tv_datasets, ALIASES.get(name, name), None)
     if not inspect.isclass(cls):
         known = [n for n in dir(tv_datasets) if inspect.isclass(getattr(tv_datasets, n)) and n[0].isupper()]
-        close = difflib.get_close_matches(name, known + list(ALIASES), n=1)
+        names = known + list(ALIASES)
+        # a case slip ('Cifar10', 'mnist') is the commonest typo; difflib's ratio misses it
+        close = [n for n in names if n.lower() == name.lower()] or difflib.get_close_matches(name, names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise InvalidOptionError(f"Unknown torchvision dataset {name!r}.{hint}")
     return cls
