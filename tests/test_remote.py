@@ -244,7 +244,21 @@ def test_no_credentials_is_explained_with_the_fix(s3: S3, tmp_path: Path, monkey
                               retry=Retry(attempts=1))
     assert str(caught.value).startswith(f"'s3://{BUCKET}/x.npy/manifest.json': no credentials found (")
     assert str(caught.value).endswith("To fix: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
-                                      "pass storage_options={'anon': True} for a public bucket.")
+                                      "pass storage_options={'anon': True} for a public bucket (from the CLI: "
+                                      "FSSPEC_S3_ANON=true).")
+
+
+def test_the_cli_reads_a_public_bucket_without_credentials_through_fsspecs_environment_config(
+        s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
+    url = upload(s3, convert_to(uniform_folder, tmp_path, "tar", "encoded"), "public/ds.tar")
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"), FSSPEC_S3_ANON="true",
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    info = subprocess.run([sys.executable, "-m", "fastdata", "info", url], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert "samples:  12\n" in info.stdout
 
 
 def test_the_cli_reads_a_url(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:

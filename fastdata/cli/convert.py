@@ -88,7 +88,7 @@ EXAMPLES = """
 def add_parser(commands) -> None:
     parser = add_command(
         commands, "convert",
-        help="convert an image folder or torchvision dataset into a fast format",
+        help="convert an image folder, torchvision dataset, WebDataset shards or Python dataset into a fast format",
         description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, a converted "
         "dataset, or module:name for a Python dataset) into OUTPUT, in the format its extension names (or "
         "--format). Samples may be (image, label) or records of named fields (docs/fields.md).",

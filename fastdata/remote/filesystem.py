@@ -32,9 +32,9 @@ BACKENDS: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", 
                             "abfss": "azure", "http": "http", "https": "http"}
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
-          "storage_options={'anon': True} for a public bucket",
+          "storage_options={'anon': True} for a public bucket (from the CLI: FSSPEC_S3_ANON=true)",
     "gs": "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS, or pass "
-          "storage_options={'token': 'anon'} for a public bucket",
+          "storage_options={'token': 'anon'} for a public bucket (from the CLI: FSSPEC_GCS_TOKEN=anon)",
     "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token in storage_options)",
 }
 # exception class names (anywhere in the MRO) of errors worth another attempt: the connection
