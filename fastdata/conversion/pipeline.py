@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import threading
 from typing import Any, Iterator
 
 import numpy as np
@@ -209,6 +210,21 @@ def _worker_chunk(indices: list[int]) -> Batch:
     return _WORKER_JOB.chunk(indices)
 
 
+POOL_STOP_WAIT_S = 30  # the longest a stopping pool's handler threads are waited for
+
+
+def stop_pool(pool: Any) -> None:
+    """Terminate ``pool`` and wait (bounded) for its handler threads. CPython's ``Pool.terminate``
+    can hang for ever: a worker killed while it held the result queue's lock (mid-way through
+    sending a large batch) never releases it, and the task handler then blocks on that lock
+    when it sends its sentinel. The workers are killed before that wait, so giving up on the
+    (daemon) handler threads after ``POOL_STOP_WAIT_S`` leaves no process running."""
+    stopper = threading.Thread(target=lambda: (pool.terminate(), pool.join()), daemon=True,
+                               name="fastdata-pool-stop")
+    stopper.start()
+    stopper.join(POOL_STOP_WAIT_S)
+
+
 class WorkerPool:
     """A process pool running one conversion's job, or the job in-process when workers <= 1."""
 
@@ -226,8 +242,7 @@ class WorkerPool:
 
     def __exit__(self, *exc_info) -> None:
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            stop_pool(self.pool)
 
     def convert(self, indices: list[int], size: int) -> Iterator[Batch]:
         return self.convert_chunks(split(indices, size))
