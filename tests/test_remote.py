@@ -251,6 +251,9 @@ def test_no_credentials_is_explained_with_the_fix(s3: S3, tmp_path: Path, monkey
 def test_the_cli_reads_a_public_bucket_without_credentials_through_fsspecs_environment_config(
         s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
     url = upload(s3, convert_to(uniform_folder, tmp_path, "tar", "encoded"), "public/ds.tar")
+    fs = s3.fs()
+    for key in fs.find(f"{BUCKET}/public/ds.tar"):  # a public bucket's objects: readable without credentials
+        fs.chmod(key, "public-read")
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     env.update(PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"), FSSPEC_S3_ANON="true",
                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
