@@ -302,3 +302,23 @@ def test_a_bad_image_fails_its_part_as_it_fails_a_local_conversion(tmp_path: Pat
     assert result.stderr == (f"fastdata: error: Cannot merge {str(out)!r}: 1 of 2 parts missing (2/2). Run them with "
                              f"'fastdata convert SOURCE {out} --part I/2' (same source and options), then merge again.\n")
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out.partial.units", "src"]
+
+
+def test_a_rerun_part_never_keeps_units_of_a_changed_source(tmp_path: Path) -> None:
+    """A part that failed keeps its finished units for a rerun, but only while the source is the
+    same: an image of a kept unit replaced meanwhile is converted again, never merged stale."""
+    source = make_folder(tmp_path / "src", 160, bad=False)
+    (source / "a" / "141.png").write_bytes(b"not a png")  # sample 70: unit 4 of part 1/2 (units of 16)
+    out = tmp_path / "out"
+    with pytest.raises(fastdata.FastdataError):
+        fastdata.convert(source, out, format="npy", part="1/2", unit_samples=16, workers=0)
+    kept = out.with_name("out.partial.units")
+    assert sorted(p.name for p in kept.iterdir() if p.name.startswith("unit-")) == [f"unit-{i:06d}" for i in range(4)]
+    save(Image.fromarray(pattern(10, 12, seed=500)), source / "a" / "011.png")  # sample 5: in kept unit 0
+    save(Image.fromarray(pattern(10, 12, seed=141)), source / "a" / "141.png")  # the bad file mended
+    for part in ("1/2", "2/2"):
+        fastdata.convert(source, out, format="npy", part=part, unit_samples=16, workers=0)
+    fastdata.merge(out)
+    local = tmp_path / "local"
+    fastdata.convert(source, local, format="npy", workers=0)
+    same_output(local, out)

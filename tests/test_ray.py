@@ -11,6 +11,8 @@ import pytest
 
 import fastdata
 from fastdata.errors import BadSampleError
+from conftest import pattern, save
+from PIL import Image
 from test_parts import make_folder, same_output
 
 ray = pytest.importorskip("ray")
@@ -93,6 +95,21 @@ def test_a_bad_image_in_a_task_fails_as_in_the_local_engine(cluster, tmp_path: P
     fastdata.convert(source, tmp_path / "ray", format="npy", skip_bad=True, workers=0)  # a local run clears them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray", "src"]
 
+
+
+def test_units_kept_from_a_failed_run_are_converted_again_when_the_source_changed(cluster, tmp_path: Path) -> None:
+    source = make_folder(tmp_path / "src", 160, bad=False)
+    (source / "a" / "141.png").write_bytes(b"not a png")  # sample 70, in unit 4 (units of 16)
+    out = tmp_path / "ray"
+    with pytest.raises(BadSampleError):
+        fastdata.convert(source, out, format="npy", engine="ray", unit_samples=16)
+    staged = sorted(p.name for p in (tmp_path / "ray.partial.units").iterdir() if p.name.startswith("unit-"))
+    assert staged[:4] == [f"unit-{i:06d}" for i in range(4)] and "unit-000004" not in staged
+    save(Image.fromarray(pattern(10, 12, seed=500)), source / "a" / "011.png")  # sample 5: in kept unit 0
+    save(Image.fromarray(pattern(10, 12, seed=141)), source / "a" / "141.png")  # the bad file mended
+    fastdata.convert(source, out, format="npy", engine="ray", unit_samples=16)
+    fastdata.convert(source, tmp_path / "local", format="npy", workers=0)
+    same_output(tmp_path / "local", out)
 
 def test_samples_with_fields_on_ray_equal_the_local_engines(cluster, tmp_path: Path) -> None:
     """WebDataset shards with captions, JSON and masks (issue 21): the staged units carry every field."""

@@ -25,7 +25,7 @@ from fastdata.conversion.resume import in_order
 from fastdata.conversion.scale.parts import convert_here
 from fastdata.conversion.scale.staging import check_complete, is_staging, read_records, remove_staging
 from fastdata.conversion.scale.units import (
-    Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staging_path,
+    Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged_key, staging_path,
 )
 from fastdata.conversion.write import write_units, written_once
 from fastdata.errors import PartsError, SourceChangedError
@@ -81,7 +81,7 @@ def options_from_fields(fields: dict[str, Any]) -> ConvertOptions:
 
 
 def _finished(staging: Path, unit: Unit, record: dict[str, Any]) -> dict[str, Any]:
-    found = read_unit(staging, unit, record["key"])
+    found = read_unit(staging, unit, staged_key(record["key"], record["fingerprint"]))
     if found is None:
         raise PartsError(
             f"Cannot merge {str(staging)!r}: {unit.name} (samples {unit.start}..{unit.stop - 1}) is missing or "
@@ -110,7 +110,8 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
     for unit in units:
         remove_unit(staging_path(output), unit)
     job = plan_job(src, options, mode="RGB")
-    return convert_here(job, units, staging_path(output), record["key"], min(usable_cores(), len(units)))
+    return convert_here(job, units, staging_path(output), staged_key(record["key"], record["fingerprint"]),
+                        min(usable_cores(), len(units)))
 
 
 def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: list[Unit],

@@ -30,7 +30,7 @@ from fastdata.conversion.resume import kept_units, units_to_run
 from fastdata.conversion.scale.staging import (
     PART_PATTERN, PartLock, check_agreement, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.conversion.scale.units import Unit, part_units, plan_units, write_unit
+from fastdata.conversion.scale.units import Unit, part_units, plan_units, staged_key, write_unit
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
@@ -83,7 +83,7 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
         workers = usable_cores() if options.workers is None else min(options.workers, usable_cores())
         counter = Counter(progress, total)
         try:
-            results = convert_here(job, units, staging, key, workers, counter)
+            results = convert_here(job, units, staging, staged_key(key, fingerprint), workers, counter)
         except ModeConflict:
             counter.restart()  # the driver runs the part again as RGB
             raise
@@ -112,7 +112,7 @@ class Counter:
 def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
                  counter: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Convert ``units`` with a process pool here into ``staging``; finished units of the same
-    conversion (``key``) and mode are kept (:func:`~fastdata.conversion.resume.kept_units`). The
+    conversion and source (``key``, a :func:`~fastdata.conversion.scale.units.staged_key`) and mode are kept (:func:`~fastdata.conversion.resume.kept_units`). The
     units' records, in order."""
     counter = counter or Counter(None, 0)
     records = kept_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)

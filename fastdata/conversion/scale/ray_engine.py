@@ -36,7 +36,7 @@ from fastdata.conversion.scale.merge import write_output
 from fastdata.conversion.scale.parts import Counter
 from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
 from fastdata.conversion.scale.units import (
-    Finished, Unit, plan_units, remove_temporaries, staged, staging_path, write_unit,
+    Finished, Unit, plan_units, remove_temporaries, staged, staged_key, staging_path, write_unit,
 )
 from fastdata.sources import Source
 from fastdata.extras import require
@@ -69,10 +69,11 @@ def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,
         units = plan_units(len(src), options.unit_samples)
         counter = Counter(progress, len(src))
         try:
-            kept = kept_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)
+            unit_key = staged_key(key, fingerprint)  # units staged before the source changed are not kept
+            kept = kept_units(staging, units, unit_key, mode=job.plan.mode, gray_guess=job.gray_guess)
             for record in kept.values():
                 counter(record["count"] + len(record["skipped"]))
-            computed = run_units(ray, job, src, units_to_run(units, None, kept), staging, key, counter)
+            computed = run_units(ray, job, src, units_to_run(units, None, kept), staging, unit_key, counter)
             manifest = write_output(output, spec, job.plan, options, units, kept, computed, key=key, fields=fields,
                                     fingerprint=fingerprint, source=src.describe(), existing=existing)
         except ModeConflict:

@@ -20,6 +20,7 @@ partial output or staged, :mod:`fastdata.conversion.resume` says, for every engi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -65,6 +66,14 @@ class Finished:
     unit: Unit
     batches: Iterable[Batch]
     skipped: dict[int, dict[str, str]]
+
+
+def staged_key(key: str, fingerprint: dict[str, Any]) -> str:
+    """What a staged unit is written and found under: the conversion ``key`` together with the
+    source's ``fingerprint``, so that a unit staged before the source changed (an image replaced
+    after a failed part or Ray run) is converted again, never reused."""
+    source = json.dumps([fingerprint.get("kind"), fingerprint.get("count"), fingerprint.get("digest")])
+    return hashlib.blake2b(f"{key}|{source}".encode(), digest_size=16).hexdigest()
 
 
 def plan_units(count: int, unit_samples: int = UNIT_SAMPLES) -> list[Unit]:
