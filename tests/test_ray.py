@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import fastdata
+from fastdata.conversion import driver
 from fastdata.errors import BadSampleError
 from conftest import pattern, save
 from PIL import Image
@@ -22,7 +23,8 @@ ray = pytest.importorskip("ray")
 def cluster(tmp_path_factory):
     """One local cluster for the module; its workers kill themselves once while converting unit 2 of
     an output in the ``kill`` folder: a Ray ``worker_process_setup_hook`` wraps ``UnitWriter.write``
-    in every worker so that the worker exits (``os._exit``) after writing that unit's first batch."""
+    in every worker so that the worker exits (``os._exit``) after writing that unit's first batch.
+    Writing unit 4 fails (a full disk) for an output whose folder holds ``fail-unit-4``."""
     kill = tmp_path_factory.mktemp("kill")
     marker = kill / "killed"
 
@@ -32,6 +34,8 @@ def cluster(tmp_path_factory):
         write = units.UnitWriter.write
 
         def write_then_die(self, batch, offset=0):
+            if self.unit.number == 4 and (self.final.parent.parent / "fail-unit-4").exists():
+                raise OSError(28, "No space left on device (injected by the test)")
             write(self, batch, offset)
             if self.unit.number == 2 and self.final.parent.parent == kill and not marker.exists():
                 marker.touch()
@@ -108,6 +112,28 @@ def test_units_kept_from_a_failed_run_are_converted_again_when_the_source_change
     save(Image.fromarray(pattern(10, 12, seed=500)), source / "a" / "011.png")  # sample 5: in kept unit 0
     save(Image.fromarray(pattern(10, 12, seed=141)), source / "a" / "141.png")  # the bad file mended
     fastdata.convert(source, out, format="npy", engine="ray", unit_samples=16)
+    fastdata.convert(source, tmp_path / "local", format="npy", workers=0)
+    same_output(tmp_path / "local", out)
+
+
+def test_a_local_resume_keeps_the_units_a_failed_ray_run_finished(cluster, tmp_path: Path, monkeypatch) -> None:
+    source = make_folder(tmp_path / "src", 160, bad=False)
+    out = tmp_path / "ray"
+    (tmp_path / "fail-unit-4").touch()
+    with pytest.raises(OSError, match="no space left on the device"):
+        fastdata.convert(source, out, format="npy", engine="ray", unit_samples=16)
+    (tmp_path / "fail-unit-4").unlink()
+    computed = []
+    run_here = driver.run_here
+
+    def noted(job, workers, units):
+        computed.extend(unit.number for unit in units)
+        return run_here(job, workers, units)
+
+    monkeypatch.setattr(driver, "run_here", noted)
+    fastdata.convert(source, out, format="npy", unit_samples=16, workers=0, resume=True)
+    assert computed and 4 in computed and not {0, 1, 2, 3} & set(computed)  # the finished units were reused
+    assert not (tmp_path / "ray.partial.units").exists()
     fastdata.convert(source, tmp_path / "local", format="npy", workers=0)
     same_output(tmp_path / "local", out)
 

@@ -29,14 +29,15 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import Target, check_existing, check_output_path, partial_path, prepare_output
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.plan import conversion_key, decide_options, open_source, plan_job
-from fastdata.conversion.resume import in_order, keep_complete, resumed_units, units_to_run
+from fastdata.conversion.resume import in_order, keep_complete, kept_units, resumed_units, units_to_run
 from fastdata.conversion.scale.merge import merge_parts, options_from_fields
 from fastdata.conversion.scale.parts import convert_part, source_argument
 from fastdata.conversion.scale.ray_engine import convert_on_ray, import_ray, ray_session
 from fastdata.conversion.scale.staging import (
     PART_PATTERN, check_complete, check_no_parts, claim_staging, describe_part, is_staging, read_records,
+    remove_staging,
 )
-from fastdata.conversion.scale.units import part_units, plan_units, remove_unit
+from fastdata.conversion.scale.units import part_units, plan_units, remove_unit, staged_key
 from fastdata.conversion.scale.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
@@ -232,21 +233,27 @@ def run_conversion(
     workers = usable_cores() if options.workers is None else options.workers
     options = dataclasses.replace(options, workers=_cap_workers(workers, len(src), explicit=options.workers))
     with ConversionLock(output):
-        check_no_parts(output, overwrite=options.overwrite)
+        staging = check_no_parts(output, overwrite=options.overwrite, keep_units=options.resume)
         existing = check_existing(output, overwrite=options.overwrite, resume=options.resume)
         if options.resume and existing is not None:
             kept = keep_complete(output, existing, target, overwrite=options.overwrite, options=options,
                                  source=fields["source"])
             if kept is not None:
+                if staging is not None:
+                    remove_staging(staging)
                 return kept
-        return written_once(target, fields, options, existing,
-                            lambda state: _write_here(src, options, target, fields, state))
+        manifest = written_once(target, fields, options, existing,
+                                lambda state: _write_here(src, options, target, fields, state, staging))
+        if staging is not None:
+            remove_staging(staging)
+        return manifest
 
 
 def _write_here(src: Source, options: ConvertOptions, target: Target, fields: dict[str, Any],
-                state: dict[str, Any] | None) -> dict[str, Any]:
-    """Plan units, run the ones not in the partial output here, write (restarting as RGB when
-    auto mode meets a colour image: a fresh journal, nothing kept)."""
+                state: dict[str, Any] | None, staging: Path | None) -> dict[str, Any]:
+    """Plan units, run the ones neither in the partial output nor ``staging`` (the units a failed
+    Ray run finished, kept by ``--resume``) here, write (restarting as RGB when auto mode meets a
+    colour image: a fresh journal)."""
 
     def attempt(mode: str | None) -> dict[str, Any]:
         nonlocal state
@@ -256,8 +263,10 @@ def _write_here(src: Source, options: ConvertOptions, target: Target, fields: di
         job = plan_job(src, options, mode=mode or (state["mode"] if state else None))
         run = dataclasses.replace(options, unit_samples=resumed_units(state, options))
         units = plan_units(len(src), run.unit_samples)
-        computed = run_here(job, run.workers, units_to_run(units, state, {}))
-        return write_units(target, job.plan, run, in_order(units, state, {}, None, job.plan, computed),
+        kept = {} if staging is None else kept_units(staging, units, staged_key(target.key, target.fingerprint),
+                                                     mode=job.plan.mode, gray_guess=job.gray_guess)
+        computed = run_here(job, run.workers, units_to_run(units, state, kept))
+        return write_units(target, job.plan, run, in_order(units, state, kept, staging, job.plan, computed),
                            source=src.describe(), state=state)
 
     return restarting(attempt)

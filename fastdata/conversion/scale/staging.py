@@ -142,13 +142,14 @@ def duplicate_error(output: Path, earlier: dict[str, Any]) -> PartsError:
     )
 
 
-def check_no_parts(output: Path, *, overwrite: bool) -> None:
+def check_no_parts(output: Path, *, overwrite: bool, keep_units: bool = False) -> Path | None:
     """A whole conversion (its caller holds the exclusive lock) refuses an output of which some
     parts are finished; with ``overwrite`` it discards them. Units without a finished part (a Ray
-    run or parts that failed, none running now) are removed."""
+    run or parts that failed, none running now) are removed, or with ``keep_units`` (a local
+    ``--resume``) kept: their staging folder is returned."""
     staging = staging_path(output)
     if not (staging.exists() or staging.is_symlink()):
-        return
+        return None
     if not is_staging(staging) or staging.is_symlink():
         raise OutputExistsError(
             f"{str(staging)!r} exists, but fastdata has no record of writing it (no {_MARK_NAME!r} inside); it is "
@@ -156,8 +157,10 @@ def check_no_parts(output: Path, *, overwrite: bool) -> None:
         )
     records = read_records(staging)
     if overwrite or not records:  # no part finished: units of a Ray run, or of parts that failed
+        if keep_units and not overwrite:
+            return staging
         remove_staging(staging)
-        return
+        return None
     done = ", ".join(f"{r['part']}/{r['parts']}" for r in records)
     raise OutputExistsError(
         f"Output {str(output)!r} is being converted in parts: {str(staging)!r} holds their units (finished parts: "
