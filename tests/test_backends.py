@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,9 @@ class WhoAmI(Dataset):
                              torch.initial_seed() % 2**31, os.getpid()])
 
 
+RELEASE_HANG, HANGING = threading.Event(), threading.Event()  # a thread worker's hang, in this process
+
+
 class FailsOn(Dataset):
     def __init__(self, bad: int, how: str = "raise"):
         self.bad, self.how = bad, how
@@ -70,7 +74,9 @@ class FailsOn(Dataset):
                 raise ValueError(f"sample {index} is broken")
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(30)
+            HANGING.set()
+            RELEASE_HANG.wait(30)  # a test sets it once the hang was reported (a thread cannot be killed)
+            HANGING.clear()
         return torch.zeros(3), index
 
 
@@ -349,7 +355,12 @@ def test_timeout_is_reported(backend: str) -> None:
     with pytest.raises(WorkerError) as info:
         list(loader)
     assert "batch 1 (indices [2, 3] (2 samples))" in str(info.value) and "within timeout=1 s" in str(info.value)
-    getattr(loader, "close", lambda: None)()
+    assert HANGING.is_set() == (backend == "thread")  # reported while the thread still hangs, not after it
+    RELEASE_HANG.set()  # the hung thread returns (a hung process is killed by close)
+    try:
+        getattr(loader, "close", lambda: None)()
+    finally:
+        RELEASE_HANG.clear()
 
 
 def test_a_failing_worker_init_fn_is_reported() -> None:

@@ -52,6 +52,7 @@ class ThreadLoader(BatchLoader):
         pending: deque[tuple[int, Any, Future]] = deque()
         limit = max(1, self.num_workers * self.prefetch_factor)
         upcoming = iter(enumerate(batches))
+        completed = False
         try:
             for number, indices in itertools.islice(upcoming, limit):
                 pending.append((number, indices, pool.submit(self._compute, indices)))
@@ -61,11 +62,12 @@ class ThreadLoader(BatchLoader):
                 for more, more_indices in itertools.islice(upcoming, 1):
                     pending.append((more, more_indices, pool.submit(self._compute, more_indices)))
                 yield self.pinned(batch)
+            completed = True
         finally:
             for _, _, future in pending:
                 future.cancel()
-            if not self.persistent_workers:
-                self.shutdown()
+            if not self.persistent_workers:  # after an error (a timeout: a thread may hang) raise at once
+                self.shutdown(wait=completed)
 
     def _result(self, number: int, indices: Any, future: Future) -> Any:
         try:
@@ -82,9 +84,9 @@ class ThreadLoader(BatchLoader):
             ) from exc
         return batch
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = True) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
             self._numbers = itertools.count()
 
