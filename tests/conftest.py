@@ -90,6 +90,15 @@ def converted(request, uniform_folder: Path, tmp_path: Path) -> Path:
     return convert_to(uniform_folder, tmp_path, *request.param)
 
 
+def all_samples(dataset) -> tuple[list[np.ndarray], list[int]]:
+    """Every ``(image, label)`` of ``dataset`` in its order: the images as arrays, the labels as ints."""
+    images, labels = [], []
+    for image, label in dataset:
+        images.append(image.numpy())
+        labels.append(int(label))
+    return images, labels
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     """MNIST's idx format: magic (0, 0, dtype code 0x08=ubyte, ndim), big-endian dims, data."""
     path.parent.mkdir(parents=True, exist_ok=True)

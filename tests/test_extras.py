@@ -32,8 +32,6 @@ IMPORT_NAMES = {"pillow": "PIL"}
 OPTIONAL = sorted({module for modules in EXTRAS.values() for module in modules})
 # extras that install tools for working on fastdata, not a feature of it (so not in EXTRAS)
 TOOLING_EXTRAS = {"test", "dev", "docs", "lint"}
-# backends no test runs a server for (gs://, az://); their missing-package error is tested (test_urls)
-UNTESTED = {"gcsfs", "adlfs"}
 
 
 def requirement_name(requirement: str) -> str:
@@ -79,7 +77,7 @@ def test_every_extra_in_pyproject_is_in_the_extras_table_with_the_same_requireme
 
 def test_the_test_extra_installs_every_optional_module_the_tests_run() -> None:
     tested = installs(PYPROJECT["optional-dependencies"]["test"])
-    assert sorted(set(OPTIONAL) - tested) == sorted(UNTESTED)
+    assert sorted(set(OPTIONAL) - tested) == []
 
 
 def test_every_import_is_the_standard_library_a_dependency_or_an_extra_imported_where_used() -> None:

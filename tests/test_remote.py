@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from conftest import convert_to
+from conftest import all_samples, convert_to
 from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
 from fastdata.remote import Cache, Retry
@@ -138,14 +138,6 @@ def http_root(tmp_path: Path):
     yield root, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-def all_samples(dataset) -> tuple[list[np.ndarray], list[int]]:
-    images, labels = [], []
-    for image, label in dataset:
-        images.append(image.numpy())
-        labels.append(int(label))
-    return images, labels
 
 
 def same_samples(remote, local) -> None:

@@ -73,8 +73,14 @@ def test_a_missing_backend_names_the_extra_that_installs_it(monkeypatch, tmp_pat
                                                      r"package, which is not installed. Install it with: pip install "
                                                      r"'torch-fastdata\[s3\]'$"):
         fastdata.open_dataset("s3://bucket/d.npy", cache_dir=tmp_path)
-    with pytest.raises(DependencyMissingError, match=r"pip install 'torch-fastdata\[gcs\]'$"):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    with pytest.raises(DependencyMissingError, match=r"^Reading gs:// URLs \('gs://bucket/d.npy'\) needs the gcsfs "
+                                                     r"package, .* pip install 'torch-fastdata\[gcs\]'$"):
         fastdata.open_dataset("gs://bucket/d.npy", cache_dir=tmp_path)
+    monkeypatch.setitem(sys.modules, "adlfs", None)
+    with pytest.raises(DependencyMissingError, match=r"^Reading az:// URLs \('az://container/d.npy'\) needs the adlfs "
+                                                     r"package, .* pip install 'torch-fastdata\[azure\]'$"):
+        fastdata.open_dataset("az://container/d.npy", cache_dir=tmp_path)
 
 
 def test_credentials_are_scrubbed_from_what_is_shown() -> None:
@@ -86,6 +92,20 @@ def test_credentials_are_scrubbed_from_what_is_shown() -> None:
     assert scrub("failed with key AKIAEXAMPLE and secret s3cr3t-value",
                  {"key": "AKIAEXAMPLE", "secret": "s3cr3t-value", "client_kwargs": {"aws_session_token": "tok-123456"},
                   "endpoint_url": "http://127.0.0.1:9000"}) == "failed with key *** and secret ***"
+
+
+
+def test_azure_keys_and_the_values_of_secret_environment_variables_are_scrubbed(monkeypatch) -> None:
+    from fastdata.remote import scrub
+
+    key = "c2VjcmV0LWtleS12YWx1ZQ=="
+    assert scrub(f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={key};BlobEndpoint=http://h/acct;") == (
+        "DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=***;BlobEndpoint=http://h/acct;")
+    assert scrub("https://acct.blob.core.windows.net/c/d.tar?sv=2024-01-01&sig=abc%2Bdef") == (
+        "https://acct.blob.core.windows.net/c/d.tar?sv=2024-01-01&sig=***")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "plain-secret-value")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "other-secret-value")
+    assert scrub("refused plain-secret-value, then other-secret-value") == "refused ***, then ***"
 
 
 def test_retry_options_are_checked_up_front() -> None:

@@ -3,7 +3,8 @@ fsspec knows, read through one bounded cache shared by every process on the mach
 
 - :mod:`fastdata.remote.filesystem`: a URL -> its fsspec filesystem (``storage_options`` passed
   through, ``AWS_ENDPOINT_URL`` honoured by botocore), retries with backoff (:class:`Retry`), and
-  errors that name the URL and the fix, never a credential.
+  errors that name the URL and the fix, never a credential; :mod:`fastdata.remote.failures` reads
+  what s3fs, gcsfs and adlfs raise (an HTTP status, missing credentials) one way for it.
 - :mod:`fastdata.remote.cache`: :class:`Cache`, ``cache_dir`` bounded by ``cache_limit``, least
   recently used files evicted first, never one in use (file locks and atomic renames only).
 - :mod:`fastdata.remote.dataset`: :func:`locate`, what every reader calls with its path: a URL

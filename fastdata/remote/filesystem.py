@@ -23,6 +23,7 @@ from fastdata.errors import (
     DependencyMissingError, FastdataError, InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError,
 )
 from fastdata.extras import EXTRAS, require
+from fastdata.remote.failures import TRANSIENT_NAMES, TRANSIENT_STATUSES, lacks_credentials, one_line, status_of
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,8 +36,13 @@ _CREDENTIAL_HINTS = {
           "storage_options={'anon': True} for a public bucket (from the CLI: FSSPEC_S3_ANON=true)",
     "gs": "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS, or pass "
           "storage_options={'token': 'anon'} for a public bucket (from the CLI: FSSPEC_GCS_TOKEN=anon)",
-    "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or a SAS token in storage_options)",
+    "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or "
+          "AZURE_STORAGE_SAS_TOKEN (or sign in with 'az login' and set AZURE_STORAGE_ACCOUNT_NAME), or pass "
+          "connection_string= or account_name= with account_key= or sas_token= in storage_options",
 }
+# environment variables whose values are secrets: never shown, whatever a backend puts in its message
+_SECRET_ENVIRONMENT = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_CONNECTION_STRING",
+                       "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
 # exception class names (anywhere in the MRO) of errors worth another attempt: the connection
 # dropped, timed out or was refused, or the server answered 5xx / "slow down"
 _TRANSIENT = {
@@ -47,7 +53,7 @@ _TRANSIENT = {
 _TRANSIENT_TEXT = re.compile(r"\b(50[0-4]|SlowDown|Throttl|InternalError|ServiceUnavailable|RequestTimeout)",
                              re.IGNORECASE)
 _SECRET_QUERY = re.compile(r"(?i)((?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|Signature|AWSAccessKeyId|sig|se|sp|"
-                           r"token|access_token|key|secret)=)[^&\s'\"]+")
+                           r"token|access_token|key|secret)=)[^&;\s'\"]+")
 _SESSIONS: dict[str, Any] = {}  # scheme -> a botocore session to reuse (see remember_session)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]+@")
 
@@ -92,10 +98,12 @@ def scheme_of(url: str) -> str:
 
 
 def scrub(text: str, storage_options: dict[str, Any] | None = None) -> str:
-    """``text`` without credentials: signed-URL query values, ``user:password@`` and the string
-    values given in ``storage_options`` (keys, secrets, tokens)."""
+    """``text`` without credentials: signed-URL query values, ``user:password@``, the string
+    values given in ``storage_options`` (keys, secrets, tokens) and those of the environment
+    variables that hold secrets."""
     text = _USERINFO.sub(r"\1***@", _SECRET_QUERY.sub(r"\1***", text))
-    for value in _secret_values(storage_options or {}):
+    secrets = [os.environ.get(name, "") for name in _SECRET_ENVIRONMENT]
+    for value in _secret_values(storage_options or {}) + [value for value in secrets if len(value) >= 6]:
         text = text.replace(value, "***")
     return text
 
@@ -123,7 +131,11 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
         options["session"] = reused
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - gcsfs and adlfs look for credentials here, before any request
+        if lacks_credentials(exc):
+            raise explain(exc, url, storage_options) from None
+        if not isinstance(exc, (ImportError, ValueError)):
+            raise
         if isinstance(exc, ImportError) or "Protocol not known" in str(exc):
             raise DependencyMissingError(
                 f"{scrub(url)!r}: no fsspec backend for {scheme}:// is installed ({exc}). Install the fsspec "
@@ -158,7 +170,9 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & _TRANSIENT or type(exc).__module__.startswith("aiohttp"):
+    if names & _TRANSIENT or names & TRANSIENT_NAMES or type(exc).__module__.startswith("aiohttp"):
+        return True
+    if status_of(exc) in TRANSIENT_STATUSES:
         return True
     return isinstance(exc, OSError) and bool(_TRANSIENT_TEXT.search(str(exc)))
 
@@ -167,17 +181,21 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
             attempts: int = 1) -> Exception:
     """The fastdata error for ``exc`` raised while reading ``url``: what failed and the fix."""
     shown = scrub(url)
-    cause = scrub(f"{type(exc).__name__}: {exc}", storage_options)
+    cause = scrub(f"{type(exc).__name__}: {one_line(str(exc))}", storage_options)
     scheme = scheme_of(url)
     hint = _CREDENTIAL_HINTS.get({"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(scheme, scheme), "")
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "NoCredentialsError" in names or "PartialCredentialsError" in names or "DefaultCredentialsError" in names:
+    status = status_of(exc)
+    if lacks_credentials(exc):
         return RemoteAccessError(f"{shown!r}: no credentials found ({cause}). To fix: {hint or 'pass them in storage_options'}.")
-    if isinstance(exc, FileNotFoundError) or re.search(r"\b404\b|NoSuchKey|NoSuchBucket|Not Found", str(exc)):
+    if status == 401:  # the request went out without credentials (gcsfs falls back to anonymous) or with stale ones
+        return RemoteAccessError(f"{shown!r}: no valid credentials were sent (401: {cause}). To fix: "
+                                 f"{hint or 'pass them in storage_options'}.")
+    if isinstance(exc, FileNotFoundError) or status == 404 or re.search(r"\b404\b|NoSuchKey|NoSuchBucket|Not Found",
+                                                                         str(exc)):
         return RemoteNotFoundError(f"{shown!r} does not exist (404: {cause}). Check the URL: it names the dataset "
                                    "directory (or .h5 file) that 'fastdata convert' wrote.")
-    if isinstance(exc, PermissionError) or re.search(r"\b403\b|AccessDenied|Forbidden|InvalidAccessKeyId|"
-                                                     r"SignatureDoesNotMatch", str(exc)):
+    if isinstance(exc, PermissionError) or status == 403 or re.search(
+            r"\b403\b|AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch", str(exc)):
         fix = f"check the credentials in use ({hint})" if hint else "check the credentials in storage_options"
         return RemoteAccessError(f"{shown!r}: access denied (403: {cause}). To fix: {fix}, and that they may read "
                                  "this bucket.")
