@@ -106,3 +106,15 @@ class RemoteAccessError(RemoteError, PermissionError):
 class RemoteUnavailableError(RemoteError, ConnectionError):
     """The server did not answer (after every retry), or answered with an error."""
 
+
+
+class ConversionInterrupted(KeyboardInterrupt):
+    """A conversion stopped by Ctrl-C or SIGTERM after a checkpoint: its partial output and
+    journal are kept (as a killed process leaves them), and ``--resume`` continues from there.
+    Still a :class:`KeyboardInterrupt`, so code that stops on Ctrl-C stops on it; its text says
+    how many samples are kept and what to run."""
+
+    def __init__(self, output: str, kept: int, total: int):
+        self.output, self.kept, self.total = output, kept, total
+        super().__init__(f"{output!r} keeps {kept:,} of {total:,} samples in {output + '.partial'!r}; run the "
+                         "same command with --resume to continue from there")

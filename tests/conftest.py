@@ -121,15 +121,27 @@ def mnist_root(tmp_path: Path) -> Path:
     return make_mnist(tmp_path)
 
 
-def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 1000) -> int:
-    """SIGKILL the conversion ``process`` (started with ``start_new_session=True``, so its workers
-    die with it) once its journal ``journal`` records a checkpoint past sample ``past``; the
-    checkpoint's ``next_index``. Fails if the conversion ends first, or writes none in 120 s."""
+def wait_for_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 0) -> None:
+    """Until the conversion ``process``'s journal ``journal`` records a checkpoint past sample
+    ``past``. Fails if the conversion ends first, or writes none in 120 s."""
     deadline = time.monotonic() + 120
-    while not (journal.exists() and json.loads(journal.read_text())["next_index"] > past):
-        assert process.poll() is None, "the conversion ended before a checkpoint"
+    while True:
+        try:
+            if json.loads(journal.read_text())["next_index"] > past:
+                return
+        except (OSError, ValueError):  # not written yet
+            pass
+        assert process.poll() is None, f"the conversion ended before a checkpoint: {process.communicate()}"
         assert time.monotonic() < deadline, "no checkpoint was written"
         time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
+
+
+def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 1000,
+                          signum: int = signal.SIGKILL) -> int:
+    """Send ``signum`` to the conversion ``process`` (started with ``start_new_session=True``, so
+    its workers get it too) once its journal ``journal`` records a checkpoint past sample
+    ``past``; the last checkpoint's ``next_index`` once the process has ended."""
+    wait_for_checkpoint(process, journal, past=past)
+    os.killpg(process.pid, signum)
+    process.communicate(timeout=60)
     return json.loads(journal.read_text())["next_index"]

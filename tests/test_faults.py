@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -14,6 +15,8 @@ import psutil
 import pytest
 
 import fastdata
+from conftest import wait_for_checkpoint
+from fastdata.conversion import journal
 
 SLOW_SOURCE = ["torchvision:FakeData", "--source-option", "size=100000", "--source-option", "image_size=(3, 16, 16)"]
 
@@ -37,14 +40,32 @@ def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float
     pytest.fail("the conversion made no progress")
 
 
-def test_ctrl_c_exits_130_and_removes_partial_output(tmp_path: Path) -> None:
+def test_ctrl_c_after_a_checkpoint_keeps_the_partial_output_for_resume(tmp_path: Path) -> None:
     out = tmp_path / "fake.npy"
-    process = start(out, start_new_session=True)
-    wait_for_progress(tmp_path / "fake.npy.partial", process)
+    process = start(out, "--unit-samples", "500", "--quiet", start_new_session=True)
+    wait_for_checkpoint(process, journal.journal_path(out))
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     _, stderr = process.communicate(timeout=60)
+    record = json.loads(journal.journal_path(out).read_text())  # the last checkpoint before the signal
+    assert process.returncode == 130 and "Traceback" not in stderr
+    assert stderr.strip().splitlines() == [
+        f"fastdata: interrupted; {str(out)!r} keeps {record['next_index']:,} of 100,000 samples in "
+        f"{str(out) + '.partial'!r}; run the same command with --resume to continue from there."]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.npy.partial", "fake.npy.partial.json"]
+    assert record["next_index"] % 500 == 0 and record["next_index"] > 0
+
+
+def test_ctrl_c_removes_an_output_that_cannot_resume(tmp_path: Path) -> None:
+    out = tmp_path / "fake.h5"  # HDF5 cannot reopen a half-written file: nothing is kept
+    process = start(out, "--unit-samples", "500", "--quiet", start_new_session=True)
+    deadline, partial = time.monotonic() + 120, tmp_path / "fake.h5.partial"
+    while not (partial.exists() and partial.stat().st_size > 0):  # converting: the partial file grows
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1] == "fastdata: interrupted" and "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["fastdata: interrupted"], stderr
     assert list(tmp_path.iterdir()) == []
 
 

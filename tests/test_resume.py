@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,20 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output(tmp_path: Path, fmt:
     checkpoint = kill_after_checkpoint(process, journal)
     assert not out.exists() and (tmp_path / "out.partial").exists() and 1000 < checkpoint < 8000
     finish(convert(out, fmt, store, "--resume"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
+    assert contents(out) == contents(reference)
+
+
+def test_sigterm_keeps_the_partial_output_and_resume_gives_the_uninterrupted_output(tmp_path: Path) -> None:
+    """A scheduler's preemption (SIGTERM to the process group) after a checkpoint keeps the partial
+    output, as SIGKILL does, and says how to continue."""
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    finish(convert(reference, "tar", "encoded"))
+    process = convert(out, "tar", "encoded", start_new_session=True)
+    checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json", signum=signal.SIGTERM)
+    assert process.returncode == 143 and 1000 < checkpoint < 8000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", "reference"]
+    finish(convert(out, "tar", "encoded", "--resume"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
     assert contents(out) == contents(reference)
 

@@ -471,11 +471,17 @@ def _wait_for_output(process: subprocess.Popen, path: Path) -> None:
         time.sleep(0.02)
 
 
+# no checkpoint is ever made, so an interrupted conversion keeps nothing (with one, Ctrl-C and
+# SIGTERM keep the partial output for --resume: test_faults, test_resume)
+NO_CHECKPOINT = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="1e9")
+
+
 @pytest.mark.parametrize("delay_s", [0.1, 0.3, 0.6, 1.0, 1.5])
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path: Path, delay_s: float) -> None:
     out = tmp_path / "c.npy"
     process = subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *FAKE, str(out), "--quiet"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env=NO_CHECKPOINT)
     time.sleep(delay_s)  # during the imports, the source scan, or the conversion
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
@@ -490,7 +496,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     out = tmp_path / "t.npy"
     process = subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *FAKE, str(out), "--workers", "2",
                                 "--store", "encoded", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, env=NO_CHECKPOINT)
     _wait_for_output(process, tmp_path / "t.npy.partial")
     process.terminate()  # only the main process, as a job scheduler's first signal
     _, stderr = process.communicate(timeout=60)

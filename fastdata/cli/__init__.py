@@ -18,7 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from fastdata._version import __version__
-from fastdata.errors import FastdataError
+from fastdata.errors import ConversionInterrupted, FastdataError
 from fastdata.cli.common import fetch_converted
 from fastdata.urls import is_url, refuse_url
 
@@ -128,10 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = _install_signal_handlers()
     try:
         return _main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         _caught.append(True)
         signum = _received[0] if _received else signal.SIGINT
-        print(f"fastdata: {_SIGNAL_WORDS[signum]}", file=sys.stderr)
+        kept = f"; {exc}." if isinstance(exc, ConversionInterrupted) else ""  # the partial output, for --resume
+        print(f"fastdata: {_SIGNAL_WORDS[signum]}{kept}", file=sys.stderr)
         _forget_escaped_interrupt()
         return 128 + signum
     except BrokenPipeError:  # e.g. 'fastdata info ... | head': the reader left; end quietly

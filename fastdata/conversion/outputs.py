@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from fastdata.conversion import journal
 from fastdata.conversion.files import remove_path, sync_folder, unique_sibling
-from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
+from fastdata.errors import ConversionInterrupted, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
 from fastdata.conversion.locks import os_error
 from fastdata.formats import find_manifest
 from fastdata.manifest import MANIFEST_NAME
@@ -268,10 +268,13 @@ def prepare_output(output: Path, protected: list[Protected], *, overwrite: bool,
 @contextlib.contextmanager
 def partial_removed_on_failure(output: Path, partial: Path) -> Iterator[None]:
     """Around writing ``partial`` (ours: the lock is held and the journal names it): on any
-    failure it and the journal are removed and an OSError is reported by its cause; on success
-    the journal is removed (the output has been published)."""
+    failure it and the journal are removed and an OSError is reported by its cause (except after
+    a Ctrl-C that kept them for ``--resume``); on success the journal is removed (the output has
+    been published)."""
     try:
         yield
+    except ConversionInterrupted:  # kept, with its journal, for --resume
+        raise
     except BaseException as exc:
         with contextlib.suppress(OSError):
             remove_path(partial)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from fastdata.conversion import journal
 from fastdata._version import __version__
-from fastdata.errors import BadSampleError
+from fastdata.errors import BadSampleError, ConversionInterrupted
 from fastdata.formats import FormatSpec
 from fastdata.formats.base import Plan
 from fastdata.conversion.options import ConvertOptions
@@ -39,8 +39,9 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
     checkpoint, and ``finished`` starts at unit ``state["next_unit"]``. At the end of a unit, at
     most every ``journal.CHECKPOINT_INTERVAL_S`` seconds, a resumable writer's checkpoint is
     recorded in the journal with the number of units the partial output holds. On any
-    failure the partial output is removed (and the engine stopped); after a :class:`ModeConflict`
-    the progress reported so far is taken back.
+    failure the partial output is removed (and the engine stopped), except on Ctrl-C or SIGTERM
+    after a checkpoint: :class:`~fastdata.errors.ConversionInterrupted`, the partial output kept
+    for ``--resume``; after a :class:`ModeConflict` the progress reported so far is taken back.
     """
     spec = target.spec
     writer = None
@@ -76,6 +77,10 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
         if close is not None:  # a generator engine: stop its pool or tasks now, not when collected
             close()
         abort_writer(writer)
+        if isinstance(exc, KeyboardInterrupt) and record is not None and record.get("writer") is not None:
+            # Ctrl-C or SIGTERM (a scheduler's preemption) after a checkpoint: the partial output and
+            # journal stay, as a killed process leaves them, for --resume
+            raise ConversionInterrupted(str(target.output), record["next_index"], plan.count) from None
         remove_path(target.partial)
         if isinstance(exc, ModeConflict):
             target.report(-reported, plan.count)
