@@ -267,7 +267,7 @@ def _write_here(src: Source, options: ConvertOptions, target: Target, fields: di
                                                      mode=job.plan.mode, gray_guess=job.gray_guess)
         computed = run_here(job, run.workers, units_to_run(units, state, kept))
         return write_units(target, job.plan, run, in_order(units, state, kept, staging, job.plan, computed),
-                           source=src.describe(), state=state)
+                           source=src.describe(), state=state, keep_on_interrupt=True)
 
     return restarting(attempt)
 

@@ -30,7 +30,8 @@ from fastdata.conversion.scale.units import Finished
 
 
 def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: Iterable[Finished], *,
-                source: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
+                source: dict[str, Any], state: dict[str, Any] | None = None,
+                keep_on_interrupt: bool = False) -> dict[str, Any]:
     """The one write loop of every conversion: stream the engine's finished units, in order,
     through the format's writer into the partial output, then write index and manifest (the
     writer's ``close``); the manifest as written. ``source`` is the source's description.
@@ -40,8 +41,9 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
     most every ``journal.CHECKPOINT_INTERVAL_S`` seconds, a resumable writer's checkpoint is
     recorded in the journal with the number of units the partial output holds. On any
     failure the partial output is removed (and the engine stopped), except on Ctrl-C or SIGTERM
-    after a checkpoint: :class:`~fastdata.errors.ConversionInterrupted`, the partial output kept
-    for ``--resume``; after a :class:`ModeConflict` the progress reported so far is taken back.
+    after a checkpoint when ``keep_on_interrupt`` (a local conversion, which ``--resume``
+    continues): :class:`~fastdata.errors.ConversionInterrupted`, the partial output kept; after a
+    :class:`ModeConflict` the progress reported so far is taken back.
     """
     spec = target.spec
     writer = None
@@ -77,7 +79,7 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
         if close is not None:  # a generator engine: stop its pool or tasks now, not when collected
             close()
         abort_writer(writer)
-        if isinstance(exc, KeyboardInterrupt) and record is not None and record.get("writer") is not None:
+        if keep_on_interrupt and isinstance(exc, KeyboardInterrupt) and (record or {}).get("writer") is not None:
             # Ctrl-C or SIGTERM (a scheduler's preemption) after a checkpoint: the partial output and
             # journal stay, as a killed process leaves them, for --resume
             raise ConversionInterrupted(str(target.output), record["next_index"], plan.count) from None
