@@ -456,27 +456,6 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
     assert fetched > 12  # shards evicted to stay within the limit were fetched again when read again
 
 
-def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
-    from fastdata.remote import RemoteOptions
-    from fastdata.remote.upload import ShardUploader
-
-    local = convert_to(uniform_folder, tmp_path, "tar", "raw")
-    partial = tmp_path / "writing.partial"  # what a conversion in progress has: one closed shard, one open
-    partial.mkdir()
-    (partial / "shard-000000.tar").write_bytes((local / "shard-000000.tar").read_bytes())
-    (partial / "shard-000000.tar.record.json").write_text("{}")
-    (partial / "shard-000001.tar.partial").write_bytes(b"still being written")
-    url = f"s3://{BUCKET}/streamed/ds.tar"
-    with ShardUploader(partial, url, RemoteOptions(), poll_s=0.05) as uploader:
-        for _ in range(400):  # until the thread has sent it (a wait, not a timing check)
-            if "shard-000000.tar" in uploader.sent:
-                break
-            time.sleep(0.05)
-    assert list(uploader.sent) == ["shard-000000.tar"]
-    assert s3.fs().ls(f"{BUCKET}/streamed/ds.tar") == [f"{BUCKET}/streamed/ds.tar/shard-000000.tar"]
-    assert s3.fs().cat_file(f"{BUCKET}/streamed/ds.tar/shard-000000.tar") == (local / "shard-000000.tar").read_bytes()
-
-
 def downloaded(s3: S3, url: str, local: Path) -> Path:
     """The objects at ``url``, downloaded as they are (to compare byte for byte)."""
     s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)

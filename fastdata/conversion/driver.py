@@ -48,7 +48,7 @@ from fastdata.remote.filesystem import scrub
 from fastdata.remote.units import (
     UnitUploader, download_units, fetch_uploaded_units, part_record, remove_units, units_url, upload_part,
 )
-from fastdata.remote.upload import ShardUploader, begin_upload, check_destination, finish_upload, staging_path
+from fastdata.remote.upload import ShardSink, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.sources import Source
 from fastdata.urls import is_url
 
@@ -123,14 +123,14 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
     if decided.engine == "ray":
         ray = import_ray()  # says how to install it before anything is uploaded
     begin_upload(url, replace=replace, options=remote)
-    with ShardUploader(partial_path(staging), url, remote) as uploader:
-        if decided.engine == "ray":
-            src = open_source(source, local)
-            with ray_session(ray, local.ray_address):
-                manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode))
-        else:
-            manifest = run_conversion(open_source(source, local), staging, local, progress)
-    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
+    sink = ShardSink(url, remote)  # tar: each shard uploaded as it is closed, then removed here
+    if decided.engine == "ray":
+        src = open_source(source, local)
+        with ray_session(ray, local.ray_address):
+            manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode, sink=sink))
+    else:
+        manifest = run_conversion(open_source(source, local), staging, local, progress, sink=sink)
+    finish_upload(staging, url, replace=replace, options=remote)
     remove_path(staging)
     return manifest
 
@@ -197,9 +197,9 @@ def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: An
         if stale.exists() or stale.is_symlink():
             remove_path(stale)
     begin_upload(url, replace=replace, options=remote)
-    with ShardUploader(partial_path(staging), url, remote) as uploader:
-        manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode))
-    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
+    sink = ShardSink(url, remote)
+    manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode, sink=sink))
+    finish_upload(staging, url, replace=replace, options=remote)
     remove_units(url, remote)
     remove_path(staging)
     return manifest
@@ -221,14 +221,17 @@ def run_conversion(
     output: Path,
     options: ConvertOptions,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    sink: Any = None,
 ) -> dict[str, Any]:
     """Convert ``src`` into ``output`` with the local engine; ``options`` as
-    :func:`~fastdata.conversion.plan.decide_options` made them (the format decided)."""
+    :func:`~fastdata.conversion.plan.decide_options` made them (the format decided); ``sink``:
+    see :class:`~fastdata.conversion.outputs.Target`."""
     # an existing output is refused at once, before fingerprinting the source
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=options.resume)
     spec = get_format(options.format, writable=True)
     fields, key = conversion_key(spec, src, options)
-    target = Target(output, spec, key, src.fingerprint(), progress)
+    target = Target(output, spec, key, src.fingerprint(), progress, sink)
     workers = usable_cores() if options.workers is None else options.workers
     options = dataclasses.replace(options, workers=_cap_workers(workers, len(src), explicit=options.workers))
     with ConversionLock(output):
