@@ -139,10 +139,14 @@ def s3():
 
     from servers import KEYS, S3, BUCKET
 
+    import s3fs
+
     saved = {name: os.environ.get(name) for name in [*KEYS, "AWS_ENDPOINT_URL"]}
+    s3fs.S3FileSystem.clear_instance_cache()  # filesystems of an earlier module's server (another endpoint)
     server = S3()
     os.environ.update(KEYS, AWS_ENDPOINT_URL=server.endpoint)
-    server.fs().mkdir(BUCKET)
+    if not server.fs().exists(BUCKET):  # moto keeps its buckets in this process: made by an earlier module
+        server.fs().mkdir(BUCKET)
     yield server
     logging.getLogger("werkzeug").removeHandler(server.log)
     server.stop()

@@ -7,7 +7,11 @@ from __future__ import annotations
 import http.server
 import io
 import logging
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -153,3 +157,48 @@ class CacheSizes:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+
+
+_STUCK = """
+import pathlib, sys, threading
+import fastdata
+from fastdata.remote import upload
+
+closed = upload.ShardSink.closed
+
+def closed_then_stuck(self, path):  # the test kills this process here, the shard up and removed locally
+    closed(self, path)
+    if path.name == {shard!r}:
+        pathlib.Path({marker!r}).write_text("stuck")
+        threading.Event().wait()
+
+upload.ShardSink.closed = closed_then_stuck
+{call}
+"""
+
+
+def stuck_after_upload(call: str, shard: str, marker: Path) -> subprocess.Popen:
+    """A process running ``call`` (Python, after ``import fastdata``) that stops for good once it
+    has uploaded ``shard`` of a conversion or merge to a URL, holding whatever it holds; returned
+    once it is there (``marker`` written), to be killed with ``os.killpg``."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CHECKPOINT_INTERVAL_S="0")  # a checkpoint per unit
+    process = subprocess.Popen([sys.executable, "-c", _STUCK.format(shard=shard, marker=str(marker), call=call)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, f"the process did not reach {shard}"
+        time.sleep(0.02)
+    return process
+
+
+def kill(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+
+
+def downloaded(s3: S3, url: str, local: Path) -> Path:
+    """The objects at ``url``, downloaded as they are (to compare byte for byte)."""
+    s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)
+    return local

@@ -28,7 +28,7 @@ from fastdata.remote import Cache, Retry
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-from servers import BUCKET, KEYS, ROOT, S3, CacheSizes, upload  # noqa: E402 - after the skips
+from servers import BUCKET, KEYS, ROOT, S3, CacheSizes, downloaded, upload  # noqa: E402 - after the skips
 
 
 def all_samples(dataset) -> tuple[list[np.ndarray], list[int]]:
@@ -454,12 +454,6 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
     assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
     fetched = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files) - before
     assert fetched > 12  # shards evicted to stay within the limit were fetched again when read again
-
-
-def downloaded(s3: S3, url: str, local: Path) -> Path:
-    """The objects at ``url``, downloaded as they are (to compare byte for byte)."""
-    s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)
-    return local
 
 
 def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_bytes(

@@ -4,14 +4,8 @@ disk), so it needs about one shard of local disk, and ``--resume`` continues fro
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,21 +15,8 @@ from conftest import convert_to
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-from servers import BUCKET, ROOT, S3  # noqa: E402 - after the skips
-
-
-def tree(path: Path) -> dict[str, bytes]:
-    """A dataset's files, the manifest without its creation time and seal (they differ per run)."""
-    files = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-    manifest = json.loads(files.pop("manifest.json"))
-    for key in ("created", "manifest_blake2b"):
-        manifest.pop(key)
-    return {**files, "manifest.json": json.dumps(manifest, sort_keys=True).encode()}
-
-
-def downloaded(s3: S3, url: str, local: Path) -> Path:
-    s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)
-    return local
+from servers import BUCKET, S3, downloaded, kill, stuck_after_upload  # noqa: E402 - after the skips
+from test_parts import tree  # noqa: E402
 
 
 class StagingSnapshots(logging.Handler):
@@ -83,42 +64,15 @@ def test_a_tar_conversion_to_a_url_holds_at_most_the_shard_being_written_and_the
     assert not staging.parent.exists() or not [p for p in staging.parent.rglob("*") if p.is_file()]
 
 
-BLOCKING_CONVERSION = """
-import pathlib, sys, threading
-import fastdata
-from fastdata.remote import upload
-
-closed = upload.ShardSink.closed
-
-def closed_then_stuck(self, path):  # the process is killed here, shard 2 up and removed locally
-    closed(self, path)
-    if path.name == "shard-000002.tar":
-        pathlib.Path(sys.argv[3]).write_text("stuck")
-        threading.Event().wait()
-
-upload.ShardSink.closed = closed_then_stuck
-fastdata.convert(sys.argv[1], sys.argv[2], format="tar", store="raw", shard_samples=3, unit_samples=4, workers=0)
-"""
-
-
 def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_back_the_shard_it_reopens(
         s3: S3, uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/resumed/ds.tar"
-    stuck = tmp_path / "stuck"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CHECKPOINT_INTERVAL_S="0")  # a checkpoint per unit
     # units of 4 samples, shards of 3: the last checkpoint (after unit 1, samples 0-7) has shard 2
     # open with samples 6-7; sample 9 then closes it, and the process is killed once it is uploaded
-    process = subprocess.Popen([sys.executable, "-c", BLOCKING_CONVERSION, str(uniform_folder), url, str(stuck)],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not stuck.exists():
-        assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "the conversion did not reach shard 2"
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
+    call = (f"fastdata.convert({str(uniform_folder)!r}, {url!r}, format='tar', store='raw', shard_samples=3, "
+            "unit_samples=4, workers=0)")
+    kill(stuck_after_upload(call, "shard-000002.tar", tmp_path / "stuck"))
     prefix = f"{BUCKET}/resumed/ds.tar"
     assert sorted(name.rsplit("/", 1)[-1] for name in s3.fs().find(prefix)) == [
         ".fastdata-upload", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]  # no manifest: no dataset
