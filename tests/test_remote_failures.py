@@ -27,6 +27,9 @@ def sent(caplog) -> int:
 
 @pytest.fixture
 def credentials(monkeypatch):
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec's cached filesystems keep the endpoint they were made with
     for name, value in KEYS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("FASTDATA_RETRY_DELAY", "0")
