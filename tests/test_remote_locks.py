@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -110,21 +111,36 @@ def test_a_lock_from_another_machine_is_stale_only_once_it_is_old(s3: S3, unifor
     assert not s3.fs().exists(f"{BUCKET}/elsewhere/ds.tar.partial.lock")
 
 
-def test_a_holder_whose_lock_was_taken_over_commits_nothing_and_leaves_the_new_lock(s3: S3, monkeypatch) -> None:
-    from fastdata.remote.locks import BucketLock
+def test_a_holder_refreshes_its_lock_and_one_whose_lock_was_taken_over_commits_nothing(s3: S3, monkeypatch) -> None:
+    from fastdata.remote import locks
 
+    monkeypatch.setattr(locks, "REFRESH_S", 0.01)
     url = f"s3://{BUCKET}/taken/ds.tar"
-    first = BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
+    key = f"{BUCKET}/taken/ds.tar.partial.lock"
+    first = locks.BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
+    start = len(s3.log.lines)
     assert first.try_acquire() is None
+    wait_for(lambda: len([line for line in s3.log.lines[start:] if f"PUT /{key} " in line]) >= 3)  # refreshed
     monkeypatch.setenv("FASTDATA_LOCK_STALE_S", "0")  # as if the first had stopped refreshing it
-    second = BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
+    second = locks.BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
     assert second.try_acquire() is None
+    wait_for(lambda: first.lost)  # its next refresh (If-Match on its own ETag) was refused
     with pytest.raises(OutputLockedError) as caught:
         first.check()
     assert str(caught.value).startswith(f"{url!r}: this merge's lock '{url}.partial.lock' was taken over by another "
                                         f"process (merge: process {os.getpid()} on {HOST}, started ")
+    assert str(caught.value).endswith(") while it ran, so nothing was committed. Make sure one process writes this "
+                                      "output at a time, then run again.")
     first.release()
-    assert json.loads(s3.fs().cat_file(f"{BUCKET}/taken/ds.tar.partial.lock"))["token"] == second.token
+    assert json.loads(s3.fs().cat_file(key))["token"] == second.token  # the new holder's lock is left alone
     second.check()
     second.release()
-    assert not s3.fs().exists(f"{BUCKET}/taken/ds.tar.partial.lock")
+    assert not s3.fs().exists(key)
+
+
+def wait_for(condition, timeout_s: float = 60.0) -> None:
+    """Until ``condition()`` (a wait for a thread, not a timing check)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.01)

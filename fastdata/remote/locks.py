@@ -175,7 +175,7 @@ class BucketLock:
         for ``$FASTDATA_LOCK_STALE_S``); called before anything is committed."""
         if not self.held:
             return
-        found = None if self.lost else self.holder()
+        found = self.holder()
         if self.lost or found is None or found[0].get("token") != self.token:
             raise os_error(OutputLockedError, errno.EAGAIN, (
                 f"{scrub(self.output)!r}: this {self.operation}'s lock {scrub(self.url)!r} was taken over by another "
