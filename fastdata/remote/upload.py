@@ -125,10 +125,10 @@ class ShardSink(FileSink):
 
 
 def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteOptions) -> int:
-    """Upload the finished local dataset ``local`` (what a :class:`ShardSink` sent as it was
-    closed is no longer there, and is checked in the bucket instead), remove the replaced
-    dataset's other files, then upload the manifest, then remove the marker. Returns the bytes
-    sent here."""
+    """Upload the files of the finished local dataset ``local`` that its manifest lists (what a
+    :class:`ShardSink` sent as it was closed is no longer there, and is checked in the bucket
+    instead), remove the replaced dataset's other files, then upload the manifest, then remove
+    the marker. Returns the bytes sent here."""
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
 
@@ -142,17 +142,15 @@ def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteO
         except RemoteNotFoundError:
             pass
         return local.stat().st_size
-    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    listed = json.loads((local / MANIFEST_NAME).read_text(encoding="utf-8")).get("files", {})  # every file
+    here = [name for name in sorted(listed) if (local / name).is_file()]
     total = 0
-    for file in files:
-        name = file.relative_to(local).as_posix()
-        call(fs.put_file, str(file), f"{path}/{name}")
-        total += file.stat().st_size
-        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), file.stat().st_size)
-    listed = json.loads((local / MANIFEST_NAME).read_text(encoding="utf-8")).get("files", {})
-    written = {file.relative_to(local).as_posix() for file in files}
-    _check_streamed(fs, path, url, {name: entry for name, entry in listed.items() if name not in written}, options)
-    for stale in sorted(set(replace) - written - set(listed) - {MANIFEST_NAME, MARKER}):
+    for name in here:
+        call(fs.put_file, str(local / name), f"{path}/{name}")
+        total += (local / name).stat().st_size
+        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), (local / name).stat().st_size)
+    _check_streamed(fs, path, url, {name: entry for name, entry in listed.items() if name not in here}, options)
+    for stale in sorted(set(replace) - set(listed) - {MANIFEST_NAME, MARKER}):
         call(fs.rm_file, f"{path}/{stale}")  # a file of the old dataset the new one does not have
     call(fs.put_file, str(local / MANIFEST_NAME), f"{path}/{MANIFEST_NAME}")
     total += (local / MANIFEST_NAME).stat().st_size
