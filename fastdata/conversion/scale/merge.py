@@ -39,9 +39,10 @@ Progress = Callable[[int, int], None]
 def merge_parts(output: Path, *, progress: Progress | None = None, source: Any = None,
                 mode: str | None = None, sink: Any = None) -> dict[str, Any]:
     """One attempt of :func:`fastdata.merge` (the driver's, which restarts it): write ``output``
-    from its parts' units (a streaming writer's finished files handed to ``sink``, if given). When auto mode left units of both modes (some parts met colour
-    images), :class:`ModeConflict` without ``mode``; with ``mode="RGB"`` the grayscale units are
-    converted again as RGB first (unless their bytes are the original files, the same in either mode)."""
+    from its parts' units (a streaming writer's finished files handed to ``sink``, if given).
+    When auto mode left units of both modes (some parts met colour images), :class:`ModeConflict`
+    without ``mode``; with ``mode="RGB"`` the grayscale units are converted again as RGB first
+    (unless their bytes are the original files, the same in either mode)."""
     check_output_path(output)
     staging = staging_path(output)
     if not (staging.is_dir() and is_staging(staging)):
