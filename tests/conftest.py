@@ -145,3 +145,53 @@ def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int
     os.killpg(process.pid, signum)
     process.communicate(timeout=60)
     return json.loads(journal.read_text())["next_index"]
+
+
+# --- servers on 127.0.0.1 for datasets in object storage (tests/servers.py) ----------------
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server with the bucket ``servers.BUCKET``, reached through ``AWS_ENDPOINT_URL``
+    and test credentials in the environment (restored after the module)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    import logging
+
+    from servers import KEYS, S3, BUCKET
+
+    import s3fs
+
+    saved = {name: os.environ.get(name) for name in [*KEYS, "AWS_ENDPOINT_URL"]}
+    s3fs.S3FileSystem.clear_instance_cache()  # filesystems of an earlier module's server (another endpoint)
+    server = S3()
+    os.environ.update(KEYS, AWS_ENDPOINT_URL=server.endpoint)
+    if not server.fs().exists(BUCKET):  # moto keeps its buckets in this process: made by an earlier module
+        server.fs().mkdir(BUCKET)
+    yield server
+    logging.getLogger("werkzeug").removeHandler(server.log)
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def http_root(tmp_path: Path):
+    """An HTTP server answering range requests for the files under ``(root, base URL)``."""
+    import http.server
+    import threading
+
+    from servers import RangeHandler
+
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = lambda *args, **kwargs: RangeHandler(*args, directory=str(root), **kwargs)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

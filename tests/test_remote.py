@@ -5,9 +5,7 @@ own request log."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import logging
 import os
 import re
 import subprocess
@@ -28,116 +26,9 @@ from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundE
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
 from fastdata.remote import Cache, Retry
 
-moto_server = pytest.importorskip("moto.server")
-s3fs = pytest.importorskip("s3fs")
-ROOT = Path(__file__).resolve().parent.parent
-BUCKET = "fastdata-test"
-KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
-        "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-class _RequestLog(logging.Handler):
-    """The S3 server's request lines (werkzeug logs one per request)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def gets(self, key: str) -> int:
-        return sum(1 for line in self.lines if re.search(rf"(?<![A-Z])GET /{BUCKET}/{re.escape(key)}[ ?]", line))
-
-
-class S3:
-    """A moto S3 server on a free loopback port that can be stopped and started again (its
-    objects live in this process, so they outlast a restart)."""
-
-    def __init__(self) -> None:
-        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self.server.start()
-        self.host, self.port = self.server.get_host_and_port()
-        self.endpoint = f"http://{self.host}:{self.port}"
-        self.log = _RequestLog()
-        logging.getLogger("werkzeug").addHandler(self.log)
-        logging.getLogger("werkzeug").setLevel(logging.INFO)
-
-    def fs(self):
-        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=KEYS["AWS_ACCESS_KEY_ID"],
-                                 secret=KEYS["AWS_SECRET_ACCESS_KEY"], skip_instance_cache=True)
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    def start(self) -> None:
-        self.server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-
-
-@pytest.fixture(scope="module")
-def s3():
-    saved = {name: os.environ.get(name) for name in [*KEYS, "AWS_ENDPOINT_URL"]}
-    server = S3()
-    os.environ.update(KEYS, AWS_ENDPOINT_URL=server.endpoint)
-    server.fs().mkdir(BUCKET)
-    yield server
-    logging.getLogger("werkzeug").removeHandler(server.log)
-    server.stop()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-def upload(s3: S3, local: Path, key: str) -> str:
-    s3.fs().put(str(local), f"{BUCKET}/{key}", recursive=local.is_dir())
-    return f"s3://{BUCKET}/{key}"
-
-
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with ``Range: bytes=a-b`` answered 206 (http.server answers 200 to it)."""
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
-    def send_head(self):
-        path = Path(self.translate_path(self.path))
-        if not path.is_file():
-            self.send_error(404)
-            return None
-        data = path.read_bytes()
-        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-        if match:
-            start = int(match[1])
-            end = min(int(match[2]) if match[2] else len(data) - 1, len(data) - 1)
-            body = data[start : end + 1]
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        else:
-            body = data
-            self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        import io
-
-        return io.BytesIO(body)
-
-
-@pytest.fixture
-def http_root(tmp_path: Path):
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = lambda *args, **kwargs: _RangeHandler(*args, directory=str(root), **kwargs)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+from servers import BUCKET, KEYS, ROOT, S3, CacheSizes, downloaded, upload  # noqa: E402 - after the skips
 
 
 def same_samples(remote, local) -> None:
@@ -323,23 +214,12 @@ def test_the_cache_stays_within_its_limit_plus_one_shard_on_a_dataset_three_time
     limit = total // 3
     cache_dir = tmp_path / "cache"
     cache = Cache(cache_dir, limit)
-    sizes, done = [], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            sizes.append(cache.usage())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with CacheSizes(cache) as sizes:
         for epoch in range(2):
             dataset = TarDataset(url, cache_dir=cache_dir, cache_limit=limit, shuffle=False)
             labels = [int(label) for _, label in dataset]
             assert labels == [int(label) for _, label in TarDataset(local, shuffle=False)]
-    finally:
-        done.set()
-        sampler.join()
+    sizes = sizes.samples
     assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
     assert cache.usage() <= limit
 
@@ -548,20 +428,11 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
     limit = total // 3
     cache_dir = tmp_path / "cache"
     cache = Cache(cache_dir, limit)
-    sizes, done = [], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            sizes.append(cache.usage())
-            time.sleep(0.001)
-
     remote = TarIndexedDataset(url, cache_dir=cache_dir, cache_limit=limit)
     expected = TarIndexedDataset(local)
     order = np.random.default_rng(0).permutation(np.tile(np.arange(12), 3))  # every sample 3 times, shuffled
     before = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files)
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with CacheSizes(cache) as sizes:
         for batch in np.array_split(order, 9):  # batches of 4 samples from up to 4 shards
             got, want = remote[batch.tolist()], expected[batch.tolist()]
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -571,39 +442,10 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
             loader = DataLoader(fresh, batch_size=3, shuffle=True, num_workers=workers)
             assert sorted(int(label) for _, labels in loader for label in labels) == sorted(expected.labels.tolist())
             fresh.close()
-    finally:
-        done.set()
-        sampler.join()
+    sizes = sizes.samples
     assert len(sizes) > 10 and max(sizes) <= limit + shard, (max(sizes), limit, shard)
     fetched = sum(s3.log.gets(f"indexed/ds.tar/{name}") for name in shard_files) - before
     assert fetched > 12  # shards evicted to stay within the limit were fetched again when read again
-
-
-def test_each_tar_shard_is_uploaded_as_soon_as_it_is_closed(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
-    from fastdata.remote import RemoteOptions
-    from fastdata.remote.upload import ShardUploader
-
-    local = convert_to(uniform_folder, tmp_path, "tar", "raw")
-    partial = tmp_path / "writing.partial"  # what a conversion in progress has: one closed shard, one open
-    partial.mkdir()
-    (partial / "shard-000000.tar").write_bytes((local / "shard-000000.tar").read_bytes())
-    (partial / "shard-000000.tar.record.json").write_text("{}")
-    (partial / "shard-000001.tar.partial").write_bytes(b"still being written")
-    url = f"s3://{BUCKET}/streamed/ds.tar"
-    with ShardUploader(partial, url, RemoteOptions(), poll_s=0.05) as uploader:
-        for _ in range(400):  # until the thread has sent it (a wait, not a timing check)
-            if "shard-000000.tar" in uploader.sent:
-                break
-            time.sleep(0.05)
-    assert list(uploader.sent) == ["shard-000000.tar"]
-    assert s3.fs().ls(f"{BUCKET}/streamed/ds.tar") == [f"{BUCKET}/streamed/ds.tar/shard-000000.tar"]
-    assert s3.fs().cat_file(f"{BUCKET}/streamed/ds.tar/shard-000000.tar") == (local / "shard-000000.tar").read_bytes()
-
-
-def downloaded(s3: S3, url: str, local: Path) -> Path:
-    """The objects at ``url``, downloaded as they are (to compare byte for byte)."""
-    s3.fs().get(url[len("s3://"):] + "/", str(local) + "/", recursive=True)
-    return local
 
 
 def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_bytes(

@@ -73,7 +73,7 @@ def test_a_missing_backend_names_the_extra_that_installs_it(monkeypatch, tmp_pat
                                                      r"package, which is not installed. Install it with: pip install "
                                                      r"'torch-fastdata\[s3\]'$"):
         fastdata.open_dataset("s3://bucket/d.npy", cache_dir=tmp_path)
-    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # missing, whether or not it is installed here
     with pytest.raises(DependencyMissingError, match=r"^Reading gs:// URLs \('gs://bucket/d.npy'\) needs the gcsfs "
                                                      r"package, .* pip install 'torch-fastdata\[gcs\]'$"):
         fastdata.open_dataset("gs://bucket/d.npy", cache_dir=tmp_path)

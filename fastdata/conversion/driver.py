@@ -46,10 +46,11 @@ from fastdata.conversion.files import remove_path
 from fastdata.errors import PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
 from fastdata.remote.filesystem import scrub
+from fastdata.remote.locks import part_writing, writing
 from fastdata.remote.units import (
     UnitUploader, download_units, fetch_uploaded_units, part_record, remove_units, units_url, upload_part,
 )
-from fastdata.remote.upload import ShardUploader, begin_upload, check_destination, finish_upload, staging_path
+from fastdata.remote.upload import ShardSink, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.sources import Source
 from fastdata.urls import is_url
 
@@ -111,27 +112,30 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
     decided = decide_options(staging, options, **overrides)
     remote = RemoteOptions()
     single = get_format(decided.format).read_manifest is not None  # a one-file format (.h5)
-    replace = check_destination(url, single=single, overwrite=decided.overwrite,
-                                resume=decided.resume or decided.part is not None, options=remote)
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    if decided.part is not None:
-        return _part_to_url(source, url, staging, decided, progress, remote)
-    if not decided.resume:  # an earlier staging copy (ours), started again without --resume
-        for stale in (staging, partial_path(staging)):
-            if stale.exists() or stale.is_symlink():
-                remove_path(stale)
-    local = dataclasses.replace(decided, overwrite=False)
-    if decided.engine == "ray":
-        ray = import_ray()  # says how to install it before anything is uploaded
-    begin_upload(url, replace=replace, options=remote)
-    with ShardUploader(partial_path(staging), url, remote) as uploader:
-        if decided.engine == "ray":
+    locked = part_writing(url, *decided.part, remote) if decided.part is not None else writing(url, "convert", remote)
+    with locked as lock:  # one writer of the URL at a time, across machines (fastdata.remote.locks)
+        replace = check_destination(url, single=single, overwrite=decided.overwrite,
+                                    resume=decided.resume or decided.part is not None, options=remote)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        if decided.part is not None:
+            return _part_to_url(source, url, staging, decided, progress, remote)
+        if not decided.resume:  # an earlier staging copy (ours), started again without --resume
+            for stale in (staging, partial_path(staging)):
+                if stale.exists() or stale.is_symlink():
+                    remove_path(stale)
+        local = dataclasses.replace(decided, overwrite=False)
+        ray = import_ray() if decided.engine == "ray" else None  # says how to install it before anything is uploaded
+        begin_upload(url, replace=replace, options=remote)
+        sink = ShardSink(url, remote)  # tar: each shard uploaded as it is closed, then removed here
+        if ray is not None:
             src = open_source(source, local)
             with ray_session(ray, local.ray_address):
-                manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode))
+                manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode,
+                                                                  sink=sink))
         else:
-            manifest = run_conversion(open_source(source, local), staging, local, progress)
-    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
+            manifest = run_conversion(open_source(source, local), staging, local, progress, sink=sink)
+        lock.check()  # still this process's: nothing is committed otherwise
+        finish_upload(staging, url, replace=replace, options=remote)
     remove_path(staging)
     return manifest
 
@@ -176,34 +180,36 @@ def merge(output: str | os.PathLike, *, progress: Callable[[int, int], None] | N
 def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: Any) -> dict[str, Any]:
     staging = staging_path(url)
     remote = RemoteOptions()
-    local_units = units_staging(staging)
-    local_units.parent.mkdir(parents=True, exist_ok=True)
-    if local_units.exists() and not is_staging(local_units):
-        claim_staging(staging)  # refuses a folder fastdata did not write
-    if not download_units(url, local_units, remote, records_only=True):
-        raise PartsError(
-            f"Nothing to merge for {scrub(url)!r}: {scrub(units_url(url))!r} holds no parts. Convert the parts "
-            f"first: 'fastdata convert SOURCE {scrub(url)} --part I/N' for I = 1..N.")
-    records = read_records(local_units)
-    try:
-        check_complete(staging, records)
-    except PartsError as exc:  # named as the user named it: the URL, not the local staging copy
-        raise PartsError(str(exc).replace(str(staging), scrub(url))) from None
-    options = options_from_fields(records[0]["fields"])
-    single = get_format(options.format).read_manifest is not None
-    replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
-                                resume=True, options=remote)  # resume: an interrupted merge's upload
-    download_units(url, local_units, remote)
-    for stale in (staging, partial_path(staging)):
-        if stale.exists() or stale.is_symlink():
-            remove_path(stale)
-    begin_upload(url, replace=replace, options=remote)
-    with ShardUploader(partial_path(staging), url, remote) as uploader:
-        manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode))
-    finish_upload(staging, url, replace=replace, options=remote, sent=uploader.sent)
-    remove_units(url, remote)
-    remove_path(staging)
-    return manifest
+    with writing(url, "merge", remote) as lock:  # one merge, and no part running
+        local_units = units_staging(staging)
+        local_units.parent.mkdir(parents=True, exist_ok=True)
+        if local_units.exists() and not is_staging(local_units):
+            claim_staging(staging)  # refuses a folder fastdata did not write
+        if not download_units(url, local_units, remote, records_only=True):
+            raise PartsError(
+                f"Nothing to merge for {scrub(url)!r}: {scrub(units_url(url))!r} holds no parts. Convert the parts "
+                f"first: 'fastdata convert SOURCE {scrub(url)} --part I/N' for I = 1..N.")
+        records = read_records(local_units)
+        try:
+            check_complete(staging, records)
+        except PartsError as exc:  # named as the user named it: the URL, not the local staging copy
+            raise PartsError(str(exc).replace(str(staging), scrub(url))) from None
+        options = options_from_fields(records[0]["fields"])
+        single = get_format(options.format).read_manifest is not None
+        replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
+                                    resume=True, options=remote)  # resume: an interrupted merge's upload
+        download_units(url, local_units, remote)
+        for stale in (staging, partial_path(staging)):
+            if stale.exists() or stale.is_symlink():
+                remove_path(stale)
+        begin_upload(url, replace=replace, options=remote)
+        sink = ShardSink(url, remote)
+        manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode, sink=sink))
+        lock.check()  # still this process's: nothing is committed otherwise
+        finish_upload(staging, url, replace=replace, options=remote)
+        remove_units(url, remote)
+        remove_path(staging)
+        return manifest
 
 
 def restarting(attempt: Callable[[str | None], T]) -> T:
@@ -222,14 +228,17 @@ def run_conversion(
     output: Path,
     options: ConvertOptions,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    sink: Any = None,
 ) -> dict[str, Any]:
     """Convert ``src`` into ``output`` with the local engine; ``options`` as
-    :func:`~fastdata.conversion.plan.decide_options` made them (the format decided)."""
+    :func:`~fastdata.conversion.plan.decide_options` made them (the format decided); ``sink``:
+    see :class:`~fastdata.conversion.outputs.Target`."""
     # an existing output is refused at once, before fingerprinting the source
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=options.resume)
     spec = get_format(options.format, writable=True)
     fields, key = conversion_key(spec, src, options)
-    target = Target(output, spec, key, src.fingerprint(), progress)
+    target = Target(output, spec, key, src.fingerprint(), progress, sink)
     workers = usable_cores() if options.workers is None else options.workers
     options = dataclasses.replace(options, workers=_cap_workers(workers, len(src), explicit=options.workers))
     with ConversionLock(output):

@@ -41,13 +41,15 @@ def partial_path(output: Path) -> Path:
 @dataclass
 class Target:
     """Where and how one conversion writes: the output, its format, the conversion key, the
-    source's fingerprint and the progress callback."""
+    source's fingerprint, the progress callback and, for a conversion to a URL, the sink that
+    uploads each finished file of a streaming writer (``fastdata.formats.base.FileSink``)."""
 
     output: Path
     spec: Any  # a fastdata.formats.FormatSpec
     key: str
     fingerprint: dict[str, Any]
     progress: Callable[[int, int], None] | None = None
+    sink: Any = None
 
     @property
     def partial(self) -> Path:

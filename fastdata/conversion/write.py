@@ -53,10 +53,11 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
     target.report(start, plan.count)
     reported, last_checkpoint = start, time.monotonic()
     try:
+        streaming = {"sink": target.sink} if target.sink is not None and spec.writer.streams_files else {}
         if state:
-            writer = spec.writer.resume(target.partial, plan, options.format_options, state["writer"])
+            writer = spec.writer.resume(target.partial, plan, options.format_options, state["writer"], **streaming)
         else:
-            writer = spec.writer(target.partial, plan, options.format_options)
+            writer = spec.writer(target.partial, plan, options.format_options, **streaming)
         for unit in finished:
             for batch in unit.batches:
                 writer.write(batch)

@@ -108,6 +108,28 @@ class Writer:
         """Reopen a partial output at a checkpoint's ``state`` and continue after it."""
         raise NotImplementedError
 
+    # --- optional: writers whose finished files may leave the disk (a conversion to a URL) ---
+
+    streams_files = False
+    """True for a writer (and its :meth:`resume`) that takes ``sink=``, a :class:`FileSink`, and
+    hands it each file of the output as soon as that file is final (tar: each shard), so a
+    conversion to a URL uploads it and removes it from the local disk while the next is written.
+    The files of other writers are uploaded once the writer is closed."""
+
+
+class FileSink:
+    """Where a streaming writer's finished files go (``fastdata convert SOURCE URL``: uploaded,
+    then removed from the local disk). Called from the writer's threads."""
+
+    def closed(self, path: Path) -> None:
+        """``path`` is a file of the output that will not change again; it may be removed."""
+        raise NotImplementedError
+
+    def restore(self, path: Path) -> None:
+        """Bring back ``path``, a file given to :meth:`closed` before (a resumed writer reopens
+        a shard that was finished after its checkpoint)."""
+        raise NotImplementedError
+
 
 class Reader:
     """Interface of a format's map-style reader: what a subclass of

@@ -11,8 +11,10 @@ fsspec knows, read through one bounded cache shared by every process on the mach
   becomes the dataset's directory in the cache, each file checked against the manifest's
   checksum as it arrives; tar shards are fetched as they are streamed (prefetched per worker),
   npy and HDF5 files before they are memory-mapped.
-- :mod:`fastdata.remote.upload`: ``fastdata convert SOURCE URL``'s last step, the finished
-  dataset uploaded with its manifest last.
+- :mod:`fastdata.remote.upload`: ``fastdata convert SOURCE URL``'s uploads: tar shards as they
+  are closed (then removed locally), the rest when the conversion is done, the manifest last.
+- :mod:`fastdata.remote.locks`: one writer of a URL at a time, through lock objects in the bucket.
+- :mod:`fastdata.remote.units`: a job array's units shared through the bucket.
 
 Readers take ``storage_options=``, ``cache_dir=``, ``cache_limit=`` and ``retry=`` (docs/remote.md).
 """

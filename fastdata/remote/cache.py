@@ -198,7 +198,8 @@ class Cache:
                                        "differs from the dataset's manifest: convert the source again, or restore it.")
             target = self.path(key, name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(tmp, target)  # the shared lock taken in _reserve is the lease: held across the rename
+            with self._locked(self.directory / _GLOBAL):  # counted once by _usage: in .tmp or in place
+                os.rename(tmp, target)  # the shared lock taken in _reserve is the lease: held across the rename
             with contextlib.suppress(OSError):
                 os.chmod(target, 0o644)
             return Lease(descriptor, target)

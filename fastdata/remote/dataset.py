@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -22,18 +21,18 @@ from typing import Any, Iterable
 from fastdata.errors import CorruptManifestError, InvalidOptionError, RemoteNotFoundError
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
 from fastdata.remote.cache import Cache, Lease
+from fastdata.remote.fetch import DOWNLOADS, Prefetcher
 from fastdata.remote.filesystem import Retry, filesystem, remember_session, scrub, with_retry
 from fastdata.urls import is_url
 
 logger = logging.getLogger(__name__)
-_READ_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class RemoteOptions:
     """How a URL is read: ``storage_options`` for the fsspec filesystem (credentials, endpoint;
     never shown in a repr), ``cache_dir``/``cache_limit`` of the cache, ``retry`` for transient
-    errors, ``prefetch`` shards ahead per worker (tar)."""
+    errors, ``prefetch`` shards fetched ahead per worker, at the same time (tar)."""
 
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
     cache_dir: str | os.PathLike | None = None
@@ -92,14 +91,10 @@ class RemoteFiles:
         self._forget_threads()
 
     def _forget_threads(self) -> None:
-        """This process's prefetch state, new (after a fork the parent's thread and lock are
+        """This process's prefetch state, new (after a fork the parent's threads and lock are
         not this process's; the inherited leases stay held by the parent)."""
         self._owner = os.getpid()
-        self._ahead: dict[str, Lease | None] = {}
-        self._prefetcher: threading.Thread | None = None
-        self._wanted: list[str] = []
-        self._inflight: str | None = None  # the name the prefetcher is fetching now
-        self._lock = threading.Condition()
+        self._prefetcher = Prefetcher(lambda name: self._fetch(name, optional=True), 1 + self.options.prefetch)
 
     def _check_process(self) -> None:
         if self._owner != os.getpid():
@@ -149,13 +144,14 @@ class RemoteFiles:
         path = self.base if self.single else f"{self.base}/{name}"
 
         def download(write, restart) -> None:
-            def attempt() -> None:  # ranged GETs of a known size: no HEAD first, no read-ahead buffer
-                restart()
-                fs = self.fs
-                for start in range(0, size, _READ_BYTES):
-                    write(fs.cat_file(path, start=start, end=min(start + _READ_BYTES, size)))
-                remember_session(url, fs, self.options.storage_options)
-            with_retry(attempt, url, self.options.retry, self.options.storage_options)
+            fs = self.fs
+
+            def get(start: int, end: int) -> bytes:  # a ranged GET of a known size: no HEAD first, no read-ahead
+                return with_retry(lambda: fs.cat_file(path, start=start, end=end), url, self.options.retry,
+                                  self.options.storage_options)
+
+            DOWNLOADS.read(get, size, write)  # concurrent ranges, written in order
+            remember_session(url, fs, self.options.storage_options)
 
         def check(digest: str, file: Path) -> str | None:
             if expected is not None:
@@ -184,52 +180,18 @@ class RemoteFiles:
     def lease(self, name: str) -> Lease:
         """The cached file ``name`` (prefetched, or fetched now), leased until released."""
         self._check_process()
-        with self._lock:
-            self._lock.wait_for(lambda: self._inflight != name)  # one fetch of it, never two leases
-            lease = self._ahead.pop(name, None)
-        if lease is None:
+        lease = self._prefetcher.take(name)  # waits for a prefetch of it in progress: one download
+        if lease is None:  # no room for it when it was prefetched (or no prefetch)
+            self._prefetcher.make_room()
             lease = self._fetch(name)
         return lease
 
     def prefetch(self, names: list[str]) -> None:
-        """Fetch ``names`` (in order) in a background thread, at most ``prefetch`` ahead of the
-        shard being read; each is leased until :meth:`lease` takes it. A prefetch that finds no
-        room or fails is left to the reader's own fetch (which raises what went wrong)."""
+        """Fetch ``names[0]`` (the file read next) and the ``prefetch`` files after it in
+        background threads, all at the same time; each is leased until :meth:`lease` takes it.
+        A prefetch that finds no room is left to the reader's own fetch."""
         self._check_process()
-        with self._lock:
-            window = names[: self.options.prefetch]
-            self._wanted = [name for name in window if name not in self._ahead]
-            for name in [n for n in self._ahead if n not in window]:
-                lease = self._ahead.pop(name)
-                if lease is not None:
-                    lease.release()
-            if self._wanted and (self._prefetcher is None or not self._prefetcher.is_alive()):
-                self._prefetcher = threading.Thread(target=self._prefetch_loop, daemon=True,
-                                                    name="fastdata-prefetch")
-                self._prefetcher.start()
-
-    def _prefetch_loop(self) -> None:
-        while True:
-            with self._lock:
-                if not self._wanted:
-                    return
-                name = self._wanted.pop(0)
-                if name in self._ahead:
-                    continue
-                self._inflight = name
-            try:
-                lease = self._fetch(name, optional=True)
-            except Exception as exc:  # noqa: BLE001 - the reader's own fetch raises it, worded
-                logger.debug("prefetch of %s failed: %s", name, exc)
-                lease = None
-            with self._lock:
-                self._inflight = None
-                self._lock.notify_all()
-                if lease is not None:
-                    self._ahead[name] = lease
-                else:  # no room now, or it failed: the reader fetches it when it gets there
-                    self._wanted = []
-                    return
+        self._prefetcher.want(names)
 
     def fetch_all(self) -> Path:
         """Every file of the dataset in the cache (held there while this object lives); the local path."""
@@ -243,12 +205,12 @@ class RemoteFiles:
 
     def close(self) -> None:
         """Release every lease this process holds."""
-        with self._lock:
-            self._wanted = []
-            for lease in [*self._pinned.values(), *self._ahead.values()]:
-                if lease is not None:
-                    lease.release()
-            self._pinned, self._ahead = {}, {}
+        self._check_process()
+        self._prefetcher.stop()
+        for lease in self._pinned.values():
+            if lease is not None:
+                lease.release()
+        self._pinned = {}
 
 
 def check_fits(files: RemoteFiles, size: int, why: str) -> None:

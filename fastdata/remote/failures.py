@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import re
 
-# statuses worth another attempt: request timeout, too many requests, 5xx
-TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 # exception class names (in the MRO) of a connection that failed or an answer that never came (azure-core)
 TRANSIENT_NAMES = frozenset({"ServiceRequestError", "ServiceResponseError"})
 _NO_CREDENTIALS_NAMES = {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError",
@@ -38,12 +36,25 @@ _LONGEST_CAUSE = 500
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status a backend's exception carries (azure-core's ``status_code``, aiohttp's
-    ``status``, gcsfs's ``code``), or None."""
+    ``status``, gcsfs's ``code``; for s3fs, botocore's response kept as the cause of the OSError it
+    raises, e.g. ``[Errno 16] Service Unavailable`` for a 503), or None."""
     for name in ("status_code", "status", "code"):
         value = getattr(exc, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
             return value
+    for error in (exc, exc.__cause__):
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
     return None
+
+
+def is_transient_status(status: int) -> bool:
+    """Whether an answer with HTTP ``status`` is worth another attempt: request timeout, too many
+    requests, any 5xx."""
+    return status >= 500 or status in (408, 429)
 
 
 def lacks_credentials(exc: BaseException) -> bool:

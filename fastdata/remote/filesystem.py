@@ -8,6 +8,11 @@ line that names the URL and the fix, with credentials scrubbed from it.
 S3-compatible stores (MinIO, R2, Ceph, moto) are reached through the standard
 ``AWS_ENDPOINT_URL`` environment variable, which botocore (under s3fs) honours itself, or
 ``storage_options={"endpoint_url": ...}`` (s3fs's ``client_kwargs`` work too).
+
+fastdata's :class:`Retry` is the one retry layer: for S3, botocore's own retries are off and
+s3fs's retry loop makes one attempt (:func:`single_attempts`), so ``attempts=2`` is two requests,
+each bounded by botocore's connect timeout (unless ``storage_options`` set ``config_kwargs`` of
+their own).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from fastdata.errors import (
     DependencyMissingError, FastdataError, InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError,
 )
 from fastdata.extras import EXTRAS, require
-from fastdata.remote.failures import TRANSIENT_NAMES, TRANSIENT_STATUSES, lacks_credentials, one_line, status_of
+from fastdata.remote.failures import TRANSIENT_NAMES, is_transient_status, lacks_credentials, one_line, status_of
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,6 +60,9 @@ _TRANSIENT_TEXT = re.compile(r"\b(50[0-4]|SlowDown|Throttl|InternalError|Service
 _SECRET_QUERY = re.compile(r"(?i)((?:X-Amz-[A-Za-z-]+|X-Goog-[A-Za-z-]+|Signature|AWSAccessKeyId|sig|se|sp|"
                            r"token|access_token|key|secret)=)[^&;\s'\"]+")
 _SESSIONS: dict[str, Any] = {}  # scheme -> a botocore session to reuse (see remember_session)
+# botocore's settings for every s3 filesystem fastdata opens, under the user's own config_kwargs:
+# no botocore retry (fastdata's Retry retries), a bounded wait for a connection
+S3_CONFIG = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5}
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]+@")
 
 
@@ -130,7 +138,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     if reused is not None:
         options["session"] = reused
     try:
-        fs, path = fsspec.core.url_to_fs(url, **options)
+        fs, path = fsspec.core.url_to_fs(url, **single_attempts(scheme, options))
     except Exception as exc:  # noqa: BLE001 - gcsfs and adlfs look for credentials here, before any request
         if lacks_credentials(exc):
             raise explain(exc, url, storage_options) from None
@@ -143,7 +151,17 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
                 "implementations)."
             ) from None
         raise InvalidOptionError(f"{scrub(url)!r}: {scrub(str(exc), storage_options)}") from None
+    if scheme in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own retry loop: one attempt (a class attribute, not an option)
     return fs, path
+
+
+def single_attempts(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`S3_CONFIG` under their ``config_kwargs`` for s3 (a key the user
+    set wins), so that botocore makes one attempt per fastdata attempt."""
+    if scheme not in ("s3", "s3a"):
+        return options
+    return {**options, "config_kwargs": {**S3_CONFIG, **(options.get("config_kwargs") or {})}}
 
 
 def remember_session(url: str, fs: Any, storage_options: dict[str, Any] | None) -> None:
@@ -172,8 +190,9 @@ def is_transient(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & _TRANSIENT or names & TRANSIENT_NAMES or type(exc).__module__.startswith("aiohttp"):
         return True
-    if status_of(exc) in TRANSIENT_STATUSES:
-        return True
+    status = status_of(exc)
+    if status is not None:
+        return is_transient_status(status)
     return isinstance(exc, OSError) and bool(_TRANSIENT_TEXT.search(str(exc)))
 
 
@@ -202,8 +221,9 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
     if is_transient(exc):
         endpoint = os.environ.get("AWS_ENDPOINT_URL") if scheme in ("s3", "s3a") else None
         where = f" (endpoint {scrub(endpoint)!r} from AWS_ENDPOINT_URL)" if endpoint else ""
+        what = f"the server answered {status}" if status else "the server did not answer"
         return RemoteUnavailableError(
-            f"{shown!r}: the server did not answer{where} after {attempts} attempt{'s' if attempts > 1 else ''} "
+            f"{shown!r}: {what}{where} after {attempts} attempt{'s' if attempts > 1 else ''} "
             f"({cause}). Check the network or the endpoint, then run again; the cache keeps what arrived."
         )
     return RemoteUnavailableError(f"{shown!r}: cannot read ({cause}).")

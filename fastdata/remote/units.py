@@ -103,6 +103,7 @@ def download_units(url: str, local_units: Path, options: RemoteOptions, *, recor
         return False
     prefix = path + "/"
     names = {name[len(prefix):]: info for name, info in found.items() if name.startswith(prefix)
+             and not name.endswith(".lock")  # the parts' locks in the bucket (fastdata.remote.locks)
              and not (records_only and name[len(prefix):].startswith("unit-"))}
     if not names:
         return False

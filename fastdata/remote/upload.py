@@ -2,9 +2,9 @@
 
 The conversion runs into a local staging copy (in the cache directory, so ``--resume`` continues
 it there) and is uploaded: a marker object first (``.fastdata-upload``: "a fastdata upload in
-progress", :func:`begin_upload`), each tar shard as soon as it is closed (:class:`ShardUploader`),
-the rest once the conversion is done, the manifest last, then the marker is removed
-(:func:`finish_upload`); s3fs sends large files as multipart uploads. A dataset at a URL is complete exactly when
+progress", :func:`begin_upload`), each tar shard as soon as it is closed, then removed from the
+local disk (:class:`ShardSink`), the rest once the conversion is done, the manifest last, then
+the marker is removed (:func:`finish_upload`); s3fs sends large files as multipart uploads. A dataset at a URL is complete exactly when
 its manifest is there, so an interrupted upload is never taken for a dataset; running the
 conversion again (``--resume`` or ``--overwrite``) continues or replaces it.
 
@@ -15,14 +15,15 @@ anything else is refused.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import threading
+import secrets
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import OutputExistsError, RemoteNotFoundError
-from fastdata.formats.tar.layout import RECORD_SUFFIX
+from fastdata.errors import OutputExistsError, OutputWriteError, RemoteNotFoundError
+from fastdata.formats.base import FileSink
 from fastdata.manifest import MANIFEST_NAME, parse_manifest
 from fastdata.remote.dataset import RemoteOptions
 from fastdata.remote.filesystem import filesystem, scrub, with_retry
@@ -91,53 +92,45 @@ def begin_upload(url: str, *, replace: list[str], options: RemoteOptions) -> Non
     with_retry(lambda: fs.pipe_file(f"{path}/{MARKER}", marker), url, options.retry, options.storage_options)
 
 
-class ShardUploader:
-    """Uploads each tar shard of the conversion writing ``partial`` as soon as it is closed
-    (the tar writer writes ``<shard><RECORD_SUFFIX>`` beside a finished shard), in a thread,
-    while the conversion goes on. What it sent is in :attr:`sent`; what it did not (or what
-    failed) the final pass of :func:`finish_upload` sends."""
+class ShardSink(FileSink):
+    """The sink of a streaming writer (tar) converting to ``url``: each finished shard uploaded
+    under its name as soon as the writer closes it, then removed from the local disk (in the
+    writer's thread, which waits for it before it closes the next one); brought back when a
+    resumed conversion reopens it. What it sent is in :attr:`sent`."""
 
-    def __init__(self, partial: Path, url: str, options: RemoteOptions, *, poll_s: float = 0.2):
-        self.partial, self.url, self.options, self.poll_s = partial, url, options, poll_s
-        self.sent: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) as uploaded
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="fastdata-upload")
+    def __init__(self, url: str, options: RemoteOptions):
+        self.url, self.options = url.rstrip("/"), options
+        self.sent: list[str] = []
 
-    def __enter__(self) -> "ShardUploader":
-        self._thread.start()
-        return self
+    def _call(self, function, name: str):
+        return with_retry(function, f"{self.url}/{name}", self.options.retry, self.options.storage_options)
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def closed(self, path: Path) -> None:
+        fs, base = filesystem(self.url, self.options.storage_options)
+        logger.debug("uploading %s (%d bytes)", scrub(f"{self.url}/{path.name}"), path.stat().st_size)
+        self._call(lambda: fs.put_file(str(path), f"{base.rstrip('/')}/{path.name}"), path.name)
+        path.unlink()
+        self.sent.append(path.name)
+        logger.info("uploaded %s as it was closed (its local copy removed)", scrub(f"{self.url}/{path.name}"))
 
-    def _run(self) -> None:
-        fs, path = filesystem(self.url, self.options.storage_options)
-        path = path.rstrip("/")
-        while not self._stop.wait(self.poll_s):
-            try:
-                for record in sorted(self.partial.glob("*" + RECORD_SUFFIX)):
-                    shard = record.with_name(record.name[: -len(RECORD_SUFFIX)])
-                    if self._stop.is_set() or not shard.is_file():
-                        continue
-                    stat = shard.stat()
-                    if self.sent.get(shard.name) != (stat.st_size, stat.st_mtime_ns):
-                        with_retry(lambda: fs.put_file(str(shard), f"{path}/{shard.name}"), self.url,
-                                   self.options.retry, self.options.storage_options)
-                        self.sent[shard.name] = (stat.st_size, stat.st_mtime_ns)
-                        logger.info("uploaded %s as it was closed", scrub(f"{self.url}/{shard.name}"))
-            except Exception as exc:  # noqa: BLE001 - the final pass sends it again, or raises
-                logger.debug("upload of a closed shard failed: %s", scrub(str(exc), self.options.storage_options))
+    def restore(self, path: Path) -> None:
+        fs, base = filesystem(self.url, self.options.storage_options)
+        temporary = path.with_name(f"{path.name}.{secrets.token_hex(4)}.download")
+        try:
+            self._call(lambda: fs.get_file(f"{base.rstrip('/')}/{path.name}", str(temporary)), path.name)
+            os.replace(temporary, path)  # whole, or not there
+        finally:
+            temporary.unlink(missing_ok=True)
+        logger.info("brought back %s to resume it", scrub(f"{self.url}/{path.name}"))
 
 
-def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteOptions,
-                  sent: dict[str, tuple[int, int]] | None = None) -> int:
-    """Upload what of the finished local dataset ``local`` is not up yet (``sent``: uploaded as
-    it was closed, by :class:`ShardUploader`), remove the replaced dataset's other files, then the
-    manifest, then the marker. Returns the bytes sent here."""
+def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteOptions) -> int:
+    """Upload the files of the finished local dataset ``local`` that its manifest lists (what a
+    :class:`ShardSink` sent as it was closed is no longer there, and is checked in the bucket
+    instead), remove the replaced dataset's other files, then upload the manifest, then remove
+    the marker. Returns the bytes sent here."""
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
-    sent = sent or {}
 
     def call(function, *args):
         return with_retry(lambda: function(*args), url, options.retry, options.storage_options)
@@ -149,18 +142,15 @@ def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteO
         except RemoteNotFoundError:
             pass
         return local.stat().st_size
-    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    listed = json.loads((local / MANIFEST_NAME).read_text(encoding="utf-8")).get("files", {})  # every file
+    here = [name for name in sorted(listed) if (local / name).is_file()]
     total = 0
-    for file in files:
-        name = file.relative_to(local).as_posix()
-        stat = file.stat()
-        if sent.get(name) == (stat.st_size, stat.st_mtime_ns):
-            continue  # the rename into place keeps a file's mtime
-        call(fs.put_file, str(file), f"{path}/{name}")
-        total += stat.st_size
-        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), stat.st_size)
-    written = {file.relative_to(local).as_posix() for file in files}
-    for stale in sorted(set(replace) - written - {MANIFEST_NAME, MARKER}):
+    for name in here:
+        call(fs.put_file, str(local / name), f"{path}/{name}")
+        total += (local / name).stat().st_size
+        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), (local / name).stat().st_size)
+    _check_streamed(fs, path, url, {name: entry for name, entry in listed.items() if name not in here}, options)
+    for stale in sorted(set(replace) - set(listed) - {MANIFEST_NAME, MARKER}):
         call(fs.rm_file, f"{path}/{stale}")  # a file of the old dataset the new one does not have
     call(fs.put_file, str(local / MANIFEST_NAME), f"{path}/{MANIFEST_NAME}")
     total += (local / MANIFEST_NAME).stat().st_size
@@ -169,6 +159,22 @@ def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteO
     except RemoteNotFoundError:
         pass
     return total
+
+
+def _check_streamed(fs: Any, path: str, url: str, expected: dict[str, dict[str, Any]], options: RemoteOptions) -> None:
+    """Before the manifest goes up: every file it lists that was uploaded as it was closed (and is
+    no longer local) is in the bucket with the manifest's size."""
+    if not expected:
+        return
+    found = with_retry(lambda: fs.find(path, withdirs=False, detail=True), url, options.retry, options.storage_options)
+    sizes = {name[len(path) + 1:]: info.get("size") for name, info in found.items() if name.startswith(path + "/")}
+    for name, entry in sorted(expected.items()):
+        if sizes.get(name) != entry.get("bytes"):
+            there = "is missing" if name not in sizes else f"has {sizes[name]} bytes, not {entry.get('bytes')}"
+            raise OutputWriteError(
+                f"{scrub(f'{url}/{name}')!r}, uploaded while the conversion ran, {there} in the bucket now (removed "
+                "or replaced since); the manifest was not written. Put it back and run again with --resume, or "
+                "convert again with --overwrite.")
 
 
 def staging_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:

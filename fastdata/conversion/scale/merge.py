@@ -37,11 +37,12 @@ Progress = Callable[[int, int], None]
 
 
 def merge_parts(output: Path, *, progress: Progress | None = None, source: Any = None,
-                mode: str | None = None) -> dict[str, Any]:
+                mode: str | None = None, sink: Any = None) -> dict[str, Any]:
     """One attempt of :func:`fastdata.merge` (the driver's, which restarts it): write ``output``
-    from its parts' units. When auto mode left units of both modes (some parts met colour
-    images), :class:`ModeConflict` without ``mode``; with ``mode="RGB"`` the grayscale units are
-    converted again as RGB first (unless their bytes are the original files, the same in either mode)."""
+    from its parts' units (a streaming writer's finished files handed to ``sink``, if given).
+    When auto mode left units of both modes (some parts met colour images), :class:`ModeConflict`
+    without ``mode``; with ``mode="RGB"`` the grayscale units are converted again as RGB first
+    (unless their bytes are the original files, the same in either mode)."""
     check_output_path(output)
     staging = staging_path(output)
     if not (staging.is_dir() and is_staging(staging)):
@@ -70,7 +71,7 @@ def merge_parts(output: Path, *, progress: Progress | None = None, source: Any =
         existing = check_existing(output, overwrite=all(r.get("overwrite") for r in records), resume=False)
         manifest = write_output(output, spec, plan, options, units, kept, iter(()), key=first["key"],
                                 fields=first["fields"], fingerprint=first["fingerprint"], source=first["source"],
-                                existing=existing, progress=progress)
+                                existing=existing, progress=progress, sink=sink)
         remove_staging(staging)
     return manifest
 
@@ -117,13 +118,13 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
 def write_output(output: Path, spec: FormatSpec, plan: Plan, options: ConvertOptions, units: list[Unit],
                  kept: dict[int, dict[str, Any]], computed: Iterator[Finished], *, key: str, fields: dict[str, Any],
                  fingerprint: dict[str, Any], source: dict[str, Any], existing: dict[str, Any] | None,
-                 progress: Progress | None = None) -> dict[str, Any]:
+                 progress: Progress | None = None, sink: Any = None) -> dict[str, Any]:
     """Write ``output`` from its ``units``, in order, through the one write loop
     (:func:`~fastdata.conversion.write.write_units`); the caller holds the exclusive lock.
     ``kept`` are the records of staged units, ``computed`` yields the others finished, in order
     (the Ray driver writes while later units are still converted); an error it raises removes
-    the partial output."""
-    target = Target(output, spec, key, fingerprint, progress)
+    the partial output. ``sink``: see :class:`~fastdata.conversion.outputs.Target`."""
+    target = Target(output, spec, key, fingerprint, progress, sink)
     finished = in_order(units, None, kept, staging_path(output), plan, computed)
     return written_once(target, fields, options.replace(resume=False), existing,
                         lambda state: write_units(target, plan, options, finished, source=source))

@@ -52,9 +52,10 @@ def import_ray():
 
 
 def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,
-                   progress: Callable[[int, int], None] | None = None, *, mode: str | None = None) -> dict[str, Any]:
+                   progress: Callable[[int, int], None] | None = None, *, mode: str | None = None,
+                   sink: Any = None) -> dict[str, Any]:
     """Convert ``src`` into ``output`` with Ray tasks (in ``mode``, else as planned), in a
-    :func:`ray_session`; return the manifest."""
+    :func:`ray_session`; return the manifest. ``sink``: see :class:`~fastdata.conversion.outputs.Target`."""
     prepare_output(output, src.protected(), overwrite=options.overwrite, resume=False)
     spec = get_format(options.format, writable=True)
     fields, key = conversion_key(spec, src, options)
@@ -75,7 +76,7 @@ def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,
                 counter(record["count"] + len(record["skipped"]))
             computed = run_units(ray, job, src, units_to_run(units, None, kept), staging, unit_key, counter)
             manifest = write_output(output, spec, job.plan, options, units, kept, computed, key=key, fields=fields,
-                                    fingerprint=fingerprint, source=src.describe(), existing=existing)
+                                    fingerprint=fingerprint, source=src.describe(), existing=existing, sink=sink)
         except ModeConflict:
             counter.restart()  # the driver converts again as RGB
             raise

@@ -210,7 +210,7 @@ class TarDataset(ReaderOutput, IterableDataset):
         files = [index.files[shard] for shard, _, _ in pieces]
         for position, (shard, start, stop) in enumerate(pieces):
             first = int(starts[shard])
-            self.files.prefetch([name for name in files[position + 1:] if name != files[position]])
+            self.files.prefetch(list(dict.fromkeys(files[position:])))  # this shard and the next ones, at once
             lease = self.files.lease(files[position])  # a URL's shard, in the cache and kept there while read
             try:
                 descriptor = open_shard(self.path, index, shard)

@@ -1,5 +1,8 @@
 """The ``tar`` writer: size-bounded shards written one after another; a background thread
-finishes (fsyncs and renames) each full shard while the next one is written; the index last."""
+finishes (fsyncs and renames) each full shard while the next one is written; the index last.
+Given a sink (a conversion to a URL), the same thread hands it each finished shard, which uploads
+and removes it, and a shard waits for the one before it to be gone before it is finished: the
+local disk holds at most two shards, the one being written and the one being uploaded."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.base import Batch, FileSink, Plan, Writer
 from fastdata.formats.npyfile import npy_header
 from fastdata.formats.tar.layout import (
     BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,
@@ -106,12 +109,16 @@ class _ShardFile:
         return {"first": self.first, "position": self.position, "columns": self.columns}
 
     @classmethod
-    def reopen(cls, directory: Path, number: int, state: dict[str, Any], fields: tuple[str, ...] = ()) -> "_ShardFile":
-        """Continue a shard at a checkpoint: cut what came after it, re-hash what came before."""
+    def reopen(cls, directory: Path, number: int, state: dict[str, Any], fields: tuple[str, ...] = (),
+               sink: FileSink | None = None) -> "_ShardFile":
+        """Continue a shard at a checkpoint: cut what came after it, re-hash what came before
+        (a shard finished after the checkpoint and given to the ``sink`` is brought back first)."""
         shard = cls.__new__(cls)
         shard.name = SHARD_PATTERN.format(number)
         shard.final = directory / shard.name
         shard.temporary = directory / (shard.name + ".partial")
+        if not shard.temporary.exists() and not shard.final.exists() and sink is not None:
+            sink.restore(shard.final)
         if not shard.temporary.exists() and shard.final.exists():
             os.replace(shard.final, shard.temporary)  # it was finished after the checkpoint
         shard.handle = open(shard.temporary, "r+b", buffering=1024 * 1024)
@@ -125,12 +132,16 @@ class _ShardFile:
 
 class TarWriter(Writer):
     """Streams samples into size-bounded shards; a background thread finishes (fsyncs and
-    renames) each full shard while the next one is written; the index is written last."""
+    renames) each full shard while the next one is written, and hands it to the ``sink`` if
+    there is one; the index is written last."""
 
     supports_resume = True
+    streams_files = True
 
-    def __init__(self, path: Path, plan: Plan, options: TarOptions | None, *, state: dict[str, Any] | None = None):
+    def __init__(self, path: Path, plan: Plan, options: TarOptions | None, *, state: dict[str, Any] | None = None,
+                 sink: FileSink | None = None):
         super().__init__(path, plan, options or TarOptions())
+        self.sink = sink
         if state is None:
             path.mkdir(parents=True)
         self.key_width = max(9, len(str(max(plan.count - 1, 0))))
@@ -147,11 +158,12 @@ class TarWriter(Writer):
                 done.set_result(json.loads((path / (SHARD_PATTERN.format(number) + RECORD_SUFFIX)).read_text()))
                 self.finished.append(done)
             if state["current"] is not None:
-                self.shard = _ShardFile.reopen(path, state["shards"], state["current"], self.field_names)
+                self.shard = _ShardFile.reopen(path, state["shards"], state["current"], self.field_names, sink)
 
     @classmethod
-    def resume(cls, path: Path, plan: Plan, options: TarOptions | None, state: dict[str, Any]) -> "TarWriter":
-        return cls(path, plan, options, state=state)
+    def resume(cls, path: Path, plan: Plan, options: TarOptions | None, state: dict[str, Any], *,
+               sink: FileSink | None = None) -> "TarWriter":
+        return cls(path, plan, options, state=state, sink=sink)
 
     def checkpoint(self) -> dict[str, Any]:
         """Finished shards are durable (their records lie beside them); the open one is fsynced."""
@@ -169,7 +181,7 @@ class TarWriter(Writer):
             shard.count >= options.shard_samples
             or shard.position + self._sample_bytes(payload_size) + len(TRAILER) > options.shard_bytes
         ):
-            self.finished.append(self.finisher.submit(shard.finish))
+            self._finish(shard)
             shard = None
         if shard is None:
             shard = self.shard = _ShardFile(self.path, len(self.finished), self.written, self.field_names)
@@ -190,9 +202,22 @@ class TarWriter(Writer):
             self._shard_for(size).add(key, extension, parts, int(batch.labels[row]), extras)
             self.written += 1
 
+    def _finish(self, shard: _ShardFile) -> None:
+        """Finish ``shard`` in the background (after the one before it is given to the sink, so
+        at most one finished shard waits on the local disk for its upload)."""
+        if self.sink is not None and self.finished:
+            self.finished[-1].result()
+        self.finished.append(self.finisher.submit(self._finished, shard))
+
+    def _finished(self, shard: _ShardFile) -> dict[str, Any]:
+        record = shard.finish()
+        if self.sink is not None:
+            self.sink.closed(shard.final)
+        return record
+
     def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if self.shard is not None:
-            self.finished.append(self.finisher.submit(self.shard.finish))
+            self._finish(self.shard)
             self.shard = None
         shards = [future.result() for future in self.finished]
         self.finisher.shutdown()
