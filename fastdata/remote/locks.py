@@ -67,7 +67,9 @@ class BucketLock:
         self._thread: threading.Thread | None = None
 
     def _call(self, function: Callable[[], Any]) -> Any:
-        return with_retry(function, self.url, self.options.retry, self.options.storage_options)
+        """``function()`` with retries; an error names the output the user gave (a missing bucket
+        is first met here), not the lock object."""
+        return with_retry(function, self.output, self.options.retry, self.options.storage_options)
 
     def _body(self) -> bytes:
         return json.dumps({**holder_record(), "operation": self.operation, "token": self.token}).encode()
