@@ -114,7 +114,7 @@ class ConversionInterrupted(KeyboardInterrupt):
     Still a :class:`KeyboardInterrupt`, so code that stops on Ctrl-C stops on it; its text says
     how many samples are kept and what to run."""
 
-    def __init__(self, output: str, kept: int, total: int):
-        self.output, self.kept, self.total = output, kept, total
-        super().__init__(f"{output!r} keeps {kept:,} of {total:,} samples in {output + '.partial'!r}; run the "
-                         "same command with --resume to continue from there")
+    def __init__(self, output: str, kept: int, total: int, partial: str):
+        self.output, self.kept, self.total, self.partial = output, kept, total, partial
+        super().__init__(f"{output!r} keeps {kept:,} of {total:,} samples in {partial!r}; run the same command "
+                         "with --resume to continue from there")

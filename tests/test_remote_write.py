@@ -98,3 +98,29 @@ def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_bac
     assert shards == [("GET", "shard-000002.tar"), ("PUT", "shard-000002.tar"), ("PUT", "shard-000003.tar"),
                       ("PUT", "shard-000000.tar")]
     assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+
+
+def test_ctrl_c_keeps_a_url_conversion_for_resume(s3: S3, uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
+    from fastdata.conversion import journal
+    from fastdata.errors import ConversionInterrupted
+
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(journal, "CHECKPOINT_INTERVAL_S", 0.0)  # a checkpoint at every unit's end
+    url = f"s3://{BUCKET}/interrupted-by-ctrl-c/ds.tar"
+    options = dict(format="tar", store="raw", shard_samples=3, unit_samples=4, workers=0)
+    done = [0]
+
+    def ctrl_c_after_unit_1(count: int, total: int) -> None:
+        done[0] += count
+        if done[0] > 8:  # the checkpoint after unit 1 (samples 0-7) is written
+            raise KeyboardInterrupt
+
+    with pytest.raises(ConversionInterrupted) as caught:
+        fastdata.convert(uniform_folder, url, progress=ctrl_c_after_unit_1, **options)
+    assert str(caught.value).startswith(f"{url!r} keeps 8 of 12 samples in ")
+    assert str(caught.value).endswith("; run the same command with --resume to continue from there")
+    assert not s3.fs().exists(f"{BUCKET}/interrupted-by-ctrl-c/ds.tar/manifest.json")  # no dataset yet
+    assert fastdata.convert(uniform_folder, url, resume=True, **options)["count"] == 12
+    local = tmp_path / "local.tar"
+    fastdata.convert(uniform_folder, local, format="tar", store="raw", shard_samples=3, workers=0)
+    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)

@@ -43,7 +43,7 @@ from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.conversion.files import remove_path
-from fastdata.errors import PartsError
+from fastdata.errors import ConversionInterrupted, PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
 from fastdata.remote.filesystem import scrub
 from fastdata.remote.locks import part_writing, writing
@@ -133,7 +133,10 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
                 manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode,
                                                                   sink=sink))
         else:
-            manifest = run_conversion(open_source(source, local), staging, local, progress, sink=sink)
+            try:
+                manifest = run_conversion(open_source(source, local), staging, local, progress, sink=sink)
+            except ConversionInterrupted as exc:  # named as the user named the output
+                raise ConversionInterrupted(scrub(url), exc.kept, exc.total, exc.partial) from None
         lock.check()  # still this process's: nothing is committed otherwise
         finish_upload(staging, url, replace=replace, options=remote)
     remove_path(staging)

@@ -83,7 +83,7 @@ def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: I
         if keep_on_interrupt and isinstance(exc, KeyboardInterrupt) and (record or {}).get("writer") is not None:
             # Ctrl-C or SIGTERM (a scheduler's preemption) after a checkpoint: the partial output and
             # journal stay, as a killed process leaves them, for --resume
-            raise ConversionInterrupted(str(target.output), record["next_index"], plan.count) from None
+            raise ConversionInterrupted(str(target.output), record["next_index"], plan.count, str(target.partial)) from None
         remove_path(target.partial)
         if isinstance(exc, ModeConflict):
             target.report(-reported, plan.count)
