@@ -33,6 +33,14 @@ from fastdata.sources.base import Source
 
 Record = dict[str, Any]
 
+# The ids ``wrap_dataset_for_transforms_v2(VOCDetection)`` gives its ``labels``: index in this list,
+# 0 the background no object has (torchvision's own table, which it keeps private; a test checks
+# that the wrapper still numbers the classes so).
+VOC_DETECTION_CATEGORIES = (
+    "__background__", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+)
+
 
 @dataclass(frozen=True)
 class RecordSpec:
@@ -98,8 +106,6 @@ def _voc_detection(source: "TorchvisionRecordSource", index: int) -> Record:
 
         image, target = source.raw[index]
         if target["annotation"].get("object"):
-            from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORIES
-
             raise ValueError(f"object class {exc.args[0]!r} is not one of VOC's {len(VOC_DETECTION_CATEGORIES) - 1} "
                              f"classes ({', '.join(VOC_DETECTION_CATEGORIES[1:])})") from exc
         target = dict(target, boxes=_empty_boxes(image.height, image.width, torch.int64), labels=_labels_tensor([]))
@@ -361,9 +367,7 @@ def _class_to_idx(dataset: Any) -> dict[str, int]:
     if name == "CocoDetection":  # ids with gaps (1..90): kept as the source's "categories", not as classes
         return {}
     if name == "VOCDetection":
-        from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORY_TO_IDX
-
-        return dict(VOC_DETECTION_CATEGORY_TO_IDX)
+        return {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
     mapping = getattr(dataset, "class_to_idx", None)
     if isinstance(mapping, dict) and mapping:
         return {str(k): int(v) for k, v in mapping.items()}
