@@ -5,7 +5,10 @@
    encoded) read by each version's reader in its own subprocess, alternating, best of
    ``--repeats``, and the Python calls each version makes for the same reads (cProfile; equal
    counts mean the same work, where timings on a loaded machine are noisy). Target: >= 0.95x.
-2. Detection (image + variable boxes + labels): torchvision's ``CocoDetection`` +
+2. Map-style tar reads (``--part tar``), this checkout against ``--base`` as in 1: the classic
+   datasets and a dataset with fields (image, mask, boxes, labels, caption, JSON), random
+   batches (sorted indices), adjacent batches and single samples.
+3. Detection (image + variable boxes + labels): torchvision's ``CocoDetection`` +
    ``wrap_dataset_for_transforms_v2`` read by a DataLoader with a list collate, against the same
    samples converted by fastdata (encoded, and raw after ``--resize``) read by ``fastdata.loader``;
    each at its best ``num_workers`` of ``--workers``.
@@ -42,19 +45,22 @@ ds = spec.map_dataset(path)
 n = len(ds)
 order = np.random.default_rng(0).permutation(n)
 best = {}
-for name in ("batches", "samples"):
+for name in ("batches", "sequential", "samples"):
     times = []
     for number in range(passes + 1):  # the first pass warms the page cache and the imports: not counted
         start = time.perf_counter()
-        if name == "batches":
+        if name == "batches":  # random samples, each batch's indices sorted
             for first in range(0, n, batch):
                 ds[np.sort(order[first:first + batch])]
+        elif name == "sequential":  # adjacent samples
+            for first in range(0, n, batch):
+                ds[np.arange(first, min(first + batch, n))]
         else:
             for i in order[: min(n, 2000)].tolist():
                 ds[i]
         if number:
             times.append(time.perf_counter() - start)
-    count = n if name == "batches" else min(n, 2000)
+    count = min(n, 2000) if name == "samples" else n
     best[name] = count / min(times)
 print(json.dumps(best))
 """
@@ -133,6 +139,53 @@ def part_classic(folder: Path, args: argparse.Namespace) -> None:
                       f"python calls main {calls['main'][what]}, fields {calls['fields'][what]}")
 
 
+class Segmented:
+    """Fields: an image, a P-mode mask, boxes, labels, a caption and a JSON record per sample."""
+
+    fastdata_kinds = {"mask": "mask"}
+
+    def __init__(self, count: int, size: int):
+        self.count, self.size = count, size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        import torch
+        from PIL import Image
+        from torchvision import tv_tensors
+
+        rng = np.random.default_rng(index)
+        image = Image.fromarray(rng.integers(0, 256, (self.size, self.size, 3), dtype=np.uint8))
+        mask = Image.fromarray(rng.integers(0, 21, (self.size, self.size), dtype=np.uint8)).convert("P")
+        count = int(rng.integers(1, 6))
+        corners = np.sort(rng.uniform(0, self.size, (count, 2, 2)), axis=1).reshape(count, 4).astype(np.float32)
+        boxes = tv_tensors.BoundingBoxes(torch.from_numpy(corners), format="XYXY", canvas_size=(self.size, self.size))
+        return {"image": image, "mask": mask, "boxes": boxes, "labels": rng.integers(1, 21, count),
+                "caption": f"sample {index} with {count} objects", "meta": {"index": index, "split": "train"}}
+
+
+def part_tar(folder: Path, args: argparse.Namespace) -> None:
+    import fastdata
+
+    ensure_base(args.base)
+    print(f"\n2. map-style tar reads: this checkout / {args.base}, samples/s, best of {args.repeats}")
+    print(f"{'dataset':<20} {'path':<10} {'base':>10} {'this':>10} {'ratio':>7}")
+    for name, source in (("classic", Classic(args.samples, args.size)), ("fields", Segmented(args.samples, args.size))):
+        for store in ("raw", "encoded"):
+            out = folder / f"tar-{name}-{store}.tar"
+            fastdata.convert(source, out, store=store, workers=0)
+            results = {"base": [], "this": []}
+            for repeat in range(args.repeats):  # alternate (and swap who goes first), so drift hits both alike
+                order = [("base", args.base), ("this", ROOT)]
+                for who, code in order if repeat % 2 == 0 else order[::-1]:
+                    results[who].append(run_reader(code, out, 64, 3))
+            for what in ("batches", "sequential", "samples"):
+                base = max(r[what] for r in results["base"])
+                new = max(r[what] for r in results["this"])
+                print(f"{name + ' ' + store:<20} {what:<10} {base:>10.0f} {new:>10.0f} {new / base:>6.2f}x")
+
+
 def write_coco(folder: Path, count: int, size: int) -> tuple[Path, Path]:
     """A COCO detection dataset in its real layout: JPEG files and an instances JSON."""
     from PIL import Image
@@ -186,7 +239,7 @@ def part_detection(folder: Path, args: argparse.Namespace) -> None:
     raw = folder / "det-raw.npy"
     fastdata.convert(coco(), encoded, store="encoded", workers=args.workers[-1])
     fastdata.convert(coco(), raw, store="raw", resize=f"{args.size // 2}x{args.size // 2}", workers=args.workers[-1])
-    print(f"\n2. detection: {args.samples} COCO images {args.size}x{args.size + 16}, 1-7 boxes each; samples/s "
+    print(f"\n3. detection: {args.samples} COCO images {args.size}x{args.size + 16}, 1-7 boxes each; samples/s "
           f"(best num_workers of {args.workers})")
     rows = {}
     for workers in args.workers:
@@ -220,12 +273,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--base", type=Path, default=Path("/tmp/fields-base"))
-    parser.add_argument("--part", choices=("classic", "detection", "both"), default="both")
+    parser.add_argument("--part", choices=("classic", "tar", "detection", "both"), default="both")
     args = parser.parse_args()
     print(f"os.cpu_count() = {os.cpu_count()}")
     with tempfile.TemporaryDirectory() as folder:
         if args.part in ("classic", "both"):
             part_classic(Path(folder), args)
+        if args.part == "tar":
+            part_tar(Path(folder), args)
         if args.part in ("detection", "both"):
             part_detection(Path(folder), args)
 

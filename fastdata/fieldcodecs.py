@@ -147,15 +147,16 @@ def member(field: Any, stored: bytes) -> bytes:
     return bytes(stored)
 
 
-def from_member(field: Any, data: bytes, where: str = "") -> bytes:
-    """A member's bytes back as stored bytes."""
+def from_member(field: Any, data: bytes | memoryview, where: str = "") -> bytes | memoryview:
+    """A member's bytes (or a view of them) back as stored bytes (the same view where they are
+    the same bytes)."""
     kind = field.kind
     try:
         if kind == "int":
-            text = data.decode("ascii").strip()
+            text = bytes(data).decode("ascii").strip()
             return store(field, bool(int(text)) if field.dtype == "bool" else int(text))
         if kind == "float":
-            return store(field, float(json.loads(data.decode("ascii"))))
+            return store(field, float(json.loads(bytes(data).decode("ascii"))))
         if kind == "text_list" and data == b"[]":
             return b""
         if kind == "json" and data == b"null":
