@@ -28,6 +28,7 @@ from PIL import Image
 
 from fastdata.conversion import fingerprint
 from fastdata.conversion.outputs import Protected
+from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions, check_pixels, exif_transpose
 from fastdata.sources.base import Source
 
@@ -48,13 +49,15 @@ class RecordSpec:
 
     ``record(source, index)`` builds the record of one sample; ``layout`` is how readers give it
     back; ``kinds`` the kind hints of its fields; ``files`` the constructor arguments
-    naming files the source reads besides ``root`` (``annFile``)."""
+    naming files the source reads besides ``root`` (``annFile``); ``class_ids`` the fields
+    whose integers index the dataset's classes (beside a ``label`` field, which always does)."""
 
     record: Callable[["TorchvisionRecordSource", int], Record]
     layout: str = "tuple"
     kinds: dict[str, str] = field(default_factory=dict)
     files: tuple[str, ...] = ()
     target_keys: Any = None  # what wrap_dataset_for_transforms_v2 is asked for (None: no wrapper)
+    class_ids: tuple[str, ...] = ()
 
 
 def _tv() -> Any:
@@ -201,7 +204,7 @@ RECORDS: dict[str, RecordSpec] = {
     "VOCSegmentation": RecordSpec(_segmentation, kinds={"mask": "mask"}),
     "SBDataset": RecordSpec(_sbd, kinds={"mask": "mask"}),
     "VOCDetection": RecordSpec(_voc_detection, layout="dict", kinds={"annotation": "json"},
-                               target_keys={"annotation", "boxes", "labels"}),
+                               target_keys={"annotation", "boxes", "labels"}, class_ids=("labels",)),
     "CocoDetection": RecordSpec(_coco_detection, layout="dict", kinds={"annotations": "json", "masks": "array:ragged"},
                                 files=("annFile",), target_keys={"image_id", "boxes", "labels", "masks"}),
     "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("annFile",)),
@@ -230,6 +233,7 @@ class TorchvisionRecordSource(Source):
         self.class_to_idx = _class_to_idx(dataset)
         self.layout = self.spec.layout
         self.kinds = dict(self.spec.kinds)
+        self.field_meta = {name: {CLASS_IDS: True} for name in self.spec.class_ids} if self.class_to_idx else {}
         self.options = dict(options)
         self._description = description
         self._wrapped: Any = None
