@@ -155,8 +155,8 @@ class Field:
         """Stored bytes as the member WebDataset's default decoders read."""
         return fieldcodecs.member(self, stored)
 
-    def from_member(self, data: bytes, where: str = "") -> bytes:
-        """A member's bytes back as stored bytes."""
+    def from_member(self, data: bytes | memoryview, where: str = "") -> bytes | memoryview:
+        """A member's bytes (or a view of them) back as stored bytes."""
         return fieldcodecs.from_member(self, data, where)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.fields import MEMBER_KEY
 from fastdata.formats.npyfile import MAGIC, npy_header
 from fastdata.formats.tar.index import ShardIndex, load_index, open_shard
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
@@ -102,6 +103,8 @@ class TarIndexedDataset(StoredDataset):
         self.labels = self.index.labels
 
     def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        if f.meta.get(MEMBER_KEY) is True and self.index.keys is not None and f.name not in (self.index.fields or {}):
+            return [bytes(key) for key in self.index.keys[indices]]  # the members' own names: the index's keys
         return field_values(self, f, indices, self._members(indices, [self._field_column(f)])[0])
 
     def _field_column(self, f: Any) -> tuple[np.ndarray, np.ndarray]:
