@@ -93,6 +93,10 @@ def test_a_member_left_out_wider_than_the_gap_splits_the_run(tmp_path: Path, pre
     preads.clear()
     assert blob_only[np.arange(0, 4)]["blob"] == [bytes([i]) * BLOB_BYTES for i in range(4)]
     assert len(preads) == 4 and all(size == BLOB_BYTES for size, _ in preads)
+    labels_only = TarIndexedDataset(out, fields=["label"])  # the index holds the labels: nothing to read
+    preads.clear()
+    assert labels_only[np.arange(0, 4)]["label"].tolist() == [0, 1, 2, 3] and labels_only[5] == {"label": 5}
+    assert preads == []
 
 
 def test_classic_samples_and_shards(tmp_path: Path, preads) -> None:
@@ -112,7 +116,7 @@ def test_classic_samples_and_shards(tmp_path: Path, preads) -> None:
 
 
 @st.composite
-def members(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+def members(draw) -> tuple[list[int], list[int], list[int], int, int]:
     """Members of a few shards laid out like tar members (none overlap in a shard), a selection of
     them (any order, repeats), a gap and a limit."""
     shards, offsets, sizes = [], [], []
@@ -124,8 +128,7 @@ def members(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
             shards.append(shard), offsets.append(position), sizes.append(size)
             position += size
     chosen = draw(st.lists(st.integers(0, len(offsets) - 1), min_size=0, max_size=20))
-    pick = np.asarray(chosen, np.int64)
-    return (np.asarray(shards, np.int64)[pick], np.asarray(offsets, np.int64)[pick], np.asarray(sizes, np.int64)[pick],
+    return ([shards[i] for i in chosen], [offsets[i] for i in chosen], [sizes[i] for i in chosen],
             draw(st.integers(0, 4000)), draw(st.integers(1, 12000)))
 
 
@@ -133,18 +136,19 @@ def members(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
 @given(members())
 def test_plan_runs_invariant(drawn) -> None:
     shards, offsets, sizes, gap, limit = drawn
-    order, bounds = plan_runs(shards, offsets, sizes, gap=gap, limit=limit)
-    assert sorted(order.tolist()) == list(range(len(offsets)))  # every member once
-    assert bounds[0] == 0 and bounds[-1] == len(offsets) and np.all(np.diff(bounds) > 0 if len(offsets) else True)
-    for low, high in zip(bounds[:-1], bounds[1:]):
-        run = order[low:high]
-        assert len(set(shards[run].tolist())) == 1
-        start, end = offsets[run], offsets[run] + sizes[run]
-        assert np.all(np.diff(start) >= 0)
-        assert np.all(start[1:] <= end[:-1] + gap)  # joined: within the gap of the member before
-        assert end.max() - start[0] <= max(limit, sizes[run].max())
-    for before, after in zip(bounds[:-2], bounds[1:-1]):  # a run ends: another shard, past the gap, or the limit
-        last, first = order[after - 1], order[after]
-        grown = order[before:after + 1]
-        assert (shards[last] != shards[first] or offsets[first] > offsets[last] + sizes[last] + gap
-                or (offsets[grown] + sizes[grown]).max() - offsets[order[before]] > limit)
+    runs = plan_runs(shards, offsets, sizes, gap=gap, limit=limit)
+    assert sorted(m for _, _, _, found in runs for m, _, _ in found) == list(range(len(offsets)))  # each once
+    assert [(shard, first) for shard, first, _, _ in runs] == sorted((shard, first) for shard, first, _, _ in runs)
+    for shard, first, size, found in runs:
+        assert all(shards[m] == shard and offsets[m] == first + at and sizes[m] == length for m, at, length in found)
+        assert [at for _, at, _ in found] == sorted(at for _, at, _ in found) and found[0][1] == 0
+        assert size == max(at + length for _, at, length in found)  # the run covers its members, no more
+        assert size <= max(limit, max(length for _, _, length in found))
+        reach = 0
+        for _, at, length in found:  # each joined within the gap of the run so far
+            assert at <= reach + gap or at == 0
+            reach = max(reach, at + length)
+    for (shard, first, size, _), (next_shard, next_first, _, found) in zip(runs, runs[1:]):
+        # a run ends: another shard, a gap wider than allowed, or the limit
+        ends = next_first + max(at + length for _, at, length in found[:1])
+        assert (next_shard != shard or next_first > first + size + gap or max(first + size, ends) - first > limit)

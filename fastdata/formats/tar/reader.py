@@ -114,18 +114,21 @@ class TarIndexedDataset(StoredDataset):
                                        "the manifest lists. Convert the source again.")
         return self.index.fields[f.name]
 
-    def _members(self, indices: np.ndarray, columns: list[tuple[np.ndarray, np.ndarray]]) -> list[list[memoryview]]:
+    def _members(self, indices: np.ndarray, columns: list[tuple[np.ndarray, np.ndarray]]) -> list[list[Any]]:
         """Each column's member bytes of ``indices`` (a column: every sample's member offsets and
         sizes), every contiguous byte run among them read once (:func:`fastdata.formats.tar.runs.read_runs`)."""
-        if not columns:
-            return []
-        shards = np.tile(self.index.shard_of[indices], len(columns))
-        offsets = np.concatenate([column[0][indices] for column in columns])
-        sizes = np.concatenate([column[1][indices] for column in columns])
-        members = read_runs(shards, offsets, sizes, self._shard, lambda shard: _shard_path(self.path, self.index, shard))
         count = len(indices)
-        return [members[start:start + count] for start in range(0, len(members), count)] if count else \
-            [[] for _ in columns]
+        if not count or not columns:
+            return [[] for _ in columns]
+        index = self.index
+        if len(columns) == 1:  # (image, label) datasets: the images alone
+            shards, offsets, sizes = index.shard_of[indices], columns[0][0][indices], columns[0][1][indices]
+        else:
+            shards = np.tile(index.shard_of[indices], len(columns))
+            offsets = np.concatenate([column[0][indices] for column in columns])
+            sizes = np.concatenate([column[1][indices] for column in columns])
+        members = read_runs(shards, offsets, sizes, self._shard, lambda shard: _shard_path(self.path, index, shard))
+        return [members[start:start + count] for start in range(0, len(members), count)]
 
     def _reading(self, indices: np.ndarray, names: set[str]) -> "BlockMembers":
         """One read of ``indices``' fields ``names``: the image and field members read together,
