@@ -36,20 +36,21 @@ def plan_runs(shards: list[int], offsets: list[int], sizes: list[int], *, gap: i
     then spans at most ``limit`` bytes, so a run spans at most ``max(limit, its largest member)``
     bytes and covers all its members. (Plain Python: for the few members of one read, sorting
     tuples costs less than numpy's calls.)"""
-    runs: list[tuple[int, int, int, list[tuple[int, int, int]]]] = []
-    members: list[tuple[int, int, int]] = []
-    shard = first = end = -1
-    for member_shard, offset, size, member in sorted(zip(shards, offsets, sizes, range(len(offsets)))):
-        if member_shard == shard and offset <= end + gap and max(end, offset + size) - first <= limit:
-            end = max(end, offset + size)
-        else:
-            if members:
-                runs.append((shard, first, end - first, members))
-            shard, first, end, members = member_shard, offset, offset + size, []
-        members.append((member, offset - first, size))
-    if members:
-        runs.append((shard, first, end - first, members))
-    return runs
+    runs: list[list] = []
+    run: list = [-1, 0, 0, []]  # shard, first byte, end byte, members
+    gap_end = 0
+    for shard, offset, size, member in sorted(zip(shards, offsets, sizes, range(len(offsets)))):
+        stop = offset + size
+        if shard == run[0] and offset <= gap_end:
+            reach = stop if stop > run[2] else run[2]
+            if reach - run[1] <= limit:
+                run[2], gap_end = reach, reach + gap
+                run[3].append((member, offset - run[1], size))
+                continue
+        run = [shard, offset, stop, [(member, 0, size)]]
+        gap_end = stop + gap
+        runs.append(run)
+    return [(shard, first, end - first, members) for shard, first, end, members in runs]
 
 
 def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
