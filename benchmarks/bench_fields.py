@@ -180,16 +180,10 @@ def part_classic(folder: Path, args: argparse.Namespace) -> None:
                       f"python calls main {calls['main'][what]}, fields {calls['fields'][what]}")
 
 
-class Segmented:
+class Segmented(Classic):
     """Fields: an image, a P-mode mask, boxes, labels, a caption and a JSON record per sample."""
 
     fastdata_kinds = {"mask": "mask"}
-
-    def __init__(self, count: int, size: int):
-        self.count, self.size = count, size
-
-    def __len__(self) -> int:
-        return self.count
 
     def __getitem__(self, index: int):
         import torch

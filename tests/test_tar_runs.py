@@ -136,7 +136,7 @@ def members(draw) -> tuple[list[int], list[int], list[int], int, int]:
 @given(members())
 def test_plan_runs_invariant(drawn) -> None:
     shards, offsets, sizes, gap, limit = drawn
-    runs = plan_runs(shards, offsets, sizes, gap=gap, limit=limit)
+    runs = list(plan_runs(shards, offsets, sizes, gap=gap, limit=limit))
     assert sorted(m for _, _, _, found in runs for m, _, _ in found) == list(range(len(offsets)))  # each once
     assert [(shard, first) for shard, first, _, _ in runs] == sorted((shard, first) for shard, first, _, _ in runs)
     for shard, first, size, found in runs:

@@ -9,8 +9,9 @@ its invariant (tests/test_tar_runs.py).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -26,31 +27,31 @@ RUN_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def plan_runs(shards: list[int], offsets: list[int], sizes: list[int], *, gap: int = RUN_GAP_BYTES,
-              limit: int = RUN_LIMIT_BYTES) -> list[tuple[int, int, int, list[tuple[int, int, int]]]]:
+              limit: int = RUN_LIMIT_BYTES) -> Iterator[tuple[int, int, int, list[tuple[int, int, int]]]]:
     """Group members (member ``i``: ``sizes[i]`` bytes at ``offsets[i]`` of shard ``shards[i]``)
-    into byte runs: ``(shard, first byte, bytes, [(member, offset, size), ...])`` in (shard,
-    offset) order, each run's members sorted by offset.
+    into byte runs: ``(shard, first byte, bytes, [(member, offset in the run, size), ...])``, in
+    (shard, offset) order, each run's members sorted by offset; each run as soon as it is known.
 
     Invariant: every member is in exactly one run, of its shard; a member joins the run before it
     when it starts at most ``gap`` bytes after the end of that run's members so far and the run
     then spans at most ``limit`` bytes, so a run spans at most ``max(limit, its largest member)``
     bytes and covers all its members. (Plain Python: for the few members of one read, sorting
     tuples costs less than numpy's calls.)"""
-    runs: list[list] = []
-    run: list = [-1, 0, 0, []]  # shard, first byte, end byte, members
-    gap_end = 0
-    for shard, offset, size, member in sorted(zip(shards, offsets, sizes, range(len(offsets)))):
+    shard = first = end = gap_end = -1
+    members: list[tuple[int, int, int]] = []
+    for member_shard, offset, size, member in sorted(zip(shards, offsets, sizes, range(len(offsets)))):
         stop = offset + size
-        if shard == run[0] and offset <= gap_end:
-            reach = stop if stop > run[2] else run[2]
-            if reach - run[1] <= limit:
-                run[2], gap_end = reach, reach + gap
-                run[3].append((member, offset - run[1], size))
+        if member_shard == shard and offset <= gap_end:
+            reach = stop if stop > end else end
+            if reach - first <= limit:
+                end, gap_end = reach, reach + gap
+                members.append((member, offset - first, size))
                 continue
-        run = [shard, offset, stop, [(member, 0, size)]]
-        gap_end = stop + gap
-        runs.append(run)
-    return [(shard, first, end - first, members) for shard, first, end, members in runs]
+        if members:
+            yield shard, first, end - first, members
+        shard, first, end, gap_end, members = member_shard, offset, stop, stop + gap, [(member, 0, size)]
+    if members:
+        yield shard, first, end - first, members
 
 
 def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
@@ -63,21 +64,18 @@ def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
         shard = int(shards[0])
         with opened(shard) as descriptor:
             return [read_exact(descriptor, int(sizes[0]), int(offsets[0]), file(shard))]
-    runs = plan_runs(shards.tolist(), offsets.tolist(), sizes.tolist())
     out: list[bytes | memoryview] = [b""] * len(offsets)
-    position = 0
-    while position < len(runs):
-        shard = runs[position][0]
-        name = file(shard)
-        with opened(shard) as descriptor:
-            while position < len(runs) and runs[position][0] == shard:
-                _, first, size, members = runs[position]
-                data = read_exact(descriptor, size, first, name)
-                if len(members) == 1 and members[0][2] == size:
-                    out[members[0][0]] = data  # the member itself: no view
-                else:
-                    view = memoryview(data)
-                    for member, at, length in members:
-                        out[member] = view[at:at + length]
-                position += 1
+    current = descriptor = name = None
+    with contextlib.ExitStack() as held:
+        for shard, first, size, members in plan_runs(shards.tolist(), offsets.tolist(), sizes.tolist()):
+            if shard != current:
+                held.close()  # the shard before, done with
+                current, descriptor, name = shard, held.enter_context(opened(shard)), file(shard)
+            data = read_exact(descriptor, size, first, name)
+            if len(members) == 1 and members[0][2] == size:
+                out[members[0][0]] = data  # the member itself: no view
+            else:
+                view = memoryview(data)
+                for member, at, length in members:
+                    out[member] = view[at:at + length]
     return out
