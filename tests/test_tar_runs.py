@@ -136,7 +136,10 @@ def members(draw) -> tuple[list[int], list[int], list[int], int, int]:
 @given(members())
 def test_plan_runs_invariant(drawn) -> None:
     shards, offsets, sizes, gap, limit = drawn
-    runs = list(plan_runs(shards, offsets, sizes, gap=gap, limit=limit))
+    runs = [(shard, first, size, members if members is not None else [(lead, 0, size)])
+            for shard, first, size, lead, members in plan_runs(shards, offsets, sizes, gap=gap, limit=limit)]
+    assert all(members is None or len(members) > 1 for *_, members in plan_runs(shards, offsets, sizes, gap=gap,
+                                                                                  limit=limit))
     assert sorted(m for _, _, _, found in runs for m, _, _ in found) == list(range(len(offsets)))  # each once
     assert [(shard, first) for shard, first, _, _ in runs] == sorted((shard, first) for shard, first, _, _ in runs)
     for shard, first, size, found in runs:

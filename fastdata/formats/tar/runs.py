@@ -27,31 +27,35 @@ RUN_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def plan_runs(shards: list[int], offsets: list[int], sizes: list[int], *, gap: int = RUN_GAP_BYTES,
-              limit: int = RUN_LIMIT_BYTES) -> Iterator[tuple[int, int, int, list[tuple[int, int, int]]]]:
+              limit: int = RUN_LIMIT_BYTES) -> Iterator[tuple[int, int, int, int, list[tuple[int, int, int]] | None]]:
     """Group members (member ``i``: ``sizes[i]`` bytes at ``offsets[i]`` of shard ``shards[i]``)
-    into byte runs: ``(shard, first byte, bytes, [(member, offset in the run, size), ...])``, in
-    (shard, offset) order, each run's members sorted by offset; each run as soon as it is known.
+    into byte runs: ``(shard, first byte, bytes, first member, members)``, in (shard, offset)
+    order, each run as soon as it is known; ``members`` is None for a run of its first member
+    alone, else every ``(member, offset in the run, size)`` sorted by offset.
 
     Invariant: every member is in exactly one run, of its shard; a member joins the run before it
     when it starts at most ``gap`` bytes after the end of that run's members so far and the run
     then spans at most ``limit`` bytes, so a run spans at most ``max(limit, its largest member)``
     bytes and covers all its members. (Plain Python: for the few members of one read, sorting
-    tuples costs less than numpy's calls.)"""
-    shard = first = end = gap_end = -1
-    members: list[tuple[int, int, int]] = []
+    tuples costs less than numpy's calls; most runs of a random batch are one member, which
+    costs no list.)"""
+    shard = lead = first = end = gap_end = -1
+    members: list[tuple[int, int, int]] | None = None
     for member_shard, offset, size, member in sorted(zip(shards, offsets, sizes, range(len(offsets)))):
         stop = offset + size
         if member_shard == shard and offset <= gap_end:
             reach = stop if stop > end else end
             if reach - first <= limit:
-                end, gap_end = reach, reach + gap
+                if members is None:
+                    members = [(lead, 0, end - first)]
                 members.append((member, offset - first, size))
+                end, gap_end = reach, reach + gap
                 continue
-        if members:
-            yield shard, first, end - first, members
-        shard, first, end, gap_end, members = member_shard, offset, stop, stop + gap, [(member, 0, size)]
-    if members:
-        yield shard, first, end - first, members
+        if lead >= 0:
+            yield shard, first, end - first, lead, members
+        shard, lead, first, end, gap_end, members = member_shard, member, offset, stop, stop + gap, None
+    if lead >= 0:
+        yield shard, first, end - first, lead, members
 
 
 def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
@@ -67,15 +71,15 @@ def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
     out: list[bytes | memoryview] = [b""] * len(offsets)
     current = descriptor = name = None
     with contextlib.ExitStack() as held:
-        for shard, first, size, members in plan_runs(shards.tolist(), offsets.tolist(), sizes.tolist()):
+        for shard, first, size, lead, members in plan_runs(shards.tolist(), offsets.tolist(), sizes.tolist()):
             if shard != current:
                 held.close()  # the shard before, done with
                 current, descriptor, name = shard, held.enter_context(opened(shard)), file(shard)
             data = read_exact(descriptor, size, first, name)
-            if len(members) == 1 and members[0][2] == size:
-                out[members[0][0]] = data  # the member itself: no view
-            else:
-                view = memoryview(data)
-                for member, at, length in members:
-                    out[member] = view[at:at + length]
+            if members is None:
+                out[lead] = data  # the member itself: no view
+                continue
+            view = memoryview(data)
+            for member, at, length in members:
+                out[member] = view[at:at + length]
     return out
