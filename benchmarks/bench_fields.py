@@ -15,6 +15,10 @@
    each at its best ``num_workers`` of ``--workers``.
 
     python benchmarks/bench_fields.py --samples 2000 --repeats 3
+    PYTHONPATH=. python benchmarks/bench_fields.py --part tar --repeats 5 --passes 8 --base /tmp/base
+
+Each version runs in its own process from a neutral directory, with ``PYTHONPATH`` naming it,
+and checks that it imported that version's fastdata.
 
 Prints one table per part and the ratios; the numbers are this machine's (``os.cpu_count()`` is
 printed). Nothing here is a test: speed is never asserted.
