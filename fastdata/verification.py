@@ -211,27 +211,28 @@ def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[s
     classes = len(manifest.get("classes") or ())
     problems = []
     for f in class_id_fields(manifest):
-        bad: list[tuple[int, int]] = []  # (sample, its first id out of range)
-        count = 0
+        bad: list[tuple[int, int]] = []  # (sample, its first id out of range), in sample order
         try:
             for start in range(0, len(reader), _IDS_BATCH):
                 indices = np.arange(start, min(start + _IDS_BATCH, len(reader)))
                 stored = reader._field_values(f, indices)
-                rows = [f.load(value, f"{str(path)!r} sample {sample}: ") for value, sample in zip(stored, indices.tolist())] \
-                    if f.variable else list(np.asarray(stored))
-                for sample, ids in zip(indices.tolist(), rows):
-                    ids = np.asarray(ids).reshape(-1)
-                    out = ids[(ids < 0) | (ids >= classes)]
-                    if len(out):
-                        count += 1
-                        if len(bad) < _LABELS_SHOWN:
-                            bad.append((sample, int(out[0])))
+                if f.variable:  # each sample's ids, one flat array, and whose they are
+                    rows = [f.load(value, f"{str(path)!r} sample {sample}: ").reshape(-1)
+                            for value, sample in zip(stored, indices.tolist())]
+                    ids = np.concatenate(rows) if rows else np.empty(0, np.int64)
+                    owner = np.repeat(indices, [len(row) for row in rows])
+                else:
+                    ids = np.asarray(stored).reshape(-1)
+                    owner = np.repeat(indices, ids.size // max(len(indices), 1))
+                outside = np.flatnonzero((ids < 0) | (ids >= classes))
+                _, first = np.unique(owner[outside], return_index=True)  # each sample's first id outside
+                bad += [(int(owner[outside[at]]), int(ids[outside[at]])) for at in first]
         except FastdataError as exc:
             problems.append(str(exc))  # damaged field data: named by the reader
             continue
         if bad:
-            shown = ", ".join(f"sample {sample} has {f.name!r} {value}" for sample, value in bad)
-            more = f" (and {count - len(bad)} more samples)" if count > len(bad) else ""
+            shown = ", ".join(f"sample {sample} has {f.name!r} {value}" for sample, value in bad[:_LABELS_SHOWN])
+            more = f" (and {len(bad) - _LABELS_SHOWN} more samples)" if len(bad) > _LABELS_SHOWN else ""
             problems.append(f"{str(path)!r}: {shown}{more}; field {f.name!r} holds class ids and the manifest lists "
                             f"{classes} classes, so they are 0..{classes - 1}.")
     return problems

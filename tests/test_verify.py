@@ -475,3 +475,29 @@ def test_class_ids_of_a_field_out_of_range_are_named(tmp_path: Path, suffix: str
     if fmt == "hdf5":
         hooks(out).reseal(out)
     assert fastdata.verify(out).ok  # written before class ids were recorded: nothing says what they index
+
+
+class _ClassIds(list):
+    """Items with a class id scalar and a fixed (3,) array of class ids, two of them out of range."""
+
+    classes = ["cat", "dog", "fox"]
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".tar"])
+def test_fixed_class_id_fields_are_checked_too(tmp_path: Path, suffix: str) -> None:
+    from PIL import Image
+
+    from fastdata.sources import DatasetSource
+
+    class Source(DatasetSource):
+        field_meta = {"kind": {"class_ids": True}, "parts": {"class_ids": True}}
+
+    items = _ClassIds({"image": Image.new("RGB", (4, 4), (i, 0, 0)), "kind": [0, 2, 3, 1][i],
+                       "parts": np.array([[0, 1, 2], [2, 2, 2], [1, 0, 0], [-1, 5, 0]][i], np.int64)} for i in range(4))
+    out = tmp_path / f"ids{suffix}"
+    fastdata.convert(Source(items), out, workers=0)
+    assert fastdata.verify(out).problems == (
+        f"{str(out)!r}: sample 2 has 'kind' 3; field 'kind' holds class ids and the manifest lists 3 classes, so they "
+        "are 0..2.",
+        f"{str(out)!r}: sample 3 has 'parts' -1; field 'parts' holds class ids and the manifest lists 3 classes, so "
+        "they are 0..2.")
