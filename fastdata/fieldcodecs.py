@@ -4,7 +4,8 @@ Every non-image value has *stored bytes* (:func:`store` / :func:`load`): the raw
 row of a fixed-shape field (so a format keeps fixed fields as one ``(N, *shape)`` array), or the
 variable bytes of the others (kept as data + offsets). Tar members use WebDataset's conventions
 instead (:func:`member` / :func:`from_member`): ``.cls`` ints, ``.json`` floats and lists,
-``.txt`` text, ``.npy`` arrays, so stock ``webdataset`` decodes them with its default decoders.
+``.txt`` text, ``.npy`` arrays, so stock ``webdataset`` decodes them with its default decoders;
+:func:`member_key_problem` says which sample keys can name such members.
 
 The functions take a :class:`fastdata.fields.Field` (its ``kind``, ``dtype``, ``shape``,
 ``encoding`` and ``name``); ``Field`` calls them from its methods of the same names, so this
@@ -16,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -126,6 +128,29 @@ def member_suffix(field: Any, extension_name: str | None = None) -> str:
     return f"{field.name}.{suffix}"
 
 
+MEMBER_NAME_BYTES = 100  # a ustar header's name field (fastdata's tar writer writes no prefix field)
+_KEY_CHARACTERS = re.compile(r"[!-~]+")  # printable ASCII, no space
+
+
+def member_key_problem(key: str, longest_suffix: int = 0) -> str | None:
+    """Why ``key`` cannot be the ``<key>`` of member names ``<key>.<suffix>`` (suffixes up to
+    ``longest_suffix`` characters), or None when it can: stock ``webdataset`` reads such members
+    back as one sample of exactly that ``__key__`` (it ends a key at the first dot of the file
+    name), and extracting the shard with ``tar`` writes inside the current directory only."""
+    if not isinstance(key, str) or not key:
+        return "it is empty"
+    if not _KEY_CHARACTERS.fullmatch(key) or "\\" in key:
+        return "it holds characters other than printable ASCII without spaces and backslashes"
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "it is not a relative path of plain names"
+    if "." in parts[-1]:
+        return "its file name holds a dot, where webdataset would end the key"
+    if len(key) + 1 + longest_suffix > MEMBER_NAME_BYTES:
+        return f"with a {longest_suffix}-character suffix it is longer than a tar header's {MEMBER_NAME_BYTES} characters"
+    return None
+
+
 def member(field: Any, stored: bytes) -> bytes:
     """Stored bytes as the member WebDataset's default decoders read."""
     kind = field.kind
@@ -147,15 +172,16 @@ def member(field: Any, stored: bytes) -> bytes:
     return bytes(stored)
 
 
-def from_member(field: Any, data: bytes, where: str = "") -> bytes:
-    """A member's bytes back as stored bytes."""
+def from_member(field: Any, data: bytes | memoryview, where: str = "") -> bytes | memoryview:
+    """A member's bytes (or a view of them) back as stored bytes (the same view where they are
+    the same bytes)."""
     kind = field.kind
     try:
         if kind == "int":
-            text = data.decode("ascii").strip()
+            text = bytes(data).decode("ascii").strip()
             return store(field, bool(int(text)) if field.dtype == "bool" else int(text))
         if kind == "float":
-            return store(field, float(json.loads(data.decode("ascii"))))
+            return store(field, float(json.loads(bytes(data).decode("ascii"))))
         if kind == "text_list" and data == b"[]":
             return b""
         if kind == "json" and data == b"null":

@@ -49,6 +49,12 @@ VARIABLE = "variable"  # the kinds hint suffix "array:variable": a variable firs
 RAGGED = "ragged"  # "array:ragged": every dimension may vary (the number of dimensions may not)
 
 
+# ``meta`` entries a source gives a field (``Source.field_meta``), kept in the manifest:
+CLASS_IDS = "class_ids"  # True: the field's integers are indices into the manifest's ``classes`` (verify checks them)
+MEMBER_KEY = "member_key"  # True: a text field of keys, unique and safe as tar member names (the tar writer names members by them)
+SOURCE_META = (CLASS_IDS, MEMBER_KEY)
+
+
 class FieldError(BadSampleError):
     """A sample's value does not fit its field (the message names the sample and the field)."""
 
@@ -149,8 +155,8 @@ class Field:
         """Stored bytes as the member WebDataset's default decoders read."""
         return fieldcodecs.member(self, stored)
 
-    def from_member(self, data: bytes, where: str = "") -> bytes:
-        """A member's bytes back as stored bytes."""
+    def from_member(self, data: bytes | memoryview, where: str = "") -> bytes | memoryview:
+        """A member's bytes (or a view of them) back as stored bytes."""
         return fieldcodecs.from_member(self, data, where)
 
 
@@ -209,6 +215,14 @@ class Schema:
         """Two fields, ``(image, label)``: stored exactly as fastdata always stored them."""
         return (self.layout == "tuple" and self.names == ["image", "label"] and self.fields[0].kind == "image"
                 and self.label is not None and self.structure == ["image", "label"])
+
+    def with_meta(self, meta: dict[str, dict[str, Any]]) -> "Schema":
+        """This schema with ``meta`` (field name -> entries) added to the named fields' ``meta``
+        (what a source knows of a field beyond its values, see :data:`SOURCE_META`); names that
+        are no field here are left out."""
+        fields = tuple(Field(f.name, f.kind, f.dtype, f.shape, f.encoding, f.mode, {**f.meta, **meta[f.name]})
+                       if meta.get(f.name) else f for f in self.fields)
+        return Schema(fields, self.layout, self.structure)
 
     def replace_field(self, new: Field) -> "Schema":
         return Schema(tuple(new if f.name == new.name else f for f in self.fields), self.layout, self.structure)

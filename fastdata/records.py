@@ -78,10 +78,11 @@ class Records:
         """Each wanted field's values of ``indices`` (per sample lists, or stacked rows), the
         (H, W) canvas of each image field that boxes name, and, where the image's decode fused
         the transform's leading crop, each row's ``(height, width, Draw)`` (else None)."""
-        ds, schema = self.ds, self.schema
+        schema = self.schema
         image, label = schema.image, schema.label
         names = {f.name for f in self.wanted}
         canvas_of = self._canvas_fields()
+        ds = self.ds._reading(indices, names | canvas_of)  # the tar reader: every member of the read at once
         out: dict[str, Any] = {}
         canvas: dict[str, Any] = {}
         draws = None

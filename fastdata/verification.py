@@ -2,7 +2,8 @@
 
 Every format: the manifest itself (fields, layout version, classes), the recorded checksum and
 size of every data file (directory formats), files the manifest does not list, the sample
-count and the label range (``0 <= label < len(classes)`` when classes are known). Each format
+count and the label range (``0 <= label < len(classes)`` when classes are known), and so the
+ids of every field the schema marks as class ids (``meta.class_ids``: VOCDetection's ``labels``). Each format
 adds its own checks through its :class:`~fastdata.formats.FormatSpec` ``verify`` hook (HDF5:
 per-dataset checksums and attributes; tar: the shard index and every member header).
 ``deep=True`` also decodes every sample through the format's reader.
@@ -23,12 +24,14 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, RemoteError, SourceNotFoundError
+from fastdata.fields import CLASS_IDS, Field, Schema
 from fastdata.formats import get_format, manifest_problems, require_manifest
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
 from fastdata.remote.dataset import RemoteOptions, locate
 from fastdata.urls import is_url
 
 _DEEP_BATCH = 64
+_IDS_BATCH = 4096
 _LABELS_SHOWN = 5
 
 
@@ -150,6 +153,8 @@ def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool,
     try:
         reader = spec.dataset(path, image_format="numpy")
         labels = np.asarray(reader.labels)
+        by_index = spec.map_dataset(path, image_format="numpy") if spec.iterable and class_id_fields(manifest) \
+            else reader  # the class-id check reads fields by index
     except FastdataError as exc:
         return [str(exc)]
     problems = []
@@ -157,6 +162,7 @@ def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool,
         problems.append(f"{str(path)!r}: {len(labels)} labels but the manifest says {manifest['count']} samples.")
     if has_label_column(manifest):
         problems += check_label_range(path, labels, len(manifest["classes"]))
+    problems += check_class_ids(path, manifest, by_index)
     if deep:
         problems += _decode_all(reader, progress or (lambda count, total: None))
     return problems
@@ -183,6 +189,53 @@ def check_label_range(path: Path, labels: np.ndarray, classes: int) -> list[str]
     if not len(bad):
         return []
     return [f"{str(path)!r}: {shown}{more}; the manifest lists {classes} classes, so labels are 0..{classes - 1}."]
+
+
+def class_id_fields(manifest: dict[str, Any]) -> list[Field]:
+    """The integer fields the schema marks as holding indices of the manifest's ``classes``
+    (meta ``class_ids``, recorded at conversion: VOCDetection's ``labels``), beside the label
+    column :func:`has_label_column` tells of. None in a manifest without classes or fields."""
+    if not manifest.get("classes") or not isinstance(manifest.get("fields"), dict):
+        return []
+    try:
+        schema = Schema.from_json(manifest["fields"])
+    except (FastdataError, TypeError, ValueError):
+        return []  # a damaged schema is reported by the manifest checks and the reader
+    return [f for f in schema.fields if f.meta.get(CLASS_IDS) is True and f.kind in ("int", "array")
+            and f.dtype is not None and np.dtype(f.dtype).kind in "iu"]
+
+
+def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[str]:
+    """Every value of a :func:`class_id_fields` field must index the manifest's classes; each
+    field's out-of-range ids are one problem naming the samples."""
+    classes = len(manifest.get("classes") or ())
+    problems = []
+    for f in class_id_fields(manifest):
+        bad: list[tuple[int, int]] = []  # (sample, its first id out of range), in sample order
+        try:
+            for start in range(0, len(reader), _IDS_BATCH):
+                indices = np.arange(start, min(start + _IDS_BATCH, len(reader)))
+                stored = reader._field_values(f, indices)
+                if f.variable:  # each sample's ids, one flat array, and whose they are
+                    rows = [f.load(value, f"{str(path)!r} sample {sample}: ").reshape(-1)
+                            for value, sample in zip(stored, indices.tolist())]
+                    ids = np.concatenate(rows) if rows else np.empty(0, np.int64)
+                    owner = np.repeat(indices, [len(row) for row in rows])
+                else:
+                    ids = np.asarray(stored).reshape(-1)
+                    owner = np.repeat(indices, ids.size // max(len(indices), 1))
+                outside = np.flatnonzero((ids < 0) | (ids >= classes))
+                _, first = np.unique(owner[outside], return_index=True)  # each sample's first id outside
+                bad += [(int(owner[outside[at]]), int(ids[outside[at]])) for at in first]
+        except FastdataError as exc:
+            problems.append(str(exc))  # damaged field data: named by the reader
+            continue
+        if bad:
+            shown = ", ".join(f"sample {sample} has {f.name!r} {value}" for sample, value in bad[:_LABELS_SHOWN])
+            more = f" (and {len(bad) - _LABELS_SHOWN} more samples)" if len(bad) > _LABELS_SHOWN else ""
+            problems.append(f"{str(path)!r}: {shown}{more}; field {f.name!r} holds class ids and the manifest lists "
+                            f"{classes} classes, so they are 0..{classes - 1}.")
+    return problems
 
 
 def _decode_all(reader: Any, progress: Callable[[int, int], None]) -> list[str]:

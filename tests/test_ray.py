@@ -162,5 +162,5 @@ def test_samples_with_fields_on_ray_equal_the_local_engines(cluster, tmp_path: P
         local, out = tmp_path / f"local-{fmt}", tmp_path / f"ray-{fmt}"
         fastdata.convert(shards, local, format=fmt, workers=0)
         manifest = fastdata.convert(shards, out, format=fmt, engine="ray", unit_samples=7)
-        assert [f["name"] for f in manifest["fields"]["fields"]] == ["png", "json", "seg.png", "txt"]
+        assert [f["name"] for f in manifest["fields"]["fields"]] == ["__key__", "png", "json", "seg.png", "txt"]
         same_output(local, out)

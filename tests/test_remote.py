@@ -575,3 +575,37 @@ def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_
     for name in ("ds.h5", "plain.h5"):  # the upload marker of a one-object dataset is removed too
         s3.fs().get_file(f"{BUCKET}/h5parts/{name}", str(tmp_path / f"got-{name}"))
         assert h5_contents(tmp_path / f"got-{name}") == h5_contents(tmp_path / "local.h5")
+
+
+def _usage_in_child(directory: str) -> None:
+    Cache(Path(directory), 10**6).usage()  # takes the cache's lock
+
+
+def test_a_process_forked_while_another_thread_holds_the_cache_lock_can_take_it(tmp_path: Path) -> None:
+    """A DataLoader worker forked while another thread of its parent holds the cache's lock (a
+    flock, which belongs to the open file the child shares) must not keep that lock held for
+    its whole life and then wait for it forever: the child closes its copy at the fork."""
+    import multiprocessing
+
+    cache = Cache(tmp_path / "cache", 10**6)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with cache._locked(cache.directory / ".lock"):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(30)
+    child = multiprocessing.get_context("fork").Process(target=_usage_in_child, args=(str(cache.directory),))
+    child.start()  # forked while the lock is held
+    release.set()
+    holder.join()
+    child.join(30)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    assert not hung and child.exitcode == 0
+    assert cache.usage() == 0  # and this process takes it too

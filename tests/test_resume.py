@@ -75,3 +75,38 @@ def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp
     other = convert(out, "npy", "encoded", "--resume")
     _, stderr = other.communicate(timeout=300)
     assert other.returncode == 1 and "with other options (store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite" in stderr
+
+
+def test_tar_shards_named_by_webdataset_keys_resume_to_the_same_bytes(tmp_path: Path) -> None:
+    """A WebDataset source with unique keys: the tar output's members are named by them, the
+    index's ``key`` column goes through the checkpoint, and the resumed output is identical."""
+    import io
+
+    import numpy as np
+    import webdataset as wds
+    from PIL import Image
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), 7, np.uint8)).save(buffer, format="PNG")
+    for number in range(4):
+        with wds.TarWriter(str(shards / f"part-{number}.tar")) as sink:
+            for row in range(2000):
+                sink.write({"__key__": f"s{number}/k{row:05d}", "png": buffer.getvalue(), "txt": f"{number} {row}".encode()})
+
+    def run(out: Path, *extra: str, **popen) -> subprocess.Popen:
+        command = [sys.executable, "-m", "fastdata", "convert", str(shards), str(out), "--format", "tar", "--store",
+                   "encoded", "--workers", "2", "--quiet", "--shard-samples", "1500", *extra]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, **popen)
+
+    reference = tmp_path / "reference"
+    finish(run(reference))
+    out = tmp_path / "out"
+    process = run(out, start_new_session=True)
+    checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
+    assert 1000 < checkpoint < 8000
+    finish(run(out, "--resume"))
+    assert contents(out) == contents(reference)
+    index = json.loads((out / "index.json").read_text())
+    assert index["shards"][1]["key"][:2] == ["s0/k01500", "s0/k01501"]

@@ -189,6 +189,27 @@ def test_voc_detection_records_are_the_wrappers_boxes_and_labels(tmp_path: Path)
             assert record["boxes"].format == tv_tensors.BoundingBoxFormat.XYXY
 
 
+def test_voc_detection_class_ids_are_the_wrappers_for_every_class(tmp_path: Path) -> None:
+    """fastdata's VOC table (torchvision keeps its own private) numbers every one of the 20
+    classes as ``wrap_dataset_for_transforms_v2(VOCDetection)`` does: an image with one object of
+    each class, in an order that is not the table's, gets the same labels from both."""
+    from fastdata.sources.torchvision_targets import VOC_DETECTION_CATEGORIES
+
+    tv_layouts.make_voc(tmp_path)
+    classes = tv_layouts.VOC_CLASSES[1:]
+    objects = [(name, 1 + i % 20, 1 + i % 10, 12 + i % 20, 13 + i % 10) for i, name in
+               enumerate(classes[7:] + classes[:7])]
+    xml = tmp_path / "VOCdevkit" / "VOC2012" / "Annotations" / f"{tv_layouts.VOC_NAMES[0]}.xml"
+    xml.write_text(tv_layouts.voc_xml(tv_layouts.VOC_NAMES[0], "2012", objects))
+    _, target = wrap(tv_datasets.VOCDetection(str(tmp_path), image_set="trainval"), target_keys={"labels"})[0]
+    source = source_of("VOCDetection", tmp_path, "trainval")
+    assert target["labels"].tolist() == [VOC_DETECTION_CATEGORIES.index(name) for name, *_ in objects]
+    assert source.load_record(0)["labels"].tolist() == target["labels"].tolist()
+    assert sorted(target["labels"].tolist()) == list(range(1, 21))  # every class, each once
+    assert source.class_to_idx == {name: i for i, name in enumerate(VOC_DETECTION_CATEGORIES)}
+    assert VOC_DETECTION_CATEGORIES[0] == "__background__" and len(VOC_DETECTION_CATEGORIES) == 21
+
+
 COCO_RLE_WARNING = "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"  # pycocotools
 
 

@@ -433,3 +433,71 @@ def test_tar_damaged_member_header_names_the_member(uniform_folder: Path, tmp_pa
         "the rest of the shard was not walked.",
     )
     assert problems[0].startswith(f"{str(out / 'shard-000001.tar')!r}: blake2b ")
+
+
+# --- class ids in fields ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".tar"])
+def test_class_ids_of_a_field_out_of_range_are_named(tmp_path: Path, suffix: str) -> None:
+    """VOCDetection's ``labels`` field holds indices of the manifest's 21 classes (recorded in its
+    schema, meta ``class_ids``): an id changed to 25 or -3, with every checksum made to match,
+    is reported naming the sample and the field. A manifest from before the record (no
+    ``class_ids``) is not checked, as before."""
+    import tv_layouts
+    from test_fields_damage import _read_manifest, _sample_span, _write_manifest
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    out = tmp_path / f"det{suffix}"
+    fastdata.convert("torchvision:VOCDetection", out, root=tmp_path / "voc", split="trainval", store="encoded",
+                     workers=0)
+    fields = {f["name"]: f for f in _read_manifest(out)["fields"]["fields"]}
+    assert fields["labels"]["meta"] == {"class_ids": True} and "class_ids" not in fields["boxes"].get("meta", {})
+    assert fastdata.verify(out).ok
+    fmt = {".npy": "npy", ".h5": "hdf5", ".tar": "tar"}[suffix]
+    for sample, position, value in ((2, 1, 25), (3, 0, -3)):  # 2008_000008: horse, person, dog; 2009_000012: cat
+        file, offset, size = _sample_span(out, fmt, "labels", sample)
+        objects = len(tv_layouts.VOC_OBJECTS[tv_layouts.VOC_NAMES[sample]])
+        at = offset + size - 8 * (objects - position) if fmt == "tar" else offset + 8 * position  # tar: an .npy member
+        with open(file, "r+b") as handle:
+            handle.seek(at)
+            handle.write(struct.pack("<q", value))
+    hooks(out).reseal(out)
+    report = fastdata.verify(out)
+    assert report.problems == (
+        f"{str(out)!r}: sample 2 has 'labels' 25, sample 3 has 'labels' -3; field 'labels' holds class ids and the "
+        "manifest lists 21 classes, so they are 0..20.",)
+    assert fastdata.verify(out, deep=True).problems == report.problems  # the samples still decode
+    manifest = _read_manifest(out)
+    for f in manifest["fields"]["fields"]:
+        f.get("meta", {}).pop("class_ids", None)
+    _write_manifest(out, manifest)
+    if fmt == "hdf5":
+        hooks(out).reseal(out)
+    assert fastdata.verify(out).ok  # written before class ids were recorded: nothing says what they index
+
+
+class _ClassIds(list):
+    """Items with a class id scalar and a fixed (3,) array of class ids, two of them out of range."""
+
+    classes = ["cat", "dog", "fox"]
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".tar"])
+def test_fixed_class_id_fields_are_checked_too(tmp_path: Path, suffix: str) -> None:
+    from PIL import Image
+
+    from fastdata.sources import DatasetSource
+
+    class Source(DatasetSource):
+        field_meta = {"kind": {"class_ids": True}, "parts": {"class_ids": True}}
+
+    items = _ClassIds({"image": Image.new("RGB", (4, 4), (i, 0, 0)), "kind": [0, 2, 3, 1][i],
+                       "parts": np.array([[0, 1, 2], [2, 2, 2], [1, 0, 0], [-1, 5, 0]][i], np.int64)} for i in range(4))
+    out = tmp_path / f"ids{suffix}"
+    fastdata.convert(Source(items), out, workers=0)
+    assert fastdata.verify(out).problems == (
+        f"{str(out)!r}: sample 2 has 'kind' 3; field 'kind' holds class ids and the manifest lists 3 classes, so they "
+        "are 0..2.",
+        f"{str(out)!r}: sample 3 has 'parts' -1; field 'parts' holds class ids and the manifest lists 3 classes, so "
+        "they are 0..2.")

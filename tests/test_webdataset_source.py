@@ -17,6 +17,7 @@ import fastdata
 from conftest import pattern
 from fastdata.errors import BadSampleError, InvalidOptionError, SourceChangedError
 from fastdata.sources import WebDatasetSource, is_shard_source
+from fastdata.sources.webdataset import RepeatedKeysWarning
 
 
 def encoded(array: np.ndarray, fmt: str) -> bytes:
@@ -61,8 +62,8 @@ def test_a_folder_of_shards_converts_like_stock_webdataset_reads_it(tmp_path: Pa
     reference = stock([str(p) for p in sorted(shards.iterdir())])
     assert len(reference) == 15
     for index, (image, sample) in enumerate(reference):
-        got = ds[index]  # every member kept (issue 21): a dict keyed by suffix, the image under "image"
-        assert list(got) == ["image", "cls", "json", "txt"]
+        got = ds[index]  # every member kept: a dict keyed by suffix, the image under "image", and the key
+        assert list(got) == ["__key__", "image", "cls", "json", "txt"] and got["__key__"] == sample["__key__"]
         np.testing.assert_array_equal(got["image"], image)
         assert got["cls"] == int(sample["cls"]) == index % 3
         assert got["txt"] == sample["txt"] == f"caption {index}" and got["json"] == sample["json"]
@@ -93,7 +94,7 @@ def test_labels_from_json_and_shards_without_labels(tmp_path: Path) -> None:
             sink.write({"__key__": f"k{index}", "jpg": encoded(pattern(4, 4, seed=index), "JPEG"), "txt": b"hi"})
     manifest = fastdata.convert(bare, tmp_path / "bare.npy", workers=0)
     assert manifest["count"] == 3 and np.load(tmp_path / "bare.npy" / "labels.npy").tolist() == [-1, -1, -1]
-    assert [f["name"] for f in manifest["fields"]["fields"]] == ["jpg", "txt"]  # no label; the caption kept
+    assert [f["name"] for f in manifest["fields"]["fields"]] == ["__key__", "jpg", "txt"]  # no label; the caption kept
     assert fastdata.open_dataset(tmp_path / "bare.npy")[2]["txt"] == "hi"
 
 
@@ -143,10 +144,11 @@ def test_resume_notices_a_changed_shard_and_the_output_stays_out_of_the_shards(t
     out = tmp_path / "out.npy"
     fastdata.convert(shards, out, workers=0)
     assert fastdata.convert(shards, out, workers=0, resume=True)["count"] == 15
-    (shards / "data-000001.tar").write_bytes((shards / "data-000000.tar").read_bytes())
-    with pytest.raises(SourceChangedError, match="'data-000001.tar': files modified"):
+    (shards / "data-000001.tar").write_bytes((shards / "data-000000.tar").read_bytes())  # (its keys are shard 0's)
+    with pytest.raises(SourceChangedError, match="'data-000001.tar': files modified"), \
+            pytest.warns(RepeatedKeysWarning, match="have the same key 'sample0000'"):
         fastdata.convert(shards, out, workers=0, resume=True)
-    with pytest.raises(InvalidOptionError, match="is inside the source shards folder"):
+    with pytest.raises(InvalidOptionError, match="is inside the source shards folder"), pytest.warns(RepeatedKeysWarning):
         fastdata.convert(shards, shards / "inside.npy", workers=0)
 
 

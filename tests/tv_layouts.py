@@ -85,11 +85,12 @@ def make_voc(root: Path, year: str = "2012") -> dict[str, Any]:
     return {"year": year}
 
 
-def voc_xml(name: str, year: str) -> str:
+def voc_xml(name: str, year: str, objects: list[tuple] | None = None) -> str:
+    """The annotation XML of image ``name``: its objects (``VOC_OBJECTS[name]`` unless given)."""
     objects = "".join(
         f"<object><name>{cls}</name><pose>Unspecified</pose><truncated>0</truncated><difficult>{i % 2}</difficult>"
         f"<bndbox><xmin>{x0}</xmin><ymin>{y0}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
-        for i, (cls, x0, y0, x1, y1) in enumerate(VOC_OBJECTS[name]))
+        for i, (cls, x0, y0, x1, y1) in enumerate(VOC_OBJECTS[name] if objects is None else objects))
     return (f"<annotation><folder>VOC{year}</folder><filename>{name}.jpg</filename>"
             f"<source><database>The VOC{year} Database</database></source>"
             f"<size><width>{WIDTH}</width><height>{HEIGHT}</height><depth>3</depth></size>"

@@ -147,7 +147,7 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
         if len(found) >= _SCHEMA_SAMPLES:
             break
     _fail_unless_found(src, options, found, first_error)
-    return found, infer(records, src.kinds, src.layout, src.structure)
+    return found, infer(records, src.kinds, src.layout, src.structure).with_meta(src.field_meta)
 
 
 def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None,

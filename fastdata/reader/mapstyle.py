@@ -111,6 +111,13 @@ class MapDataset(ReaderOutput, Reader, Dataset):
 
         return Records(self)
 
+    def _reading(self, indices: np.ndarray, names: set[str]) -> Any:
+        """What one read of fields ``names`` of ``indices`` takes its values from (``_read``,
+        ``_field_values``, the rest of the reader's attributes): this reader, each field read on
+        its own; a format that reads several fields' bytes at once gives an object serving them
+        (the tar reader: each contiguous byte run read once)."""
+        return self
+
     def _field_values(self, f: Any, indices: np.ndarray) -> Any:
         """One extra field's stored values of ``indices``: the (B, *shape) rows of a fixed field,
         or each sample's stored bytes (:mod:`fastdata.fields`)."""

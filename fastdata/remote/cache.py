@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,9 +311,33 @@ class Cache:
     @staticmethod
     @contextlib.contextmanager
     def _locked(path: Path) -> Iterator[None]:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        with _LOCKING:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            _LOCK_DESCRIPTORS.add(descriptor)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(descriptor)
+            with _LOCKING:
+                _LOCK_DESCRIPTORS.discard(descriptor)
+                os.close(descriptor)
+
+
+# The descriptors of the exclusive locks this process's threads hold (or wait for) now. A flock
+# belongs to the open file, which a forked child shares: a DataLoader worker forked while another
+# thread holds one would keep it held as long as it lives, and wait for it forever at its own
+# next lock. So the child closes its copies at the fork (the parent's thread still releases the
+# lock when it closes its own); _LOCKING keeps a fork from falling between open and record, or
+# between forget and close.
+_LOCKING = threading.Lock()
+_LOCK_DESCRIPTORS: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for descriptor in _LOCK_DESCRIPTORS:
+        os.close(descriptor)
+    _LOCK_DESCRIPTORS.clear()
+    _LOCKING.release()  # taken before the fork, by the thread that is the child's only one
+
+
+os.register_at_fork(before=_LOCKING.acquire, after_in_parent=_LOCKING.release, after_in_child=_close_inherited_locks)

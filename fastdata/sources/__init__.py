@@ -28,13 +28,13 @@ from fastdata.sources.datasets import (
 )
 from fastdata.sources.folder import FolderSource
 from fastdata.sources.torchvision import TORCHVISION_PREFIX, torchvision_dataset, torchvision_source
-from fastdata.sources.webdataset import WebDatasetSource, is_shard_source
+from fastdata.sources.webdataset import RepeatedKeysWarning, WebDatasetSource, is_shard_source
 
 __all__ = [
     "IMG_EXTENSIONS", "TORCHVISION_PREFIX", "ArraySource", "DatasetSource", "FastdataSource", "FolderSource",
     "ReadOptions", "Source", "dataset_length", "find_classes", "has_array_fast_path", "is_image_file",
     "make_dataset_source", "resolve_source", "scan_folder", "torchvision_dataset", "torchvision_source",
-    "WebDatasetSource",
+    "RepeatedKeysWarning", "WebDatasetSource",
     "is_shard_source",
 ]
 

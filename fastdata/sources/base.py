@@ -35,6 +35,10 @@ class Source:
     for a PIL ``P``/``L`` image that is a mask, ``{"keypoints": "array:variable"}``."""
     structure: Any = None
     """The nesting readers give back (:class:`fastdata.fields.Schema`), when not flat."""
+    field_meta: dict[str, dict[str, Any]] = {}
+    """What the source knows of its fields beyond their values, added to the schema's ``meta``
+    (:data:`fastdata.fields.SOURCE_META`): ``{"labels": {"class_ids": True}}`` (the field holds
+    indices of ``class_to_idx``), ``{"__key__": {"member_key": True}}`` (keys usable as tar member names)."""
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -16,6 +16,7 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
+from fastdata.fields import SOURCE_META
 from fastdata.fieldvalues import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source
 
@@ -172,6 +173,8 @@ class FastdataSource(DatasetSource):
             stored = manifest["fields"].get("fields") or []
             self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
                           for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
+            self.field_meta = {f["name"]: kept for f in stored if isinstance(f.get("meta"), dict) and
+                               (kept := {k: v for k, v in f["meta"].items() if k in SOURCE_META})}
             structure = manifest["fields"].get("structure")
             if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
                 self.names = structure

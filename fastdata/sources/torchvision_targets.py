@@ -28,10 +28,19 @@ from PIL import Image
 
 from fastdata.conversion import fingerprint
 from fastdata.conversion.outputs import Protected
+from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions, check_pixels, exif_transpose
 from fastdata.sources.base import Source
 
 Record = dict[str, Any]
+
+# The ids ``wrap_dataset_for_transforms_v2(VOCDetection)`` gives its ``labels``: index in this list,
+# 0 the background no object has (torchvision's own table, which it keeps private; a test checks
+# that the wrapper still numbers the classes so).
+VOC_DETECTION_CATEGORIES = (
+    "__background__", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
+)
 
 
 @dataclass(frozen=True)
@@ -40,13 +49,15 @@ class RecordSpec:
 
     ``record(source, index)`` builds the record of one sample; ``layout`` is how readers give it
     back; ``kinds`` the kind hints of its fields; ``files`` the constructor arguments
-    naming files the source reads besides ``root`` (``annFile``)."""
+    naming files the source reads besides ``root`` (``annFile``); ``class_ids`` the fields
+    whose integers index the dataset's classes (beside a ``label`` field, which always does)."""
 
     record: Callable[["TorchvisionRecordSource", int], Record]
     layout: str = "tuple"
     kinds: dict[str, str] = field(default_factory=dict)
     files: tuple[str, ...] = ()
     target_keys: Any = None  # what wrap_dataset_for_transforms_v2 is asked for (None: no wrapper)
+    class_ids: tuple[str, ...] = ()
 
 
 def _tv() -> Any:
@@ -98,8 +109,6 @@ def _voc_detection(source: "TorchvisionRecordSource", index: int) -> Record:
 
         image, target = source.raw[index]
         if target["annotation"].get("object"):
-            from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORIES
-
             raise ValueError(f"object class {exc.args[0]!r} is not one of VOC's {len(VOC_DETECTION_CATEGORIES) - 1} "
                              f"classes ({', '.join(VOC_DETECTION_CATEGORIES[1:])})") from exc
         target = dict(target, boxes=_empty_boxes(image.height, image.width, torch.int64), labels=_labels_tensor([]))
@@ -195,7 +204,7 @@ RECORDS: dict[str, RecordSpec] = {
     "VOCSegmentation": RecordSpec(_segmentation, kinds={"mask": "mask"}),
     "SBDataset": RecordSpec(_sbd, kinds={"mask": "mask"}),
     "VOCDetection": RecordSpec(_voc_detection, layout="dict", kinds={"annotation": "json"},
-                               target_keys={"annotation", "boxes", "labels"}),
+                               target_keys={"annotation", "boxes", "labels"}, class_ids=("labels",)),
     "CocoDetection": RecordSpec(_coco_detection, layout="dict", kinds={"annotations": "json", "masks": "array:ragged"},
                                 files=("annFile",), target_keys={"image_id", "boxes", "labels", "masks"}),
     "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("annFile",)),
@@ -224,6 +233,7 @@ class TorchvisionRecordSource(Source):
         self.class_to_idx = _class_to_idx(dataset)
         self.layout = self.spec.layout
         self.kinds = dict(self.spec.kinds)
+        self.field_meta = {name: {CLASS_IDS: True} for name in self.spec.class_ids} if self.class_to_idx else {}
         self.options = dict(options)
         self._description = description
         self._wrapped: Any = None
@@ -361,9 +371,7 @@ def _class_to_idx(dataset: Any) -> dict[str, int]:
     if name == "CocoDetection":  # ids with gaps (1..90): kept as the source's "categories", not as classes
         return {}
     if name == "VOCDetection":
-        from torchvision.tv_tensors._dataset_wrapper import VOC_DETECTION_CATEGORY_TO_IDX
-
-        return dict(VOC_DETECTION_CATEGORY_TO_IDX)
+        return {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
     mapping = getattr(dataset, "class_to_idx", None)
     if isinstance(mapping, dict) and mapping:
         return {str(k): int(v) for k, v in mapping.items()}

@@ -20,13 +20,23 @@ mask member is kept as the bytes it was, like the image, and so are text, JSON a
 read back, ``ds[i]`` is a dict keyed by suffix (the image under its suffix, or ``image`` when
 samples mix image suffixes). A sample that lacks a member other samples have is an error
 naming the sample and the member (``--skip-bad`` leaves it out).
+
+Each sample's own ``__key__`` is kept as the text field ``__key__`` (first in the dict, as in
+webdataset's samples). Where every key is unique and usable as a tar member name
+(:func:`fastdata.fieldcodecs.member_key_problem`) the schema says so (meta
+``member_key``), and a tar output names its members by the keys, so stock webdataset reads the
+same ``__key__`` back; otherwise a tar output numbers its members and keeps each key in a
+``__key__.txt`` member. Keys that repeat (webdataset allows it across shards) are a
+:class:`RepeatedKeysWarning`: every sample keeps its key, which then does not tell them apart.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tarfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +45,8 @@ from PIL import Image
 
 from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.fields import FieldError
+from fastdata.fields import MEMBER_KEY, FieldError
+from fastdata.fieldcodecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
 from fastdata.conversion.outputs import Protected
 from fastdata.sources.base import Source
@@ -43,6 +54,13 @@ from fastdata.sources.base import Source
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 LABEL_SUFFIXES = ("cls", "label", "class")
 NO_LABEL = -1
+KEY_FIELD = "__key__"
+logger = logging.getLogger(__name__)
+
+
+class RepeatedKeysWarning(UserWarning):
+    """Samples of WebDataset shards share a ``__key__``: each keeps its key, but the key does not
+    tell them apart (and a tar output numbers its members instead)."""
 
 
 def is_shard_source(source: Any) -> bool:
@@ -107,11 +125,13 @@ class WebDatasetSource(Source):
         self.shards = shard_paths(source)
         self.root = Path(os.path.commonpath([str(p.parent.resolve()) for p in self.shards]))
         stream = (item for number, shard in enumerate(self.shards) for item in _members(shard, number))
-        keys, images, labels, members, places = [], [], [], [], []
+        numbers = {str(shard): number for number, shard in enumerate(self.shards)}
+        keys, key_shards, images, labels, members, places = [], [], [], [], [], []
         image_suffixes: dict[str, None] = {}
         try:
             for sample in group_by_keys(stream):
-                keys.append(f"{Path(sample['__url__']).name}:{sample['__key__']}")
+                key_shards.append(numbers[sample["__url__"]])
+                keys.append(f"{self.shards[key_shards[-1]].name}:{sample['__key__']}")
                 suffixes = {k: v for k, v in sample.items() if not k.startswith("__")}
                 first = next((s for s in IMAGE_SUFFIXES if s in suffixes), None)
                 image = suffixes[first] if first is not None else None
@@ -126,12 +146,14 @@ class WebDatasetSource(Source):
             raise InvalidOptionError(f"{self.spec!r}: {exc.args[0]}. Each sample may hold one member per suffix.") from exc
         if not keys:
             raise EmptySourceError(f"{self.spec!r}: the shards hold no samples.")
-        self.keys = keys
+        self.keys = keys  # "<shard file>:<key>", how errors name a sample
+        self.key_shards = np.asarray(key_shards, dtype=np.int32)
         self.images = np.asarray(images, dtype=np.int64)  # (N, 3): shard, offset, size; -1 when none
         self.members = np.asarray(members)
         self.labels = self._read_labels(labels)
         self.class_to_idx = {}
         self._plan_fields(places, labels, list(image_suffixes))
+        self.field_meta = self._key_meta()
 
     def _plan_fields(self, places: list[dict[str, tuple[int, int, int]]], labels: list[Any],
                      image_suffixes: list[str]) -> None:
@@ -147,18 +169,43 @@ class WebDatasetSource(Source):
         self.places = places
         self.label_name = "cls" if label_member == "text" else ("label" if self.labels_from_json else None)
         self.image_name = image_suffixes[0] if len(image_suffixes) == 1 else "image"
-        self._classic = not self.field_suffixes
         self.layout = "dict"
         self.kinds = {s: _member_kind(s) for s in self.field_suffixes}
         self.kinds[self.image_name] = "image"
+        self.kinds[KEY_FIELD] = "text"
 
-    @property
-    def is_classic(self) -> bool:
-        return self._classic
+    def source_key(self, index: int) -> str:
+        """Sample ``index``'s own ``__key__``, as webdataset gives it."""
+        return self.keys[index][len(self.shards[self.key_shards[index]].name) + 1:]
+
+    def _key_meta(self) -> dict[str, dict[str, Any]]:
+        """``{"__key__": {"member_key": True}}`` when every key is unique and can name tar
+        members (with this source's member suffixes); else nothing, and a warning for a key that
+        names more than one sample."""
+        longest = max([len(suffix) + len(".json") for suffix in self.field_suffixes] + [len("tiff")])
+        seen: dict[str, int] = {}
+        unsafe = None
+        for index in range(len(self.keys)):
+            key = self.source_key(index)
+            if key in seen:
+                warnings.warn(RepeatedKeysWarning(
+                    f"{self.spec!r}: samples {self.keys[seen[key]]} and {self.keys[index]} have the same key {key!r}. "
+                    f"Each sample keeps its own in its {KEY_FIELD!r} field, where it does not tell them apart; a tar "
+                    "output names its members by number."), stacklevel=2)
+                return {}
+            seen[key] = index
+            if unsafe is None and member_key_problem(key, longest) is not None:
+                unsafe = index
+        if unsafe is not None:
+            logger.info("%s: key %r cannot name tar members (%s); a tar output names its members by number and keeps "
+                        "each key in a %s member", self.spec, self.source_key(unsafe),
+                        member_key_problem(self.source_key(unsafe), longest), KEY_FIELD)
+            return {}
+        return {KEY_FIELD: {MEMBER_KEY: True}}
 
     def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
-        """The image, the label (when the shards have labels) and every other member, by suffix."""
-        values: dict[str, Any] = {self.image_name: self.load(index, read)[0]}
+        """The sample's key, image, label (when the shards have labels) and every other member, by suffix."""
+        values: dict[str, Any] = {KEY_FIELD: self.source_key(index), self.image_name: self.load(index, read)[0]}
         if self.label_name is not None:
             values[self.label_name] = int(self.labels[index])
         found = self.places[index]
@@ -210,7 +257,7 @@ class WebDatasetSource(Source):
         return self.keys[index]
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "webdataset", "shards": self.spec, "count": len(self.shards)}
+        return {"type": "webdataset", "shards": self.spec, "count": len(self.shards), "key_field": KEY_FIELD}
 
     def fingerprint(self) -> dict[str, Any]:
         names = [str(p.resolve().relative_to(self.root)) for p in self.shards]

@@ -3,8 +3,10 @@
 A directory holding ``shard-000000.tar``, ``shard-000001.tar``, ... (bounded by
 ``shard_samples`` and ``shard_bytes``), ``index.json`` and ``manifest.json``. Sample ``i`` is the
 members ``<key>.<ext>`` (the image: original bytes ``.jpg``/``.png``/... for ``--store encoded``,
-a uint8 HWC ``.npy`` for ``--store raw``) and ``<key>.cls`` (the label as decimal text), where
-``key`` is ``i`` zero-padded to ``key_width`` digits. Every member is one 512-byte ustar header
+a uint8 HWC ``.npy`` for ``--store raw``), ``<key>.cls`` (the label as decimal text) and one
+member per further field, where ``key`` is ``i`` zero-padded to ``key_width`` digits, or the
+sample's own key where a field of keys is marked ``member_key`` (a WebDataset source's unique
+``__key__``s; the index's ``key`` column). Every member is one 512-byte ustar header
 (mode 0644, uid/gid 0, mtime 0) and its data padded to 512 bytes; a shard ends with two zero
 blocks. The same input gives byte-identical shards and index. Stock ``webdataset.WebDataset``
 and GNU tar read the shards; the index records, per sample, the data offset and size of both

@@ -2,7 +2,8 @@
 
 The index records, per shard, its file name, sample count, size and checksum, and per sample
 the label, the image member's extension and the data offset and size of both members
-(``<key>.<ext>`` and ``<key>.cls``). Readers read members at those offsets, so every value is
+(``<key>.<ext>`` and ``<key>.cls``) and of each field's member; where the samples' own keys
+name the members (a WebDataset source's ``__key__``), a ``key`` column holds them. Readers read members at those offsets, so every value is
 checked first: shard names must be plain file names in the dataset directory, every number must
 be an integer that fits the shard size the index records, the members must lie inside the shard in tar layout, and each shard file's real size must equal
 the recorded one when it is opened (so a damaged shard fails alone, with its name). A damaged or crafted index is a
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.fieldcodecs import MEMBER_NAME_BYTES
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import is_plain_name
 
@@ -52,6 +54,7 @@ class ShardIndex:
     extensions: np.ndarray  # (N,) the image member's extension, fixed-width str (no Python object per sample)
     key_width: int
     fields: dict[str, tuple[np.ndarray, np.ndarray]] = None  # extra field -> (N,) data offsets, sizes
+    keys: np.ndarray | None = None  # (N,) ASCII bytes: the member keys where samples' own keys name them
 
 
     @property
@@ -110,6 +113,8 @@ def load_index(directory: Path) -> ShardIndex:
     key_width = check.integer(document.get("key_width"), "'key_width'", 1, 20)
     files, counts, sizes, columns, extensions = [], [], [], {name: [] for name in SAMPLE_COLUMNS}, []
     field_keys: list[str] = []
+    keys: list[str] | None = [] if document["shards"] and isinstance(document["shards"][0], dict) and \
+        "key" in document["shards"][0] else None
     for number, shard in enumerate(document["shards"]):
         if not isinstance(shard, dict):
             raise check.error(f"shard {number} is {type(shard).__name__}, not a record")
@@ -128,6 +133,11 @@ def load_index(directory: Path) -> ShardIndex:
             raise check.error(f"shard {number} lists field columns {extra_names}, shard 0 {field_keys}")
         for column in extra_names:
             shard_columns[column] = check.column(shard, column, count, number)
+        if (keys is not None) != ("key" in shard):
+            raise check.error(f"shard {number} {'lacks' if keys is not None else 'has'} the 'key' column shard 0 "
+                              f"{'has' if keys is not None else 'lacks'}")
+        if keys is not None:
+            keys += _member_keys(check, shard["key"], count, number)
         exts = shard.get("extension")
         if not isinstance(exts, list) or len(exts) != count or not all(
                 isinstance(e, str) and _EXTENSION.fullmatch(e) for e in exts):
@@ -167,7 +177,16 @@ def load_index(directory: Path) -> ShardIndex:
         extensions=np.asarray(extensions, dtype=f"<U{max(map(len, extensions), default=1)}"),
         key_width=key_width,
         fields=fields,
+        keys=None if keys is None else np.asarray(keys, dtype=f"S{max(map(len, keys), default=1)}"),
     )
+
+
+def _member_keys(check: _Checker, keys: Any, count: int, number: int) -> list[str]:
+    """A shard's ``key`` column: ``count`` ASCII names (compared as text by ``verify``, never used as paths)."""
+    if not isinstance(keys, list) or len(keys) != count or not all(
+            isinstance(key, str) and key and key.isascii() and len(key) <= MEMBER_NAME_BYTES for key in keys):
+        raise check.error(f"shard {number} has invalid 'key' values (expected {count} ASCII member keys)")
+    return keys
 
 
 def _check_layout(check: _Checker, columns: dict[str, np.ndarray], size: int, number: int) -> None:

@@ -1,7 +1,10 @@
 """The map-style reader of the ``tar`` format, :class:`TarIndexedDataset`, and what both tar
-readers share: opening a dataset (manifest and checked shard index) and turning member bytes
-into pixels. Members are read at the byte offsets recorded in ``index.json``: no tar stream is
-parsed at read time, and member names are never used.
+readers share: opening a dataset (manifest and checked shard index), turning member bytes into
+pixels, and building samples with fields from members already read (:class:`BlockMembers`).
+Members are read at the byte offsets recorded in ``index.json``: no tar stream is parsed at
+read time, and member names are never used. One read of the map-style reader reads each
+contiguous byte run of the members it wants once (:mod:`fastdata.formats.tar.runs`): a sample's
+image and field members together, and adjacent samples together.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
+from fastdata.fields import MEMBER_KEY
 from fastdata.formats.npyfile import MAGIC, npy_header
-from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
+from fastdata.formats.tar.index import ShardIndex, load_index, open_shard
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
+from fastdata.formats.tar.runs import read_runs
 from fastdata.formats.stored import open_manifest
 from fastdata.reader.options import allocated
 from fastdata.reader.stored import StoredDataset
@@ -98,10 +103,42 @@ class TarIndexedDataset(StoredDataset):
         self.labels = self.index.labels
 
     def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        if f.meta.get(MEMBER_KEY) is True and self.index.keys is not None and f.name not in (self.index.fields or {}):
+            return [bytes(key) for key in self.index.keys[indices]]  # the members' own names: the index's keys
+        return field_values(self, f, indices, self._members(indices, [self._field_column(f)])[0])
+
+    def _field_column(self, f: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The (offsets, sizes) of field ``f``'s members, from the index."""
         if f.name not in (self.index.fields or {}):
             raise CorruptManifestError(f"{str(self.path / INDEX_NAME)!r} has no members of field {f.name!r}, which "
                                        "the manifest lists. Convert the source again.")
-        return field_values(self, f, indices)
+        return self.index.fields[f.name]
+
+    def _members(self, indices: np.ndarray, columns: list[tuple[np.ndarray, np.ndarray]]) -> list[list[Any]]:
+        """Each column's member bytes of ``indices`` (a column: every sample's member offsets and
+        sizes), every contiguous byte run among them read once (:func:`fastdata.formats.tar.runs.read_runs`)."""
+        count = len(indices)
+        if not count or not columns:
+            return [[] for _ in columns]
+        index = self.index
+        if len(columns) == 1:  # (image, label) datasets: the images alone
+            shards, offsets, sizes = index.shard_of[indices], columns[0][0][indices], columns[0][1][indices]
+        else:
+            shards = np.tile(index.shard_of[indices], len(columns))
+            offsets = np.concatenate([column[0][indices] for column in columns])
+            sizes = np.concatenate([column[1][indices] for column in columns])
+        members = read_runs(shards, offsets, sizes, self._shard, lambda shard: _shard_path(self.path, index, shard))
+        return [members[start:start + count] for start in range(0, len(members), count)]
+
+    def _reading(self, indices: np.ndarray, names: set[str]) -> "BlockMembers":
+        """One read of ``indices``' fields ``names``: the image and field members read together,
+        each contiguous byte run once, and handed out from memory (:class:`BlockMembers`)."""
+        image = self.schema.image.name in names
+        wanted = [f for f in self.schema.extras if f.name in names and f.name in (self.index.fields or {})]
+        columns = [(self.index.image_offset, self.index.image_size)] if image else []
+        members = self._members(indices, columns + [self.index.fields[f.name] for f in wanted])
+        images = members.pop(0) if image else None
+        return BlockMembers(self, images, {f.name: found for f, found in zip(wanted, members)}, self.epoch_of(indices))
 
     def _open(self) -> "OpenShards":
         return OpenShards(self.files.url is not None)  # opened on first use in this process
@@ -120,36 +157,17 @@ class TarIndexedDataset(StoredDataset):
 
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:
-        index = self.index
-        samples = indices.tolist()
-        shards = index.shard_of[indices] if len(indices) else np.empty(0, np.int64)
-        blobs: list[Any] = [None] * len(samples)
-        for shard in dict.fromkeys(shards.tolist()):  # each shard once per read, in first-use order
-            with self._shard(shard) as descriptor:
-                for row in np.flatnonzero(shards == shard).tolist():
-                    sample = samples[row]
-                    blobs[row] = read_exact(descriptor, int(index.image_size[sample]), int(index.image_offset[sample]),
-                                            _shard_path(self.path, index, shard))  # built only if the read fails
-        return member_pixels(self.path, self.manifest, index, blobs, indices, allocate, pil=pil, decoder=self.decoder,
+        blobs = self._members(indices, [(self.index.image_offset, self.index.image_size)])[0]
+        return member_pixels(self.path, self.manifest, self.index, blobs, indices, allocate, pil=pil, decoder=self.decoder,
                              epoch=self.epoch_of(indices), draws=draws)
 
 
-def field_values(dataset: Any, f: Any, indices: np.ndarray, members: list[bytes] | None = None) -> Any:
-    """One extra field's stored values of ``indices`` from its members (:mod:`fastdata.fields`):
-    the (B, *shape) rows of a fixed field, else each sample's stored bytes. ``members``: the
-    members' bytes already read (the streaming reader's block reads); else each is read here."""
+def field_values(dataset: Any, f: Any, indices: np.ndarray, members: list[bytes | memoryview]) -> Any:
+    """One extra field's stored values of ``indices`` from its members' bytes (:mod:`fastdata.fields`):
+    the (B, *shape) rows of a fixed field, else each sample's stored bytes."""
     index = dataset.index
-    offsets, sizes = index.fields[f.name]
-    values = []
-    for row, sample in enumerate(indices.tolist()):
-        shard = int(index.shard_of[sample])
-        if members is not None:
-            data = members[row]
-        else:
-            with dataset._shard(shard) as descriptor:
-                data = read_exact(descriptor, int(sizes[sample]), int(offsets[sample]),
-                                  _shard_path(dataset.path, index, shard))
-        values.append(f.from_member(data, f"{str(dataset.path / index.files[shard])!r} sample {sample}: "))
+    values = [f.from_member(data, f"{str(dataset.path / index.files[index.shard_of[sample]])!r} sample {sample}: ")
+              for data, sample in zip(members, indices.tolist())]
     if f.variable:
         return values
     dtype = np.dtype(f.dtype).newbyteorder("<")
@@ -239,3 +257,33 @@ class OpenShards:
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 
+
+
+class BlockMembers:
+    """A tar reader of a dataset with fields (what :class:`fastdata.records.Records` builds samples
+    from) whose image and field members were read already: by the map-style reader's byte runs
+    (:meth:`TarIndexedDataset._reading`) or the streaming reader's block reads. ``images`` and
+    each of ``fields``' lists are in the order of the indices the records ask for; a field not
+    in ``fields`` is read by the reader."""
+
+    def __init__(self, reader: TarIndexedDataset, images: list[Any] | None, fields: dict[str, list[Any]],
+                 epoch: int | None):
+        self.reader, self.images, self.fields, self.epoch = reader, images, fields, epoch
+
+    def __getattr__(self, name: str) -> Any:  # schema, options, path, labels, manifest: the reader's
+        return getattr(self.reader, name)
+
+    def _reading(self, indices: np.ndarray, names: set[str]) -> "BlockMembers":
+        return self  # read already
+
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
+              draws: list | None = None) -> Any:
+        reader = self.reader
+        return member_pixels(reader.path, reader.manifest, reader.index, self.images, indices, allocate, pil=pil,
+                             decoder=reader.decoder, epoch=self.epoch, draws=draws)
+
+    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
+        members = self.fields.get(f.name)
+        if members is None:
+            return self.reader._field_values(f, indices)  # read now (or: names the missing field's members)
+        return field_values(self.reader, f, indices, members)

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
-from fastdata.formats.tar.reader import TarIndexedDataset, field_values, load_dataset, member_pixels
+from fastdata.formats.tar.reader import BlockMembers, TarIndexedDataset, load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.samplers import resolve_distributed
 from fastdata.reader.options import ReaderOptions
@@ -244,27 +244,3 @@ class TarDataset(ReaderOutput, IterableDataset):
                 if lease is not None:
                     lease.release()
 
-
-class BlockMembers:
-    """The map-style reader of a dataset with fields (what :class:`fastdata.records.Records`
-    builds samples from), reading one chunk's images and field members from the bytes the
-    streaming reader's block reads already hold, not one read per member. ``images`` and each
-    of ``fields``' lists are in the order of the indices the records ask for."""
-
-    def __init__(self, reader: TarIndexedDataset, images: list[bytes], fields: dict[str, list[bytes]], epoch: int):
-        self.reader, self.images, self.fields, self.epoch = reader, images, fields, epoch
-
-    def __getattr__(self, name: str) -> Any:  # schema, options, path, labels, manifest: the reader's
-        return getattr(self.reader, name)
-
-    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
-              draws: list | None = None) -> Any:
-        reader = self.reader
-        return member_pixels(reader.path, reader.manifest, reader.index, self.images, indices, allocate, pil=pil,
-                             decoder=reader.decoder, epoch=self.epoch, draws=draws)
-
-    def _field_values(self, f: Any, indices: np.ndarray) -> Any:
-        members = self.fields.get(f.name)
-        if members is None:
-            return self.reader._field_values(f, indices)  # names the missing field's members
-        return field_values(self.reader, f, indices, members)

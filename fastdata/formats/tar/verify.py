@@ -12,6 +12,7 @@ from typing import Any
 from fastdata.errors import FastdataError, ManifestError
 from fastdata.fields import Schema
 from fastdata.formats.tar.index import FIELD_PREFIX, load_index
+from fastdata.fieldcodecs import member_key_problem
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import CHECKSUM_ALGORITHM
 
@@ -41,6 +42,10 @@ def verify_shards(path: Path, manifest: dict[str, Any], *, deep: bool = False) -
         if (entry.get("bytes"), entry.get(CHECKSUM_ALGORITHM)) != (shard["bytes"], shard.get(CHECKSUM_ALGORITHM)):
             problems.append(f"{origin}: size or checksum of {shard['file']!r} differs from the manifest's.")
         file = path / shard["file"]
+        unsafe = [(row, problem) for row, key in enumerate(shard.get("key") or ())
+                  if (problem := member_key_problem(key)) is not None]
+        problems += [f"{origin}: shard {number} sample {row} has member key {shard['key'][row]!r}: {problem}."
+                     for row, problem in unsafe[:_SHOWN_PER_SHARD]]
         if file.is_file() and file.stat().st_size == shard["bytes"]:
             expected = _expected_members(shard, int(starts[number]), document["key_width"], _suffixes(manifest))
             problems += _check_members(file, expected, deep=deep)[:_SHOWN_PER_SHARD]
@@ -62,8 +67,9 @@ def _expected_members(shard: dict[str, Any], first: int, key_width: int,
                       suffixes: dict[str, str] | None = None) -> dict[int, tuple[str, int, int | None]]:
     """Header offset -> (member name, data size, label for ``.cls`` members) the index implies."""
     expected: dict[int, tuple[str, int, int | None]] = {}
+    keys = shard.get("key")  # the samples' own keys name the members (load_index checked the column)
     for row in range(shard["count"]):
-        key = f"{first + row:0{key_width}d}"
+        key = keys[row] if keys is not None else f"{first + row:0{key_width}d}"
         expected[shard["image_offset"][row] - BLOCK] = (f"{key}.{shard['extension'][row]}", shard["image_size"][row], None)
         expected[shard["cls_offset"][row] - BLOCK] = (f"{key}.cls", shard["cls_size"][row], shard["label"][row])
         for name, suffix in (suffixes or {}).items():

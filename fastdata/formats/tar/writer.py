@@ -18,6 +18,9 @@ import numpy as np
 
 from fastdata.formats.base import Batch, FileSink, Plan, Writer
 from fastdata.formats.npyfile import npy_header
+from fastdata.errors import InvalidOptionError
+from fastdata.fieldcodecs import member_key_problem
+from fastdata.fields import MEMBER_KEY
 from fastdata.formats.tar.layout import (
     BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,
     padded,
@@ -49,7 +52,7 @@ class TarOptions:
 class _ShardFile:
     """One shard being written under a temporary name; :meth:`finish` renames it into place."""
 
-    def __init__(self, directory: Path, number: int, first: int, fields: tuple[str, ...] = ()):
+    def __init__(self, directory: Path, number: int, first: int, fields: tuple[str, ...] = (), keyed: bool = False):
         self.name = SHARD_PATTERN.format(number)
         self.final = directory / self.name
         self.temporary = directory / (self.name + ".partial")
@@ -58,7 +61,7 @@ class _ShardFile:
         self.first = first
         self.position = 0
         self.columns: dict[str, list] = {k: [] for k in ("label", "extension", "image_offset", "image_size", "cls_offset", "cls_size",
-                                                         *field_columns(fields))}
+                                                         *field_columns(fields), *(("key",) if keyed else ()))}
 
     @property
     def count(self) -> int:
@@ -80,13 +83,15 @@ class _ShardFile:
     def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int,
             extras: list[tuple[str, bytes]] = ()) -> None:
         """One sample's members: the image, ``.cls``, then each extra field's member (``extras``:
-        (member suffix, bytes) in field order)."""
+        (member suffix, bytes) in field order); the index records ``key`` where the shard's
+        members are named by the samples' own keys (its ``key`` column)."""
         out: list[bytes | memoryview] = []
         image_offset, image_size = self._member(f"{key}.{extension}", parts, out)
         cls_offset, cls_size = self._member(f"{key}.cls", [str(label).encode("ascii")], out)
         values = [label, extension, image_offset, image_size, cls_offset, cls_size]
         for suffix, data in extras:
             values.extend(self._member(f"{key}.{suffix}", [data], out))
+        values.append(key)  # (kept only by a shard with a "key" column)
         self._write(b"".join(out))
         for name, value in zip(self.columns, values):
             self.columns[name].append(value)
@@ -109,8 +114,7 @@ class _ShardFile:
         return {"first": self.first, "position": self.position, "columns": self.columns}
 
     @classmethod
-    def reopen(cls, directory: Path, number: int, state: dict[str, Any], fields: tuple[str, ...] = (),
-               sink: FileSink | None = None) -> "_ShardFile":
+    def reopen(cls, directory: Path, number: int, state: dict[str, Any], sink: FileSink | None = None) -> "_ShardFile":
         """Continue a shard at a checkpoint: cut what came after it, re-hash what came before
         (a shard finished after the checkpoint and given to the ``sink`` is brought back first)."""
         shard = cls.__new__(cls)
@@ -146,8 +150,12 @@ class TarWriter(Writer):
             path.mkdir(parents=True)
         self.key_width = max(9, len(str(max(plan.count - 1, 0))))
         self.npy_header = npy_header(plan.shape) if plan.store == "raw" else b""
-        self.extras = plan.extras
+        # a text field of keys the source vouches for (unique, safe as member names): members are
+        # named by it, and it is no member of its own (stock webdataset gives it as "__key__")
+        self.key_field = next((f for f in plan.extras if f.kind == "text" and f.meta.get(MEMBER_KEY) is True), None)
+        self.extras = [f for f in plan.extras if f is not self.key_field]
         self.field_names = tuple(f.name for f in self.extras)
+        self.longest_suffix = max([len(f.member_suffix()) for f in self.extras] + [len("tiff")])
         self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
@@ -158,7 +166,7 @@ class TarWriter(Writer):
                 done.set_result(json.loads((path / (SHARD_PATTERN.format(number) + RECORD_SUFFIX)).read_text()))
                 self.finished.append(done)
             if state["current"] is not None:
-                self.shard = _ShardFile.reopen(path, state["shards"], state["current"], self.field_names, sink)
+                self.shard = _ShardFile.reopen(path, state["shards"], state["current"], sink)
 
     @classmethod
     def resume(cls, path: Path, plan: Plan, options: TarOptions | None, state: dict[str, Any], *,
@@ -184,7 +192,8 @@ class TarWriter(Writer):
             self._finish(shard)
             shard = None
         if shard is None:
-            shard = self.shard = _ShardFile(self.path, len(self.finished), self.written, self.field_names)
+            shard = self.shard = _ShardFile(self.path, len(self.finished), self.written, self.field_names,
+                                            self.key_field is not None)
         return shard
 
     def write(self, batch: Batch) -> None:
@@ -198,8 +207,7 @@ class TarWriter(Writer):
             size = sum(len(part) for part in parts)
             extras = [(f.member_suffix(), f.member(batch.fields[f.name][row])) for f in self.extras]
             size += sum(BLOCK + padded(len(data)) for _, data in extras)
-            key = f"{self.written:0{self.key_width}d}"
-            self._shard_for(size).add(key, extension, parts, int(batch.labels[row]), extras)
+            self._shard_for(size).add(self._key(batch, row), extension, parts, int(batch.labels[row]), extras)
             self.written += 1
 
     def _finish(self, shard: _ShardFile) -> None:
@@ -214,6 +222,19 @@ class TarWriter(Writer):
         if self.sink is not None:
             self.sink.closed(shard.final)
         return record
+
+    def _key(self, batch: Batch, row: int) -> str:
+        """The member key of ``batch``'s sample ``row``: the sample's number, zero-padded, or
+        the key field's value (checked once more: a name no tar tool or webdataset would change)."""
+        if self.key_field is None:
+            return f"{self.written:0{self.key_width}d}"
+        key = bytes(batch.fields[self.key_field.name][row]).decode("utf-8")
+        problem = member_key_problem(key, self.longest_suffix)
+        if problem is not None:
+            raise InvalidOptionError(
+                f"{batch.keys[row]}: field {self.key_field.name!r} is {key!r}, which cannot name tar members "
+                f"({problem}), though the schema's meta says {MEMBER_KEY!r}. Convert from the original source.")
+        return key
 
     def close(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if self.shard is not None:
