@@ -94,6 +94,9 @@ class ReaderOptions:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidOptionError(f"Invalid seed {self.seed!r}. Use an integer.")
         object.__setattr__(self, "fused", self._split())
+        # what runs on each decoded image: ``transform``, or the rest of it after a fused crop (an
+        # attribute, not a property: it is read for every sample)
+        object.__setattr__(self, "decoded_transform", self.fused[1] if self.fused is not None else self.transform)
 
     def _split(self) -> tuple[FusedPlan, Callable | None] | None:
         """``(plan, rest)`` of a fusable ``transform`` (see the class docstring), else None."""
@@ -113,11 +116,6 @@ class ReaderOptions:
             cached = self.replace(fuse=False)
             object.__setattr__(self, "_unfused", cached)
         return cached
-
-    @property
-    def decoded_transform(self) -> Callable | None:
-        """What runs on each decoded image: ``transform``, or the rest of it after a fused crop."""
-        return self.fused[1] if self.fused is not None else self.transform
 
     @classmethod
     def build(cls, reader: str, values: dict[str, Any]) -> "ReaderOptions":

@@ -10,6 +10,7 @@ image and field members together, and adjacent samples together.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from torch.utils.data import get_worker_info
 from fastdata.errors import CorruptDataError, CorruptManifestError
 from fastdata.fields import MEMBER_KEY
 from fastdata.formats.npyfile import MAGIC, npy_header
-from fastdata.formats.tar.index import ShardIndex, load_index, open_shard
+from fastdata.formats.tar.index import ShardIndex, load_index, open_shard, read_exact
 from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
 from fastdata.formats.tar.runs import read_runs
 from fastdata.formats.stored import open_manifest
@@ -72,7 +73,7 @@ def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs
         return decoder.decode_all(blobs, where, path, pil=pil, allocate=allocate, indices=samples.tolist(),
                                   epoch=epoch, draws=draws)
     shape = tuple(manifest["image"]["shape"])
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     out = allocated(allocate, (len(blobs), *shape))
     for row, blob in enumerate(blobs):
         if len(blob) < size or blob[:6] != MAGIC[:6]:
@@ -121,6 +122,12 @@ class TarIndexedDataset(StoredDataset):
         if not count or not columns:
             return [[] for _ in columns]
         index = self.index
+        if count == 1 and len(columns) == 1:  # ds[i] of an (image, label) dataset: one member, nothing to plan
+            sample = int(indices[0])
+            shard = int(index.shard_of[sample])
+            with self._shard(shard) as descriptor:
+                return [[read_exact(descriptor, int(columns[0][1][sample]), int(columns[0][0][sample]),
+                                    _shard_path(self.path, index, shard))]]
         if len(columns) == 1:  # (image, label) datasets: the images alone
             shards, offsets, sizes = index.shard_of[indices], columns[0][0][indices], columns[0][1][indices]
         else:
@@ -204,17 +211,15 @@ class OpenShards:
         return (files.cache.limit - files.held_bytes()) / (info.num_workers if info else 1)
 
     def use(self, dataset: TarIndexedDataset, shard: int) -> Any:
-        @contextlib.contextmanager
-        def held() -> Any:
-            entry = self._acquire(dataset, shard)
-            try:
-                yield entry[0]
-            finally:
-                with self.lock:
-                    entry[3] -= 1
-        return held()
+        """``with open_shards.use(dataset, shard) as descriptor``: the shard open while used."""
+        if not self.remote:  # local shards stay open: no lease, no count of users
+            entry = self.open.get(shard)
+            return contextlib.nullcontext((entry or self._acquire(dataset, shard, count=False))[0])
+        return _Held(self, self._acquire(dataset, shard))
 
-    def _acquire(self, dataset: TarIndexedDataset, shard: int) -> list[Any]:
+    def _acquire(self, dataset: TarIndexedDataset, shard: int, *, count: bool = True) -> list[Any]:
+        """The shard's entry, opened (a URL's shard leased in the cache, the least recently used
+        idle ones closed past this process's share of ``cache_limit``); counted in use with ``count``."""
         with self.lock:
             entry = self.open.get(shard)
             if entry is None:
@@ -234,8 +239,9 @@ class OpenShards:
                         lease.release()
                     raise
                 entry = self.open[shard] = [descriptor, lease, size, 0]
-            self.open.move_to_end(shard)
-            entry[3] += 1
+            if count:  # a URL's shard: in use (not closed) until released
+                self.open.move_to_end(shard)
+                entry[3] += 1
             return entry
 
     def _close(self, shard: int) -> int:
@@ -257,6 +263,22 @@ class OpenShards:
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 
+
+
+class _Held:
+    """A URL's shard in use (its user count held) for the ``with`` block: its descriptor."""
+
+    __slots__ = ("shards", "entry")
+
+    def __init__(self, shards: OpenShards, entry: list[Any]):
+        self.shards, self.entry = shards, entry
+
+    def __enter__(self) -> int:
+        return self.entry[0]
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.shards.lock:
+            self.entry[3] -= 1
 
 
 class BlockMembers:

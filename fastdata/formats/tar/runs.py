@@ -64,10 +64,6 @@ def read_runs(shards: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
     (a run of one member: its bytes; else views of the run's bytes). ``opened(shard)`` is a
     context manager giving the shard's open descriptor (entered once per shard in a row),
     ``file(shard)`` a callable naming the shard in the error of a short read."""
-    if len(offsets) == 1:  # one member (one sample's image): nothing to plan
-        shard = int(shards[0])
-        with opened(shard) as descriptor:
-            return [read_exact(descriptor, int(sizes[0]), int(offsets[0]), file(shard))]
     out: list[bytes | memoryview] = [b""] * len(offsets)
     current = descriptor = name = None
     with contextlib.ExitStack() as held:
