@@ -59,6 +59,39 @@ def test_the_shard_being_read_and_the_next_ones_are_downloaded_at_the_same_time(
     assert not together.broken
 
 
+def test_a_warm_epoch_sends_no_request_and_starts_no_download_thread(
+        uniform_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=2)  # 6 shards
+    requests: list[str] = []
+
+    class Logged(RangeHandler):
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            super().do_GET()
+
+    handler = lambda *args, **kwargs: Logged(*args, directory=str(local.parent), **kwargs)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
+        remote = TarDataset(url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=2)
+        expected = labels(TarDataset(local, shuffle=False))
+        assert labels(remote) == expected  # cold: every shard downloaded
+        assert len([r for r in requests if "/shard-" in r]) == 6
+        requests.clear()
+        started: list[str] = []
+        start = threading.Thread.start
+        monkeypatch.setattr(threading.Thread, "start", lambda thread: (started.append(thread.name), start(thread))[1])
+        hits = remote.files.cache.stats.hits
+        assert labels(remote) == expected  # warm: every shard leased from the cache where the reader is
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert requests == []
+    assert started == []
+    assert remote.files.cache.stats.hits == hits + 6
+
+
 def test_a_shard_bigger_than_a_part_is_fetched_as_concurrent_ranges_written_in_order(
         s3: S3, uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
     from fastdata.remote import fetch

@@ -94,7 +94,14 @@ class RemoteFiles:
         """This process's prefetch state, new (after a fork the parent's threads and lock are
         not this process's; the inherited leases stay held by the parent)."""
         self._owner = os.getpid()
-        self._prefetcher = Prefetcher(lambda name: self._fetch(name, optional=True), 1 + self.options.prefetch)
+        self._prefetcher = Prefetcher(lambda name: self._fetch(name, optional=True), 1 + self.options.prefetch,
+                                      cached=self._cached)
+
+    def _cached(self, name: str) -> Lease | None:
+        lease = self.cache.lease(self.key, name)
+        if lease is not None:
+            self.cache.stats.hits += 1
+        return lease
 
     def _check_process(self) -> None:
         if self._owner != os.getpid():

@@ -74,10 +74,12 @@ class Downloads:
 class Prefetcher:
     """Fetches the files a reader reads next in background threads, all of its window at once:
     ``fetch(name)`` returns a lease on the cached file, or None when the cache has no room for it
-    now (the reader then fetches it itself, :meth:`make_room` first)."""
+    now (the reader then fetches it itself, :meth:`make_room` first). A file ``cached(name)``
+    finds in the cache already is leased at once, without a thread (a warm epoch starts none)."""
 
-    def __init__(self, fetch: Callable[[str], Any], window: int):
+    def __init__(self, fetch: Callable[[str], Any], window: int, cached: Callable[[str], Any] = lambda name: None):
         self.fetch, self.size = fetch, window
+        self.cached = cached  # a lease on a file already in the cache, or None: no thread for a warm read
         self.ahead: dict[str, Any] = {}  # name -> its lease, fetched and waiting for the reader
         self.window: list[str] = []  # the names wanted now, in the order they will be read
         self.inflight: set[str] = set()
@@ -98,6 +100,10 @@ class Prefetcher:
         """Start fetching every wanted file not there yet, in the order they are read (under the lock)."""
         for name in self.window:
             if name not in self.ahead and name not in self.inflight:
+                lease = self.cached(name)  # a lock and a stat: cheaper than a thread
+                if lease is not None:
+                    self.ahead[name] = lease
+                    continue
                 self.inflight.add(name)
                 threading.Thread(target=self._fetch_one, args=(name,), daemon=True, name="fastdata-prefetch").start()
 

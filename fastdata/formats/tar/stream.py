@@ -208,9 +208,10 @@ class TarDataset(ReaderOutput, IterableDataset):
         names = self._block_fields() if self.fields_reader is not None else None
         columns = [index.fields[name] for name in names] if names is not None else []
         files = [index.files[shard] for shard, _, _ in pieces]
+        ahead = 1 + 2 * (self.options.prefetch + 1)  # enough pieces for the prefetch window (a shard may be split in pieces)
         for position, (shard, start, stop) in enumerate(pieces):
             first = int(starts[shard])
-            self.files.prefetch(list(dict.fromkeys(files[position:])))  # this shard and the next ones, at once
+            self.files.prefetch(list(dict.fromkeys(files[position : position + ahead])))  # this shard and the next ones
             lease = self.files.lease(files[position])  # a URL's shard, in the cache and kept there while read
             try:
                 descriptor = open_shard(self.path, index, shard)
