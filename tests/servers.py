@@ -4,6 +4,7 @@ HTTP server answering range requests. Nothing here mocks fsspec or s3fs: bytes t
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import io
 import logging
@@ -100,6 +101,19 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
         return io.BytesIO(body)
+
+
+@contextlib.contextmanager
+def serving(handler: type[RangeHandler], directory: Path):
+    """``directory`` served by ``handler`` (a :class:`RangeHandler`) on 127.0.0.1: its base URL."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *args, **kwargs: handler(*args, directory=str(directory), **kwargs))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class Unavailable:

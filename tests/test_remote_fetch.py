@@ -5,7 +5,6 @@ together, and parts by the server's request log."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import re
@@ -19,7 +18,7 @@ from conftest import convert_to
 from fastdata.formats.tar import TarDataset
 
 pytest.importorskip("aiohttp")
-from servers import BUCKET, S3, RangeHandler, upload  # noqa: E402 - after the skip
+from servers import BUCKET, S3, RangeHandler, serving, upload  # noqa: E402 - after the skip
 
 
 def labels(dataset) -> list[int]:
@@ -45,16 +44,9 @@ def test_the_shard_being_read_and_the_next_ones_are_downloaded_at_the_same_time(
                 together.wait()  # the first 1 + prefetch shard downloads must be in flight together
             super().do_GET()
 
-    handler = lambda *args, **kwargs: Gate(*args, directory=str(local.parent), **kwargs)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
-        remote = TarDataset(url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=prefetch)
+    with serving(Gate, local.parent) as base:
+        remote = TarDataset(f"{base}/{local.name}", cache_dir=tmp_path / "cache", shuffle=False, prefetch=prefetch)
         assert labels(remote) == labels(TarDataset(local, shuffle=False))
-    finally:
-        server.shutdown()
-        server.server_close()
     assert sorted(arrived) == [f"shard-{n:06d}.tar" for n in range(1 + prefetch)]
     assert not together.broken
 
@@ -69,12 +61,8 @@ def test_a_warm_epoch_sends_no_request_and_starts_no_download_thread(
             requests.append(self.path)
             super().do_GET()
 
-    handler = lambda *args, **kwargs: Logged(*args, directory=str(local.parent), **kwargs)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
-        remote = TarDataset(url, cache_dir=tmp_path / "cache", shuffle=False, prefetch=2)
+    with serving(Logged, local.parent) as base:
+        remote = TarDataset(f"{base}/{local.name}", cache_dir=tmp_path / "cache", shuffle=False, prefetch=2)
         expected = labels(TarDataset(local, shuffle=False))
         assert labels(remote) == expected  # cold: every shard downloaded
         assert len([r for r in requests if "/shard-" in r]) == 6
@@ -84,9 +72,6 @@ def test_a_warm_epoch_sends_no_request_and_starts_no_download_thread(
         monkeypatch.setattr(threading.Thread, "start", lambda thread: (started.append(thread.name), start(thread))[1])
         hits = remote.files.cache.stats.hits
         assert labels(remote) == expected  # warm: every shard leased from the cache where the reader is
-    finally:
-        server.shutdown()
-        server.server_close()
     assert requests == []
     assert started == []
     assert remote.files.cache.stats.hits == hits + 6
