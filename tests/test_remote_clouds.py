@@ -422,3 +422,44 @@ def test_the_readme_test_command_installs_azurite_where_these_tests_look_and_ci_
     assert len(commands) == 2 and commands[0] == commands[1]
     assert f"&& {AZURITE_INSTALL} &&" in commands[0]
     assert f"\n{commands[0]}\n" in (ROOT / ".ci" / "run").read_text()
+
+
+# --- locks ------------------------------------------------------------------------------------
+
+
+def test_an_azure_bucket_lock_has_one_holder_at_a_time(azure_server: Cloud, monkeypatch, tmp_path: Path) -> None:
+    from fastdata.remote import RemoteOptions
+    from fastdata.remote.locks import BucketLock
+
+    cloud = reach(azure_server, monkeypatch, tmp_path)
+    url = cloud.url("locked/out.tar")
+    first = BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
+    second = BucketLock(f"{url}.partial.lock", "convert", url, RemoteOptions())
+    assert first.try_acquire() is None  # the exclusive create was granted
+    try:
+        holder = second.try_acquire()  # Azurite refuses the second create (overwrite=False: If-None-Match: *)
+        assert holder is not None and holder["operation"] == "merge" and holder["token"] == first.token
+        assert holder["pid"] == os.getpid() and not second.held
+        first.check()  # still its own
+    finally:
+        first.release()
+    assert not cloud.fs().exists(f"{BUCKET}/locked/out.tar.partial.lock")
+    assert second.try_acquire() is None and second.held
+    second.release()
+
+
+def test_a_gcs_bucket_lock_is_created_only_if_absent(gcs_server: Cloud, monkeypatch, tmp_path: Path) -> None:
+    """The emulator ignores GCS's preconditions (it stores both creates), so what is checked is
+    that the lock is written with ``ifGenerationMatch=0``, which GCS itself enforces."""
+    from fastdata.remote import RemoteOptions
+    from fastdata.remote.locks import BucketLock
+
+    cloud = reach(gcs_server, monkeypatch, tmp_path)
+    url = cloud.url("locked/out.tar")
+    start = len(cloud.requests)
+    lock = BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
+    assert lock.try_acquire() is None and lock.held
+    lock.release()
+    uploads = [line for line in cloud.requests[start:] if "POST /upload/" in line]
+    assert len(uploads) == 1 and "ifGenerationMatch=0" in uploads[0], uploads
+    assert not cloud.fs().exists(f"{BUCKET}/locked/out.tar.partial.lock")
