@@ -99,6 +99,24 @@ def all_samples(dataset) -> tuple[list[np.ndarray], list[int]]:
     return images, labels
 
 
+def output_contents(path: Path) -> dict[str, bytes]:
+    """A converted dataset's bytes, file by file (an HDF5 file: dataset by dataset), the manifest
+    without its creation time and the seal that covers it: what two conversions of one source share."""
+    if path.is_file():
+        import h5py
+
+        with h5py.File(path, "r") as file:
+            files = {name: file[name][()].tobytes() for name in file if name != "fastdata_manifest"}
+            manifest = json.loads(file["fastdata_manifest"][()].tobytes())
+    else:
+        files = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+        manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("created")
+    manifest.pop("manifest_blake2b")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     """MNIST's idx format: magic (0, 0, dtype code 0x08=ubyte, ndim), big-endian dims, data."""
     path.parent.mkdir(parents=True, exist_ok=True)

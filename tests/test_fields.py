@@ -478,7 +478,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
     import os
 
     from conftest import kill_after_checkpoint
-    from test_resume import contents
+    from conftest import output_contents
 
     (tmp_path / "many.py").write_text(MANY)
     env = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
@@ -498,7 +498,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
     kill_after_checkpoint(process, journal)
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
     finish(convert(tmp_path / "out", "--resume"))
-    assert contents(tmp_path / "out") == contents(tmp_path / "reference")
+    assert output_contents(tmp_path / "out") == output_contents(tmp_path / "reference")
 
 
 @pytest.mark.parametrize("store", ["raw", "encoded"])

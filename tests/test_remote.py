@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from conftest import all_samples, convert_to
+from conftest import all_samples, convert_to, output_contents
 from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
 from fastdata.remote import Cache, Retry
@@ -451,7 +451,7 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
 def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_bytes(
         s3: S3, tmp_path: Path, capsys, monkeypatch) -> None:
     from fastdata.cli import main
-    from test_parts import make_folder, tree
+    from test_parts import make_folder
 
     source = make_folder(tmp_path / "src", 30)
     options = dict(format="tar", store="encoded", shard_samples=8, skip_bad=True)
@@ -479,7 +479,7 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "merger"))
     assert main(["merge", url, "--quiet"]) == 0
     assert capsys.readouterr().out == f"merged into {url}: 30 samples (67.3 kB); skipped 1 (listed in the manifest)\n"
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)  # the objects are the local engine's files
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)  # the objects are the local engine's files
     assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar.partial.units")
     assert not s3.fs().exists(f"{BUCKET}/parts/ds.tar/.fastdata-upload")
     for cache in ["merger", "machine-1", "machine-2", "machine-3"]:  # no staged unit or record kept in a cache
@@ -497,7 +497,6 @@ def test_a_part_killed_after_its_first_unit_resumes_from_the_bucket_without_conv
         s3: S3, tmp_path: Path) -> None:
     import signal
 
-    from test_parts import tree
 
     url = f"s3://{BUCKET}/killed/ds.tar"
     units = f"{BUCKET}/killed/ds.tar.partial.units"
@@ -536,12 +535,12 @@ def test_a_part_killed_after_its_first_unit_resumes_from_the_bucket_without_conv
     local = tmp_path / "local.tar"
     finish = convert(str(local), "machine-3")
     assert finish.communicate(timeout=300) and finish.returncode == 0
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
 
 
 def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, monkeypatch) -> None:
     ray = pytest.importorskip("ray")
-    from test_parts import make_folder, tree
+    from test_parts import make_folder
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     source = make_folder(tmp_path / "src", 20)
@@ -555,13 +554,13 @@ def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, mon
     finally:
         ray.shutdown()
     assert manifest["count"] == 20 and [s["key"] for s in manifest["skipped"]] == ["a/007-bad.png"]
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no staging copy or unit kept
 
 
 def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_is_left(
         s3: S3, tmp_path: Path, monkeypatch) -> None:
-    from test_parts import h5_contents, make_folder
+    from test_parts import make_folder
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     source = make_folder(tmp_path / "src", 20)
@@ -574,7 +573,7 @@ def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_
     assert s3.fs().find(f"{BUCKET}/h5parts") == [f"{BUCKET}/h5parts/ds.h5", f"{BUCKET}/h5parts/plain.h5"]
     for name in ("ds.h5", "plain.h5"):  # the upload marker of a one-object dataset is removed too
         s3.fs().get_file(f"{BUCKET}/h5parts/{name}", str(tmp_path / f"got-{name}"))
-        assert h5_contents(tmp_path / f"got-{name}") == h5_contents(tmp_path / "local.h5")
+        assert output_contents(tmp_path / f"got-{name}") == output_contents(tmp_path / "local.h5")
 
 
 def _usage_in_child(directory: str) -> None:

@@ -17,12 +17,12 @@ import pytest
 
 import fastdata
 from fastdata.errors import OutputLockedError
+from conftest import output_contents
 from fastdata.remote import RemoteOptions
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 from servers import BUCKET, S3, downloaded, kill, stuck_after_upload  # noqa: E402 - after the skips
-from test_parts import tree  # noqa: E402
 
 HOST = socket.gethostname()
 OPTIONS = dict(format="tar", store="raw", shard_samples=3, unit_samples=4, workers=0)
@@ -70,7 +70,7 @@ def test_a_second_merge_and_a_part_rerun_are_refused_while_a_merge_runs_and_a_ki
     assert not s3.fs().exists(f"{BUCKET}/locked/ds.tar.partial.lock")  # released after the merge
     local = tmp_path / "local.tar"
     fastdata.convert(uniform_folder, local, **{k: v for k, v in OPTIONS.items() if k != "unit_samples"})
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
 
 
 def test_one_part_runs_once_at_a_time_and_a_merge_waits_for_the_parts(s3: S3, uniform_folder: Path,

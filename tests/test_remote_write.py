@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 import fastdata
-from conftest import convert_to
+from conftest import convert_to, output_contents
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 from servers import BUCKET, S3, downloaded, kill, stuck_after_upload  # noqa: E402 - after the skips
-from test_parts import tree  # noqa: E402
 
 
 class StagingSnapshots(logging.Handler):
@@ -60,7 +59,7 @@ def test_a_tar_conversion_to_a_url_holds_at_most_the_shard_being_written_and_the
         assert len([file for file in files if file.endswith(".tar.partial")]) <= 1  # the shard being written
         shards = sum(size for file, size in files.items() if ".tar" in file and not file.endswith(".json"))
         assert shards <= 2 * shard, (event, name, files)
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
     assert not staging.parent.exists() or not [p for p in staging.parent.rglob("*") if p.is_file()]
 
 
@@ -97,7 +96,7 @@ def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_bac
     # brought back, finished and sent again; shard 3 is new (shard 0's PUT is the test's own)
     assert shards == [("GET", "shard-000002.tar"), ("PUT", "shard-000002.tar"), ("PUT", "shard-000003.tar"),
                       ("PUT", "shard-000000.tar")]
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
 
 
 def test_ctrl_c_keeps_a_url_conversion_for_resume(s3: S3, uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
@@ -123,4 +122,4 @@ def test_ctrl_c_keeps_a_url_conversion_for_resume(s3: S3, uniform_folder: Path, 
     assert fastdata.convert(uniform_folder, url, resume=True, **options)["count"] == 12
     local = tmp_path / "local.tar"
     fastdata.convert(uniform_folder, local, format="tar", store="raw", shard_samples=3, workers=0)
-    assert tree(downloaded(s3, url, tmp_path / "got")) == tree(local)
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_after_checkpoint
+from conftest import kill_after_checkpoint, output_contents
 from fastdata.formats import all_formats
 
 SOURCE = ["torchvision:FakeData", "--source-option", "size=8000", "--source-option", "image_size=(3, 8, 8)"]
@@ -30,15 +30,6 @@ def finish(process: subprocess.Popen) -> int:
     stdout, stderr = process.communicate(timeout=300)  # also closes the pipes
     assert process.returncode == 0, stderr
     return process.returncode
-
-
-def contents(path: Path) -> dict[str, bytes]:
-    files = {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
-    manifest = json.loads(files.pop("manifest.json"))
-    manifest.pop("created")
-    manifest.pop("manifest_blake2b")  # seals the manifest, "created" included
-    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
-    return files
 
 
 # every resumable format and store, stopped by SIGKILL (a crash) or SIGTERM (a scheduler's
@@ -60,7 +51,7 @@ def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", *lock, "reference"]
     finish(convert(out, fmt, store, "--resume"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
-    assert contents(out) == contents(reference)
+    assert output_contents(out) == output_contents(reference)
 
 
 def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp_path: Path) -> None:
@@ -107,6 +98,6 @@ def test_tar_shards_named_by_webdataset_keys_resume_to_the_same_bytes(tmp_path: 
     checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
     assert 1000 < checkpoint < 8000
     finish(run(out, "--resume"))
-    assert contents(out) == contents(reference)
+    assert output_contents(out) == output_contents(reference)
     index = json.loads((out / "index.json").read_text())
     assert index["shards"][1]["key"][:2] == ["s0/k01500", "s0/k01501"]
