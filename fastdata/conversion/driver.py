@@ -120,9 +120,7 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
         if decided.part is not None:
             return _part_to_url(source, url, staging, decided, progress, remote)
         if not decided.resume:  # an earlier staging copy (ours), started again without --resume
-            for stale in (staging, partial_path(staging)):
-                if stale.exists() or stale.is_symlink():
-                    remove_path(stale)
+            _remove_staging_copy(staging)
         local = dataclasses.replace(decided, overwrite=False)
         ray = import_ray() if decided.engine == "ray" else None  # says how to install it before anything is uploaded
         begin_upload(url, replace=replace, options=remote)
@@ -202,9 +200,7 @@ def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: An
         replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
                                     resume=True, options=remote)  # resume: an interrupted merge's upload
         download_units(url, local_units, remote)
-        for stale in (staging, partial_path(staging)):
-            if stale.exists() or stale.is_symlink():
-                remove_path(stale)
+        _remove_staging_copy(staging)
         begin_upload(url, replace=replace, options=remote)
         sink = ShardSink(url, remote)
         manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode, sink=sink))
@@ -213,6 +209,12 @@ def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: An
         remove_units(url, remote)
         remove_path(staging)
         return manifest
+
+
+def _remove_staging_copy(staging: Path) -> None:
+    """Remove an earlier local staging copy of a conversion to a URL (ours), finished or partial."""
+    for stale in (staging, partial_path(staging)):
+        remove_path(stale)  # nothing there: nothing to do
 
 
 def restarting(attempt: Callable[[str | None], T]) -> T:

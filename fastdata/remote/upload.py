@@ -146,9 +146,10 @@ def finish_upload(local: Path, url: str, *, replace: list[str], options: RemoteO
     here = [name for name in sorted(listed) if (local / name).is_file()]
     total = 0
     for name in here:
+        size = (local / name).stat().st_size
         call(fs.put_file, str(local / name), f"{path}/{name}")
-        total += (local / name).stat().st_size
-        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), (local / name).stat().st_size)
+        total += size
+        logger.info("uploaded %s (%d bytes)", scrub(f"{url}/{name}"), size)
     _check_streamed(fs, path, url, {name: entry for name, entry in listed.items() if name not in here}, options)
     for stale in sorted(set(replace) - set(listed) - {MANIFEST_NAME, MARKER}):
         call(fs.rm_file, f"{path}/{stale}")  # a file of the old dataset the new one does not have

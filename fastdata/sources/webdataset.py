@@ -184,7 +184,7 @@ class WebDatasetSource(Source):
         names more than one sample."""
         longest = max([len(suffix) + len(".json") for suffix in self.field_suffixes] + [len("tiff")])
         seen: dict[str, int] = {}
-        unsafe = None
+        unsafe: tuple[str, str] | None = None  # the first key that cannot name members, and why
         for index in range(len(self.keys)):
             key = self.source_key(index)
             if key in seen:
@@ -194,12 +194,11 @@ class WebDatasetSource(Source):
                     "output names its members by number."), stacklevel=2)
                 return {}
             seen[key] = index
-            if unsafe is None and member_key_problem(key, longest) is not None:
-                unsafe = index
+            if unsafe is None and (problem := member_key_problem(key, longest)) is not None:
+                unsafe = key, problem
         if unsafe is not None:
             logger.info("%s: key %r cannot name tar members (%s); a tar output names its members by number and keeps "
-                        "each key in a %s member", self.spec, self.source_key(unsafe),
-                        member_key_problem(self.source_key(unsafe), longest), KEY_FIELD)
+                        "each key in a %s member", self.spec, *unsafe, KEY_FIELD)
             return {}
         return {KEY_FIELD: {MEMBER_KEY: True}}
 
