@@ -117,6 +117,13 @@ def output_contents(path: Path) -> dict[str, bytes]:
     return files
 
 
+def same_samples(remote, local, count: int) -> None:
+    """``remote`` and ``local`` give the same ``count`` samples: pixels and labels equal."""
+    got, want = all_samples(remote), all_samples(local)
+    assert got[1] == want[1] and len(got[0]) == len(want[0]) == count
+    assert all(np.array_equal(a, b) for a, b in zip(got[0], want[0]))
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     """MNIST's idx format: magic (0, 0, dtype code 0x08=ubyte, ndim), big-endian dims, data."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,19 +146,29 @@ def mnist_root(tmp_path: Path) -> Path:
     return make_mnist(tmp_path)
 
 
+def wait_until(condition, what: str, *, process: subprocess.Popen | None = None, timeout_s: float = 120,
+               poll_s: float = 0.02) -> None:
+    """Until ``condition()`` is true: a wait for another process or thread, not a timing check.
+    Fails when ``process`` (if given) ends first, with its output, or when ``what`` has not
+    happened after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, f"the process ended before {what}: {process.communicate()}"
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout_s:g} s"
+        time.sleep(poll_s)
+
+
 def wait_for_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 0) -> None:
     """Until the conversion ``process``'s journal ``journal`` records a checkpoint past sample
     ``past``. Fails if the conversion ends first, or writes none in 120 s."""
-    deadline = time.monotonic() + 120
-    while True:
+    def written() -> bool:
         try:
-            if json.loads(journal.read_text())["next_index"] > past:
-                return
+            return json.loads(journal.read_text())["next_index"] > past
         except (OSError, ValueError):  # not written yet
-            pass
-        assert process.poll() is None, f"the conversion ended before a checkpoint: {process.communicate()}"
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.02)
+            return False
+
+    wait_until(written, "a checkpoint", process=process)
 
 
 def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int = 1000,
@@ -199,17 +216,9 @@ def s3():
 @pytest.fixture
 def http_root(tmp_path: Path):
     """An HTTP server answering range requests for the files under ``(root, base URL)``."""
-    import http.server
-    import threading
-
-    from servers import RangeHandler
+    from servers import RangeHandler, serving
 
     root = tmp_path / "www"
     root.mkdir()
-    handler = lambda *args, **kwargs: RangeHandler(*args, directory=str(root), **kwargs)  # noqa: E731
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(RangeHandler, root) as base:
+        yield root, base

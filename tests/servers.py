@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from conftest import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "fastdata-test"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-value",
@@ -24,11 +26,12 @@ KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing
 
 
 class RequestLog(logging.Handler):
-    """The S3 server's request lines (werkzeug logs one per request)."""
+    """A server's request lines (werkzeug and gcp-storage-emulator log one per request), kept in
+    ``lines`` (a list of the caller's, or a new one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: list[str] | None = None) -> None:
         super().__init__()
-        self.lines: list[str] = []
+        self.lines: list[str] = [] if lines is None else lines
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
@@ -104,10 +107,12 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(handler: type[RangeHandler], directory: Path):
-    """``directory`` served by ``handler`` (a :class:`RangeHandler`) on 127.0.0.1: its base URL."""
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *args, **kwargs: handler(*args, directory=str(directory), **kwargs))
+def serving(handler: type[http.server.BaseHTTPRequestHandler], directory: Path | None = None):
+    """Requests to 127.0.0.1 answered by ``handler`` in a thread (with ``directory``, a
+    :class:`RangeHandler` serving it) while the block runs: the server's base URL."""
+    make = handler if directory is None else (
+        lambda *args, **kwargs: handler(*args, directory=str(directory), **kwargs))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -199,11 +204,7 @@ def stuck_after_upload(call: str, shard: str, marker: Path) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-c", _STUCK.format(shard=shard, marker=str(marker), call=call)],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, f"the process did not reach {shard}"
-        time.sleep(0.02)
+    wait_until(marker.exists, f"the upload of {shard}", process=process)
     return process
 
 

@@ -8,14 +8,12 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 import fastdata
-from conftest import wait_for_checkpoint
+from conftest import wait_for_checkpoint, wait_until
 from fastdata.conversion import journal
 
 SLOW_SOURCE = ["torchvision:FakeData", "--source-option", "size=100000", "--source-option", "image_size=(3, 16, 16)"]
@@ -29,15 +27,8 @@ def start(out: Path, *extra: str, **popen) -> subprocess.Popen:
 
 def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 60) -> None:
     """Until the partial output holds data (the progress bar has advanced)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        data = partial / "data.bin"
-        if data.exists() and data.stat().st_size > 0:
-            return
-        if process.poll() is not None:
-            pytest.fail(f"conversion ended early: {process.communicate()}")
-        time.sleep(0.05)
-    pytest.fail("the conversion made no progress")
+    data = partial / "data.bin"
+    wait_until(lambda: data.exists() and data.stat().st_size > 0, "progress", process=process, timeout_s=timeout_s)
 
 
 def test_ctrl_c_after_a_checkpoint_keeps_the_partial_output_for_resume(tmp_path: Path) -> None:
@@ -58,10 +49,8 @@ def test_ctrl_c_after_a_checkpoint_keeps_the_partial_output_for_resume(tmp_path:
 def test_ctrl_c_removes_an_output_that_cannot_resume(tmp_path: Path) -> None:
     out = tmp_path / "fake.h5"  # HDF5 cannot reopen a half-written file: nothing is kept
     process = start(out, "--unit-samples", "500", "--quiet", start_new_session=True)
-    deadline, partial = time.monotonic() + 120, tmp_path / "fake.h5.partial"
-    while not (partial.exists() and partial.stat().st_size > 0):  # converting: the partial file grows
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.05)
+    partial = tmp_path / "fake.h5.partial"  # converting: the partial file grows
+    wait_until(lambda: partial.exists() and partial.stat().st_size > 0, "a partial file", process=process)
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130

@@ -4,7 +4,6 @@ webdataset reading the tar members; the geometry of masks and boxes; bad input; 
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import fastdata
-from fastdata.errors import BadSampleError, InvalidOptionError
+from fastdata.errors import InvalidOptionError
 from fastdata.fields import FieldError, Schema
 from fastdata.formats import get_format
 from fastdata.formats.tar import TarIndexedDataset

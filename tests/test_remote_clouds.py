@@ -28,13 +28,10 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -42,14 +39,13 @@ from PIL import Image
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported: see above
 
 import fastdata
-from conftest import all_samples, convert_to, output_contents, pattern, save
+from conftest import convert_to, output_contents, pattern, same_samples, save, wait_until
 from fastdata.cli import main
 from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError
 from fastdata.formats.tar import TarDataset
 from fastdata.remote import Retry
+from servers import BUCKET, ROOT, RequestLog, serving
 
-ROOT = Path(__file__).resolve().parent.parent
-BUCKET = "fastdata-test"
 # Azurite's install: the README's test command puts it here (npm install --prefix .ci/node ...)
 AZURITE = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"
 AZURITE_INSTALL = "npm install --prefix .ci/node azurite@3.35.0"
@@ -92,15 +88,6 @@ class Cloud:
         return self.make_fs()
 
 
-class _RequestLog(logging.Handler):
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__()
-        self.lines = lines
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="session")
 def gcs_server():
     """gcp-storage-emulator in this process, in memory, with the test bucket."""
@@ -119,7 +106,7 @@ def gcs_server():
     endpoint = f"http://127.0.0.1:{port}"
     cloud = Cloud("gs", endpoint, {"STORAGE_EMULATOR_HOST": endpoint, "FSSPEC_GCS_TOKEN": "anon"},
                   lambda: gcsfs.GCSFileSystem(token="anon", endpoint_url=endpoint, skip_instance_cache=True))
-    log = _RequestLog(cloud.requests)
+    log = RequestLog(cloud.requests)
     server_logger = logging.getLogger("gcp_storage_emulator.server")
     server_logger.addHandler(log)
     server_logger.setLevel(logging.INFO)
@@ -149,11 +136,9 @@ def azure_server(tmp_path_factory):
         process = subprocess.Popen([program, "--blobHost", "127.0.0.1", "--blobPort", "0", "--location", str(folder),
                                     "--skipApiVersionCheck", "--loose", "--silent", "--disableTelemetry"],
                                    stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not (found := re.search(r"listens on (http://127\.0\.0\.1:\d+)", log.read_text())):
-        assert process.poll() is None and time.monotonic() < deadline, f"Azurite did not start: {log.read_text()}"
-        time.sleep(0.05)
-    endpoint = found[1]
+    listening = lambda: re.search(r"listens on (http://127\.0\.0\.1:\d+)", log.read_text())  # noqa: E731
+    wait_until(listening, f"Azurite's start ({log})", process=process, timeout_s=60)
+    endpoint = listening()[1]
     text = connection_string(endpoint)
     cloud = Cloud("az", endpoint, {"AZURE_STORAGE_CONNECTION_STRING": text},
                   lambda: adlfs.AzureBlobFileSystem(connection_string=text, skip_instance_cache=True))
@@ -184,12 +169,6 @@ def cloud(request, monkeypatch, tmp_path: Path) -> Cloud:
                  tmp_path)
 
 
-def assert_same_samples(remote, local, count: int) -> None:
-    got, want = all_samples(remote), all_samples(local)
-    assert got[1] == want[1] and len(got[0]) == len(want[0]) == count
-    assert all(np.array_equal(a, b) for a, b in zip(got[0], want[0]))
-
-
 def listing(cloud: Cloud, key: str) -> list[str]:
     return sorted(name.rsplit("/", 1)[-1] for name in cloud.fs().find(f"{BUCKET}/{key}"))
 
@@ -213,7 +192,7 @@ def test_a_dataset_converted_to_the_url_reads_back_as_the_local_conversion(
     order = {"shuffle": False} if name == "tar" else {}
     remote = fastdata.open_dataset(url, cache_dir=tmp_path / "read", **order)
     assert remote.url == url
-    assert_same_samples(remote, fastdata.open_dataset(local, **order), 12)
+    same_samples(remote, fastdata.open_dataset(local, **order), 12)
     if name != "tar":
         images, labels = remote[[11, 0, 5]]
         local_images, local_labels = fastdata.open_dataset(local)[[11, 0, 5]]
@@ -387,13 +366,9 @@ class _RefusingGCS(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def refusing_gcs(monkeypatch):
     pytest.importorskip("gcsfs")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingGCS)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
-    yield
-    server.shutdown()
-    server.server_close()
+    with serving(_RefusingGCS) as base:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", base)
+        yield
 
 
 def test_gcs_refusals_are_explained_with_the_fix_and_never_show_the_token(refusing_gcs, tmp_path: Path,

@@ -10,14 +10,13 @@ import logging
 import os
 import re
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 import fastdata
 from fastdata.errors import OutputLockedError
-from conftest import output_contents
+from conftest import output_contents, wait_until
 from fastdata.remote import RemoteOptions
 
 pytest.importorskip("moto.server")
@@ -120,11 +119,12 @@ def test_a_holder_refreshes_its_lock_and_one_whose_lock_was_taken_over_commits_n
     first = locks.BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
     start = len(s3.log.lines)
     assert first.try_acquire() is None
-    wait_for(lambda: len([line for line in s3.log.lines[start:] if f"PUT /{key} " in line]) >= 3)  # refreshed
+    wait_until(lambda: len([line for line in s3.log.lines[start:] if f"PUT /{key} " in line]) >= 3,
+               "two refreshes", timeout_s=60, poll_s=0.01)
     monkeypatch.setenv("FASTDATA_LOCK_STALE_S", "0")  # as if the first had stopped refreshing it
     second = locks.BucketLock(f"{url}.partial.lock", "merge", url, RemoteOptions())
     assert second.try_acquire() is None
-    wait_for(lambda: first.lost)  # its next refresh (If-Match on its own ETag) was refused
+    wait_until(lambda: first.lost, "the lost lock noticed", timeout_s=60, poll_s=0.01)  # its If-Match refresh refused
     with pytest.raises(OutputLockedError) as caught:
         first.check()
     assert str(caught.value).startswith(f"{url!r}: this merge's lock '{url}.partial.lock' was taken over by another "
@@ -136,11 +136,3 @@ def test_a_holder_refreshes_its_lock_and_one_whose_lock_was_taken_over_commits_n
     second.check()
     second.release()
     assert not s3.fs().exists(key)
-
-
-def wait_for(condition, timeout_s: float = 60.0) -> None:
-    """Until ``condition()`` (a wait for a thread, not a timing check)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.01)

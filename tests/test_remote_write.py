@@ -75,8 +75,7 @@ def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_bac
     prefix = f"{BUCKET}/resumed/ds.tar"
     assert sorted(name.rsplit("/", 1)[-1] for name in s3.fs().find(prefix)) == [
         ".fastdata-upload", "shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]  # no manifest: no dataset
-    local = tmp_path / "local.tar"
-    fastdata.convert(uniform_folder, local, format="tar", store="raw", shard_samples=3, workers=0)
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=3)
     good = (local / "shard-000000.tar").read_bytes()
     s3.fs().pipe(f"{prefix}/shard-000000.tar", good[:512])  # changed in the bucket meanwhile
     start = len(s3.log.lines)
@@ -120,6 +119,5 @@ def test_ctrl_c_keeps_a_url_conversion_for_resume(s3: S3, uniform_folder: Path, 
     assert str(caught.value).endswith("; run the same command with --resume to continue from there")
     assert not s3.fs().exists(f"{BUCKET}/interrupted-by-ctrl-c/ds.tar/manifest.json")  # no dataset yet
     assert fastdata.convert(uniform_folder, url, resume=True, **options)["count"] == 12
-    local = tmp_path / "local.tar"
-    fastdata.convert(uniform_folder, local, format="tar", store="raw", shard_samples=3, workers=0)
+    local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=3)
     assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import WRITABLE_FORMATS, pattern, save
+from conftest import WRITABLE_FORMATS, pattern, save, wait_until
 from fastdata.conversion import journal
 from fastdata.errors import (
     InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError, SourceChangedError,
@@ -465,10 +465,7 @@ def test_bad_torchvision_options_and_output_paths_are_one_line_errors(tmp_path: 
 
 
 def _wait_for_output(process: subprocess.Popen, path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while not (path.exists() and any(path.iterdir())):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        time.sleep(0.02)
+    wait_until(lambda: path.exists() and any(path.iterdir()), f"output in {path}", process=process, timeout_s=60)
 
 
 # no checkpoint is ever made, so an interrupted conversion keeps nothing (with one, Ctrl-C and

@@ -136,10 +136,10 @@ def members(draw) -> tuple[list[int], list[int], list[int], int, int]:
 @given(members())
 def test_plan_runs_invariant(drawn) -> None:
     shards, offsets, sizes, gap, limit = drawn
+    planned = list(plan_runs(shards, offsets, sizes, gap=gap, limit=limit))
     runs = [(shard, first, size, members if members is not None else [(lead, 0, size)])
-            for shard, first, size, lead, members in plan_runs(shards, offsets, sizes, gap=gap, limit=limit)]
-    assert all(members is None or len(members) > 1 for *_, members in plan_runs(shards, offsets, sizes, gap=gap,
-                                                                                  limit=limit))
+            for shard, first, size, lead, members in planned]
+    assert all(members is None or len(members) > 1 for *_, members in planned)
     assert sorted(m for _, _, _, found in runs for m, _, _ in found) == list(range(len(offsets)))  # each once
     assert [(shard, first) for shard, first, _, _ in runs] == sorted((shard, first) for shard, first, _, _ in runs)
     for shard, first, size, found in runs:
@@ -153,5 +153,5 @@ def test_plan_runs_invariant(drawn) -> None:
             reach = max(reach, at + length)
     for (shard, first, size, _), (next_shard, next_first, _, found) in zip(runs, runs[1:]):
         # a run ends: another shard, a gap wider than allowed, or the limit
-        ends = next_first + max(at + length for _, at, length in found[:1])
+        ends = next_first + found[0][2]  # the next run's first member (at offset 0 of its run)
         assert (next_shard != shard or next_first > first + size + gap or max(first + size, ends) - first > limit)

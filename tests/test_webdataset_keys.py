@@ -6,11 +6,9 @@ each key in a ``__key__.txt`` member; keys that repeat are a warning, never a si
 from __future__ import annotations
 
 import json
-import shutil
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import webdataset as wds
 from PIL import Image
