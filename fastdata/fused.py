@@ -1,5 +1,6 @@
 """Training-time decode: a pipeline's leading random-resized-crop (+ horizontal flip), or its
-leading resize + centre crop, fused into the JPEG decode (issue #22).
+leading resize + centre crop, fused into the JPEG decode: only the DCT scale the crop box
+needs is decoded.
 
 Three steps, each usable on its own:
 
