@@ -67,6 +67,11 @@ class CorruptManifestError(ManifestError, CorruptDataError):
     """A manifest or shard index holds a value that does not fit the files beside it."""
 
 
+class NotIndexableError(FastdataError, NotImplementedError):
+    """An iterable reader was indexed (``ds[0]``); the message names the map-style reader to use.
+    A NotImplementedError, as torch's ``IterableDataset`` raises there."""
+
+
 class SourceChangedError(FastdataError, ValueError):
     """The source changed since a partial or finished output was made from it."""
 
