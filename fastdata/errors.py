@@ -27,6 +27,10 @@ class EmptySourceError(FastdataError, ValueError):
     """The source exists but holds no usable samples."""
 
 
+class SourceLayoutError(FastdataError, ValueError):
+    """The source's files are not laid out as its kind needs (images beside class folders)."""
+
+
 class BadSampleError(FastdataError, ValueError):
     """One sample cannot be read or decoded; the message names it."""
 
