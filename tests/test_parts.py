@@ -254,7 +254,7 @@ def test_engine_ray_without_ray_installed_is_one_clear_error(tmp_path: Path) -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == ("fastdata: error: --engine ray needs the ray package, which is not installed. Install it "
-                             "with: pip install 'torch-fastdata[ray]' (or use --engine local, or --part I/N on a job "
+                             "with: pip install 'torch-fastdata[ray]' or, in a checkout of fastdata, pip install '.[ray]' (or use --engine local, or --part I/N on a job "
                              "array).\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
