@@ -160,6 +160,18 @@ def test_part_options_are_checked(tmp_path: Path) -> None:
         fastdata.merge(tmp_path / "out")
 
 
+@pytest.mark.parametrize("name", ["done.npy", "done.h5"])
+def test_merging_a_finished_dataset_says_it_is_complete(tmp_path: Path, capsys, name: str) -> None:
+    from fastdata.cli import main
+
+    out = tmp_path / name
+    fastdata.convert(make_folder(tmp_path / "src", 4, bad=False), out, workers=0)
+    assert main(["merge", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"fastdata: error: Nothing to merge for {str(out)!r}: it is already a complete dataset (4 samples) and no "
+        f"parts wait in {str(out) + '.partial.units'!r}. 'fastdata verify {out}' checks it.\n")
+
+
 # --- real processes ------------------------------------------------------------------------
 
 
