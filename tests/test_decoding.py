@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import fastdata
@@ -177,13 +178,7 @@ def test_jpegs_libjpeg_only_warns_about_read_with_every_decoder(warned_jpegs: Pa
     for index, name in ((1, "b_end"), (2, "c_header")):  # decoded by Pillow's draft on the same box
         data = (warned_jpegs / "c0" / f"{name}.jpg").read_bytes()
         expected = fused_decode(data, plan, generator=generator_for(0, 0, index), decoder="pil")
-        assert torch_equal(images[index], expected)
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(torch.as_tensor(a), torch.as_tensor(b)))
+        assert torch.equal(images[index].as_subclass(torch.Tensor), expected)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])
