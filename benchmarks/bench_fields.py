@@ -1,4 +1,4 @@
-"""Fields (issue 21): what named fields cost, side by side in one run.
+"""Fields: what named fields cost, side by side in one run.
 
 1. Classic ``(image, label)`` read speed, this checkout against ``main`` (a ``git worktree`` of it
    at ``--base``, made when missing): the same converted datasets (npy, hdf5, tar; raw and

@@ -1,5 +1,5 @@
 """The fused training-time decode (fastdata.fused) against torchvision's standard training
-pipeline, per decoder, on the two generated sets of issue #22's Targets.
+pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution JPEGs.
 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
     python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
@@ -22,9 +22,10 @@ Paths:
   fused-turbojpeg   PyTurboJPEG 1.x (if importable): lossless crop to the box's iMCU-aligned
                 region, then a DCT-scaled decode of that region only, crop, resize, flip
 
-``--loader``: the issue's targets end to end. Each set is written as an image folder (10
-classes), converted with ``fastdata convert --store encoded`` (the files' bytes kept), and read
-for whole epochs (batches of ``--batch-size``, shuffled, uint8 224x224 out):
+``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable).
+Each set is written as an image folder (10 classes), converted with ``fastdata convert --store
+encoded`` (the files' bytes kept), and read for whole epochs (batches of ``--batch-size``,
+shuffled, uint8 224x224 out):
   torchvision   DataLoader(ImageFolder(src, transform=v2.Compose([v2.RandomResizedCrop(224),
                 v2.RandomHorizontalFlip(), v2.PILToTensor()])), shuffle=True, num_workers=w)
   fused         fastdata.loader(fastdata.open_dataset(npy, transform=v2.Compose([

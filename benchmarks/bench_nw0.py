@@ -1,5 +1,5 @@
 """The default ``fastdata.loader`` at num_workers=0 against the same work done without it, and
-``fastdata tune``'s pick against an independent sweep (issue #19's targets).
+``fastdata tune``'s pick against an independent sweep.
 
     python benchmarks/bench_nw0.py                  # both parts (~3 min on 2 cores)
     python benchmarks/bench_nw0.py --only serial    # or: --only tune

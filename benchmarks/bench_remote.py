@@ -13,7 +13,7 @@ Per store and server:
 - warm: every shard already in fastdata's cache; target >= 0.95x the local-disk read;
 - cold: the cache emptied before each epoch, so every shard is downloaded while it is decoded;
   its time against the server's own download of the same bytes by a plain fsspec read of every
-  shard, one after the other (``fs.cat_file``, the issue's yardstick; target >= 0.8x), and all at
+  shard, one after the other (``fs.cat_file``, the yardstick; target >= 0.8x), and all at
   once (``fs.cat`` of every shard: what the link carries at best), and against the bound
   max(local read, plain download);
 - a grid of cold epochs over ``--grid-workers`` x ``--grid-prefetch`` (and local-disk epochs over

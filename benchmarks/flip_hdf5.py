@@ -1,6 +1,6 @@
 """Flip every metadata byte of a converted ``.h5`` dataset, one at a time, and time
-``fastdata.verify`` and ``fastdata.open_dataset`` on each damaged copy (issue #20: a flipped
-byte once made h5py spin for minutes inside a manifest read no signal could interrupt).
+``fastdata.verify`` and ``fastdata.open_dataset`` on each damaged copy (with HDF5 layout 1, a
+flipped byte made h5py spin for minutes inside a manifest read no signal could interrupt).
 
 Each flip runs in a long-lived child process; the parent kills the child when one flip takes
 longer than ``--limit-s`` and records that offset as a hang, then goes on from the next byte.

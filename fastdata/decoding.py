@@ -11,7 +11,8 @@ same ``--resize``/``--center-crop`` semantics as conversion, i.e. torchvision's 
   vectorised uint8 bilinear antialiasing (``torch.nn.functional.interpolate``, the kernel
   torchvision's ``resize`` calls for uint8 tensors: the same pixels, without needing
   torchvision). Pixels differ slightly from Pillow's (measured in
-  docs/reading.md); other image types take the Pillow path.
+  docs/reading.md); other image types take the Pillow path, as do JPEGs that libjpeg-turbo
+  decodes only with a warning (:func:`fastdata.fused.strict_simplejpeg`).
 
 With a :class:`~fastdata.fused.FusedPlan` (``plan``: the leading random-resized-crop + flip,
 or resize + centre crop, of the reader's ``transform``, split off by
@@ -37,7 +38,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
-from fastdata.fused import FusedPlan, fused_decode, generator_for
+from fastdata.fused import FusedPlan, fused_decode, generator_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -95,7 +96,9 @@ class Decoder:
         """One image: a uint8 HWC array (or, with ``pil``, a PIL image)."""
         data = bytes(blob)
         if self.fast and not pil and data[:3] == _JPEG_MAGIC:
-            return self._decode_fast(data)
+            pixels = self._decode_fast(data)
+            if pixels is not None:
+                return pixels
         image = self.geometry.apply(to_mode(open_image(data), self.mode))
         return image if pil else as_hwc(image)
 
@@ -115,17 +118,24 @@ class Decoder:
                              on_draw=on_draw, out=out)
         return image.permute(1, 2, 0).numpy()
 
-    def _decode_fast(self, data: bytes) -> np.ndarray:
+    def _decode_fast(self, data: bytes) -> np.ndarray | None:
+        """A JPEG through simplejpeg, or None where its strict mode refuses the file (Pillow,
+        the conversion's decoder, then decides: :func:`fastdata.fused.strict_simplejpeg`)."""
         import torch
 
-        simplejpeg = _simplejpeg()
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        _simplejpeg()  # the install command when it is missing
+        header = strict_simplejpeg("decode_jpeg_header", data)
+        if header is None:
+            return None
+        height, width, _, _ = header
         out_width, out_height = width, height
         if self.geometry.resize:  # the size before any crop: the DCT may scale down to at least that
             out_width, out_height = Geometry(resize=self.geometry.resize).output_size(width, height)
         colorspace = "GRAY" if self.mode == "L" else "RGB"
-        pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=True, fastupsample=True,
-                                        min_height=out_height, min_width=out_width)
+        pixels = strict_simplejpeg("decode_jpeg", data, colorspace=colorspace, fastdct=True, fastupsample=True,
+                                   min_height=out_height, min_width=out_width)
+        if pixels is None:
+            return None
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]
         if pixels.shape[:2] != (out_height, out_width):

@@ -27,6 +27,10 @@ class EmptySourceError(FastdataError, ValueError):
     """The source exists but holds no usable samples."""
 
 
+class SourceLayoutError(FastdataError, ValueError):
+    """The source's files are not laid out as its kind needs (images beside class folders)."""
+
+
 class BadSampleError(FastdataError, ValueError):
     """One sample cannot be read or decoded; the message names it."""
 
@@ -65,6 +69,11 @@ class OutputLockedError(FastdataError, BlockingIOError):
 
 class CorruptManifestError(ManifestError, CorruptDataError):
     """A manifest or shard index holds a value that does not fit the files beside it."""
+
+
+class NotIndexableError(FastdataError, NotImplementedError):
+    """An iterable reader was indexed (``ds[0]``); the message names the map-style reader to use.
+    A NotImplementedError, as torch's ``IterableDataset`` raises there."""
 
 
 class SourceChangedError(FastdataError, ValueError):

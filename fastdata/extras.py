@@ -34,10 +34,12 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 
 
 def install_command(extra: str) -> str:
-    """``pip install 'torch-fastdata[EXTRA]'``, the command that installs ``extra``."""
+    """The commands that install ``extra``: from the package index (``pip install
+    'torch-fastdata[EXTRA]'``), or, until the distribution is published there, from a checkout
+    of fastdata's source (``pip install '.[EXTRA]'``, run in the checkout)."""
     if extra not in EXTRAS:
         raise ValueError(f"Unknown extra {extra!r}. Known: {', '.join(map(repr, EXTRAS))}.")
-    return f"pip install '{DISTRIBUTION}[{extra}]'"
+    return f"pip install '{DISTRIBUTION}[{extra}]' or, in a checkout of fastdata, pip install '.[{extra}]'"
 
 
 def require(module: str, *, extra: str, feature: str, otherwise: str | None = None) -> ModuleType:

@@ -1,5 +1,6 @@
 """Training-time decode: a pipeline's leading random-resized-crop (+ horizontal flip), or its
-leading resize + centre crop, fused into the JPEG decode (issue #22).
+leading resize + centre crop, fused into the JPEG decode: only the DCT scale the crop box
+needs is decoded.
 
 Three steps, each usable on its own:
 
@@ -287,11 +288,26 @@ def _scaled_region(draw: Draw, scale: int, height: int, width: int) -> tuple[int
     return top, left, bottom, right
 
 
+def strict_simplejpeg(function: str, data: bytes, **options: Any) -> Any:
+    """simplejpeg's ``function`` on ``data``, or None where its strict mode refuses the file.
+
+    libjpeg-turbo warns about damage it recovers from ("Corrupt JPEG data: 1 extraneous bytes
+    before marker 0xd9", as in some ImageNet training files); simplejpeg's strict mode turns the
+    warning into a ValueError, and without it a truncated file decodes grey. Pillow, which the
+    conversion and ``verify --deep`` decode with, accepts the first and refuses the second, so a
+    None sends the file to Pillow: what converted and verified reads, what is broken raises."""
+    try:
+        return getattr(_simplejpeg(), function)(data, **options)
+    except ValueError as exc:
+        logger.debug("simplejpeg refused a JPEG (%s); Pillow decodes it", exc)
+        return None
+
+
 def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
     """(height, width) of a JPEG from its header, without decoding."""
-    if decoder == "simplejpeg":
-        height, width, _, _ = _simplejpeg().decode_jpeg_header(data)
-        return height, width
+    header = strict_simplejpeg("decode_jpeg_header", data) if decoder == "simplejpeg" else None
+    if header is not None:
+        return header[0], header[1]
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
@@ -301,10 +317,11 @@ def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
 def _decode_scaled(data: bytes, scale: int, height: int, width: int, mode: str, decoder: str) -> np.ndarray:
     """The whole JPEG at 1/scale, uint8 HWC."""
     need_height, need_width = -(-height // scale), -(-width // scale)
+    pixels = None
     if decoder == "simplejpeg":
-        pixels = _simplejpeg().decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB", fastdct=True,
-                                          fastupsample=True, min_height=need_height, min_width=need_width)
-    else:
+        pixels = strict_simplejpeg("decode_jpeg", data, colorspace="GRAY" if mode == "L" else "RGB", fastdct=True,
+                                   fastupsample=True, min_height=need_height, min_width=need_width)
+    if pixels is None:  # Pillow's draft: asked for, or simplejpeg refused the file
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as image:

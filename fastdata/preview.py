@@ -11,20 +11,27 @@ stored geometry, not a copy of it; a label or caption is written in a strip unde
 What a value is drawn as is decided by its type: ``tv_tensors.BoundingBoxes`` boxes (named by
 a ``labels`` field of the same length, with the dataset's class names), ``tv_tensors.Mask`` (or
 a field named ``mask``/``masks``) masks, a ``str`` or list of ``str`` caption lines, an integer
-a label; the first image-like value is the image. Anything else (JSON, arrays) is not drawn.
+its value; the first image-like value is the image. Anything else (JSON, arrays) is not drawn.
+Only class fields (the label, ``label`` or ``cls``, and fields the manifest marks as class ids)
+are written with their class names: ``label: dog (1)``, but ``image_id: 1``. Text is written in
+DejaVu Sans (Latin, Greek, Cyrillic and more: ``café``), found where matplotlib installed it or
+among the system's fonts, else in Pillow's default font.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.fields import CLASS_IDS, Schema
 
 # distinct colours (Sasha Trubetskoy's list), by class id or box index
 PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
@@ -36,6 +43,9 @@ LINE_HEIGHT = 13
 BOX_WIDTH = 2
 MASK_ALPHA = 0.5
 VOID = 255  # VOC's "void" border id: not drawn
+LABEL_FIELDS = ("label", "cls")  # the label's names (Schema.label): written with their class names
+FONT_SIZE = 10
+FONT_FILE = "DejaVuSans.ttf"
 
 
 def parse_index(text: str | None, length: int) -> list[int]:
@@ -71,13 +81,17 @@ def preview(path: str | Path, *, index: str | None = None, cell_size: int = 192,
     indices = parse_index(index, len(dataset))
     names = _field_names(manifest)
     samples = [_named(dataset[i], names) for i in indices]
-    return render(samples, class_names=_class_names(manifest), cell_size=cell_size, columns=columns)
+    return render(samples, class_names=_class_names(manifest), class_fields=_class_fields(manifest),
+                  cell_size=cell_size, columns=columns)
 
 
-def render(samples: Sequence[Any], *, class_names: dict[int, str] | None = None, cell_size: int = 192,
+def render(samples: Sequence[Any], *, class_names: dict[int, str] | None = None,
+           class_fields: Collection[str] = LABEL_FIELDS, cell_size: int = 192,
            columns: int | None = None) -> Image.Image:
     """Draw ``samples`` (records as dicts, or tuples) in a grid of ``columns`` (default: up to 4
-    a row); each cell is ``cell_size`` pixels square plus one strip for the text of all cells."""
+    a row); each cell is ``cell_size`` pixels square plus one strip for the text of all cells.
+    The integers of ``class_fields`` are written with their ``class_names``; boxes are named by
+    a ``labels`` field of one id per box."""
     from torchvision.utils import make_grid
 
     if not isinstance(cell_size, int) or cell_size < 16:
@@ -85,7 +99,7 @@ def render(samples: Sequence[Any], *, class_names: dict[int, str] | None = None,
     if columns is not None and (not isinstance(columns, int) or columns < 1):
         raise InvalidOptionError(f"Invalid --columns {columns!r}. Use a positive integer.")
     class_names = class_names or {}
-    drawn = [_draw(_named(sample, None), class_names, cell_size) for sample in samples]
+    drawn = [_draw(_named(sample, None), class_names, frozenset(class_fields), cell_size) for sample in samples]
     strip = LINE_HEIGHT * max(len(lines) for _, lines in drawn) + (4 if any(lines for _, lines in drawn) else 0)
     cells = [_cell(image, lines, cell_size, strip) for image, lines in drawn]
     if len(cells) == 1:  # make_grid gives a single image back without its padding
@@ -125,7 +139,8 @@ def _named(sample: Any, names: list[Any] | None) -> dict[str, Any]:
     return flat
 
 
-def _draw(record: dict[str, Any], class_names: dict[int, str], cell_size: int) -> tuple[Any, list[str]]:
+def _draw(record: dict[str, Any], class_names: dict[int, str], class_fields: frozenset[str],
+          cell_size: int) -> tuple[Any, list[str]]:
     """The sample's image scaled into the cell with its masks and boxes drawn, and its text lines."""
     import torch
     from torchvision import tv_tensors
@@ -159,11 +174,12 @@ def _draw(record: dict[str, Any], class_names: dict[int, str], cell_size: int) -
         colors = [PALETTE[(label if label is not None else i) % len(PALETTE)] for i, label in enumerate(labels)]
         texts = [class_names.get(label, str(label)) if label is not None else None for label in labels]
         if len(xyxy):
+            font = {"font": font_file(), "font_size": FONT_SIZE} if font_file() else {}
             image = draw_bounding_boxes(image, xyxy.as_subclass(torch.Tensor).reshape(-1, 4).float(),
-                                        labels=texts if any(texts) else None, colors=colors, width=BOX_WIDTH)
+                                        labels=texts if any(texts) else None, colors=colors, width=BOX_WIDTH, **font)
         lines.append(f"{name}: {len(xyxy)}")
     for name, value in record.items():
-        lines += _text_lines(name, value, class_names, cell_size)
+        lines += _text_lines(name, value, class_names if name in class_fields else {}, cell_size)
     return image, lines
 
 
@@ -258,13 +274,24 @@ def _cell(image: Any, lines: list[str], cell_size: int, strip: int) -> Any:
     canvas.paste(Image.fromarray(image.permute(1, 2, 0).numpy()), (0, 0))
     if lines:
         draw = ImageDraw.Draw(canvas)
-        font = ImageFont.load_default()
+        font = text_font()
         for number, line in enumerate(lines):
             draw.text((2, cell_size + 2 + number * LINE_HEIGHT), line, fill=(0, 0, 0), font=font)
     return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
 
 
 # --- what the manifest says --------------------------------------------------------------------
+
+
+def _class_fields(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The fields whose integers are class ids: the label, and those the schema marks as
+    ``class_ids`` (VOCDetection's ``labels``); never an ``image_id`` or a count."""
+    try:
+        schema = Schema.from_json(manifest["fields"]) if isinstance(manifest.get("fields"), dict) else None
+    except (FastdataError, TypeError, ValueError):
+        schema = None  # a damaged schema is reported by the reader
+    marked = tuple(f.name for f in schema.fields if f.meta.get(CLASS_IDS) is True) if schema else ()
+    return LABEL_FIELDS + marked
 
 
 def _class_names(manifest: dict[str, Any]) -> dict[int, str]:
@@ -293,3 +320,36 @@ def grid_columns(count: int, columns: int | None) -> int:
     return columns or min(count, 4) or 1
 
 
+
+
+# --- the font ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def font_file() -> str | None:
+    """The font file of the text strip and the box labels: DejaVu Sans (Latin with its accents,
+    Greek, Cyrillic and more; Pillow's own default font draws ``é`` as a box), the copy
+    matplotlib ships when it is installed, else the system's; None (Pillow's default font) when
+    neither opens."""
+    for candidate in _font_files():
+        try:
+            ImageFont.truetype(candidate, FONT_SIZE)
+        except (OSError, ImportError):  # not there, or Pillow built without FreeType
+            continue
+        return candidate
+    return None
+
+
+def text_font() -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """:func:`font_file` at ``FONT_SIZE``, or Pillow's default font."""
+    found = font_file()
+    return ImageFont.load_default() if found is None else ImageFont.truetype(found, FONT_SIZE)
+
+
+def _font_files() -> Iterator[str]:
+    """Where DejaVu Sans may be: matplotlib's copy (found without importing matplotlib), then the
+    name alone, which Pillow looks up in the system's font folders."""
+    spec = importlib.util.find_spec("matplotlib")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        yield str(Path(folder) / "mpl-data" / "fonts" / "ttf" / FONT_FILE)
+    yield FONT_FILE

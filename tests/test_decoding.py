@@ -5,11 +5,13 @@ straight into a batch buffer, and the errors."""
 from __future__ import annotations
 
 import io
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import fastdata
@@ -112,3 +114,88 @@ def test_pil_output_is_the_decoded_image_itself(photos: Path, tmp_path: Path) ->
     reference = Image.open(io.BytesIO((photos / "c0" / "00.jpg").read_bytes())).convert("RGB")
     assert isinstance(image, Image.Image) and image.size == reference.size
     assert np.array_equal(np.asarray(image), np.asarray(reference))
+
+
+def _extraneous_bytes(data: bytes, marker: bytes) -> bytes:
+    """``data`` with the fewest stray bytes before its first ``marker`` that libjpeg-turbo notices
+    (its bit reader may take a few before the end-of-image marker): it recovers and warns
+    ("Corrupt JPEG data: 1 extraneous bytes before marker ..."), as for some ImageNet files."""
+    import simplejpeg
+
+    at = data.index(marker)
+    for count in range(1, 16):
+        damaged = data[:at] + b"\x00" * count + data[at:]
+        try:
+            simplejpeg.decode_jpeg(damaged)  # strict mode: the warning is a ValueError
+        except ValueError:
+            return damaged
+    raise AssertionError("libjpeg-turbo did not warn")
+
+
+@pytest.fixture
+def warned_jpegs(tmp_path: Path) -> Path:
+    """A folder of three 40x48 JPEGs: a clean one, one with stray bytes before its end-of-image
+    marker (libjpeg warns while decoding) and one with stray bytes before its quantisation
+    table (libjpeg warns while reading the header)."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    rng = np.random.default_rng(1)
+    root = tmp_path / "warned"
+    for index, name in enumerate(("a_clean", "b_end", "c_header")):
+        path = save(demo_image(rng, 40, 48, index % 2), root / "c0" / f"{name}.jpg", quality=90)
+        clean = path.read_bytes()
+        if name == "b_end":
+            path.write_bytes(_extraneous_bytes(clean, b"\xff\xd9"))
+            with pytest.raises(ValueError, match=r"^Corrupt JPEG data: 1 extraneous bytes before marker 0xd9$"):
+                simplejpeg.decode_jpeg(path.read_bytes())  # strict mode: the warning is an error
+        if name == "c_header":
+            path.write_bytes(_extraneous_bytes(clean, b"\xff\xdb"))
+            with pytest.raises(ValueError, match=r"^Corrupt JPEG data: 1 extraneous bytes before marker 0xdb$"):
+                simplejpeg.decode_jpeg_header(path.read_bytes())
+        decoded = Image.open(path)
+        decoded.load()  # Pillow decodes it, to the same pixels as the clean file
+        assert np.array_equal(np.asarray(decoded), np.asarray(Image.open(io.BytesIO(clean))))
+    return root
+
+
+def test_jpegs_libjpeg_only_warns_about_read_with_every_decoder(warned_jpegs: Path, tmp_path: Path) -> None:
+    from torchvision.transforms import v2
+
+    from fastdata.fused import fused_decode, generator_for, split_transform
+
+    out = tmp_path / "w.npy"
+    fastdata.convert(warned_jpegs, out, store="encoded", workers=0)
+    assert fastdata.verify(out, deep=True).problems == ()
+    exact = fastdata.MemmapDataset(out, resize=32, center_crop=24, image_format="numpy")
+    fast = fastdata.MemmapDataset(out, resize=32, center_crop=24, decoder="fast", image_format="numpy")
+    for index in (1, 2):  # the warned files take the Pillow path: Pillow's pixels
+        assert np.array_equal(fast[index][0], exact[index][0])
+    train = v2.RandomResizedCrop(24)
+    fused = fastdata.MemmapDataset(out, transform=train)
+    fused.set_epoch(0)
+    images, labels = fused[[0, 1, 2]]
+    assert images.shape == (3, 3, 24, 24) and labels.tolist() == [0, 0, 0]
+    plan = split_transform(train)[0]
+    for index, name in ((1, "b_end"), (2, "c_header")):  # decoded by Pillow's draft on the same box
+        data = (warned_jpegs / "c0" / f"{name}.jpg").read_bytes()
+        expected = fused_decode(data, plan, generator=generator_for(0, 0, index), decoder="pil")
+        assert torch.equal(images[index].as_subclass(torch.Tensor), expected)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled"])
+def test_a_broken_jpeg_is_one_corrupt_data_error_with_every_decoder(damage: str) -> None:
+    pytest.importorskip("simplejpeg")
+    from fastdata.errors import CorruptDataError
+    from fastdata.fused import FusedPlan
+
+    buffer = io.BytesIO()
+    demo_image(np.random.default_rng(2), 40, 48, 0).save(buffer, format="JPEG", quality=90)
+    data = buffer.getvalue()
+    broken = data[: len(data) // 2] if damage == "truncated" else data[:200] + b"\xff\x00" * 50 + data[300:]
+    pillow_says = {"truncated": r"image file is truncated \(\d+ bytes not processed\)",
+                   "garbled": "broken data stream when reading image file"}[damage]
+    fused = Decoder("RGB", plan=FusedPlan("random_resized_crop", (24, 24)))
+    for decoder, options in ((Decoder.make("RGB", decoder="fast"), {}), (fused, {"indices": [7], "epoch": 0})):
+        with pytest.raises(CorruptDataError) as caught:
+            decoder.decode_all([broken], lambda row: "'d.npy' sample 7", Path("d.npy"), **options)
+        assert re.fullmatch(rf"'d.npy' sample 7: cannot decode image \({pillow_says}\)\. Run 'fastdata verify "
+                            r"d.npy', or convert the source again\.", str(caught.value))

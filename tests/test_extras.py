@@ -98,10 +98,11 @@ def test_require_names_the_module_and_the_install_command(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "simplejpeg", None)
     with pytest.raises(DependencyMissingError, match=re.escape(
             "decoder='fast' needs the simplejpeg package, which is not installed. Install it with: "
-            "pip install 'torch-fastdata[jpeg]'")) as caught:
+            "pip install 'torch-fastdata[jpeg]' or, in a checkout of fastdata, pip install '.[jpeg]'")) as caught:
         require("simplejpeg", extra="jpeg", feature="decoder='fast'")
     assert isinstance(caught.value, ImportError)
-    assert install_command("ray") == "pip install 'torch-fastdata[ray]'"
+    # the index's name and, until it is published there, the command that works in a checkout
+    assert install_command("ray") == "pip install 'torch-fastdata[ray]' or, in a checkout of fastdata, pip install '.[ray]'"
     with pytest.raises(ValueError, match="Unknown extra 'jpg'"):
         install_command("jpg")
 
@@ -151,7 +152,8 @@ def test_the_jpeg_extra_alone_runs_the_fast_decoder(encoded_jpegs: Path) -> None
 def test_without_the_jpeg_extra_the_fast_decoder_is_refused_when_the_dataset_is_opened(encoded_jpegs: Path) -> None:
     refused = refusal(["simplejpeg"], f"fastdata.open_dataset({str(encoded_jpegs)!r}, resize=32, decoder='fast')")
     assert refused == ("refused: decoder='fast' needs the simplejpeg package, which is not installed. "
-                             "Install it with: pip install 'torch-fastdata[jpeg]'\n")
+                             "Install it with: pip install 'torch-fastdata[jpeg]' or, in a checkout of fastdata, "
+                             "pip install '.[jpeg]'\n")
 
 
 def test_the_torchvision_extra_alone_converts_a_torchvision_dataset(tmp_path: Path) -> None:
@@ -170,7 +172,8 @@ def test_a_torchvision_source_without_torchvision_is_one_error_naming_the_extra(
     out = tmp_path / "fake.npy"
     refused = refusal(["torchvision"], f"fastdata.convert('torchvision:FakeData', {str(out)!r}, workers=0)")
     assert refused == ("refused: A torchvision source needs the torchvision package, which is not installed. "
-                             "Install it with: pip install 'torch-fastdata[torchvision]'\n")
+                             "Install it with: pip install 'torch-fastdata[torchvision]' or, in a checkout of "
+                             "fastdata, pip install '.[torchvision]'\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

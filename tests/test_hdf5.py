@@ -251,7 +251,8 @@ def test_plugin_compression_without_hdf5plugin_names_the_extra(monkeypatch) -> N
     with pytest.raises(DependencyMissingError) as caught:
         HDF5Options(compression="zstd")
     assert str(caught.value) == ("compression 'zstd' needs the hdf5plugin package, which is not installed. Install it "
-                                 "with: pip install 'torch-fastdata[hdf5plugin]' (or use 'gzip' or 'lzf').")
+                                 "with: pip install 'torch-fastdata[hdf5plugin]' or, in a checkout of fastdata, pip install "
+                                 "'.[hdf5plugin]' (or use 'gzip' or 'lzf').")
 
 
 @pytest.mark.parametrize(

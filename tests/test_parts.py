@@ -160,6 +160,18 @@ def test_part_options_are_checked(tmp_path: Path) -> None:
         fastdata.merge(tmp_path / "out")
 
 
+@pytest.mark.parametrize("name", ["done.npy", "done.h5"])
+def test_merging_a_finished_dataset_says_it_is_complete(tmp_path: Path, capsys, name: str) -> None:
+    from fastdata.cli import main
+
+    out = tmp_path / name
+    fastdata.convert(make_folder(tmp_path / "src", 4, bad=False), out, workers=0)
+    assert main(["merge", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"fastdata: error: Nothing to merge for {str(out)!r}: it is already a complete dataset (4 samples) and no "
+        f"parts wait in {str(out) + '.partial.units'!r}. 'fastdata verify {out}' checks it.\n")
+
+
 # --- real processes ------------------------------------------------------------------------
 
 
@@ -254,7 +266,7 @@ def test_engine_ray_without_ray_installed_is_one_clear_error(tmp_path: Path) -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == ("fastdata: error: --engine ray needs the ray package, which is not installed. Install it "
-                             "with: pip install 'torch-fastdata[ray]' (or use --engine local, or --part I/N on a job "
+                             "with: pip install 'torch-fastdata[ray]' or, in a checkout of fastdata, pip install '.[ray]' (or use --engine local, or --part I/N on a job "
                              "array).\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 

@@ -73,3 +73,33 @@ def test_empty_class_folder_keeps_its_index_and_warns(uniform_folder: Path) -> N
         keys, labels, class_to_idx = scan_folder(uniform_folder)
     assert class_to_idx == {"ant": 0, "bat": 1, "bee": 2, "cow": 3}
     assert sorted(set(labels)) == [0, 2, 3]
+
+
+def test_images_beside_class_folders_are_refused_naming_how_many_and_the_fix(tmp_path: Path, capsys) -> None:
+    import fastdata
+    from fastdata.cli import main
+    from fastdata.errors import SourceLayoutError
+
+    root = tmp_path / "photos"
+    for index in range(24):
+        save(Image.fromarray(pattern(12, 10, index)), root / f"{index:02d}.jpg")
+    save(Image.fromarray(pattern(12, 10, 99)), root / "holiday" / "x.jpg")
+    (root / "notes.txt").write_text("not an image: no matter")
+    assert len(ImageFolder(str(root))) == 1  # what torchvision makes of it: 24 images left out, silently
+    message = (f"{str(root)!r} holds 24 image(s) at its top level ('00.jpg', '01.jpg', '02.jpg', ...) beside its 1 "
+               "class folder(s) ('holiday'); only images inside class folders are samples (ImageFolder layout: "
+               "photos/cat/001.jpg), so these 24 would be left out. Move them into a class folder (e.g. "
+               f"{str(root / 'unlabelled')!r}), or out of {str(root)!r} to use only the class folders.")
+    for scan in (scan_folder, fastdata.FolderDataset):
+        with pytest.raises(SourceLayoutError) as caught:
+            scan(root)
+        assert str(caught.value) == message and isinstance(caught.value, ValueError)
+    out = tmp_path / "out.npy"
+    assert main(["convert", str(root), str(out), "--quiet"]) == 1
+    assert capsys.readouterr().err == f"fastdata: error: {message}\n"
+    assert not out.exists()
+    (root / "unlabelled").mkdir()
+    for index in range(24):
+        (root / f"{index:02d}.jpg").rename(root / "unlabelled" / f"{index:02d}.jpg")
+    assert main(["convert", str(root), str(out), "--quiet"]) == 0
+    assert len(fastdata.open_dataset(out)) == 25

@@ -488,3 +488,24 @@ def test_mixed_folder_keeps_original_bytes(mixed_folder, tmp_path):
         assert handle.read(member["image_size"][position % 4]) == (mixed_folder / "cat" / "B.JPG").read_bytes()
     with pytest.raises(fastdata.errors.ShapeMismatchError, match="different shapes"):
         next(iter(fastdata.TarDataset(out, shuffle=False, batch_size=7)))
+
+
+def test_indexing_the_streaming_reader_names_the_map_style_one(uniform_folder: Path, tmp_path: Path) -> None:
+    from fastdata.errors import FastdataError, NotIndexableError
+
+    out = tmp_path / "x.tar"
+    fastdata.convert(uniform_folder, out, format="tar", workers=0)
+    ds = fastdata.open_dataset(out)
+    assert isinstance(ds, fastdata.TarDataset)
+    for index in (0, [1, 2]):
+        with pytest.raises(NotIndexableError) as caught:
+            ds[index]
+        assert str(caught.value) == (
+            f"TarDataset streams the samples of {str(out)!r} shard by shard and cannot give ds[{index!r}]. "
+            f"Use fastdata.TarIndexedDataset({str(out)!r}) for random access by index (the same samples, map-style), "
+            "or iterate this one (for sample in ds: ...)."
+        )
+        assert isinstance(caught.value, FastdataError) and isinstance(caught.value, NotImplementedError)
+    image, label = fastdata.TarIndexedDataset(out)[0]
+    first_image, first_label = next(iter(fastdata.TarDataset(out, shuffle=False)))
+    assert torch.equal(image, first_image) and label == first_label

@@ -673,7 +673,8 @@ def test_a_missing_pycocotools_is_one_error_with_the_install_command(tmp_path: P
     with pytest.raises(DependencyMissingError) as caught:
         resolve_source("torchvision:CocoDetection", root=info["root"], source_options={"annFile": info["annFile"]})
     assert str(caught.value) == ("torchvision:CocoDetection needs the pycocotools package, which is not installed. "
-                                 "Install it with: pip install 'torch-fastdata[coco]'")
+                                 "Install it with: pip install 'torch-fastdata[coco]' or, in a checkout of fastdata, "
+                                 "pip install '.[coco]'")
 
 
 class NestedBoxes(torch.utils.data.Dataset):

@@ -9,7 +9,7 @@ import os
 import warnings
 from pathlib import Path
 
-from fastdata.errors import EmptySourceError, SourceNotFoundError
+from fastdata.errors import EmptySourceError, SourceLayoutError, SourceNotFoundError
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -17,6 +17,29 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 def is_image_file(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def top_level_images(root: Path) -> list[str]:
+    """Sorted names of the non-hidden image files directly inside ``root`` (not in a class folder)."""
+    with os.scandir(root) as entries:
+        return sorted(e.name for e in entries if not e.name.startswith(".") and is_image_file(e.name)
+                      and not e.is_dir())
+
+
+def _refuse_top_level_images(root: Path, classes: list[str]) -> None:
+    """Images beside class folders are a layout mistake: ImageFolder would leave them out
+    without a word, and fastdata does not convert a folder with part of its images dropped."""
+    loose = top_level_images(root)
+    if not loose:
+        return
+    shown = ", ".join(map(repr, loose[:3])) + (", ..." if len(loose) > 3 else "")
+    folders = ", ".join(map(repr, classes[:3])) + (", ..." if len(classes) > 3 else "")
+    raise SourceLayoutError(
+        f"{str(root)!r} holds {len(loose)} image(s) at its top level ({shown}) beside its {len(classes)} class "
+        f"folder(s) ({folders}); only images inside class folders are samples (ImageFolder layout: "
+        f"{root.name}/cat/001.jpg), so these {len(loose)} would be left out. Move them into a class folder "
+        f"(e.g. {str(root / 'unlabelled')!r}), or out of {str(root)!r} to use only the class folders."
+    )
 
 
 def find_classes(root: Path) -> list[str]:
@@ -64,7 +87,9 @@ def _walk_once(top: Path) -> list[tuple[str, list[str]]]:
 def scan_folder(root: str | os.PathLike) -> tuple[list[str], list[int], dict[str, int]]:
     """List an image folder like torchvision's ``ImageFolder``.
 
-    Returns (relative paths, labels, class_to_idx) in ImageFolder's sample order.
+    Returns (relative paths, labels, class_to_idx) in ImageFolder's sample order. Images at the
+    top level beside the class folders, which ImageFolder would leave out silently, are refused
+    (:class:`~fastdata.errors.SourceLayoutError` naming how many and the fix).
     """
     root = Path(root)
     if not root.exists():
@@ -80,6 +105,7 @@ def scan_folder(root: str | os.PathLike) -> tuple[list[str], list[int], dict[str
             f"{str(root)!r} has no class folders. Put images in one sub-folder per class "
             f"(ImageFolder layout: {root.name}/cat/001.jpg, {root.name}/dog/002.png)."
         )
+    _refuse_top_level_images(root, classes)
     paths: list[str] = []
     labels: list[int] = []
     empty: list[str] = []

@@ -28,12 +28,27 @@ from fastdata.conversion.scale.units import (
     Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged_key, staging_path,
 )
 from fastdata.conversion.write import write_units, written_once
-from fastdata.errors import PartsError, SourceChangedError
+from fastdata.errors import FastdataError, PartsError, SourceChangedError
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
+from fastdata.formats.stored import find_manifest
 from fastdata.machine import usable_cores
 
 Progress = Callable[[int, int], None]
+
+
+def _nothing_to_merge(output: Path, staging: Path) -> str:
+    """Why there is nothing to merge: the parts' folder is missing; ``output`` may already be the
+    finished dataset (merged before, or converted in one run)."""
+    try:
+        manifest = find_manifest(output) if output.exists() else None
+    except FastdataError:
+        manifest = None  # a damaged dataset: the plain answer below
+    if manifest is not None and isinstance(manifest.get("count"), int):
+        return (f"Nothing to merge for {str(output)!r}: it is already a complete dataset ({manifest['count']:,} "
+                f"samples) and no parts wait in {str(staging)!r}. 'fastdata verify {output}' checks it.")
+    return (f"Nothing to merge for {str(output)!r}: {str(staging)!r} does not exist. Convert the parts first: "
+            f"'fastdata convert SOURCE {output} --part I/N' for I = 1..N.")
 
 
 def merge_parts(output: Path, *, progress: Progress | None = None, source: Any = None,
@@ -46,10 +61,7 @@ def merge_parts(output: Path, *, progress: Progress | None = None, source: Any =
     check_output_path(output)
     staging = staging_path(output)
     if not (staging.is_dir() and is_staging(staging)):
-        raise PartsError(
-            f"Nothing to merge for {str(output)!r}: {str(staging)!r} does not exist. Convert the parts first: "
-            f"'fastdata convert SOURCE {output} --part I/N' for I = 1..N."
-        )
+        raise PartsError(_nothing_to_merge(output, staging))
     with ConversionLock(output):
         records = read_records(staging)
         check_complete(output, records)

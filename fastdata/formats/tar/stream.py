@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, NotIndexableError
 from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
 from fastdata.formats.tar.reader import BlockMembers, TarIndexedDataset, load_dataset, member_pixels
@@ -26,6 +26,7 @@ from fastdata.reader.options import ReaderOptions
 from fastdata.reader.output import ReaderOutput
 from fastdata.reader.stored import decoder_for
 from fastdata.remote.dataset import locate
+from fastdata.remote.filesystem import scrub
 from fastdata.urls import is_url
 
 _READ_BYTES = 4 * 1024 * 1024
@@ -158,6 +159,15 @@ class TarDataset(ReaderOutput, IterableDataset):
         raise TypeError(
             "TarDataset has no fixed length per rank when world_size > 1 (whole shards go to each "
             "rank); pass even=True for exactly N // world_size samples per rank."
+        )
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused: samples stream shard by shard. :class:`TarIndexedDataset` reads them by index."""
+        where = scrub(self.url, self.options.remote.storage_options) if self.url else str(self.path)
+        raise NotIndexableError(
+            f"TarDataset streams the samples of {where!r} shard by shard and cannot give ds[{index!r}]. "
+            f"Use fastdata.TarIndexedDataset({where!r}) for random access by index (the same samples, map-style), "
+            "or iterate this one (for sample in ds: ...)."
         )
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
