@@ -16,7 +16,7 @@ from PIL import Image
 import fastdata
 from conftest import pattern
 from fastdata.errors import InvalidOptionError
-from fastdata.fieldcodecs import member_key_problem
+from fastdata.fields.codecs import member_key_problem
 from fastdata.sources import DatasetSource, RepeatedKeysWarning
 from test_parts import same_output
 from test_webdataset_source import encoded

@@ -13,7 +13,7 @@ from PIL import Image, UnidentifiedImageError
 
 from fastdata.errors import BadSampleError, ShapeMismatchError
 from fastdata.fields import FieldError
-from fastdata.fieldvalues import check_record
+from fastdata.fields.values import check_record
 from fastdata.conversion.spatial import store_field, transform_fields
 from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,

@@ -22,7 +22,7 @@ from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan
 from fastdata.fields import Field, FieldError, Schema
-from fastdata.fieldvalues import infer
+from fastdata.fields.values import infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
@@ -121,7 +121,7 @@ _SCHEMA_SAMPLES = 8
 
 def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
     """Headers of the first readable samples' images and the schema their records make
-    (:func:`fastdata.fieldvalues.infer`), for a source whose samples have fields."""
+    (:func:`fastdata.fields.values.infer`), for a source whose samples have fields."""
     records, found, first_error = [], [], None
     for index in range(len(src)):
         try:

@@ -17,7 +17,7 @@ from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
 from fastdata.fields import SOURCE_META
-from fastdata.fieldvalues import check_value, digest_value, flatten, kind_of
+from fastdata.fields.values import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source
 
 

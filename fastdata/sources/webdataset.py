@@ -23,7 +23,7 @@ naming the sample and the member (``--skip-bad`` leaves it out).
 
 Each sample's own ``__key__`` is kept as the text field ``__key__`` (first in the dict, as in
 webdataset's samples). Where every key is unique and usable as a tar member name
-(:func:`fastdata.fieldcodecs.member_key_problem`) the schema says so (meta
+(:func:`fastdata.fields.codecs.member_key_problem`) the schema says so (meta
 ``member_key``), and a tar output names its members by the keys, so stock webdataset reads the
 same ``__key__`` back; otherwise a tar output numbers its members and keeps each key in a
 ``__key__.txt`` member. Keys that repeat (webdataset allows it across shards) are a
@@ -46,7 +46,7 @@ from PIL import Image
 from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
 from fastdata.fields import MEMBER_KEY, FieldError
-from fastdata.fieldcodecs import member_key_problem
+from fastdata.fields.codecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
 from fastdata.conversion.outputs import Protected
 from fastdata.sources.base import Source

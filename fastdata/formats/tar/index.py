@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastdata.errors import CorruptDataError, CorruptManifestError
-from fastdata.fieldcodecs import MEMBER_NAME_BYTES
+from fastdata.fields.codecs import MEMBER_NAME_BYTES
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import is_plain_name
 

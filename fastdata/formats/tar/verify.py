@@ -12,7 +12,7 @@ from typing import Any
 from fastdata.errors import FastdataError, ManifestError
 from fastdata.fields import Schema
 from fastdata.formats.tar.index import FIELD_PREFIX, load_index
-from fastdata.fieldcodecs import member_key_problem
+from fastdata.fields.codecs import member_key_problem
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import CHECKSUM_ALGORITHM
 

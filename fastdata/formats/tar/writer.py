@@ -19,7 +19,7 @@ import numpy as np
 from fastdata.formats.base import Batch, FileSink, Plan, Writer
 from fastdata.formats.npyfile import npy_header
 from fastdata.errors import InvalidOptionError
-from fastdata.fieldcodecs import member_key_problem
+from fastdata.fields.codecs import member_key_problem
 from fastdata.fields import MEMBER_KEY
 from fastdata.formats.tar.layout import (
     BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import InvalidOptionError
-from fastdata.fields import ARRAY_DTYPES, KINDS, RAGGED, SPATIAL, VARIABLE, Field, FieldError, Schema
+from fastdata.fields.schema import ARRAY_DTYPES, KINDS, RAGGED, SPATIAL, VARIABLE, Field, FieldError, Schema
 
 
 # --- values -> kinds --------------------------------------------------------------------------

@@ -19,13 +19,13 @@ kind           values                                                 stored as
 =============  =====================================================  ===========================
 
 Nothing is pickled: any other Python object is an error naming its type.
-:func:`fastdata.fieldvalues.infer` makes a :class:`Schema` from the first samples' values;
-:func:`fastdata.fieldvalues.check_record` refuses a later sample that does not fit (naming the sample, the field and what differs), never casting silently.
+:func:`fastdata.fields.values.infer` makes a :class:`Schema` from the first samples' values;
+:func:`fastdata.fields.values.check_record` refuses a later sample that does not fit (naming the sample, the field and what differs), never casting silently.
 ``None`` is the empty value of a variable field (a COCO image with no boxes: zero boxes).
 
-How a value becomes bytes is :mod:`fastdata.fieldcodecs` (``Field.store`` / ``load`` /
+How a value becomes bytes is :mod:`fastdata.fields.codecs` (``Field.store`` / ``load`` /
 ``member`` / ``from_member`` call it); how Python values become fields (inference, checking a
-later sample, flattening a nested item) is :mod:`fastdata.fieldvalues`.
+later sample, flattening a nested item) is :mod:`fastdata.fields.values`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 
 import numpy as np
-from fastdata import fieldcodecs
+from fastdata.fields import codecs as fieldcodecs
 from fastdata.errors import BadSampleError, InvalidOptionError
 
 KINDS = ("image", "mask", "int", "float", "array", "text", "text_list", "json", "bytes")
@@ -131,7 +131,7 @@ class Field:
                    shape=tuple(shape) if isinstance(shape, list) else None, encoding=value.get("encoding"),
                    mode=value.get("mode"), meta=dict(value.get("meta") or {}))
 
-    # --- stored bytes and tar members: fastdata.fieldcodecs ------------------------------------
+    # --- stored bytes and tar members: fastdata.fields.codecs ----------------------------------
 
     def store(self, value: Any) -> bytes:
         """A checked value (non-image kinds) as its stored bytes."""

@@ -9,7 +9,7 @@ instead (:func:`member` / :func:`from_member`): ``.cls`` ints, ``.json`` floats 
 
 The functions take a :class:`fastdata.fields.Field` (its ``kind``, ``dtype``, ``shape``,
 ``encoding`` and ``name``); ``Field`` calls them from its methods of the same names, so this
-module imports nothing of ``fastdata.fields``.
+module imports nothing of :mod:`fastdata.fields.schema`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError
 
-_SPATIAL = ("image", "mask")  # fastdata.fields.SPATIAL (not imported: fields imports this module)
+_SPATIAL = ("image", "mask")  # fastdata.fields.SPATIAL (not imported: the schema imports this module)
 _ORIGINAL_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 
 
