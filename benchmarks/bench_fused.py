@@ -1,4 +1,4 @@
-"""The fused training-time decode (fastdata.fused) against torchvision's standard training
+"""The fused training-time decode (fastdata.reader.fused) against torchvision's standard training
 pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution JPEGs.
 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
@@ -8,7 +8,7 @@ pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution 
 Sets (seeded, generated in memory, JPEG quality 90, photo-like multi-scale noise):
 ``imagenet``: shorter side 300-500 px, aspect 3:4..4:3; ``large``: longer side 1500-2500 px.
 Every path decodes the same bytes to a 224x224 uint8 CHW tensor on the same boxes and flips
-(sample i draws from ``fastdata.fused.generator_for(0, 0, i)``; torchvision's pipeline gets the
+(sample i draws from ``fastdata.reader.fused.generator_for(0, 0, i)``; torchvision's pipeline gets the
 same state through ``torch.manual_seed``). One process, one thread: per-core throughput,
 median of ``repeats`` passes in rotating order after a warm-up, all in one run (ratios side by
 side). PSNR: each path against decode-then-crop-then-resize on the same box (Pillow decode,
@@ -18,7 +18,7 @@ Paths:
   torchvision   Image.open + convert("RGB"), v2.RandomResizedCrop(224) + v2.RandomHorizontalFlip
                 on the PIL image, v2.PILToTensor (the standard ImageNet recipe)
   full+crop     simplejpeg full decode, crop the box, torch resize, flip (no DCT scaling)
-  fused-simplejpeg / fused-pil   fastdata.fused.fused_decode with that decoder
+  fused-simplejpeg / fused-pil   fastdata.reader.fused.fused_decode with that decoder
   fused-turbojpeg   PyTurboJPEG 1.x (if importable): lossless crop to the box's iMCU-aligned
                 region, then a DCT-scaled decode of that region only, crop, resize, flip
 
@@ -68,7 +68,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from fastdata import fused
+from fastdata.reader import fused
 
 SIZE = 224
 

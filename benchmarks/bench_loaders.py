@@ -106,7 +106,7 @@ _BLOBS: list[bytes] = []
 
 
 def _decode_chunk(bounds: tuple[int, int], mode: str, size: int | None, fast: bool) -> int:
-    from fastdata.decoding import Decoder
+    from fastdata.reader.decoding import Decoder
 
     decoder = Decoder.make(mode, resize=size, center_crop=size, decoder="fast" if fast else "pil")
     for blob in _BLOBS[bounds[0] : bounds[1]]:

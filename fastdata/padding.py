@@ -12,7 +12,7 @@ import torch
 
 from fastdata.errors import InvalidOptionError
 from fastdata.fields import Field
-from fastdata.records import Records
+from fastdata.reader.records import Records
 
 
 def _is_number(value: Any) -> bool:

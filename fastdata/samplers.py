@@ -51,7 +51,7 @@ def shared_seed(seed: int | None, world_size: int) -> int:
 class EpochIndices(np.ndarray):
     """A batch of sample indices that knows the epoch it is read in (``.epoch``), also after
     pickling to a worker process: how the epoch reaches a reader's per-epoch randomness (the
-    fused random crop, :mod:`fastdata.fused`) on every backend and ``num_workers``. Otherwise a
+    fused random crop, :mod:`fastdata.reader.fused`) on every backend and ``num_workers``. Otherwise a
     plain int64 array."""
 
     epoch: int = 0

@@ -16,7 +16,7 @@ from PIL import Image
 
 import fastdata
 from conftest import save
-from fastdata.decoding import Decoder
+from fastdata.reader.decoding import Decoder
 from fastdata.demo import demo_image
 from fastdata.errors import DependencyMissingError, InvalidOptionError
 
@@ -160,7 +160,7 @@ def warned_jpegs(tmp_path: Path) -> Path:
 def test_jpegs_libjpeg_only_warns_about_read_with_every_decoder(warned_jpegs: Path, tmp_path: Path) -> None:
     from torchvision.transforms import v2
 
-    from fastdata.fused import fused_decode, generator_for, split_transform
+    from fastdata.reader.fused import fused_decode, generator_for, split_transform
 
     out = tmp_path / "w.npy"
     fastdata.convert(warned_jpegs, out, store="encoded", workers=0)
@@ -185,7 +185,7 @@ def test_jpegs_libjpeg_only_warns_about_read_with_every_decoder(warned_jpegs: Pa
 def test_a_broken_jpeg_is_one_corrupt_data_error_with_every_decoder(damage: str) -> None:
     pytest.importorskip("simplejpeg")
     from fastdata.errors import CorruptDataError
-    from fastdata.fused import FusedPlan
+    from fastdata.reader.fused import FusedPlan
 
     buffer = io.BytesIO()
     demo_image(np.random.default_rng(2), 40, 48, 0).save(buffer, format="JPEG", quality=90)

@@ -1,4 +1,4 @@
-"""The fused training-time decode (fastdata.fused): torchvision's boxes exactly, reproducible
+"""The fused training-time decode (fastdata.reader.fused): torchvision's boxes exactly, reproducible
 randomness, pixels close to decode-then-crop on the same box, PNG through the fallback exactly."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torchvision import transforms as v1  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
-from fastdata import fused  # noqa: E402
+from fastdata.reader import fused  # noqa: E402
 from fastdata.errors import InvalidOptionError  # noqa: E402
 
 # fused JPEG decode vs decode-then-crop-then-resize on the same box: measured 29-48 dB on these
@@ -237,7 +237,7 @@ class _MyCrop(v2.RandomResizedCrop):
     (v2.RandomResizedCrop(224, interpolation="box"), "RandomResizedCrop interpolation 'box' exists only for PIL images"),
 ])
 def test_what_is_not_fused_says_why(transform, reason: str, caplog) -> None:
-    with caplog.at_level(logging.DEBUG, logger="fastdata.fused"):
+    with caplog.at_level(logging.DEBUG, logger="fastdata.reader.fused"):
         assert fused.split_transform(transform) is None
     assert fused.fusion_refusal(transform) == reason
     assert f"transform not fused: {reason}" in caplog.text

@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 import fastdata
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
-from fastdata.fused import generator_for
+from fastdata.reader.fused import generator_for
 
 FORMATS = {"npy": ".npy", "hdf5": ".h5", "tar": ".tar"}
 HEIGHT, WIDTH = 48, 64

@@ -20,7 +20,7 @@ from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata import fused  # noqa: E402
+from fastdata.reader import fused  # noqa: E402
 from fastdata.errors import InvalidOptionError  # noqa: E402
 
 SIZE = 32

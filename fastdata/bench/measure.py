@@ -191,7 +191,7 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
         if config.start_method:
             kwargs["multiprocessing_context"] = config.start_method
     if getattr(dataset, "schema", None) is not None and case.path != "fast":
-        from fastdata.records import collate  # samples with fields: variable ones (boxes, text) as lists
+        from fastdata.reader.records import collate  # samples with fields: variable ones (boxes, text) as lists
 
         kwargs["collate_fn"] = collate
     if case.path == "fast" and isinstance(dataset, IterableDataset):

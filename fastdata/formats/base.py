@@ -162,13 +162,13 @@ class Reader:
         ``pil``, a reader of encoded images may return the decoded PIL images instead). Where a
         reader can, it writes the pixels into ``allocate(shape, dtype)`` (which may return None:
         no room) instead of new memory. Readers of formats with fields take ``draws``: a list that
-        a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.records`)."""
+        a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.reader.records`)."""
         raise NotImplementedError
 
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:
         """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
         of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or
-        each sample's stored bytes; :mod:`fastdata.records` builds the samples from them."""
+        each sample's stored bytes; :mod:`fastdata.reader.records` builds the samples from them."""
         raise NotImplementedError
 
 

@@ -1,7 +1,7 @@
 """The output contract shared by every reader, its options, and the map-style reader base.
 
 A dataset with fields beyond ``(image, label)`` (its manifest has a schema) gives each sample as
-its source returned it, a tuple or a dict of tv_tensors and values (:mod:`fastdata.records`,
+its source returned it, a tuple or a dict of tv_tensors and values (:mod:`fastdata.reader.records`,
 docs/fields.md). Otherwise a reader returns ``(image, label)``: the image a uint8 CHW tensor by default (a view of HWC
 storage, so its memory format is channels-last), an HWC ndarray with ``image_format="numpy"``
 or a PIL image with ``"pil"``; the label an ``int``. Indexing with a list/array of indices
@@ -12,7 +12,7 @@ batched fetch. Files are opened lazily in each process, never inherited across f
 validated dataclass: it turns pixels and labels into samples or a collated batch, for map-style
 and iterable readers alike. A reader with options of its own subclasses it (its ``Options``).
 What a format's reader implements is :class:`fastdata.formats.base.Reader`;
-:class:`fastdata.decoding.Decoder` is the one decode path (encoded bytes -> pixels, or a
+:class:`fastdata.reader.decoding.Decoder` is the one decode path (encoded bytes -> pixels, or a
 :class:`~fastdata.errors.CorruptDataError` naming the sample).
 
 Its modules: :mod:`~fastdata.reader.options` (:class:`ReaderOptions`, the output contract),

@@ -106,8 +106,8 @@ class MapDataset(ReaderOutput, Reader, Dataset):
 
     @property
     def records(self) -> Any:
-        """How this reader's samples with fields are built (:class:`fastdata.records.Records`)."""
-        from fastdata.records import Records  # only datasets with fields need it
+        """How this reader's samples with fields are built (:class:`fastdata.reader.records.Records`)."""
+        from fastdata.reader.records import Records  # only datasets with fields need it
 
         return Records(self)
 

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from fastdata.decoding import check_decoder, geometry_of
+from fastdata.reader.decoding import check_decoder, geometry_of
 from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptionError
-from fastdata.fused import FusedPlan, split_transform
+from fastdata.reader.fused import FusedPlan, split_transform
 from fastdata.images import Geometry
 from fastdata.remote.dataset import RemoteOptions
 from fastdata.remote.filesystem import Retry
@@ -37,15 +37,15 @@ class ReaderOptions:
     served one by one (``ds[i]``, ``__getitems__``, i.e. ``DataLoader(ds, batch_size=N)``). A
     random transform therefore draws once per batch on the first and once per image on the
     second. It needs ``image_format="tensor"``. ``resize``, ``center_crop`` and ``decoder``
-    apply to encoded images (:mod:`fastdata.decoding`).
+    apply to encoded images (:mod:`fastdata.reader.decoding`).
 
     ``fuse`` (default True): a torchvision ``transform`` that starts with ``RandomResizedCrop``
     (+ ``RandomHorizontalFlip``), or ``Resize`` + ``CenterCrop``, has that part done inside the
-    decode of encoded images (:mod:`fastdata.fused`) and the rest of it run after (``fused``:
+    decode of encoded images (:mod:`fastdata.reader.fused`) and the rest of it run after (``fused``:
     ``(plan, rest)``, or None); ``fuse=False`` decodes, then runs the whole transform. Only with
     ``image_format="tensor"`` and no read-time ``resize``/``center_crop``. The crops are drawn
     from ``(seed, epoch, sample index)``; a dataset with fields moves its masks, boxes and
-    further images with the same crop and flip (:mod:`fastdata.records`).
+    further images with the same crop and flip (:mod:`fastdata.reader.records`).
 
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.

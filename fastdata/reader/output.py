@@ -8,7 +8,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable
 
-from fastdata.decoding import Decoder
+from fastdata.reader.decoding import Decoder
 from fastdata.reader.options import ReaderOptions
 
 def _signature(cls: type) -> inspect.Signature:

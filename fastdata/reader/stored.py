@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from fastdata.decoding import Decoder
+from fastdata.reader.decoding import Decoder
 from fastdata.errors import CorruptManifestError, InvalidOptionError
 from fastdata.formats.stored import open_manifest
 from fastdata.reader.mapstyle import MapDataset
@@ -15,7 +15,7 @@ from fastdata.remote.dataset import locate
 from fastdata.urls import is_url
 
 def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
-    """The read-time :class:`~fastdata.decoding.Decoder` of a converted dataset: resize,
+    """The read-time :class:`~fastdata.reader.decoding.Decoder` of a converted dataset: resize,
     center_crop and decoder apply to encoded images; raw pixels were sized at conversion."""
     encoded = manifest["store"] != "raw"
     made = Decoder(manifest["image"]["mode"], options.geometry, options.decoder == "fast", encoded=encoded)
@@ -54,6 +54,6 @@ class StoredDataset(MapDataset):
         self._set_classes(self.manifest)
         self._load()
         if "fields" in self.manifest:
-            from fastdata.records import open_schema  # only datasets with fields need it
+            from fastdata.reader.records import open_schema  # only datasets with fields need it
 
             self.schema = open_schema(self)

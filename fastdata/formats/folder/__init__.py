@@ -16,7 +16,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError, InvalidOptionError
 from fastdata.formats.base import FormatSpec
 from fastdata.formats.registry import register
-from fastdata.decoding import Decoder
+from fastdata.reader.decoding import Decoder
 from fastdata.reader.mapstyle import MapDataset
 from fastdata.reader.options import ReaderOptions
 from fastdata.conversion.folders import scan_folder

@@ -64,7 +64,7 @@ def member_pixels(path: Path, manifest: dict[str, Any], index: ShardIndex, blobs
     """Image member bytes of ``samples`` -> uint8 HWC pixels: the raw ``.npy`` members' pixels
     (one stacked array, in ``allocate``'d memory when given) or the encoded images decoded
     (PIL images with ``pil``; a fused crop's randomness from ``epoch``, see
-    :meth:`fastdata.decoding.Decoder.decode_all`)."""
+    :meth:`fastdata.reader.decoding.Decoder.decode_all`)."""
     def where(row: int) -> str:
         sample = int(samples[row])
         return f"{str(path / index.files[index.shard_of[sample]])!r} sample {sample}"
@@ -282,7 +282,7 @@ class _Held:
 
 
 class BlockMembers:
-    """A tar reader of a dataset with fields (what :class:`fastdata.records.Records` builds samples
+    """A tar reader of a dataset with fields (what :class:`fastdata.reader.records.Records` builds samples
     from) whose image and field members were read already: by the map-style reader's byte runs
     (:meth:`TarIndexedDataset._reading`) or the streaming reader's block reads. ``images`` and
     each of ``fields``' lists are in the order of the indices the records ask for; a field not

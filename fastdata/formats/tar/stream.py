@@ -193,7 +193,7 @@ class TarDataset(ReaderOutput, IterableDataset):
     def _emit(self, chunk: list[tuple[int, bytes]]) -> list[Any]:
         samples = np.fromiter((sample for sample, _ in chunk), dtype=np.int64, count=len(chunk))
         if self.fields_reader is not None:
-            from fastdata.records import Records  # only datasets with fields need it
+            from fastdata.reader.records import Records  # only datasets with fields need it
 
             names = self._block_fields()
             members = BlockMembers(self.fields_reader, [blob[0] for _, blob in chunk],

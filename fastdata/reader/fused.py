@@ -8,7 +8,7 @@ Three steps, each usable on its own:
   a single transform) and splits off a leading ``RandomResizedCrop`` (+ ``RandomHorizontalFlip``)
   or ``Resize`` + ``CenterCrop`` as a :class:`FusedPlan`, with the rest of the pipeline to run
   after. Anything else is not fused: it returns None, and :func:`fusion_refusal` says why (the
-  same reason is logged at DEBUG level on the ``fastdata.fused`` logger).
+  same reason is logged at DEBUG level on the ``fastdata.reader.fused`` logger).
 * :meth:`FusedPlan.draw` draws the crop box and the flip from the image's (height, width) alone,
   with the same operations, in the same order, on the same torch generator stream as
   torchvision's ``RandomResizedCrop.get_params`` then ``RandomHorizontalFlip``: for a generator

@@ -10,9 +10,9 @@ tensors (images, raw masks, scalars, fixed arrays), variable ones as lists (or p
 :class:`fastdata.padding.Padding`, ``fastdata.loader(..., pad=...)``). Each field is read
 once per batch (one fancy-indexed read of a fixed field's rows).
 
-Where the image's decode fuses the transform's leading crop (+ flip) (:mod:`fastdata.fused`),
+Where the image's decode fuses the transform's leading crop (+ flip) (:mod:`fastdata.reader.fused`),
 every other tv_tensor of the sample gets the same drawn box and flip through torchvision's
-kernels (:func:`fastdata.fused.transform_like`), then the rest of the transform runs on the
+kernels (:func:`fastdata.reader.fused.transform_like`), then the rest of the transform runs on the
 whole sample: what the unfused v2 pipeline gives for the same draw.
 """
 
@@ -207,12 +207,12 @@ class Records:
     def _moved_alike(self, values: dict[str, Any], height: int, width: int, draw: Any, sample: int) -> dict[str, Any]:
         """The sample's other spatial values (every tv_tensor but the fused image: masks, boxes,
         further images) cropped, resized and flipped as the fused image was
-        (:func:`fastdata.fused.transform_like`); what is no tv_tensor the v2 pipeline passes
+        (:func:`fastdata.reader.fused.transform_like`); what is no tv_tensor the v2 pipeline passes
         through, and so does this."""
         from torchvision import tv_tensors
         from torchvision.transforms.v2.functional import get_size
 
-        from fastdata.fused import transform_like
+        from fastdata.reader.fused import transform_like
 
         plan, image = self.ds.decoder.plan, self.schema.image.name
         moved = {}

@@ -12,12 +12,12 @@ same ``--resize``/``--center-crop`` semantics as conversion, i.e. torchvision's 
   torchvision's ``resize`` calls for uint8 tensors: the same pixels, without needing
   torchvision). Pixels differ slightly from Pillow's (measured in
   docs/reading.md); other image types take the Pillow path, as do JPEGs that libjpeg-turbo
-  decodes only with a warning (:func:`fastdata.fused.strict_simplejpeg`).
+  decodes only with a warning (:func:`fastdata.reader.fused.strict_simplejpeg`).
 
-With a :class:`~fastdata.fused.FusedPlan` (``plan``: the leading random-resized-crop + flip,
+With a :class:`~fastdata.reader.fused.FusedPlan` (``plan``: the leading random-resized-crop + flip,
 or resize + centre crop, of the reader's ``transform``, split off by
 :class:`fastdata.reader.ReaderOptions`), each image is decoded through it instead
-(:func:`fastdata.fused.fused_decode`: only the DCT scale the crop box needs), its randomness
+(:func:`fastdata.reader.fused.fused_decode`: only the DCT scale the crop box needs), its randomness
 drawn from ``(seed, epoch, sample index)``: the same crops on every backend and ``num_workers``,
 new ones each epoch. JPEGs go through simplejpeg when it is installed, else Pillow's ``draft``;
 other image types are decoded in full and cropped on the same box.
@@ -38,7 +38,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
-from fastdata.fused import FusedPlan, fused_decode, generator_for, strict_simplejpeg
+from fastdata.reader.fused import FusedPlan, fused_decode, generator_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -120,7 +120,7 @@ class Decoder:
 
     def _decode_fast(self, data: bytes) -> np.ndarray | None:
         """A JPEG through simplejpeg, or None where its strict mode refuses the file (Pillow,
-        the conversion's decoder, then decides: :func:`fastdata.fused.strict_simplejpeg`)."""
+        the conversion's decoder, then decides: :func:`fastdata.reader.fused.strict_simplejpeg`)."""
         import torch
 
         _simplejpeg()  # the install command when it is missing
@@ -156,7 +156,7 @@ class Decoder:
         With a ``plan``, row ``r``'s crop is drawn from ``(seed, epoch, indices[r])``, or from
         torch's global generator when ``epoch`` is None (as torchvision's transforms draw); a
         ``draws`` list gets each row's ``(height, width, Draw)`` (the sample's other fields are
-        moved alike, :mod:`fastdata.records`).
+        moved alike, :mod:`fastdata.reader.records`).
         A sample that does not decode is a CorruptDataError naming it (``where(row)``)."""
         blobs = list(blobs)
         fused = self.plan is not None and not pil
