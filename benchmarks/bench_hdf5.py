@@ -32,7 +32,7 @@ from fastdata.bench.timing import Cell, compare
 from fastdata.demo import demo_folder
 from fastdata.formats.hdf5 import HDF5Dataset
 from fastdata.images import decode
-from fastdata.samplers import ChunkShuffleSampler
+from fastdata.loading.samplers import ChunkShuffleSampler
 
 HERE = Path(__file__).resolve().parent
 

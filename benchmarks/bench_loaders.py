@@ -256,7 +256,7 @@ def memory(path: Path, batch: int, report: dict[str, Any], repeats: int = 3) -> 
 
 
 def library_cells(ds: Any, batch: int) -> list[Cell]:
-    from fastdata.samplers import BatchIndexSampler
+    from fastdata.loading.samplers import BatchIndexSampler
 
     cells = [Cell("nw=0", 0, lambda: fastdata.loader(ds, batch_size=batch, seed=0))]
 

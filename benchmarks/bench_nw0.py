@@ -35,7 +35,7 @@ import torch
 import fastdata
 from fastdata.bench.timing import time_epoch
 from fastdata.machine import machine_info
-from fastdata.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "nw0"

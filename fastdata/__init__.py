@@ -13,8 +13,8 @@ from typing import Any
 from fastdata._version import __version__  # noqa: F401 - public
 
 _EXPORTS = {
-    "BatchIndexSampler": "fastdata.samplers",
-    "ChunkShuffleSampler": "fastdata.samplers",
+    "BatchIndexSampler": "fastdata.loading.samplers",
+    "ChunkShuffleSampler": "fastdata.loading.samplers",
     "FastdataError": "fastdata.errors",
     "FolderDataset": "fastdata.formats.folder",
     "HDF5Dataset": "fastdata.formats.hdf5",

@@ -92,7 +92,7 @@ def test_public_names_import_without_traps() -> None:
     built = fastdata.loader(torch.utils.data.TensorDataset(torch.zeros(4)), batch_size=2)
     assert isinstance(built, torch.utils.data.DataLoader) and type(built).__name__ == "TorchLoader"
     assert fastdata.__version__ == importlib.import_module("fastdata._version").__version__
-    assert fastdata.BatchIndexSampler is importlib.import_module("fastdata.samplers").BatchIndexSampler
+    assert fastdata.BatchIndexSampler is importlib.import_module("fastdata.loading.samplers").BatchIndexSampler
     for name in fastdata.__all__:
         assert getattr(fastdata, name) is not None
     with pytest.raises(AttributeError, match="module 'fastdata' has no attribute 'nothing_here'"):

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import fastdata
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar import TarIndexedDataset
-from fastdata.samplers import BatchIndexSampler, ChunkShuffleSampler
+from fastdata.loading.samplers import BatchIndexSampler, ChunkShuffleSampler
 
 from conftest import WRITABLE, convert_to, pattern, save
 

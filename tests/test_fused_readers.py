@@ -131,7 +131,7 @@ def test_crops_are_the_same_on_every_backend_and_num_workers_and_change_per_epoc
 def _epochs(ds, backend: str, num_workers: int) -> list[torch.Tensor]:
     """Each sample's image in epochs 0 and 1 of ``fastdata.loader`` (the sampler's order: the
     labels-free way is to read the indices from a second sampler of the same seed)."""
-    from fastdata.samplers import BatchIndexSampler
+    from fastdata.loading.samplers import BatchIndexSampler
 
     loader = fastdata.loader(ds, batch_size=5, shuffle=True, seed=11, backend=backend, num_workers=num_workers)
     order = BatchIndexSampler(len(ds), 5, shuffle=True, seed=11)

@@ -30,7 +30,7 @@ from fastdata.errors import (
 )
 from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, USERBLOCK_BYTES, default_chunk_images, userblock, write_manifest
 from fastdata.manifest import seal_manifest
-from fastdata.samplers import ChunkShuffleSampler
+from fastdata.loading.samplers import ChunkShuffleSampler
 from fastdata.sources import scan_folder
 from format_contract import FormatContract
 

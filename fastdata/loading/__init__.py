@@ -1,7 +1,7 @@
 """``fastdata.loader``: batches read with one ``dataset[indices]`` call each, on one of three
 backends that differ only in *who* computes a batch and *how* it reaches the consumer.
 
-One :class:`~fastdata.samplers.BatchIndexSampler` decides the order of an epoch before any
+One :class:`~fastdata.loading.samplers.BatchIndexSampler` decides the order of an epoch before any
 parallelism, so every backend and every ``num_workers`` yields the same batches in the same
 order as ``num_workers=0``.
 
@@ -16,7 +16,7 @@ each batch computed in the calling thread, no DataLoader iterator, thread or pro
 
 The sampler splits each epoch across distributed ranks first, then the backend shares this
 rank's batches among its workers; ``state_dict()``/``load_state_dict()`` continue an epoch
-where it stopped (see :class:`~fastdata.samplers.EpochSampler`).
+where it stopped (see :class:`~fastdata.loading.samplers.EpochSampler`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from fastdata.errors import InvalidOptionError
 from fastdata.loading.base import BatchLoader, Resumable, WorkerError
 from fastdata.loading.fetch import accepts_index_arrays
-from fastdata.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler
 
 BACKENDS = ("torch", "thread", "process")
 __all__ = ["BACKENDS", "BatchLoader", "WorkerError", "accepts_index_arrays", "loader"]
@@ -148,7 +148,7 @@ class TorchLoader(Resumable, DataLoader):
 
 
 def _padding(dataset: Any, pad: Any, kwargs: dict[str, Any]) -> Any:
-    """The checked ``pad`` option as a :class:`~fastdata.padding.Padding` (fastdata readers of
+    """The checked ``pad`` option as a :class:`~fastdata.loading.padding.Padding` (fastdata readers of
     datasets with fields only)."""
     if getattr(dataset, "schema", None) is None or not accepts_index_arrays(dataset):
         raise InvalidOptionError(
@@ -157,7 +157,7 @@ def _padding(dataset: Any, pad: Any, kwargs: dict[str, Any]) -> Any:
     if kwargs.get("collate_fn") is not None:
         raise InvalidOptionError("pad pads fastdata's own batches; with a collate_fn, pad in it "
                                  "(torch.nn.utils.rnn.pad_sequence) and leave pad out.")
-    from fastdata.padding import Padding  # only datasets with fields need it
+    from fastdata.loading.padding import Padding  # only datasets with fields need it
 
     return Padding(dataset, pad)
 

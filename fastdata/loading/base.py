@@ -1,4 +1,4 @@
-"""What every loader backend shares: the batch order (one :class:`~fastdata.samplers.BatchIndexSampler`
+"""What every loader backend shares: the batch order (one :class:`~fastdata.loading.samplers.BatchIndexSampler`
 decides it before any parallelism), the epoch, ``len()``, and the errors a worker can cause."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.loading.fetch import BatchFetcher
-from fastdata.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler
 
 
 class WorkerError(FastdataError, RuntimeError):

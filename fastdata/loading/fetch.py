@@ -51,7 +51,7 @@ class BatchFetcher:
     def __init__(self, dataset: Any, collate_fn: Callable | None = None, padding: Callable | None = None):
         self.dataset = dataset
         self.collate_fn = collate_fn
-        self.padding = padding  # the loader's pad option (fastdata.padding.Padding), applied to each batch
+        self.padding = padding  # the loader's pad option (fastdata.loading.padding.Padding), applied to each batch
         self.batched = accepts_index_arrays(dataset) and collate_fn is None
         self.read = batch_reader(dataset) if self.batched else None
 

@@ -7,7 +7,7 @@ boxes as ``tv_tensors.BoundingBoxes`` with their format and the canvas size of t
 ``transforms.v2`` pipeline given as ``transform`` transforms the whole sample together. A batch
 (``ds[indices]``, ``fastdata.loader``) has one entry per field: fixed-shape fields stacked as
 tensors (images, raw masks, scalars, fixed arrays), variable ones as lists (or padded:
-:class:`fastdata.padding.Padding`, ``fastdata.loader(..., pad=...)``). Each field is read
+:class:`fastdata.loading.padding.Padding`, ``fastdata.loader(..., pad=...)``). Each field is read
 once per batch (one fancy-indexed read of a fixed field's rows).
 
 Where the image's decode fuses the transform's leading crop (+ flip) (:mod:`fastdata.reader.fused`),

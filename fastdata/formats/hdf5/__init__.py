@@ -16,7 +16,7 @@ both:     ``labels`` (N,) int64; ``fastdata_manifest`` (M,) uint8 -- the manifes
 
 Reading: contiguous, unfiltered datasets are memory-mapped at their file offset (as fast as
 ``npy``); chunked ones are read a whole chunk at a time, decompressed once and kept in a small
-per-process cache. :class:`fastdata.samplers.ChunkShuffleSampler` orders an epoch so each chunk
+per-process cache. :class:`fastdata.loading.samplers.ChunkShuffleSampler` orders an epoch so each chunk
 is needed once.
 """
 

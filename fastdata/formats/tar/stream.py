@@ -21,7 +21,7 @@ from fastdata.formats.tar.index import open_shard, read_exact
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME
 from fastdata.formats.tar.reader import BlockMembers, TarIndexedDataset, load_dataset, member_pixels
 from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
-from fastdata.samplers import resolve_distributed
+from fastdata.loading.samplers import resolve_distributed
 from fastdata.reader.options import ReaderOptions
 from fastdata.reader.output import ReaderOutput
 from fastdata.reader.stored import decoder_for

@@ -194,7 +194,7 @@ class BatchIndexSampler(EpochSampler):
     (or ``0..N-1`` in order without ``shuffle``).
 
     Every index appears exactly once per epoch (the last batch is short unless ``drop_last``);
-    see :class:`fastdata.samplers.EpochSampler` for seeding, epochs, ranks and resuming.
+    see :class:`fastdata.loading.samplers.EpochSampler` for seeding, epochs, ranks and resuming.
     """
 
     def __init__(
