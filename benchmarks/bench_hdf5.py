@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import fastdata
 from fastdata.bench.timing import Cell, compare
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.formats.hdf5 import HDF5Dataset
 from fastdata.images import decode
 from fastdata.loading.samplers import ChunkShuffleSampler

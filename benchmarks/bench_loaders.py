@@ -37,7 +37,7 @@ import fastdata
 from fastdata.bench.measure import MemoryPeak
 from fastdata.bench.report import best_rate, rates_table
 from fastdata.bench.timing import Cell, compare, time_epoch
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.machine import machine_info, release_free_memory, usable_cores
 
 HERE = Path(__file__).resolve().parent

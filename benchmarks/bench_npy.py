@@ -2,7 +2,7 @@
 
     python benchmarks/bench_npy.py [--count 20000] [--workers 0,1,2]
 
-Workload: ``count`` seeded 32x32 PNGs (fastdata.demo), batch 256, shuffle, full epochs
+Workload: ``count`` seeded 32x32 PNGs (fastdata.bench.demo), batch 256, shuffle, full epochs
 (1 warm-up + median of 3). All rows are measured in one run, so ratios are side by side.
 """
 
@@ -21,7 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 import fastdata
 from fastdata.bench.report import best_rate, rates_table
 from fastdata.bench.timing import Cell, compare
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.machine import machine_info
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -43,7 +43,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.formats.tar import TarDataset
 
 KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}

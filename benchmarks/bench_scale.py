@@ -3,7 +3,7 @@ job array (``--part I/4`` as four concurrent processes, then ``fastdata merge``)
 
     python benchmarks/bench_scale.py [--count 20000] [--jpegs 1000] [--repeats 3] [--json rows.json]
 
-Workloads (seeded, made by fastdata.demo under benchmarks/data/, reused across runs):
+Workloads (seeded, made by fastdata.bench.demo under benchmarks/data/, reused across runs):
   * ``count`` 32x32 PNGs in 10 classes, converted to npy ``raw`` and ``encoded``: local and Ray are
     timed in this process (median of ``repeats`` after one warm-up; Ray's start-up is reported
     apart); the four parts run at once, as real ``fastdata convert`` processes (their interpreter
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import fastdata
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.machine import machine_info, usable_cores
 from fastdata.manifest import disk_usage
 

@@ -2,7 +2,7 @@
 
 Grid: reader x num_workers (0..os.cpu_count()), batch 256, full epochs, median of repeats
 after a warm-up epoch, all in one run on the same workload (20k 32x32 PNGs from
-``fastdata.demo.make_demo_folder``, seeded). Emits JSON rows, then a table rendered from them.
+``fastdata.bench.demo.make_demo_folder``, seeded). Emits JSON rows, then a table rendered from them.
 
     python benchmarks/bench_tar.py --data benchmarks/data/bench_tar --out benchmarks/out/bench_tar.json
 """
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 import fastdata
 from fastdata.bench.report import best_rate, rates_table
 from fastdata.bench.timing import Cell, compare
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 
 
 def prepare(data: Path, count: int, size: int, shard_samples: int) -> dict[str, Path]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import fastdata
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 from fastdata.machine import machine_info, usable_cores
 
 HERE = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 
     python benchmarks/readme_bench.py [--quick]
 
-1. small: 20,000 32x32 PNGs (CIFAR-like; ``fastdata.demo.make_demo_folder``), every format and
+1. small: 20,000 32x32 PNGs (CIFAR-like; ``fastdata.bench.demo.make_demo_folder``), every format and
    store, num_workers auto, 1 warm-up + 3 measured epochs.
 2. large: 500 JPEGs with sides of 256-512 px (ImageNet-like), ``--resize 224x224`` (raw
    conversions store 224x224; the folder and encoded rows decode and resize per sample),
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from fastdata.bench import BenchConfig, machine_info, run_bench
-from fastdata.demo import demo_folder
+from fastdata.bench.demo import demo_folder
 
 HERE = Path(__file__).resolve().parent
 

@@ -17,7 +17,7 @@ from PIL import Image
 import fastdata
 from conftest import save
 from fastdata.reader.decoding import Decoder
-from fastdata.demo import demo_image
+from fastdata.bench.demo import demo_image
 from fastdata.errors import DependencyMissingError, InvalidOptionError
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import fastdata
 from conftest import save
-from fastdata.demo import demo_image
+from fastdata.bench.demo import demo_image
 from fastdata.errors import DependencyMissingError
 from fastdata.extras import DISTRIBUTION, EXTRAS, install_command, require
 

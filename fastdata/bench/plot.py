@@ -20,7 +20,7 @@ from typing import Any
 
 from fastdata.bench.report import sort_key, label
 from fastdata.bench.summary import choose_workers, recommend, summarize
-from fastdata.explain import times
+from fastdata.bench.explain import times
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf", "#000000")

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.bench.summary import BACKEND_PREFERENCE, NOISE_FLOOR, best_workers, choose, choose_workers, spread, summarize
-from fastdata.explain import PATH_WORDS, ms, why_best_workers
+from fastdata.bench.explain import PATH_WORDS, ms, why_best_workers
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
            "write_results"]
@@ -120,7 +120,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
 
 
 def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer: float | None) -> str:
-    """Why ``best`` wins (:func:`fastdata.explain.why_best_workers`, from this row's cells). The
+    """Why ``best`` wins (:func:`fastdata.bench.explain.why_best_workers`, from this row's cells). The
     read cost is the data wait per batch at num_workers=0: a training step is not part of it."""
     serial = by_workers.get(0, {})
     read_ms = startup = epoch_s = None

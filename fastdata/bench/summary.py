@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from fastdata.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence
+from fastdata.bench.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -100,7 +100,7 @@ def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = 
     """Among measured ``(key, num_workers, cell)``: the fastest, the ones within its noise, and
     the one chosen — the simplest of those (fewest workers, then the torch backend, then the
     source as it is, then the faster median, then the name: the same rows give the same answer)
-    that no simpler cell outran (:func:`fastdata.explain.outrun_by_none_simpler`): a tie never
+    that no simpler cell outran (:func:`fastdata.bench.explain.outrun_by_none_simpler`): a tie never
     goes to a setting slower than a simpler one measured. A cell that stands for several keys
     (num_workers=0, one serial loop on every backend: :func:`summarize`) counts once, under its
     simplest key."""

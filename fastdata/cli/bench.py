@@ -128,7 +128,7 @@ def run_bench(args: argparse.Namespace) -> int:
     source = args.source
     resize = args.resize
     if args.demo:
-        from fastdata.demo import demo_folder
+        from fastdata.bench.demo import demo_folder
 
         source = str(demo_folder(out / "demo-images", small=DEMO["small"], large=DEMO["large"]))
         resize = resize or DEMO["resize"]

@@ -176,7 +176,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def render(rec: Any, source: str) -> str:
     """The recommendation, the measured table and the explanation, as ``fastdata tune`` prints them."""
-    from fastdata.explain import ms
+    from fastdata.bench.explain import ms
 
     m = rec.measurements
     lines = [f"fastdata tune: {source}, batch {rec.batch_size}, {m.usable_cores} usable cores "

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 from fastdata.bench.probes import ReadyBatches, ReadyBatchesOf
 from fastdata.bench.sweep import step_options
 from fastdata.errors import FastdataError, InvalidOptionError
-from fastdata.explain import tune_paragraph
+from fastdata.bench.explain import tune_paragraph
 from fastdata.loading import BACKENDS
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastdata.explain import TIE, outrun_by_none_simpler
+from fastdata.bench.explain import TIE, outrun_by_none_simpler
 from fastdata.tuning.measure import Measurements
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
