@@ -23,7 +23,7 @@ from fastdata.errors import FastdataError, InvalidOptionError, ShapeMismatchErro
 from fastdata.formats import all_formats, find_manifest, get_format
 from fastdata.manifest import disk_usage
 from fastdata.images import parse_size
-from fastdata.conversion.files import remove_path
+from fastdata.files import remove_path
 from fastdata.remote.filesystem import scrub
 from fastdata.sources import TORCHVISION_PREFIX, FolderSource, Source
 

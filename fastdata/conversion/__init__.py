@@ -2,7 +2,7 @@
 ray``) is planned, run and written here.
 
 Public names are imported on first use (PEP 562): the format packages import the option parsers
-of :mod:`fastdata.conversion.options` and the sources import :mod:`~fastdata.conversion.fingerprint`,
+of :mod:`fastdata.conversion.options` and the sources import :mod:`~fastdata.sources.fingerprint`,
 and neither should load the driver (which imports them) to do so.
 """
 

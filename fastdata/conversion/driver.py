@@ -42,7 +42,7 @@ from fastdata.conversion.scale.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
-from fastdata.conversion.files import remove_path
+from fastdata.files import remove_path
 from fastdata.errors import ConversionInterrupted, PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
 from fastdata.remote.filesystem import scrub

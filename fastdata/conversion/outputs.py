@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fastdata.conversion import journal
-from fastdata.conversion.files import remove_path, sync_folder, unique_sibling
+from fastdata.files import remove_path, sync_folder, unique_sibling
 from fastdata.errors import ConversionInterrupted, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
 from fastdata.conversion.locks import os_error
 from fastdata.formats import find_manifest
 from fastdata.manifest import MANIFEST_NAME
+from fastdata.sources.base import Protected
 
 PARTIAL_SUFFIX = ".partial"
 _OLD_INFIX = ".fastdata-old-"
@@ -108,16 +109,6 @@ def _name_max(folder: Path) -> int:
         return os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         return 255
-
-
-@dataclass(frozen=True)
-class Protected:
-    """A path the conversion reads from: OUTPUT may not be it, be inside it (unless
-    ``inside_ok``: a torchvision root may hold the output beside the dataset's files) or contain it."""
-
-    path: Path
-    what: str
-    inside_ok: bool = False
 
 
 def check_not_source(output: Path, protected: list[Protected]) -> None:

@@ -20,7 +20,7 @@ from fastdata.images import (
 )
 from fastdata.formats.base import Batch, Plan
 from fastdata.conversion.options import ConvertOptions
-from fastdata.conversion.folders import printable
+from fastdata.sources.imagefolder import printable
 from fastdata.machine import become_worker, stop_signals_held
 from fastdata.sources import ArraySource, Source
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from fastdata.conversion import journal
-from fastdata.conversion.fingerprint import describe_changes
+from fastdata.sources.fingerprint import describe_changes
 from fastdata.conversion.options import ConvertOptions
-from fastdata.conversion.files import remove_path
+from fastdata.files import remove_path
 from fastdata.conversion.outputs import Target
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.scale.units import Finished, Unit, read_unit, remove_unit, staged

@@ -22,7 +22,7 @@ from fastdata.errors import BadSampleError, ConversionInterrupted
 from fastdata.formats import FormatSpec
 from fastdata.formats.base import Plan
 from fastdata.conversion.options import ConvertOptions
-from fastdata.conversion.files import remove_path
+from fastdata.files import remove_path
 from fastdata.conversion.outputs import Target, partial_removed_on_failure, publish
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.resume import claim_partial

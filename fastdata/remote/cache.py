@@ -55,7 +55,7 @@ def default_cache_limit() -> int:
     text = os.environ.get("FASTDATA_CACHE_LIMIT")
     if not text:
         return DEFAULT_LIMIT
-    from fastdata.conversion.options import parse_bytes  # the CLI's size parser; only when the variable is set
+    from fastdata.quantities import parse_bytes  # the CLI's size parser; only when the variable is set
 
     return parse_bytes(text, flag="FASTDATA_CACHE_LIMIT")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.errors import InvalidOptionError
-from fastdata.conversion.folders import IMG_EXTENSIONS, find_classes, is_image_file, scan_folder
+from fastdata.sources.imagefolder import IMG_EXTENSIONS, find_classes, is_image_file, scan_folder
 from fastdata.images import ReadOptions
 from fastdata.sources.base import Source
 from fastdata.sources.datasets import (

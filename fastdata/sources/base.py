@@ -7,13 +7,24 @@ touch) and how to tell whether it changed (:meth:`Source.fingerprint`, for ``--r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from fastdata.images import ReadOptions
-from fastdata.conversion.outputs import Protected
+
+
+@dataclass(frozen=True)
+class Protected:
+    """A path the conversion reads from: OUTPUT may not be it, be inside it (unless
+    ``inside_ok``: a torchvision root may hold the output beside the dataset's files) or contain it."""
+
+    path: Path
+    what: str
+    inside_ok: bool = False
 
 
 class Source:
@@ -51,7 +62,7 @@ class Source:
         raise NotImplementedError
 
     def fingerprint(self) -> dict[str, Any]:
-        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.conversion.fingerprint`)."""
+        """What ``--resume`` compares to tell whether the source changed (:mod:`fastdata.sources.fingerprint`)."""
         raise NotImplementedError
 
     def protected(self) -> list[Protected]:

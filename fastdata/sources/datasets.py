@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.conversion import fingerprint
+from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
-from fastdata.conversion.outputs import Protected
+from fastdata.sources.base import Protected
 from fastdata.fields import SOURCE_META
 from fastdata.fields.values import check_value, digest_value, flatten, kind_of
 from fastdata.sources.base import Source

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.conversion import fingerprint
-from fastdata.conversion.folders import printable, scan_folder
+from fastdata.sources import fingerprint
+from fastdata.sources.imagefolder import printable, scan_folder
 from fastdata.images import ReadOptions, exif_transpose, guarded_open, open_checked, oriented_size
-from fastdata.conversion.outputs import Protected
+from fastdata.sources.base import Protected
 from fastdata.sources.base import Source
 
 

@@ -26,8 +26,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from fastdata.conversion import fingerprint
-from fastdata.conversion.outputs import Protected
+from fastdata.sources import fingerprint
+from fastdata.sources.base import Protected
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions, check_pixels, exif_transpose
 from fastdata.sources.base import Source

@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.conversion import fingerprint
+from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
 from fastdata.fields import MEMBER_KEY, FieldError
 from fastdata.fields.codecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
-from fastdata.conversion.outputs import Protected
+from fastdata.sources.base import Protected
 from fastdata.sources.base import Source
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")

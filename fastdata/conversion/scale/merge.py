@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fastdata.conversion.fingerprint import describe_changes
+from fastdata.sources.fingerprint import describe_changes
 from fastdata.conversion.locks import ConversionLock
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.outputs import Target, check_existing, check_output_path

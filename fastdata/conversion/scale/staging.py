@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastdata.conversion.fingerprint import describe_changes
+from fastdata.sources.fingerprint import describe_changes
 from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError, SourceChangedError
 from fastdata.conversion.locks import ConversionLock, holder_record
 from fastdata.conversion.scale.units import staging_path

@@ -19,7 +19,7 @@ from fastdata.formats.registry import register
 from fastdata.reader.decoding import Decoder
 from fastdata.reader.mapstyle import MapDataset
 from fastdata.reader.options import ReaderOptions
-from fastdata.conversion.folders import scan_folder
+from fastdata.sources.imagefolder import scan_folder
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata.errors import InvalidOptionError
 from fastdata.extras import require
-from fastdata.conversion.options import parse_count
+from fastdata.quantities import parse_count
 
 CHUNK_TARGET_BYTES = 1 << 20  # the chunk-size rule: ~1 MiB of pixels per chunk
 PLUGIN_CODECS = ("blosc", "lz4", "zstd")  # need the hdf5plugin package

@@ -21,7 +21,7 @@ from fastdata.formats.hdf5.layout import (
 )
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, filter_kwargs
 from fastdata.manifest import CHECKSUM_ALGORITHM, seal_manifest
-from fastdata.conversion.files import unique_sibling
+from fastdata.files import unique_sibling
 
 
 class ContentHash:

@@ -22,7 +22,7 @@ from fastdata.formats.tar.reader import TarIndexedDataset
 from fastdata.formats.tar.stream import ShardSplitWarning, TarDataset
 from fastdata.formats.tar.verify import verify_shards
 from fastdata.formats.tar.writer import TarOptions, TarWriter
-from fastdata.conversion.options import parse_bytes
+from fastdata.quantities import parse_bytes
 
 __all__ = [
     "BLOCK", "FORMAT", "INDEX_NAME", "LAYOUT_VERSION", "TRAILER", "ShardSplitWarning", "TarDataset",

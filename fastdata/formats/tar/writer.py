@@ -28,7 +28,7 @@ from fastdata.formats.tar.layout import (
 from fastdata.formats.tar.index import field_columns
 from fastdata.images import sniff_extension
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
-from fastdata.conversion.options import parse_bytes, parse_count
+from fastdata.quantities import parse_bytes, parse_count
 
 
 @dataclass(frozen=True)
