@@ -4,7 +4,7 @@
 wrote a local folder and reported success, and ``info``/``verify`` then read that folder back.
 Reading a URL goes through :mod:`fastdata.remote` (readers, ``open_dataset``, ``verify``, the
 CLI's ``info``/``verify``/``bench``/``tune`` and ``convert``'s SOURCE), and so does the OUTPUT
-of ``convert`` (every engine and ``--part``) and ``merge`` (:mod:`fastdata.remote.upload`) and
+of ``convert`` (every engine and ``--part``) and ``merge`` (:mod:`fastdata.conversion.remote.upload`) and
 ``bench --out`` (its results); what is still local only (``preview --out``) is refused here,
 never taken for a relative path.
 """

@@ -181,7 +181,7 @@ class CacheSizes:
 _STUCK = """
 import pathlib, sys, threading
 import fastdata
-from fastdata.remote import upload
+from fastdata.conversion.remote import upload
 
 closed = upload.ShardSink.closed
 

@@ -406,7 +406,7 @@ def test_the_readme_test_command_installs_azurite_where_these_tests_look_and_ci_
 
 def test_an_azure_bucket_lock_has_one_holder_at_a_time(azure_server: Cloud, monkeypatch, tmp_path: Path) -> None:
     from fastdata.remote import RemoteOptions
-    from fastdata.remote.locks import BucketLock
+    from fastdata.conversion.remote.locks import BucketLock
 
     cloud = reach(azure_server, monkeypatch, tmp_path)
     url = cloud.url("locked/out.tar")
@@ -429,7 +429,7 @@ def test_a_gcs_bucket_lock_is_created_only_if_absent(gcs_server: Cloud, monkeypa
     """The emulator ignores GCS's preconditions (it stores both creates), so what is checked is
     that the lock is written with ``ifGenerationMatch=0``, which GCS itself enforces."""
     from fastdata.remote import RemoteOptions
-    from fastdata.remote.locks import BucketLock
+    from fastdata.conversion.remote.locks import BucketLock
 
     cloud = reach(gcs_server, monkeypatch, tmp_path)
     url = cloud.url("locked/out.tar")

@@ -1,5 +1,5 @@
 """One writer of a URL at a time, across machines that share only the bucket: the lock objects of
-fastdata.remote.locks, created with S3's conditional write (``If-None-Match: *``) on the moto
+fastdata.conversion.remote.locks, created with S3's conditional write (``If-None-Match: *``) on the moto
 server, refuse a second merge, a part run during a merge and two runs of one part, each naming
 the holder; a killed holder's lock is taken over as documented."""
 
@@ -60,9 +60,9 @@ def test_a_second_merge_and_a_part_rerun_are_refused_while_a_merge_runs_and_a_ki
     kill(merging)  # its lock stays in the bucket: its process, on this machine, is gone
     lock = json.loads(s3.fs().cat_file(f"{BUCKET}/locked/ds.tar.partial.lock"))
     assert (lock["operation"], lock["pid"], lock["host"]) == ("merge", merging.pid, HOST)
-    with caplog.at_level(logging.WARNING, logger="fastdata.remote.locks"):
+    with caplog.at_level(logging.WARNING, logger="fastdata.conversion.remote.locks"):
         assert fastdata.merge(url)["count"] == 12
-    warned = [record.getMessage() for record in caplog.records if record.name == "fastdata.remote.locks"]
+    warned = [record.getMessage() for record in caplog.records if record.name == "fastdata.conversion.remote.locks"]
     assert len(warned) == 1 and re.fullmatch(
         re.escape(f"{url}.partial.lock: taking over a stale lock ({holder}, started {lock['started']}, last refreshed ")
         + r"\d+ s ago\)", warned[0]), warned
@@ -74,7 +74,7 @@ def test_a_second_merge_and_a_part_rerun_are_refused_while_a_merge_runs_and_a_ki
 
 def test_one_part_runs_once_at_a_time_and_a_merge_waits_for_the_parts(s3: S3, uniform_folder: Path,
                                                                        tmp_path: Path, monkeypatch) -> None:
-    from fastdata.remote.locks import part_writing
+    from fastdata.conversion.remote.locks import part_writing
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/parts-locked/ds.tar"
@@ -111,7 +111,7 @@ def test_a_lock_from_another_machine_is_stale_only_once_it_is_old(s3: S3, unifor
 
 
 def test_a_holder_refreshes_its_lock_and_one_whose_lock_was_taken_over_commits_nothing(s3: S3, monkeypatch) -> None:
-    from fastdata.remote import locks
+    from fastdata.conversion.remote import locks
 
     monkeypatch.setattr(locks, "REFRESH_S", 0.01)
     url = f"s3://{BUCKET}/taken/ds.tar"

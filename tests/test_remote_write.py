@@ -35,7 +35,7 @@ class StagingSnapshots(logging.Handler):
 
 def test_a_tar_conversion_to_a_url_holds_at_most_the_shard_being_written_and_the_one_being_uploaded(
         s3: S3, uniform_folder: Path, tmp_path: Path, monkeypatch) -> None:
-    from fastdata.remote.upload import staging_path
+    from fastdata.conversion.remote.upload import staging_path
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/streamed/ds.tar"
@@ -43,7 +43,7 @@ def test_a_tar_conversion_to_a_url_holds_at_most_the_shard_being_written_and_the
     shard = max(p.stat().st_size for p in local.glob("shard-*.tar"))
     staging = staging_path(url)
     watcher = StagingSnapshots(staging.parent)
-    upload_log = logging.getLogger("fastdata.remote.upload")
+    upload_log = logging.getLogger("fastdata.conversion.remote.upload")
     upload_log.addHandler(watcher)
     monkeypatch.setattr(upload_log, "level", logging.DEBUG)
     try:

@@ -119,7 +119,7 @@ def run_bench(args: argparse.Namespace) -> int:
     out_url = args.out if is_url(args.out) else None
     if out_url is not None:  # results written locally (conversions cached there too), then uploaded
         from fastdata.remote import RemoteOptions
-        from fastdata.remote.upload import check_writable, staging_path
+        from fastdata.conversion.remote.upload import check_writable, staging_path
 
         check_writable(out_url, RemoteOptions())
         out = staging_path(out_url).with_name("bench-out")
@@ -166,7 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
     written = None
     if out_url is not None:
         from fastdata.remote import RemoteOptions
-        from fastdata.remote.upload import upload_results
+        from fastdata.conversion.remote.upload import upload_results
 
         names = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
         written = upload_results([out / name for name in names], out_url, RemoteOptions())

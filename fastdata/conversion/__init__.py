@@ -1,9 +1,14 @@
 """The conversion driver: every conversion (local, ``--part I/N``, ``fastdata merge``, ``--engine
 ray``) is planned, run and written here.
 
-Public names are imported on first use (PEP 562): the format packages import the option parsers
-of :mod:`fastdata.conversion.options` and the sources import :mod:`~fastdata.sources.fingerprint`,
-and neither should load the driver (which imports them) to do so.
+Its modules: plan (:mod:`~fastdata.conversion.plan`), the units every engine computes
+(:mod:`~fastdata.conversion.units`), run (:mod:`~fastdata.conversion.engine`, the engines of
+:mod:`fastdata.conversion.scale`), write (:mod:`~fastdata.conversion.write`), the driver
+(:mod:`~fastdata.conversion.driver`), and a conversion to a URL (:mod:`fastdata.conversion.remote`).
+
+Public names are imported on first use (PEP 562), as ``fastdata``'s own are: a module of the
+package (the options for the command line, the pipeline a pool worker unpickles) loads without
+the driver and the formats, sources and uploads it imports.
 """
 
 from __future__ import annotations

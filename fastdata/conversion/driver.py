@@ -37,8 +37,8 @@ from fastdata.conversion.scale.staging import (
     PART_PATTERN, check_complete, check_no_parts, claim_staging, describe_part, is_staging, read_records,
     remove_staging,
 )
-from fastdata.conversion.scale.units import part_units, plan_units, remove_unit, staged_key
-from fastdata.conversion.scale.units import staging_path as units_staging
+from fastdata.conversion.units import part_units, plan_units, remove_unit, staged_key
+from fastdata.conversion.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
@@ -46,11 +46,11 @@ from fastdata.files import remove_path
 from fastdata.errors import ConversionInterrupted, PartsError
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset
 from fastdata.remote.filesystem import scrub
-from fastdata.remote.locks import part_writing, writing
-from fastdata.remote.units import (
+from fastdata.conversion.remote.locks import part_writing, writing
+from fastdata.conversion.remote.units import (
     UnitUploader, download_units, fetch_uploaded_units, part_record, remove_units, units_url, upload_part,
 )
-from fastdata.remote.upload import ShardSink, begin_upload, check_destination, finish_upload, staging_path
+from fastdata.conversion.remote.upload import ShardSink, begin_upload, check_destination, finish_upload, staging_path
 from fastdata.sources import Source
 from fastdata.urls import is_url
 
@@ -104,16 +104,16 @@ def convert(
 def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
                     progress: Callable[[int, int], None] | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """Convert into a local staging copy (in the cache directory; ``--resume`` continues it),
-    then upload it to ``url``, the manifest last (:mod:`fastdata.remote.upload`). The rules for
+    then upload it to ``url``, the manifest last (:mod:`fastdata.conversion.remote.upload`). The rules for
     an existing output (``--overwrite``, ``--resume``) apply to what is at the URL. Every engine
     writes there: the local one and Ray through the same staging copy and upload; a ``--part``
-    shares its units through the bucket (:mod:`fastdata.remote.units`) for ``fastdata merge URL``."""
+    shares its units through the bucket (:mod:`fastdata.conversion.remote.units`) for ``fastdata merge URL``."""
     staging = staging_path(url)
     decided = decide_options(staging, options, **overrides)
     remote = RemoteOptions()
     single = get_format(decided.format).read_manifest is not None  # a one-file format (.h5)
     locked = part_writing(url, *decided.part, remote) if decided.part is not None else writing(url, "convert", remote)
-    with locked as lock:  # one writer of the URL at a time, across machines (fastdata.remote.locks)
+    with locked as lock:  # one writer of the URL at a time, across machines (fastdata.conversion.remote.locks)
         replace = check_destination(url, single=single, overwrite=decided.overwrite,
                                     resume=decided.resume or decided.part is not None, options=remote)
         staging.parent.mkdir(parents=True, exist_ok=True)

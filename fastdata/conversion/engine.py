@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from fastdata.conversion.pipeline import Job, WorkerPool, batches, chunk_size, is_array_copy, split
-from fastdata.conversion.scale.units import Finished, Unit
+from fastdata.conversion.units import Finished, Unit
 from fastdata.formats.base import Batch
 
 

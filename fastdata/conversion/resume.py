@@ -1,6 +1,6 @@
 """Resume: what a conversion keeps of an earlier run of itself, the same way for every engine.
 
-Every conversion is planned as the same deterministic units (:func:`~fastdata.conversion.scale.units.plan_units`:
+Every conversion is planned as the same deterministic units (:func:`~fastdata.conversion.units.plan_units`:
 ranges of source indices, from the sample count and ``unit_samples`` alone). A unit, once
 finished, is kept in one of two places, and a resumed run computes only the units in neither:
 
@@ -9,7 +9,7 @@ finished, is kept in one of two places, and a resumed run computes only the unit
   the partial output holds (``next_unit``) with the writer's checkpoint. ``--resume`` reopens the
   partial output there (:func:`claim_partial`: a resumable writer, same key and fingerprint). A
   local conversion keeps its units this way only, so no unit is written to disk twice.
-* **staged** in ``OUTPUT.partial.units`` (:mod:`~fastdata.conversion.scale.units`), by engines
+* **staged** in ``OUTPUT.partial.units`` (:mod:`~fastdata.conversion.units`), by engines
   whose units are computed elsewhere than where the output is written (``--part I/N``, Ray
   tasks): a unit finished for the same conversion key in the planned mode is reused by any later
   run (:func:`kept_units`).
@@ -31,7 +31,7 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.files import remove_path
 from fastdata.conversion.outputs import Target
 from fastdata.conversion.pipeline import ModeConflict
-from fastdata.conversion.scale.units import Finished, Unit, read_unit, remove_unit, staged
+from fastdata.conversion.units import Finished, Unit, read_unit, remove_unit, staged
 from fastdata.formats.base import Plan
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
 

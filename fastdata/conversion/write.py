@@ -26,7 +26,7 @@ from fastdata.files import remove_path
 from fastdata.conversion.outputs import Target, partial_removed_on_failure, publish
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.resume import claim_partial
-from fastdata.conversion.scale.units import Finished
+from fastdata.conversion.units import Finished
 
 
 def write_units(target: Target, plan: Plan, options: ConvertOptions, finished: Iterable[Finished], *,

@@ -1,5 +1,6 @@
 """Converted datasets in object storage: ``s3://``, ``gs://``, ``az://``, ``https://``, anything
-fsspec knows, read through one bounded cache shared by every process on the machine.
+fsspec knows, read through one bounded cache shared by every process on the machine. This is the
+read side, which the readers use; writing a dataset to a URL is :mod:`fastdata.conversion.remote`.
 
 - :mod:`fastdata.remote.filesystem`: a URL -> its fsspec filesystem (``storage_options`` passed
   through, ``AWS_ENDPOINT_URL`` honoured by botocore), retries with backoff (:class:`Retry`), and
@@ -11,10 +12,6 @@ fsspec knows, read through one bounded cache shared by every process on the mach
   becomes the dataset's directory in the cache, each file checked against the manifest's
   checksum as it arrives; tar shards are fetched as they are streamed (prefetched per worker),
   npy and HDF5 files before they are memory-mapped.
-- :mod:`fastdata.remote.upload`: ``fastdata convert SOURCE URL``'s uploads: tar shards as they
-  are closed (then removed locally), the rest when the conversion is done, the manifest last.
-- :mod:`fastdata.remote.locks`: one writer of a URL at a time, through lock objects in the bucket.
-- :mod:`fastdata.remote.units`: a job array's units shared through the bucket.
 
 Readers take ``storage_options=``, ``cache_dir=``, ``cache_limit=`` and ``retry=`` (docs/remote.md).
 """

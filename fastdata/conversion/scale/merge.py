@@ -24,7 +24,7 @@ from fastdata.conversion.plan import open_source, plan_from_record, plan_job, wi
 from fastdata.conversion.resume import in_order
 from fastdata.conversion.scale.parts import convert_here
 from fastdata.conversion.scale.staging import check_complete, is_staging, read_records, remove_staging
-from fastdata.conversion.scale.units import (
+from fastdata.conversion.units import (
     Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged_key, staging_path,
 )
 from fastdata.conversion.write import write_units, written_once

@@ -1,5 +1,5 @@
 """``fastdata convert SOURCE OUTPUT --part I/N``: one part of a job array (Slurm array, Kubernetes
-indexed job). Every part plans the same units from the source (:mod:`fastdata.conversion.scale.units`),
+indexed job). Every part plans the same units from the source (:mod:`fastdata.conversion.units`),
 converts its own block of them into ``OUTPUT.partial.units`` with a local process pool, and
 records itself; ``fastdata merge OUTPUT`` (:mod:`fastdata.conversion.scale.merge`) writes the output once
 every part is there.
@@ -30,7 +30,7 @@ from fastdata.conversion.resume import kept_units, units_to_run
 from fastdata.conversion.scale.staging import (
     PART_PATTERN, PartLock, check_agreement, claim_staging, duplicate_error, read_records, write_record,
 )
-from fastdata.conversion.scale.units import Unit, part_units, plan_units, staged_key, write_unit
+from fastdata.conversion.units import Unit, part_units, plan_units, staged_key, write_unit
 from fastdata.formats import get_format
 from fastdata.machine import usable_cores
 from fastdata.sources import Source
@@ -112,7 +112,7 @@ class Counter:
 def convert_here(job: Job, units: list[Unit], staging: Path, key: str, workers: int,
                  counter: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Convert ``units`` with a process pool here into ``staging``; finished units of the same
-    conversion and source (``key``, a :func:`~fastdata.conversion.scale.units.staged_key`) and mode are kept (:func:`~fastdata.conversion.resume.kept_units`). The
+    conversion and source (``key``, a :func:`~fastdata.conversion.units.staged_key`) and mode are kept (:func:`~fastdata.conversion.resume.kept_units`). The
     units' records, in order."""
     counter = counter or Counter(None, 0)
     records = kept_units(staging, units, key, mode=job.plan.mode, gray_guess=job.gray_guess)

@@ -35,7 +35,7 @@ from fastdata.conversion.resume import kept_units, units_to_run
 from fastdata.conversion.scale.merge import write_output
 from fastdata.conversion.scale.parts import Counter
 from fastdata.conversion.scale.staging import check_no_parts, claim_staging, read_records, remove_staging
-from fastdata.conversion.scale.units import (
+from fastdata.conversion.units import (
     Finished, Unit, plan_units, remove_temporaries, staged, staged_key, staging_path, write_unit,
 )
 from fastdata.sources import Source

@@ -5,7 +5,7 @@ records of finished parts, and the lock that lets parts share an output.
   same time without waiting for each other. A whole conversion, a Ray driver and ``fastdata merge``
   hold it *exclusively*, so none of them starts while a part runs, and no part starts while one of
   them runs. (Both are ``flock``\\ s, released by the kernel when a process dies.)
-* Each unit is written under a temporary name and renamed into place (:mod:`fastdata.conversion.scale.units`),
+* Each unit is written under a temporary name and renamed into place (:mod:`fastdata.conversion.units`),
   so concurrent writers never see each other's half-written units; a unit finished twice (a
   retried task) keeps the first copy, which is identical.
 * A finished part leaves ``part-IIII-of-NNNN.json``: the conversion key and its fields, the
@@ -27,7 +27,7 @@ from typing import Any
 from fastdata.sources.fingerprint import describe_changes
 from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError, SourceChangedError
 from fastdata.conversion.locks import ConversionLock, holder_record
-from fastdata.conversion.scale.units import staging_path
+from fastdata.conversion.units import staging_path
 
 STAGING_MARK = "fastdata conversion units"
 _MARK_NAME = "staging.json"

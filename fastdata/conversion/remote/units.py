@@ -2,7 +2,7 @@
 
 Parts of one job array may run on machines that share no file system, so a part converting to
 ``s3://bucket/out.tar`` stages its units locally (beside the upload staging copy in the cache
-directory, :func:`fastdata.remote.upload.staging_path`) and then uploads them under the prefix
+directory, :func:`fastdata.conversion.remote.upload.staging_path`) and then uploads them under the prefix
 ``s3://bucket/out.tar.partial.units/``: its units first, its part record last, so a record there
 means its units are there. ``fastdata merge s3://bucket/out.tar`` downloads that prefix into its
 own local staging, writes the output through the one write loop and uploads it as ``convert``
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.conversion.scale.staging import PART_PATTERN
-from fastdata.conversion.scale.units import STAGING_SUFFIX, TEMPORARY_INFIX, UNIT_RECORD, Unit
+from fastdata.conversion.units import STAGING_SUFFIX, TEMPORARY_INFIX, UNIT_RECORD, Unit
 from fastdata.errors import RemoteNotFoundError
 from fastdata.remote.dataset import RemoteOptions
 from fastdata.remote.filesystem import filesystem, scrub, with_retry
@@ -103,7 +103,7 @@ def download_units(url: str, local_units: Path, options: RemoteOptions, *, recor
         return False
     prefix = path + "/"
     names = {name[len(prefix):]: info for name, info in found.items() if name.startswith(prefix)
-             and not name.endswith(".lock")  # the parts' locks in the bucket (fastdata.remote.locks)
+             and not name.endswith(".lock")  # the parts' locks in the bucket (fastdata.conversion.remote.locks)
              and not (records_only and name[len(prefix):].startswith("unit-"))}
     if not names:
         return False

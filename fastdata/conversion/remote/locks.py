@@ -37,7 +37,7 @@ from fastdata.conversion.locks import holder_record, os_error
 from fastdata.errors import OutputLockedError, RemoteNotFoundError
 from fastdata.remote.dataset import RemoteOptions
 from fastdata.remote.filesystem import filesystem, scheme_of, scrub, with_retry
-from fastdata.remote.units import units_url
+from fastdata.conversion.remote.units import units_url
 
 logger = logging.getLogger(__name__)
 LOCK_SUFFIX = ".partial.lock"
