@@ -8,7 +8,7 @@ from typing import Any
 
 from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
 from fastdata.formats import get_format
-from fastdata.formats.stored import require_manifest
+from fastdata.formats.stored import require_manifest, single_file_problem
 from fastdata.remote.dataset import RemoteOptions, locate
 from fastdata.urls import is_url
 
@@ -22,7 +22,8 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     ``cache_limit``, ...)."""
     if is_url(path):
         remote = RemoteOptions(**{key: kwargs[key] for key in _REMOTE_KEYS if kwargs.get(key) is not None})
-        local, _ = locate(path, remote, fetch=())  # the manifest names the reader; the reader fetches the rest
+        local, _ = locate(path, remote, fetch=(),  # the manifest names the reader; the reader fetches the rest
+                          check_single=single_file_problem)
         manifest = require_manifest(local)
     else:
         path = Path(path)

@@ -26,6 +26,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, RemoteError, SourceNotFoundError
 from fastdata.fields import CLASS_IDS, Field, Schema
 from fastdata.formats import get_format, manifest_problems, require_manifest
+from fastdata.formats.stored import single_file_problem
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
 from fastdata.remote.dataset import RemoteOptions, locate
 from fastdata.urls import is_url
@@ -270,7 +271,7 @@ def _decode_all(reader: Any, progress: Callable[[int, int], None]) -> list[str]:
 def _verify_remote(url: str, *, deep: bool, progress: Callable[[int, int], None] | None,
                    options: RemoteOptions) -> VerifyReport:
     try:
-        local, files = locate(url, options, fetch=None, reader=False)
+        local, files = locate(url, options, fetch=None, reader=False, check_single=single_file_problem)
     except CorruptDataError as exc:
         if isinstance(exc, RemoteError):
             raise

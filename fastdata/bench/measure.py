@@ -182,7 +182,7 @@ class TransformChain:
 
 
 def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader:
-    import fastdata
+    from fastdata.loading import loader
 
     kwargs: dict[str, Any] = {"num_workers": case.num_workers, "pin_memory": config.pin_memory}
     if case.num_workers > 0:
@@ -197,8 +197,7 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
     if case.path == "fast" and isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=None, **kwargs)
     if case.path == "fast":
-        return fastdata.loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, backend=case.backend,
-                               **kwargs)
+        return loader(dataset, batch_size=config.batch_size, shuffle=True, seed=0, backend=case.backend, **kwargs)
     if case.path == "stream" or isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=config.batch_size, **kwargs)
     if case.path == "transfer":

@@ -105,9 +105,10 @@ def fetch_converted(url: str, *, cold: bool = False) -> Path:
     """The converted dataset at ``url`` fetched into the cache (``$FASTDATA_CACHE_DIR``,
     ``$FASTDATA_CACHE_LIMIT``; first emptied of it with ``cold``), its local path there; says on
     stderr how much was downloaded and how fast."""
+    from fastdata.formats.stored import single_file_problem
     from fastdata.remote import RemoteOptions, open_remote
 
-    files = open_remote(url, RemoteOptions())
+    files = open_remote(url, RemoteOptions(), check_single=single_file_problem)
     _KEPT.append(files)
     if cold:
         files.drop()

@@ -80,9 +80,10 @@ def run_info(args: argparse.Namespace) -> int:
     from fastdata.formats import require_manifest
 
     if is_url(args.path):  # only the manifest is fetched
+        from fastdata.formats.stored import single_file_problem
         from fastdata.remote import RemoteOptions, open_remote
 
-        files = open_remote(args.path, RemoteOptions())
+        files = open_remote(args.path, RemoteOptions(), check_single=single_file_problem)
         manifest = files.manifest if files.single is None else require_manifest(files.directory / files.single)
         total = sum(entry["bytes"] for entry in manifest["files"].values()) if files.single is None else \
             files.cache.path(files.key, files.single).stat().st_size

@@ -16,18 +16,19 @@ HEADER_SAMPLES = 1000
 def _blob_reader(path: Path, manifest: dict[str, Any]) -> tuple[np.ndarray, Callable[[int], bytes]] | None:
     """(bytes of every stored image, sample index -> its bytes), or None for formats without an
     index of encoded images."""
-    import fastdata
+    from fastdata.api import open_dataset
 
     name = manifest.get("format")
     if name in ("npy", "hdf5"):
-        dataset = fastdata.open_dataset(path)
+        dataset = open_dataset(path)
         offsets = dataset.offsets
         data = dataset.handles if name == "npy" else dataset.handles.data
         return np.diff(offsets), lambda i: bytes(data[offsets[i] : offsets[i + 1]])
     if name == "tar":
+        from fastdata.formats.tar import TarIndexedDataset
         from fastdata.formats.tar.index import open_shard, read_exact
 
-        dataset = fastdata.TarIndexedDataset(path)
+        dataset = TarIndexedDataset(path)
         index, descriptors = dataset.index, {}
 
         def read(i: int) -> bytes:

@@ -41,6 +41,7 @@ from fastdata.conversion.units import part_units, plan_units, remove_unit, stage
 from fastdata.conversion.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format
+from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
 from fastdata.files import remove_path
 from fastdata.errors import ConversionInterrupted, PartsError
@@ -84,7 +85,7 @@ def convert(
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
     if is_url(source):  # a converted dataset in object storage: fetched into the cache, read from there
-        source = fetch_dataset(os.fspath(source))
+        source = fetch_dataset(os.fspath(source), check_single=single_file_problem)
     if is_url(output):
         return _convert_to_url(source, os.fspath(output), options, progress, overrides)
     output = Path(output)

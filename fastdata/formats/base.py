@@ -133,7 +133,7 @@ class FileSink:
 
 class Reader:
     """Interface of a format's map-style reader: what a subclass of
-    :class:`fastdata.reader.StoredDataset` (the base that opens and checks the manifest, holds
+    :class:`fastdata.formats.StoredDataset` (the base that opens and checks the manifest, holds
     the options and serves indexing, batches, pickling and per-process files) implements.
 
     The reader of a converted dataset is built as ``Reader(path, transform=None,

@@ -73,3 +73,17 @@ def open_manifest(path: str | os.PathLike, format_name: str) -> dict[str, Any]:
     if problems:
         raise CorruptManifestError(f"{problems[0]} Run 'fastdata verify {path}' or convert the source again.")
     return manifest
+
+
+def single_file_problem(file: Path, url: str) -> str | None:
+    """What the format's own verify finds wrong with a single-file dataset downloaded from
+    ``url`` (``.h5``, which carries its manifest inside), or None: the ``check_single`` that the
+    readers and commands give :func:`fastdata.remote.dataset.locate` for a URL."""
+    from fastdata.remote.filesystem import scrub  # only for a URL: the registry stays light
+
+    manifest = find_manifest(file)
+    if manifest is None:
+        return f"{scrub(url)!r} is not a dataset written by 'fastdata convert' (no manifest found)"
+    spec = get_format(str(manifest.get("format")))
+    problems = spec.verify(file, manifest, deep=False) if spec.verify is not None else []
+    return f"{scrub(url)!r}: {problems[0]}" if problems else None

@@ -229,11 +229,10 @@ def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, back
 
 
 def _map_reader_of(dataset: Any) -> str:
-    """" Use X(path) instead." when ``dataset`` is a fastdata reader with a map-style counterpart."""
-    from fastdata.formats import all_formats
-
-    for spec in all_formats():
-        if type(dataset) is spec.dataset and spec.map_dataset is not None:
-            path = getattr(dataset, "path", "PATH")
-            return f" Use fastdata.{spec.map_dataset.__name__}({str(path)!r}) for the same data, map-style."
-    return ""
+    """" Use X(path) instead." when ``dataset`` is an iterable fastdata reader that names its
+    map-style counterpart (its class's ``map_reader``, as :class:`fastdata.TarDataset` does)."""
+    reader = getattr(type(dataset), "map_reader", None)
+    if reader is None:
+        return ""
+    path = getattr(dataset, "path", "PATH")
+    return f" Use fastdata.{reader.__name__}({str(path)!r}) for the same data, map-style."

@@ -11,21 +11,21 @@ batched fetch. Files are opened lazily in each process, never inherited across f
 :class:`ReaderOptions` is every option a reader takes besides its path, as one frozen,
 validated dataclass: it turns pixels and labels into samples or a collated batch, for map-style
 and iterable readers alike. A reader with options of its own subclasses it (its ``Options``).
-What a format's reader implements is :class:`fastdata.formats.base.Reader`;
+What a format's reader implements is :class:`fastdata.formats.base.Reader` (the readers of
+converted datasets subclass :class:`fastdata.formats.dataset.StoredDataset`);
 :class:`fastdata.reader.decoding.Decoder` is the one decode path (encoded bytes -> pixels, or a
 :class:`~fastdata.errors.CorruptDataError` naming the sample).
 
 Its modules: :mod:`~fastdata.reader.options` (:class:`ReaderOptions`, the output contract),
 :mod:`~fastdata.reader.output` (:class:`ReaderOutput`, what every reader keeps of it),
-:mod:`~fastdata.reader.mapstyle` (:class:`MapDataset`, the map-style base) and
-:mod:`~fastdata.reader.stored` (:class:`StoredDataset`, the base of converted datasets' readers).
-Their public names are importable from here.
+:mod:`~fastdata.reader.mapstyle` (:class:`MapDataset`, the map-style base),
+:mod:`~fastdata.reader.decoding` (the read-time decode), :mod:`~fastdata.reader.fused` (the
+fused training-time crop decode) and :mod:`~fastdata.reader.records` (samples with fields).
+The public names of the first three are importable from here.
 """
 
 from fastdata.reader.mapstyle import MapDataset
 from fastdata.reader.options import IMAGE_FORMATS, ReaderOptions, allocated, stack
 from fastdata.reader.output import ReaderOutput
-from fastdata.reader.stored import StoredDataset, decoder_for
 
-__all__ = ["IMAGE_FORMATS", "MapDataset", "ReaderOptions", "ReaderOutput", "StoredDataset", "allocated",
-           "decoder_for", "stack"]
+__all__ = ["IMAGE_FORMATS", "MapDataset", "ReaderOptions", "ReaderOutput", "allocated", "stack"]

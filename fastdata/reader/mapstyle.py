@@ -10,10 +10,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastdata.formats.base import Reader
 from fastdata.reader.output import ReaderOutput
 
-class MapDataset(ReaderOutput, Reader, Dataset):
+class MapDataset(ReaderOutput, Dataset):
     """Base of map-style readers. Subclasses set ``labels`` and implement the hooks of
     :class:`fastdata.formats.base.Reader` (``_open``, ``_read``); ``_open()``'s handles are kept
     in ``self._handles``, per process.
@@ -40,6 +39,14 @@ class MapDataset(ReaderOutput, Reader, Dataset):
         return getattr(indices, "epoch", self.epoch)
 
     # --- per-process resources ---------------------------------------------------------
+
+    def _open(self) -> Any:
+        """This process's handles (:meth:`fastdata.formats.base.Reader._open`); none by default."""
+        return None
+
+    def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
+        """Pixels of ``indices`` (:meth:`fastdata.formats.base.Reader._read`)."""
+        raise NotImplementedError
 
     def _pixels(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
         return self._read(indices, allocate, pil=self.image_format == "pil")

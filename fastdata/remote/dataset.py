@@ -6,7 +6,9 @@ files there. The manifest is fetched from the server each time a dataset is open
 small), and names the cache directory together with the URL (``<name>-<hash of URL and manifest
 checksum>``), so a dataset converted again never meets the old copy's files. Every data file is
 checked on arrival against the manifest's blake2b; a single-file dataset (``.h5``, which
-carries its manifest inside) against its own whole-file checksum, by the format's verify.
+carries its manifest inside) against its own whole-file checksum, by the format's verify, which
+the caller passes (``check_single``: :func:`fastdata.formats.stored.single_file_problem`), so
+nothing here knows a format.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from fastdata.errors import CorruptManifestError, InvalidOptionError, RemoteNotFoundError
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
@@ -78,9 +80,11 @@ class RemoteFiles:
     URL and options; each process opens its own filesystem and holds its own leases."""
 
     def __init__(self, url: str, options: RemoteOptions, key: str, manifest: dict[str, Any] | None,
-                 single: str | None = None, single_size: int = 0):
+                 single: str | None = None, single_size: int = 0,
+                 check_single: Callable[[Path, str], str | None] | None = None):
         self.url, self.options, self.key, self.manifest, self.single = url.rstrip("/"), options, key, manifest, single
         self.single_size = single_size  # a single-file dataset's size on the server
+        self.check_single = check_single  # (its downloaded file, the URL) -> what is wrong with it, or None
         self._setup()
 
     def _setup(self) -> None:
@@ -109,7 +113,8 @@ class RemoteFiles:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "options": self.options, "key": self.key, "manifest": self.manifest,
-                "single": self.single, "single_size": self.single_size, "pinned": list(self._pinned)}
+                "single": self.single, "single_size": self.single_size, "check_single": self.check_single,
+                "pinned": list(self._pinned)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         pinned = state.pop("pinned")
@@ -168,7 +173,7 @@ class RemoteFiles:
                     return (f"{scrub(url)!r}: its {CHECKSUM_ALGORITHM} {digest[:16]}... does not match the "
                             f"manifest's {expected[:16]}...")
                 return None
-            return _single_file_problem(file, url)
+            return self.check_single(file, url)
 
         return self.cache.fetch(self.key, name, size=size, download=download, check=check, optional=optional)
 
@@ -235,28 +240,16 @@ def _size(count: int) -> str:
     return f"{count / 1e6:.1f} MB ({count} bytes)" if count >= 10**5 else f"{count} bytes"
 
 
-def _single_file_problem(file: Path, url: str) -> str | None:
-    """What the format's own verify finds wrong with a downloaded single-file dataset."""
-    from fastdata.formats.registry import get_format  # the registry imports every format: only when needed
-    from fastdata.formats.stored import find_manifest
-
-    manifest = find_manifest(file)
-    if manifest is None:
-        return f"{scrub(url)!r} is not a dataset written by 'fastdata convert' (no manifest found)"
-    spec = get_format(str(manifest.get("format")))
-    problems = spec.verify(file, manifest, deep=False) if spec.verify is not None else []
-    return f"{scrub(url)!r}: {problems[0]}" if problems else None
-
-
 def _key(url: str, version: str) -> str:
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in url.rstrip("/").rsplit("/", 1)[-1])[:60]
     return f"{name or 'dataset'}-{hashlib.blake2b(f'{scrub(url)}|{version}'.encode(), digest_size=8).hexdigest()}"
 
 
-def open_remote(url: str, options: RemoteOptions, *, reader: bool = False) -> RemoteFiles:
+def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
+                check_single: Callable[[Path, str], str | None]) -> RemoteFiles:
     """The dataset at ``url``: its manifest fetched (a directory dataset), or its one file
-    downloaded and checked (a single-file dataset such as ``.h5``; for a ``reader``, refused
-    first when it is bigger than ``cache_limit``: see :func:`check_fits`)."""
+    downloaded and checked by ``check_single`` (a single-file dataset such as ``.h5``; for a
+    ``reader``, refused first when it is bigger than ``cache_limit``: see :func:`check_fits`)."""
     url = str(url).rstrip("/")
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
@@ -276,7 +269,8 @@ def open_remote(url: str, options: RemoteOptions, *, reader: bool = False) -> Re
         name = url.rsplit("/", 1)[-1]
         if not is_plain_name(name):
             raise InvalidOptionError(f"{scrub(url)!r}: cannot name a cache file after {name!r}.")
-        files = RemoteFiles(url, options, _key(url, version), None, single=name, single_size=int(info.get("size") or 0))
+        files = RemoteFiles(url, options, _key(url, version), None, single=name, single_size=int(info.get("size") or 0),
+                            check_single=check_single)
         if reader:
             check_fits(files, files.single_size, "its one file is fetched whole and read from the cache while it is open")
         files.ensure([name])
@@ -306,16 +300,17 @@ def _write_manifest(files: RemoteFiles, text: bytes) -> None:
     files._pinned[name] = lease
 
 
-def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *,
-           fetch: Iterable[str] | None = (), reader: bool = True) -> tuple[Path, LocalFiles | RemoteFiles]:
+def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *, fetch: Iterable[str] | None = (),
+           reader: bool = True, check_single: Callable[[Path, str], str | None]) -> tuple[Path, LocalFiles | RemoteFiles]:
     """Where a reader finds the dataset ``path``: the local path itself, or for a URL its
     directory (or file) in the cache, with the files ``fetch`` names brought there first
     (``None``: every file of the manifest). For a ``reader`` (not ``verify``, which holds the
     files only while it checks them), a dataset held whole that is bigger than ``cache_limit``
-    is refused first (:func:`check_fits`)."""
+    is refused first (:func:`check_fits`). ``check_single``: what is wrong with a downloaded
+    single-file dataset (:func:`open_remote`)."""
     if not is_url(path):
         return Path(path), LocalFiles()
-    files = open_remote(os.fspath(path), options or RemoteOptions(), reader=reader)
+    files = open_remote(os.fspath(path), options or RemoteOptions(), reader=reader, check_single=check_single)
     if files.single:
         return files.directory / files.single, files
     names = list(files.manifest["files"]) if fetch is None else [n for n in fetch if n in files.manifest["files"]]
@@ -329,11 +324,13 @@ def locate(path: str | os.PathLike, options: RemoteOptions | None = None, *,
 _FETCHED: list[RemoteFiles] = []  # datasets fetched whole for this process: their files stay leased until it exits
 
 
-def fetch_dataset(url: str, options: RemoteOptions | None = None, *, cold: bool = False) -> Path:
+def fetch_dataset(url: str, options: RemoteOptions | None = None, *, cold: bool = False,
+                  check_single: Callable[[Path, str], str | None]) -> Path:
     """Every file of the converted dataset at ``url`` in the cache, kept there while this
     process runs; its local path (a conversion's SOURCE, ``fastdata bench``/``tune``). With
-    ``cold`` the dataset's cached files are removed first."""
-    files = open_remote(url, options or RemoteOptions())
+    ``cold`` the dataset's cached files are removed first; ``check_single`` as for
+    :func:`open_remote`."""
+    files = open_remote(url, options or RemoteOptions(), check_single=check_single)
     _FETCHED.append(files)
     if cold:
         files.drop()

@@ -16,7 +16,7 @@ from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
 from fastdata.formats.fieldfiles import check_offsets
 from fastdata.reader.options import ReaderOptions, allocated
-from fastdata.reader.stored import StoredDataset
+from fastdata.formats.dataset import StoredDataset
 from fastdata.urls import is_url
 
 DEFAULT_CACHE_BYTES = 8 << 20  # decompressed chunks kept per process by HDF5Dataset (2 windows)

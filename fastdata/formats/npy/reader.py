@@ -10,7 +10,7 @@ from fastdata.errors import CorruptDataError
 from fastdata.formats.fieldfiles import FieldColumns
 from fastdata.manifest import check_file_sizes, load_small_array
 from fastdata.reader.options import allocated
-from fastdata.reader.stored import StoredDataset
+from fastdata.formats.dataset import StoredDataset
 
 
 class MemmapDataset(StoredDataset):

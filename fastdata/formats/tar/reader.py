@@ -28,7 +28,7 @@ from fastdata.formats.tar.layout import FORMAT, INDEX_NAME
 from fastdata.formats.tar.runs import read_runs
 from fastdata.formats.stored import open_manifest
 from fastdata.reader.options import allocated
-from fastdata.reader.stored import StoredDataset
+from fastdata.formats.dataset import StoredDataset
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:

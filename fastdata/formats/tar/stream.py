@@ -24,7 +24,8 @@ from fastdata.formats.tar.split import buffer_shuffle, shard_order, split_pieces
 from fastdata.loading.samplers import resolve_distributed
 from fastdata.reader.options import ReaderOptions
 from fastdata.reader.output import ReaderOutput
-from fastdata.reader.stored import decoder_for
+from fastdata.formats.dataset import decoder_for
+from fastdata.formats.stored import single_file_problem
 from fastdata.remote.dataset import locate
 from fastdata.remote.filesystem import scrub
 from fastdata.urls import is_url
@@ -81,12 +82,14 @@ class TarDataset(ReaderOutput, IterableDataset):
     """
 
     Options = TarStreamOptions
+    map_reader = TarIndexedDataset  # the same samples, map-style (fastdata.loader's refusal names it)
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, **options: Any):
         self._init_options(transform, target_transform, options)
         self.url = os.fspath(path) if is_url(path) else None
-        local, self.files = locate(path, self.options.remote, fetch=(INDEX_NAME,))  # a URL: shards come on use
+        local, self.files = locate(path, self.options.remote, fetch=(INDEX_NAME,),  # a URL: shards come on use
+                                   check_single=single_file_problem)
         self.path, self.manifest, self.index = load_dataset(local)
         self.decoder = decoder_for(self.manifest, self.options)
         self._set_classes(self.manifest)

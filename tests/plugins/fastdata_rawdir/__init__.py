@@ -4,7 +4,7 @@ the encoded bytes, for ``--store encoded``), plus ``labels.npy`` and ``manifest.
 
 It lives outside ``fastdata/`` and reaches fastdata only through a ``fastdata.formats`` entry
 point (tests/test_rawdir.py installs it the way pip would), so it uses nothing but the public
-contract: :class:`fastdata.formats.Writer`, :class:`fastdata.reader.StoredDataset` and
+contract: :class:`fastdata.formats.Writer`, :class:`fastdata.formats.StoredDataset` and
 :func:`fastdata.formats.register`.
 """
 
@@ -15,9 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastdata.formats import FormatSpec, Writer, register
+from fastdata.formats import FormatSpec, StoredDataset, Writer, register
 from fastdata.manifest import check_file_sizes, describe_file, load_small_array, write_manifest
-from fastdata.reader import StoredDataset
 
 
 def _name(index: int, store: str) -> str:

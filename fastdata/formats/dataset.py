@@ -1,5 +1,7 @@
 """The base of the readers of converted datasets (:class:`StoredDataset`): the manifest opened
-and checked, a URL fetched into the cache, and the read-time decoder (:func:`decoder_for`)."""
+and checked through the registry (:func:`fastdata.formats.open_manifest`), a URL fetched into the
+cache, and the read-time decoder (:func:`decoder_for`). Formats subclass it (the :class:`Reader`
+hooks); the reading it shares with every map-style reader is :class:`fastdata.reader.MapDataset`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any, Callable
 
 from fastdata.reader.decoding import Decoder
 from fastdata.errors import CorruptManifestError, InvalidOptionError
-from fastdata.formats.stored import open_manifest
+from fastdata.formats.base import Reader
+from fastdata.formats.stored import open_manifest, single_file_problem
 from fastdata.reader.mapstyle import MapDataset
 from fastdata.reader.options import ReaderOptions
 from fastdata.remote.dataset import locate
@@ -27,7 +30,7 @@ def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
     return made.with_options(options)
 
 
-class StoredDataset(MapDataset):
+class StoredDataset(MapDataset, Reader):
     """Base of the readers of converted datasets: opens and checks the manifest
     (:func:`fastdata.formats.open_manifest`), takes the classes from it, then calls the
     subclass's :meth:`_load` to check and load its own files."""
@@ -40,7 +43,8 @@ class StoredDataset(MapDataset):
                  target_transform: Callable | None = None, **options: Any):
         super().__init__(transform, target_transform, **options)
         self.url = os.fspath(path) if is_url(path) else None
-        self.path, self.files = locate(path, self.options.remote, fetch=self.remote_fetch)  # a URL: into the cache
+        self.path, self.files = locate(path, self.options.remote, fetch=self.remote_fetch,  # a URL: into the cache
+                                       check_single=single_file_problem)
         self.manifest = open_manifest(self.path, self.format_name)
         self.store = self.manifest["store"]
         self.mode = self.manifest["image"]["mode"]
