@@ -4,7 +4,9 @@ The grid is declared by :class:`BenchConfig`; :func:`run_bench` converts the sou
 format (cached), runs each configuration in a fresh process, and writes ``results.json``,
 ``results.csv`` and ``throughput.png``. The recommendation, table, reasons and plot are
 rendered from those rows (:mod:`~fastdata.bench.summary`, :mod:`~fastdata.bench.report`,
-:mod:`~fastdata.bench.plot`).
+:mod:`~fastdata.bench.plot`); the plain-words reasons, which ``fastdata tune`` gives too, come
+from :mod:`~fastdata.bench.explain`, and ``--demo``'s seeded image folder from
+:mod:`~fastdata.bench.demo`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from fastdata.reader.options import ReaderOptions
 from fastdata.remote.dataset import locate
 from fastdata.urls import is_url
 
+
 def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
     """The read-time :class:`~fastdata.reader.decoding.Decoder` of a converted dataset: resize,
     center_crop and decoder apply to encoded images; raw pixels were sized at conversion."""

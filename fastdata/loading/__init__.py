@@ -16,7 +16,8 @@ each batch computed in the calling thread, no DataLoader iterator, thread or pro
 
 The sampler splits each epoch across distributed ranks first, then the backend shares this
 rank's batches among its workers; ``state_dict()``/``load_state_dict()`` continue an epoch
-where it stopped (see :class:`~fastdata.loading.samplers.EpochSampler`).
+where it stopped (see :class:`~fastdata.loading.samplers.EpochSampler`). ``pad=`` pads the
+variable fields of a batch into one tensor (:mod:`fastdata.loading.padding`).
 """
 
 from __future__ import annotations

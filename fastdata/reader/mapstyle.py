@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from fastdata.reader.output import ReaderOutput
 
+
 class MapDataset(ReaderOutput, Dataset):
     """Base of map-style readers. Subclasses set ``labels`` and implement the hooks of
     :class:`fastdata.formats.base.Reader` (``_open``, ``_read``); ``_open()``'s handles are kept

@@ -11,6 +11,11 @@
 A dataset written by ``fastdata convert`` is a source too (:class:`FastdataSource`); deciding
 that a path holds one is the caller's job (:func:`fastdata.conversion.open_source`), so sources never
 depend on storage formats.
+
+Conversion and the ``folder`` format share what lies here: an image folder listed like
+torchvision's ``ImageFolder`` (:mod:`~fastdata.sources.imagefolder`), what ``--resume`` compares
+(:mod:`~fastdata.sources.fingerprint`) and the paths a source reads, which no output may touch
+(:class:`~fastdata.sources.base.Protected`).
 """
 
 from __future__ import annotations
