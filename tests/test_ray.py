@@ -29,7 +29,7 @@ def cluster(tmp_path_factory):
     marker = kill / "killed"
 
     def die_in_unit_2() -> None:  # runs in each Ray worker as it starts (pickled by value: a local function)
-        from fastdata.conversion.scale import units
+        from fastdata.conversion import units
 
         write = units.UnitWriter.write
 
