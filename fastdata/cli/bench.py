@@ -170,21 +170,32 @@ def run_bench(args: argparse.Namespace) -> int:
 
         names = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
         written = upload_results([out / name for name in names], out_url, RemoteOptions())
-    failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
-              f"Rows with each failure: {written[0] if written else out / 'results.json'}")
+    results = written[0] if written else out / "results.json"
+    if result.all_failed:
+        failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
+                  f"Rows with each failure: {results}")
+    else:
+        failed = (f"fastdata: error: {len(result.failed)} of {result.summary['configurations']} configurations failed "
+                  f"(see the table above; each reason is in the warning); the others were measured and are in "
+                  f"{results}")
     if args.json:
         import json
 
         print(json.dumps(result.document, indent=2, default=str))
-        if result.all_failed:
-            print(failed.replace(" (see the table above)", ""), file=sys.stderr)
-        return 1 if result.all_failed else 0
-    report = report_text(result, getattr(args, "source_url", None) or source, config, written)
+        if result.failed:
+            print(failed.replace(" (see the table above; each reason is in the warning)", "").replace(
+                " (see the table above)", ""), file=sys.stderr)
+        return 1 if result.failed else 0
+    display = "./my-images" if args.demo else getattr(args, "source_url", None) or source
+    report = report_text(result, getattr(args, "source_url", None) or source, config, written, usage_source=display)
     if result.all_failed:
         print(report, file=sys.stderr)
         print(failed, file=sys.stderr)
         return 1
     print(report)
+    if result.failed:  # measured, but not everything: say so where scripts look (the exit status)
+        print(failed, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -230,10 +241,13 @@ def fused_line(rows: list[dict]) -> str | None:
     return line + (f"; not fused (stored pixels): {', '.join(after)}" if after else "")
 
 
-def report_text(result, source: str, config, written: list[str] | None = None) -> str:
-    """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
-    short reasons and the files written."""
+def report_text(result, source: str, config, written: list[str] | None = None, *,
+                usage_source: str | None = None) -> str:
+    """What ``fastdata bench`` prints: the setting, the recommendation and how to train with it
+    (the commands for ``usage_source``: the demo's says ./my-images, for the user's own folder),
+    warnings, the table, the short reasons and the files written."""
     from fastdata.bench import machine_info
+    from fastdata.bench.advice import how_lines, how_to_use
 
     info = machine_info()
     lines = [f"fastdata bench: {source}, batch {config.batch_size}, os.cpu_count()={info['cpu_count']}, "
@@ -245,6 +259,13 @@ def report_text(result, source: str, config, written: list[str] | None = None) -
                          f"{state} in {item['conversion_s']:.1f} s")
     if result.recommendation:
         lines += ["", "recommendation: " + result.recommendation]
+        picked = result.summary["recommendation"]
+        if usage_source not in (None, source):  # the demo: the same advice for the user's own folder
+            how = how_to_use(picked, source=usage_source, config=config, baseline=result.document["baseline"],
+                             converted=False)
+            lines += how_lines(how, f"your own image folder ({usage_source})")
+        elif picked.get("how"):
+            lines += how_lines(picked["how"], source)
     if result.backends:
         lines.append("backends: " + result.backends)
     if result.remote:
