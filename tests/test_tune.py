@@ -214,7 +214,8 @@ def noisy_measurements() -> Measurements:
 
     spreads = {"noise": Spread((0.001,) * 15 + (0.009,) * 5), "fetch_ms": Spread((30.0, 31.0, 1710.0)),
                "transfer_ms.torch": Spread((-0.2, 0.1, 0.6)), "transfer_ms.process": Spread((1.0, 1.1, 1.2)),
-               "thread_speedup": Spread((6.9, 6.8, 7.0))}
+               "thread_speedup": Spread((6.9, 6.8, 7.0)), "startup_s.torch": Spread((0.011, 0.011, 0.012)),
+               "startup_s.process": Spread((0.04, 0.05, 0.2))}
     return measurements(fetch_ms=31.0, loop_ms=32.0, thread_speedup=2.0, usable_cores=2, cpu_count=2,
                         transfer_ms={"torch": 0.1, "process": 1.1}, startup_s={"torch": 0.011, "process": 0.05},
                         spreads=spreads)
@@ -231,6 +232,7 @@ def test_figures_noise_makes_untrustworthy_are_flagged_never_printed_as_measured
         "the fetch per batch varied from 30 ms to 1,710 ms across 3 calls (+-2710%)",
         "the torch hand-over per batch is below what this machine resolves (-0.2 to +0.6 ms across 3 repeats): "
         "taken as 0",
+        "starting one process worker took from 40 ms to 200 ms across 3 starts (+-160%)",
         "2 threads fetched 6.90x as fast as one, more than the 2x that 2 threads on 2 usable cores can reach: "
         "noise; taken as 2.00x"]
     table = dict(measured_table(m))

@@ -9,8 +9,8 @@ texts); :func:`plot` saves it. Panels, top to bottom:
    or process row's bar is its best *with* workers: at num_workers=0 every backend runs the one
    serial loop of the DataLoader row, measured once, so it is drawn once. A row whose every
    configuration failed is listed, with "failed" where its bar would be;
-2. samples/s against num_workers, one small panel per dataset (format and store; the y axes
-   shared), one line per way of reading it. A way of reading keeps its colour and marker in
+2. samples/s against num_workers, one small panel per dataset (format and store; each on its own
+   log scale: the bars compare the datasets), one line per way of reading it. A way of reading keeps its colour and marker in
    every panel (one legend), so no two lines of a panel look alike however many datasets
    there are; the best point of each line is starred, the baseline's best is a dashed line;
 3. only when a training step is simulated: the share of loop time spent waiting for data, in
@@ -161,7 +161,7 @@ def _panels(fig: Any, spec: Any, first_row: int, columns: int, summary: dict, ke
     axes: list[Any] = []
     for position, dataset in enumerate(datasets):
         row, column = divmod(position, columns)
-        ax = fig.add_subplot(spec[first_row + row, column], sharey=axes[0] if axes else None)
+        ax = fig.add_subplot(spec[first_row + row, column])
         axes.append(ax)
         _curves(ax, summary, [key for key in keys if key[:2] == dataset], baseline, metric)
         name = " ".join(part for part in dataset if part and part != "-")
@@ -173,16 +173,31 @@ def _panels(fig: Any, spec: Any, first_row: int, columns: int, summary: dict, ke
                           fontsize=8)
         if position >= len(datasets) - columns:
             ax.set_xlabel("num_workers (* = the line's best)", fontsize=8)
-    if metric == "samples_per_s":
-        axes[0].set_yscale("log")
-        base = [key for key in keys if key[0] == baseline]
+    base = [key for key in keys if key[0] == baseline]
+    for ax in axes:  # each panel its own scale: the bars above compare the datasets, a panel its ways of reading
+        if metric != "samples_per_s":
+            ax.set_ylim(0, 1.05)
+            continue
+        ax.set_yscale("log")
+        _at_least_a_decade(ax)
         if base:
             choice = choose_workers(base[0], plotted_cells(base[0], summary[base[0]]))
-            for ax in axes:
-                ax.axhline(choice["cell"]["samples_per_s"], color="grey", linestyle=(0, (5, 5)), linewidth=1)
-    else:
-        axes[0].set_ylim(0, 1.05)
+            ax.axhline(choice["cell"]["samples_per_s"], color="grey", linestyle=(0, (5, 5)), linewidth=1)
     return axes[0]
+
+
+MIN_SPAN = 10.0  # a panel's y axis covers at least this ratio: a flat line stays flat, noise is not magnified
+
+
+def _at_least_a_decade(ax: Any) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    low, high = ax.get_ylim()
+    if high / low < MIN_SPAN:
+        centre = math.sqrt(low * high)
+        low, high = centre / math.sqrt(MIN_SPAN), centre * math.sqrt(MIN_SPAN)
+    ax.set_ylim(low, high)
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _curves(ax: Any, summary: dict, keys: list, baseline: str | None, metric: str) -> None:

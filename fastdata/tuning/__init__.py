@@ -9,6 +9,8 @@ Model first, then confirm, within a time budget:
    worker start-up per backend; whether 2 threads fetch faster than one (the GIL); the
    consumer's step (``step_ms`` sleeps, ``step`` runs the user's function on real batches); the
    cores this process may use (CPU affinity and the cgroup quota, not ``os.cpu_count()``).
+   The machine's own noise is measured too, noisy figures are repeated, and each keeps its
+   spread: :meth:`Recommendation.doubts` says which cannot be trusted (:mod:`fastdata.tuning.noise`).
 2. Predict samples/s and data wait for every backend x num_workers (0 .. 2 x cores).
 3. Confirm the best few predictions with short probes of the real dataset (persistent
    workers, start-up excluded), measuring samples/s, data wait and memory (PSS) per worker,

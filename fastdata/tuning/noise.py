@@ -126,6 +126,11 @@ def doubts(m: Any) -> list[str]:
         elif hand_over is not None and hand_over.noisy:
             found.append(f"the {backend} hand-over per batch varied from {hand_over.low:.3g} to {hand_over.high:.3g} ms "
                          f"across {len(hand_over.values)} repeats (+-{hand_over.relative:.0%})")
+    for backend in m.startup_s:
+        startup = m.spreads.get(f"startup_s.{backend}")
+        if startup is not None and startup.noisy:
+            found.append(f"starting one {backend} worker took from {ms(startup.low * 1000)} to {ms(startup.high * 1000)} "
+                         f"across {len(startup.values)} starts (+-{startup.relative:.0%})")
     threads = m.spreads.get("thread_speedup")
     if threads is not None and threads.median > IMPLAUSIBLE * thread_limit(m.usable_cores):
         found.append(f"2 threads fetched {threads.median:.2f}x as fast as one, more than the "
