@@ -653,6 +653,8 @@ def test_the_recommendation_says_how_to_train_with_it() -> None:
     assert mine["convert"] is None and mine["python"][1] == "from mydata import train_set as ds"
     already = how_to_use(dict(picked, store="raw"), source="out/coco.npy", config=config, baseline="npy", converted=True)
     assert already["convert"] is None and already["python"][1] == 'ds = fastdata.open_dataset("out/coco.npy")'
+    remote = how_to_use(picked, source="s3://bkt/d.tar", config=config, baseline="tar", converted=False)
+    assert remote["convert"] == "fastdata convert s3://bkt/d.tar out/d.npy --store raw --resize 32x32"
 
 
 def test_the_demo_report_gives_the_commands_for_the_users_own_folder(uniform_folder: Path, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from fastdata.bench.runner import (
     Prepared, baseline, check_image_sizes, fingerprint, make_row, parse_resize, prepare_conversion, read_paths,
     resolve, run_isolated, select_formats,
 )
-from fastdata.bench.summary import summary_document
+from fastdata.bench.summary import URL_MARK, summary_document
 from fastdata.errors import InvalidOptionError
 from fastdata.formats import find_manifest, get_format
 from fastdata.machine import machine_info
@@ -288,10 +288,12 @@ def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, A
     summary = summary_document(rows, reference)
     picked = summary["recommendation"]
     if picked is not None:
-        converted = any(item["path"] == meta["source"] and (item["format"], item["store"]) ==
-                        (picked["format"], picked["store"]) for item in meta["conversions"])
-        picked["how"] = how_to_use(picked, source=meta["source"], config=config, baseline=reference,
-                                   converted=converted, root=root)
+        store = picked["store"].split(URL_MARK)[0]  # a row read from the dataset's URL: that dataset
+        converted = URL_MARK in picked["store"] or any(
+            item["path"] == meta["source"] and (item["format"], item["store"]) == (picked["format"], store)
+            for item in meta["conversions"])
+        picked["how"] = how_to_use(dict(picked, store=store), source=meta.get("url") or meta["source"],
+                                   config=config, baseline=reference, converted=converted, root=root)
     document = {**meta, "verdicts": lines, "summary": summary, "rows": rows}
     write_results(out, document)
     title = f"fastdata bench on {meta['source']} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"
