@@ -132,7 +132,7 @@ def add_parsers(commands) -> None:
     info.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
     info.add_argument("--json", action="store_true",
                       help="print the manifest (with size_bytes and, for encoded images, stored_sizes) as JSON")
-    info.set_defaults(run=run_info)
+    info.set_defaults(run=run_info, needs_torch=False)  # manifests and headers only: starts in a fraction of a second
     check = add_command(
         commands, "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
         description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "

@@ -22,6 +22,7 @@ from (no ``sources`` import).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -172,6 +173,27 @@ class Reader:
         raise NotImplementedError
 
 
+_READER_FIELDS = frozenset({"dataset", "map_reader"})
+
+
+def load_reference(reference: str) -> Any:
+    """The object a ``"package.module:Name"`` reference names (imported now)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def lazy_exports(table: dict[str, str]) -> Callable[[str], Any]:
+    """A format package's module ``__getattr__`` (PEP 562): ``table`` maps a public name to the
+    module defining it, imported on first use, so discovering the format does not import its
+    reader (and torch). ``from fastdata.formats.npy import MemmapDataset`` works as before."""
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module has no attribute {name!r}")
+        return getattr(importlib.import_module(table[name]), name)
+
+    return __getattr__
+
+
 @dataclass(frozen=True)
 class FormatSpec:
     """What the rest of fastdata needs to know about one storage format (see the module
@@ -179,8 +201,10 @@ class FormatSpec:
 
     name: str
     """The format's name: ``--format NAME`` and the manifest's ``format``."""
-    dataset: type
-    """The reader :func:`fastdata.open_dataset` returns (a :class:`Reader`, or an iterable one)."""
+    dataset: type | str
+    """The reader :func:`fastdata.open_dataset` returns (a :class:`Reader`, or an iterable one).
+    It may be given as ``"module:Class"``, imported on first use (readers import torch; the
+    registry, ``fastdata info`` and ``fastdata verify`` do not need it)."""
     writer: type | None = None
     """The :class:`Writer`; None for read-only formats."""
     stores: tuple[str, ...] = ("raw", "encoded")
@@ -202,9 +226,10 @@ class FormatSpec:
     verify: Callable[..., list[str]] | None = None
     """``verify(path, manifest, *, deep)``: the problems (one message each, naming the file and
     sample) this format's own checks find, beyond what :func:`fastdata.verify` checks for all."""
-    map_reader: type | None = None
+    map_reader: type | str | None = None
     """When ``dataset`` is iterable: its random-access counterpart (``fastdata.loader``, a
-    shuffling DataLoader and a conversion from this format use it)."""
+    shuffling DataLoader and a conversion from this format use it); ``"module:Class"`` as for
+    ``dataset``."""
     self_batching: bool = False
     """The reader collates whole batches itself (``dataset(path, batch_size=...)``)."""
     baseline: bool = False
@@ -213,6 +238,13 @@ class FormatSpec:
     """The writer stores every field of samples beyond ``(image, label)`` (``Batch.fields``) and
     the reader gives them back (docs/fields.md); a format without it converts only
     ``(image, label)`` sources."""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if type(value) is str and name in _READER_FIELDS:  # "module:Class": imported on first use, then kept
+            value = load_reference(value)
+            object.__setattr__(self, name, value)
+        return value
 
     @property
     def writable(self) -> bool:

@@ -22,11 +22,10 @@ is needed once.
 
 from __future__ import annotations
 
-from fastdata.formats.base import FormatSpec
+from fastdata.formats.base import FormatSpec, lazy_exports
 from fastdata.formats.registry import register
 from fastdata.formats.hdf5.layout import FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, USERBLOCK_BYTES, userblock
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, parse_compression
-from fastdata.formats.hdf5.reader import DEFAULT_CACHE_BYTES, HDF5Dataset
 from fastdata.formats.hdf5.storage import checked_dataset, read_manifest
 from fastdata.formats.hdf5.verify import verify_file
 from fastdata.formats.hdf5.writer import HDF5Writer, write_manifest
@@ -36,11 +35,13 @@ __all__ = [
     "HDF5Options", "HDF5Writer", "checked_dataset", "default_chunk_images", "parse_compression", "read_manifest",
     "userblock", "write_manifest",
 ]
+__getattr__ = lazy_exports({"DEFAULT_CACHE_BYTES": "fastdata.formats.hdf5.reader",  # the reader imports torch
+                            "HDF5Dataset": "fastdata.formats.hdf5.reader"})
 
 register(
     FormatSpec(
         name=FORMAT,
-        dataset=HDF5Dataset,
+        dataset="fastdata.formats.hdf5.reader:HDF5Dataset",
         writer=HDF5Writer,
         suffix=".h5",
         suffixes=(".h5", ".hdf5"),

@@ -15,11 +15,9 @@ members, which the readers (``reader.py``, ``stream.py``) use to read without pa
 
 from __future__ import annotations
 
-from fastdata.formats.base import FormatSpec
+from fastdata.formats.base import FormatSpec, lazy_exports
 from fastdata.formats.registry import register
 from fastdata.formats.tar.layout import BLOCK, FORMAT, INDEX_NAME, LAYOUT_VERSION, TRAILER, member_header, padded
-from fastdata.formats.tar.reader import TarIndexedDataset
-from fastdata.formats.tar.stream import ShardSplitWarning, TarDataset
 from fastdata.formats.tar.verify import verify_shards
 from fastdata.formats.tar.writer import TarOptions, TarWriter
 from fastdata.conversion.options import parse_bytes
@@ -28,18 +26,20 @@ __all__ = [
     "BLOCK", "FORMAT", "INDEX_NAME", "LAYOUT_VERSION", "TRAILER", "ShardSplitWarning", "TarDataset",
     "TarIndexedDataset", "TarOptions", "TarWriter", "member_header", "padded", "parse_bytes",
 ]
+__getattr__ = lazy_exports({"TarIndexedDataset": "fastdata.formats.tar.reader",  # the readers import torch
+                            "ShardSplitWarning": "fastdata.formats.tar.stream", "TarDataset": "fastdata.formats.tar.stream"})
 
 register(
     FormatSpec(
         name=FORMAT,
-        dataset=TarDataset,
+        dataset="fastdata.formats.tar.stream:TarDataset",
         writer=TarWriter,
         suffixes=(".tar",),
         layout_version=LAYOUT_VERSION,
         fields=True,
         options=TarOptions,
         verify=verify_shards,
-        map_reader=TarIndexedDataset,
+        map_reader="fastdata.formats.tar.reader:TarIndexedDataset",
         self_batching=True,
         description="WebDataset-compatible tar shards with a JSON shard index",
     )
