@@ -6,13 +6,15 @@ fsspec knows, read through one bounded cache shared by every process on the mach
   errors that name the URL and the fix, never a credential; :mod:`fastdata.remote.failures` reads
   what s3fs, gcsfs and adlfs raise (an HTTP status, missing credentials) one way for it.
 - :mod:`fastdata.remote.cache`: :class:`Cache`, ``cache_dir`` bounded by ``cache_limit``, least
-  recently used files evicted first, never one in use (file locks and atomic renames only).
+  recently used files evicted first, never one in use (file locks and atomic renames only); a
+  folder of its own (marked ``.fastdata-cache``), refused when it holds anything else.
 - :mod:`fastdata.remote.dataset`: :func:`locate`, what every reader calls with its path: a URL
   becomes the dataset's directory in the cache, each file checked against the manifest's
   checksum as it arrives; tar shards are fetched as they are streamed (prefetched per worker),
   npy and HDF5 files before they are memory-mapped.
 - :mod:`fastdata.remote.upload`: ``fastdata convert SOURCE URL``'s uploads: tar shards as they
-  are closed (then removed locally), the rest when the conversion is done, the manifest last.
+  are closed (then removed locally), the rest when the conversion is done, the manifest last;
+  taken back when the conversion fails; ``--overwrite`` deletes only what the old manifest lists.
 - :mod:`fastdata.remote.locks`: one writer of a URL at a time, through lock objects in the bucket.
 - :mod:`fastdata.remote.units`: a job array's units shared through the bucket.
 

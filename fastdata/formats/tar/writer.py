@@ -159,6 +159,7 @@ class TarWriter(Writer):
         self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
+        self.queued: list[_ShardFile] = []  # shards handed to the finisher and maybe not finished yet (closed on abort)
         self.finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-tar")
         if state:
             for number in range(state["shards"]):
@@ -215,6 +216,7 @@ class TarWriter(Writer):
         at most one finished shard waits on the local disk for its upload)."""
         if self.sink is not None and self.finished:
             self.finished[-1].result()
+        self.queued = [waiting for waiting in self.queued if not waiting.handle.closed] + [shard]
         self.finished.append(self.finisher.submit(self._finished, shard))
 
     def _finished(self, shard: _ShardFile) -> dict[str, Any]:
@@ -262,3 +264,5 @@ class TarWriter(Writer):
         if self.shard is not None:
             self.shard.handle.close()
         self.finisher.shutdown(wait=True, cancel_futures=True)
+        for shard in self.queued:  # those the finisher never started
+            shard.handle.close()
