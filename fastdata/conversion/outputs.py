@@ -162,7 +162,7 @@ def replaceable_manifest(output: Path) -> dict[str, Any]:
     anything else is refused with a message that suggests no destructive flag."""
     shown = str(output)
     try:
-        manifest = find_manifest(output)
+        manifest = find_manifest(output, checked=False)  # one another fastdata wrote may be replaced
     except FastdataError as exc:
         raise OutputExistsError(
             f"Output {shown!r} already exists and fastdata cannot read its manifest ({exc}); fastdata "
