@@ -20,7 +20,7 @@ from fastdata.conversion.options import STORES, ConvertOptions
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
-from fastdata.formats.base import Plan
+from fastdata.formats.base import Plan, check_stored_names
 from fastdata.fields import Field, FieldError, Schema
 from fastdata.fieldvalues import infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
@@ -232,6 +232,8 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         values = {k: to_pil(v) if k != schema.image.name and schema[k].kind == "image" else v
                   for k, v in src.load_record(reference, options.read).items()}
         plan = dataclasses.replace(plan, schema=complete_schema(schema, plan, values, src.field_files))
+        if options.format:
+            check_stored_names(get_format(options.format), plan)  # before anything is written
     return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 

@@ -64,6 +64,16 @@ def write_manifest(file: h5py.File, text: str) -> None:
     file.create_dataset(MANIFEST_ATTR, data=np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
 
 
+def stored_names(plan: Plan) -> list[tuple[str, str]]:
+    """Each field's datasets in an ``hdf5`` file: the image's and the label's as always, every
+    other field's under ``fields/`` (:func:`~fastdata.formats.hdf5.layout.field_datasets`)."""
+    schema = plan.schema
+    names = [(schema.image.name, name) for name in (("images",) if plan.store == "raw" else ("blob", "offsets"))]
+    if schema.label is not None:
+        names.append((schema.label.name, "labels"))
+    return names + [(f.name, name) for f in schema.extras for name in field_datasets(f)]
+
+
 class HDF5Writer(Writer):
     """Writes one ``.h5`` file (see the module docstring for its layout)."""
 
