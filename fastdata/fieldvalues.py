@@ -373,6 +373,28 @@ def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], 
     return values, "tuple", structure
 
 
+def flatten_as(item: Any, structure: Any, sample: str) -> dict[str, Any]:
+    """A sample laid out as ``structure`` (what :func:`fastdata.fields.unflatten` makes: tuples
+    for lists, dicts for dicts) as flat named values, in the order the structure names them; a
+    :class:`FieldError` naming ``sample`` where it is laid out otherwise."""
+    values: dict[str, Any] = {}
+    pending = [(item, structure, "the sample")]
+    while pending:
+        value, node, where = pending.pop(0)
+        if isinstance(node, list):
+            if not isinstance(value, (tuple, list)) or len(value) != len(node):
+                raise FieldError(f"{sample}: {where} is a {_describe_type(value)}, not the tuple of {len(node)} values "
+                                 "the dataset's schema says.")
+            pending += [(v, s, f"{where}[{i}]") for i, (v, s) in enumerate(zip(value, node))]
+        elif isinstance(node, dict):
+            if not isinstance(value, dict) or set(value) != set(node):
+                raise FieldError(f"{sample}: {where} is not the dict of {sorted(node)} the dataset's schema says.")
+            pending += [(value[key], s, f"{where}[{key!r}]") for key, s in node.items()]
+        else:
+            values[node] = value
+    return values
+
+
 def _guess_name(value: Any) -> str:
     tv = _tv_type(value)
     if tv == "BoundingBoxes":

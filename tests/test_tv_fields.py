@@ -611,7 +611,7 @@ def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_wi
     reference = tv_datasets.OxfordIIITPet(str(tmp_path / "pets"), split="test", target_types=["category", "segmentation"])
     ds = fastdata.open_dataset(out)
     for index in range(2):
-        image, label, mask = ds[index]
+        image, (label, mask) = ds[index]  # torchvision's structure: (image, (label, mask))
         expected_image, (expected_label, expected_mask) = reference[index]
         assert label == expected_label and isinstance(mask, tv_tensors.Mask)
         np.testing.assert_array_equal(mask.numpy(), np.asarray(expected_mask))
@@ -629,7 +629,7 @@ def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_wi
     source = source_of("CelebA", tmp_path / "celeba", "valid", target_type="attr,bbox,landmarks")
     ds = fastdata.open_dataset(tmp_path / "celeba.h5")
     for index in range(2):
-        image, attr, bbox, landmarks = ds[index]
+        image, (attr, bbox, landmarks) = ds[index]
         expected_image, (expected_attr, _, expected_landmarks) = reference[index]
         np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))  # (and closes the file)
         assert torch.equal(attr, expected_attr) and torch.equal(landmarks, expected_landmarks)

@@ -22,7 +22,7 @@ from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan, check_stored_names
 from fastdata.fields import Field, FieldError, Schema
-from fastdata.fieldvalues import infer
+from fastdata.fieldvalues import check_record, infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
@@ -122,15 +122,19 @@ _SCHEMA_SAMPLES = 8
 def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
     """Headers of the first readable samples' images and the schema their records make
     (:func:`fastdata.fieldvalues.infer`), for a source whose samples have fields."""
-    records, found, first_error = [], [], None
+    records, found, first_error, known = [], [], None, src.schema
     for index in range(len(src)):
         try:
             values = src.load_record(index, options.read)
             if len(records) < _SCHEMA_SAMPLES:
                 records.append((src.sample_name(index), values))
-                infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
-            image = next((v for k, v in values.items() if src.kinds.get(k) == "image" or (
-                src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
+                if known is None:
+                    infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
+                else:
+                    check_record(known, values, src.sample_name(index))
+            image = values.get(known.image.name) if known is not None else next(
+                (v for k, v in values.items() if src.kinds.get(k) == "image" or (
+                    src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
             if image is None:
                 raise FieldError(f"{src.sample_name(index)}: has no image field (a PIL image or tv_tensors.Image); "
                                  "fastdata stores samples with at least one image.")
@@ -147,7 +151,8 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
         if len(found) >= _SCHEMA_SAMPLES:
             break
     _fail_unless_found(src, options, found, first_error)
-    return found, infer(records, src.kinds, src.layout, src.structure).with_meta(src.field_meta)
+    schema = known if known is not None else infer(records, src.kinds, src.layout, src.structure)
+    return found, schema.with_meta(src.field_meta)
 
 
 def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None,

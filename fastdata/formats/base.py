@@ -165,6 +165,11 @@ class Reader:
         a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.records`)."""
         raise NotImplementedError
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        """For ``--store encoded`` datasets: each image's bytes of ``indices`` as stored (a
+        conversion from this dataset keeps them, as it keeps an image folder's files)."""
+        raise NotImplementedError
+
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:
         """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
         of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or

@@ -16,8 +16,8 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
-from fastdata.fields import SOURCE_META
-from fastdata.fieldvalues import check_value, digest_value, flatten, kind_of
+from fastdata.fields import Schema
+from fastdata.fieldvalues import check_value, digest_value, flatten, flatten_as, kind_of
 from fastdata.sources.base import Source
 
 
@@ -160,7 +160,11 @@ class ArraySource(DatasetSource):
 
 class FastdataSource(DatasetSource):
     """A dataset written by ``fastdata convert``, read through its format's map-style reader as
-    PIL images (so any format converts to any other), with its class names."""
+    PIL images (so any format converts to any other), with its class names. A dataset with
+    fields converts with the schema its manifest holds (every field as it was stored, variable
+    and ragged shapes included) and its samples' structure; an encoded one keeps its images'
+    stored bytes (JPEGs stay JPEGs, as an image folder's files do) where the conversion does not
+    change them."""
 
     def __init__(self, path: Path, manifest: dict[str, Any], reader: Any):
         """``reader``: the dataset's map-style reader with ``image_format="pil"``."""
@@ -169,16 +173,34 @@ class FastdataSource(DatasetSource):
         self.path = Path(path)
         self.manifest = manifest
         super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
-        if isinstance(manifest.get("fields"), dict):  # a dataset with fields: their kinds as it stored them
-            stored = manifest["fields"].get("fields") or []
-            self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
-                          for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
-            self.field_meta = {f["name"]: kept for f in stored if isinstance(f.get("meta"), dict) and
-                               (kept := {k: v for k, v in f["meta"].items() if k in SOURCE_META})}
-            structure = manifest["fields"].get("structure")
-            if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
-                self.names = structure
+        if "fields" in manifest:  # checked with the manifest when the reader opened it
+            self.schema = Schema.from_json(manifest["fields"])
+            self.layout, self.structure = self.schema.layout, self.schema.structure
+        self.has_files = manifest["store"] == "encoded"
+        if self.has_files:
+            self.labels = np.asarray(reader.labels, dtype=np.int64)
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
+
+    @property
+    def is_classic(self) -> bool:
+        return self.schema is None and self.record_schema() is None
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        if self.schema is None:
+            return super().load_record(index, read)
+        read = read or ReadOptions()
+        values = flatten_as(self.dataset[index], self.schema.structure, self.sample_name(index))
+        values = {name: values[name] for name in self.schema.names if name in values}
+        for name, value in values.items():
+            if isinstance(value, Image.Image):
+                check_pixels(value, read.max_pixels)
+                if read.exif_transpose and self.schema[name].kind == "image":
+                    values[name] = exif_transpose(value)
+        return values
+
+    def file_bytes(self, index: int) -> bytes | None:
+        """The image's bytes as the dataset stores them (encoded datasets)."""
+        return self.dataset._encoded(np.asarray([index]))[0] if self.has_files else None
 
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_manifest(self.manifest, self._manifest_digest)

@@ -58,6 +58,15 @@ class RecordSpec:
     files: tuple[str, ...] = ()
     target_keys: Any = None  # what wrap_dataset_for_transforms_v2 is asked for (None: no wrapper)
     class_ids: tuple[str, ...] = ()
+    targets: Callable[[Any], list[str]] | None = None
+    """For a dataset whose target is a tuple when several target types are asked (pets, CelebA):
+    the names of the record's target fields, in order, so readers give ``(image, (a, b))`` back as
+    torchvision does (``(image, a)`` for one type)."""
+
+    def structure(self, dataset: Any) -> Any:
+        """The nesting readers give back, where it is not the record's flat order."""
+        names = self.targets(dataset) if self.targets is not None else []
+        return ["image", names] if len(names) > 1 else None
 
 
 def _tv() -> Any:
@@ -146,6 +155,14 @@ def _captions(source: "TorchvisionRecordSource", index: int) -> Record:
 _PET_NAMES = {"category": "label", "binary-category": "binary_label", "segmentation": "mask"}
 
 
+def _pet_targets(dataset: Any) -> list[str]:
+    return [_PET_NAMES[kind] for kind in dataset._target_types]
+
+
+def _celeba_targets(dataset: Any) -> list[str]:
+    return list(dataset.target_type)
+
+
 def _pet(source: "TorchvisionRecordSource", index: int) -> Record:
     image, target = source.dataset[index]
     types = source.dataset._target_types
@@ -210,8 +227,8 @@ RECORDS: dict[str, RecordSpec] = {
     "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("annFile",)),
     "Flickr8k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
     "Flickr30k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
-    "OxfordIIITPet": RecordSpec(_pet, kinds={"mask": "mask"}),
-    "CelebA": RecordSpec(_celeba),
+    "OxfordIIITPet": RecordSpec(_pet, kinds={"mask": "mask"}, targets=_pet_targets),
+    "CelebA": RecordSpec(_celeba, targets=_celeba_targets),
     "Cityscapes": RecordSpec(_cityscapes, kinds={"mask": "mask", "polygon": "json", "masks": "array:ragged"}),
 }
 
@@ -232,6 +249,7 @@ class TorchvisionRecordSource(Source):
         self.labels = None
         self.class_to_idx = _class_to_idx(dataset)
         self.layout = self.spec.layout
+        self.structure = self.spec.structure(dataset)
         self.kinds = dict(self.spec.kinds)
         self.field_meta = {name: {CLASS_IDS: True} for name in self.spec.class_ids} if self.class_to_idx else {}
         self.options = dict(options)

@@ -193,6 +193,15 @@ class HDF5Dataset(StoredDataset):
             return _Handles(file, RowReader(data))
         return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        data = self.handles.data
+        try:
+            return [np.asarray(data[self.offsets[i] : self.offsets[i + 1]]).tobytes() for i in indices.tolist()]
+        except OSError as exc:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
+            ) from exc
+
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:
         data = self.handles.data
