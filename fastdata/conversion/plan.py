@@ -97,6 +97,9 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
     for index in range(len(src)):
         try:
             found.append((index, src.header(index, options.read)))
+        except FieldError:  # a sample unlike the others: its message says how, and --skip-bad does not fix that
+            if not options.skip_bad:
+                raise
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:

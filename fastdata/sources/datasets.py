@@ -16,9 +16,10 @@ from fastdata.conversion import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.conversion.outputs import Protected
-from fastdata.fields import Schema
+from fastdata.fields import FieldError, Schema
 from fastdata.fieldvalues import check_value, digest_value, flatten, flatten_as, kind_of
 from fastdata.sources.base import Source
+from fastdata.sources.torchvision_targets import wrapped_detection, wrapped_item, wrapped_target_keys
 
 
 class DatasetSource(Source):
@@ -68,6 +69,10 @@ class DatasetSource(Source):
             parts.append(f"{name} {made.kind} {made.dtype} {made.shape}\n".encode() + digest_value(made, checked))
         return b"".join(parts)
 
+    def item(self, index: int) -> Any:
+        """The dataset's item ``index``, as this source takes it."""
+        return self.dataset[index]
+
     def record_schema(self) -> Any:
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
@@ -75,7 +80,7 @@ class DatasetSource(Source):
             item = None
             for index in range(min(len(self), 8)):  # the first item that loads decides
                 try:
-                    item = self.dataset[index]
+                    item = self.item(index)
                     break
                 except Exception:  # noqa: BLE001 - a bad item is reported where samples are loaded
                     continue
@@ -83,6 +88,9 @@ class DatasetSource(Source):
                 self._classic = True  # the classic path names the bad samples (and --skip-bad skips them)
                 return None
             values, layout, structure = flatten(item, self.names)
+            for value in values.values():
+                if isinstance(value, Image.Image) and value.width * value.height <= (ReadOptions().max_pixels or 0):
+                    value.load()  # torchvision opens images lazily: read, so their files are closed
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
             first_name, first = next(iter(values.items()), (None, None))
@@ -100,7 +108,7 @@ class DatasetSource(Source):
 
     def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
         read = read or ReadOptions()
-        values, layout, structure = flatten(self.dataset[index], self.names)
+        values, layout, structure = flatten(self.item(index), self.names)
         if _classic_pair(values, layout) and self.record_schema() is None:
             image, label = self.load(index, read)
             return {"image": image, "label": label}
@@ -108,6 +116,7 @@ class DatasetSource(Source):
             if isinstance(value, Image.Image) or type(value).__name__ in ("Image", "Mask"):
                 if isinstance(value, Image.Image):
                     check_pixels(value, read.max_pixels)
+                    value.load()  # torchvision opens images lazily: read now, and the file is closed
                     if read.exif_transpose and self.kinds.get(name) != "mask":
                         values[name] = exif_transpose(value)
         return values
@@ -120,17 +129,25 @@ class DatasetSource(Source):
 
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         read = read or ReadOptions()
-        item = self.dataset[index]
+        item = self.item(index)
         if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise TypeError(f"expected an (image, label) pair, got {type(item).__name__}")
+            raise self._not_a_pair(index, f"a {type(item).__name__}")
         image, label = item[0], item[1]
         if hasattr(label, "item"):
             label = label.item()
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            raise TypeError(f"expected an integer label, got {type(label).__name__}")
+            raise self._not_a_pair(index, f"an (image, {type(label).__name__}) pair")
         image = to_pil(image)
         check_pixels(image, read.max_pixels)
         return (exif_transpose(image) if read.exif_transpose else image), int(label)
+
+
+    def _not_a_pair(self, index: int, found: str) -> FieldError:
+        """A later item that is no ``(image, int)`` pair, where the first readable one was."""
+        return FieldError(
+            f"{self.sample_name(index)}: is {found}, but the first readable sample is an (image, int label) pair, so "
+            "the samples were taken for (image, label) pairs. Give every sample the same fields: one without "
+            "annotations still has every key (None, or an empty array, for an empty field).")
 
 
 class ArraySource(DatasetSource):
@@ -209,6 +226,22 @@ class FastdataSource(DatasetSource):
         return [Protected(self.path, "source dataset")]
 
 
+class WrappedDetectionSource(DatasetSource):
+    """torchvision's ``wrap_dataset_for_transforms_v2(CocoDetection(...) | VOCDetection(...),
+    target_keys=...)`` as a source: its items as the wrapper gives them (``(image, {"boxes":
+    ..., "labels": ...})``), and an image without objects with every key asked for, empty
+    (:func:`~fastdata.sources.torchvision_targets.wrapped_item`), where the wrapper leaves them
+    out or fails: the samples of the CLI's ``torchvision:CocoDetection`` have them so too."""
+
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+        super().__init__(dataset, description)
+        if "masks" in wrapped_target_keys(dataset):  # (K, H, W): every dimension varies
+            self.kinds.setdefault("masks", "array:ragged")
+
+    def item(self, index: int) -> Any:
+        return wrapped_item(self.dataset, index)
+
+
 def _classic_pair(values: dict[str, Any], layout: str) -> bool:
     """Whether a flattened item is the classic ``(image, int label)``."""
     if layout != "tuple" or len(values) != 2:
@@ -265,4 +298,6 @@ def make_dataset_source(dataset: Any, description: dict[str, Any] | None = None)
         raise EmptySourceError(f"Dataset {type(dataset).__name__} is empty.")
     if has_array_fast_path(dataset):
         return ArraySource(dataset, description)
+    if wrapped_detection(dataset) is not None:
+        return WrappedDetectionSource(dataset, description)
     return DatasetSource(dataset, description)

@@ -233,6 +233,62 @@ RECORDS: dict[str, RecordSpec] = {
 }
 
 
+# --- datasets wrapped by wrap_dataset_for_transforms_v2 in Python ---------------------------
+
+# class -> the target keys its detection wrapper gives, in the wrapper's order, and its default ones
+_WRAPPER_KEYS = {
+    "CocoDetection": (("image_id", "boxes", "masks", "labels", "segmentation", "area", "iscrowd", "bbox",
+                       "category_id"), frozenset({"image_id", "boxes", "labels"})),
+    "VOCDetection": (("annotation", "boxes", "labels"), frozenset({"boxes", "labels"})),
+}
+
+
+def wrapped_detection(dataset: Any) -> str | None:
+    """The class (``CocoDetection``, ``VOCDetection``) of the detection dataset that torchvision's
+    ``wrap_dataset_for_transforms_v2`` wrapped into ``dataset``, or None."""
+    if not any(cls.__name__ == "VisionDatasetTVTensorWrapper" for cls in type(dataset).__mro__):
+        return None
+    inner = getattr(dataset, "_dataset", None)
+    return next((cls.__name__ for cls in type(inner).__mro__ if cls.__name__ in _WRAPPER_KEYS), None)
+
+
+def wrapped_target_keys(dataset: Any) -> list[str]:
+    """The target keys ``dataset`` (a :func:`wrapped_detection` one) was asked for, in the wrapper's order."""
+    available, default = _WRAPPER_KEYS[wrapped_detection(dataset)]
+    try:
+        given = object.__getattribute__(dataset, "_target_keys")
+    except AttributeError:
+        given = None
+    wanted = default if given is None else set(available) if given == "all" else set(given)
+    return [key for key in available if key in wanted]
+
+
+def wrapped_item(dataset: Any, index: int) -> tuple[Any, dict[str, Any]]:
+    """Item ``index`` of a :func:`wrapped_detection` dataset, as the wrapper gives it for an image
+    with objects; for one without, which the wrapper gives without the keys asked for (COCO: only
+    ``image_id``) or fails on (VOC: ``KeyError``), every key asked for with its empty value: zero
+    boxes (XYXY, the image's canvas), labels and (K, H, W) masks, empty lists of COCO's own keys."""
+    import torch
+
+    name = wrapped_detection(dataset)
+    try:
+        with warnings.catch_warnings():  # pycocotools' RLE decoder under numpy 2; its masks are right
+            warnings.filterwarnings("ignore", "__array__ implementation doesn't accept a copy keyword", DeprecationWarning)
+            image, target = dataset[index]
+    except KeyError:
+        image, target = dataset._dataset[index]  # VOC: the raw sample (the wrapper turned its transforms off)
+        if target.get("annotation", {}).get("object"):
+            raise  # objects of a class VOC lacks: the wrapper's own error
+    keys = wrapped_target_keys(dataset)
+    if all(key in target for key in keys):
+        return image, target
+    height, width = image.height, image.width
+    empty = {"boxes": _empty_boxes(height, width, torch.float32 if name == "CocoDetection" else torch.int64),
+             "labels": _labels_tensor([]),
+             "masks": _tv().tv_tensors.Mask(torch.zeros((0, height, width), dtype=torch.uint8))}
+    return image, {key: target[key] if key in target else empty.get(key, []) for key in keys}
+
+
 class TorchvisionRecordSource(Source):
     """A torchvision dataset of :data:`RECORDS` as a source of named-field records.
 
