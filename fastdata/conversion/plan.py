@@ -17,7 +17,7 @@ from typing import Any
 
 from fastdata.conversion import journal
 from fastdata.conversion.options import STORES, ConvertOptions
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import BadSampleError, InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan, check_stored_names
@@ -116,7 +116,12 @@ def _fail_unless_found(src: Source, options: ConvertOptions, found: list,
     no sample was readable or (without --skip-bad) one was not."""
     if not found or (first_error and not options.skip_bad):
         index, exc = first_error
-        raise Job(src, None, options).fail(index, exc, "read") from exc
+        error = Job(src, None, options).fail(index, exc, "read")
+        if options.skip_bad:  # every sample was tried and skipped: the advice to skip them is no fix
+            first = str(error).rsplit(" Re-run with --skip-bad", 1)[0].rstrip(".")
+            raise BadSampleError(f"No sample of the {len(src)} could be read, so nothing was converted (the first: "
+                                 f"{first}). Check the source: are these files images, is it the right folder?") from exc
+        raise error from exc
 
 
 _SCHEMA_SAMPLES = 8
@@ -147,6 +152,8 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
             if not options.skip_bad:
                 raise
             records = records[:-1] if records and records[-1][0] == src.sample_name(index) else records
+        except InvalidOptionError:  # the samples' names or hints, not one sample: --skip-bad cannot help
+            raise
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:

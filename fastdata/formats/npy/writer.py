@@ -57,8 +57,13 @@ class MemmapWriter(Writer):
             self.labels = reopen(path / "labels.partial", 8 * self.count)
             self.offsets = None if self.raw else reopen(path / "offsets.partial", 8 * (self.count + 1))
         fields = (state or {}).get("fields") or {}
-        self.field_writers = [FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None)
-                              for f in plan.extras]
+        self.field_writers: list[FieldFileWriter] = []
+        try:
+            for f in plan.extras:
+                self.field_writers.append(FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None))
+        except BaseException:  # e.g. too many open files: close what is open (the engine removes the output)
+            self.abort()
+            raise
 
     @classmethod
     def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "MemmapWriter":
