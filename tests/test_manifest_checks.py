@@ -47,7 +47,7 @@ def converted(tmp_path_factory) -> dict[str, Path]:
 
 
 def crafted(source: Path, folder: Path, edit=None, text: str | None = None) -> Path:
-    """A copy of the npy dataset ``source`` whose manifest is ``edit``ed and resealed (a
+    """A copy of the directory dataset ``source`` whose manifest is ``edit``ed and resealed (a
     consistent forgery), or replaced by ``text``."""
     out = folder / source.name
     shutil.copytree(source, out)
@@ -204,3 +204,25 @@ def test_a_batch_of_the_loader_reads_every_field_after_the_checks(converted) -> 
     batch = next(iter(fastdata.loader(fastdata.open_dataset(converted["npy"]), batch_size=5)))
     assert [value.shape for value in batch["instances"]] == [(i, 2 + i, 3) for i in range(5)]
     assert batch["label"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("case", ["source is a list", "dtype nope", "a 5,000-digit integer"])
+def test_a_crafted_manifest_at_a_url_is_one_error_from_info_and_verify(converted, http_root, tmp_path: Path,
+                                                                       monkeypatch, case: str) -> None:
+    root, base, source = *http_root, converted["tar"]  # (a tar dataset's files are plain names)
+    if case in CRAFTED:
+        crafted(source, root, CRAFTED[case][0])
+        message = CRAFTED[case][1]
+    else:
+        make, message = TEXTS[case]
+        crafted(source, root, text=make(json.dumps(json.loads((source / MANIFEST_NAME).read_text()))))
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"{base}/{source.name}"
+    code, out, err = info(url)
+    assert (code, out) == (1, "") and err.startswith("fastdata: error: ") and message in err and err.count("\n") == 1
+    try:
+        report = fastdata.verify(url)
+    except FastdataError as exc:  # a manifest that cannot be parsed at all is refused before anything is fetched
+        assert message in str(exc) and "\n" not in str(exc)
+    else:
+        assert not report.ok and any(message in problem for problem in report.problems), report.problems
