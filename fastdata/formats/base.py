@@ -166,8 +166,9 @@ class Reader:
         raise NotImplementedError
 
     def _encoded(self, indices: np.ndarray) -> list[bytes]:
-        """For ``--store encoded`` datasets: each image's bytes of ``indices`` as stored (a
-        conversion from this dataset keeps them, as it keeps an image folder's files)."""
+        """Optional, for ``--store encoded`` datasets: each image's bytes of ``indices`` as stored
+        (a conversion from this dataset keeps them, as it keeps an image folder's files; without
+        this hook it decodes and encodes them again)."""
         raise NotImplementedError
 
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:

@@ -193,7 +193,8 @@ class FastdataSource(DatasetSource):
         if "fields" in manifest:  # checked with the manifest when the reader opened it
             self.schema = Schema.from_json(manifest["fields"])
             self.layout, self.structure = self.schema.layout, self.schema.structure
-        self.has_files = manifest["store"] == "encoded"
+        # an encoded dataset whose reader gives its stored bytes (a format's optional _encoded hook)
+        self.has_files = manifest["store"] == "encoded" and callable(getattr(reader, "_encoded", None))
         if self.has_files:
             self.labels = np.asarray(reader.labels, dtype=np.int64)
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
