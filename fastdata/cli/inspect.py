@@ -83,7 +83,8 @@ def run_info(args: argparse.Namespace) -> int:
         from fastdata.remote import RemoteOptions, open_remote
 
         files = open_remote(args.path, RemoteOptions())
-        manifest = files.manifest if files.single is None else require_manifest(files.directory / files.single)
+        # checked as a local manifest is (the fetched manifest.json lies in the dataset's cache directory)
+        manifest = require_manifest(files.directory if files.single is None else files.directory / files.single)
         total = sum(entry["bytes"] for entry in manifest["files"].values()) if files.single is None else \
             files.cache.path(files.key, files.single).stat().st_size
         if args.json:

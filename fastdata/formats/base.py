@@ -166,6 +166,12 @@ class Reader:
         a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.records`)."""
         raise NotImplementedError
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        """Optional, for ``--store encoded`` datasets: each image's bytes of ``indices`` as stored
+        (a conversion from this dataset keeps them, as it keeps an image folder's files; without
+        this hook it decodes and encodes them again)."""
+        raise NotImplementedError
+
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:
         """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
         of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or
@@ -238,6 +244,11 @@ class FormatSpec:
     """The writer stores every field of samples beyond ``(image, label)`` (``Batch.fields``) and
     the reader gives them back (docs/fields.md); a format without it converts only
     ``(image, label)`` sources."""
+    stored_names: Callable[[Plan], list[tuple[str, str]]] | None = None
+    """For formats with ``fields``: ``stored_names(plan)`` gives, for every field of the plan's
+    schema (the image and label included), each name it takes on disk as ``(field name, stored
+    name)``: files, HDF5 datasets, tar members (``<key>.`` left out). Two fields that would share
+    one are refused before anything is written (:func:`check_stored_names`)."""
 
     def __getattribute__(self, name: str) -> Any:
         value = object.__getattribute__(self, name)
@@ -273,6 +284,23 @@ class FormatSpec:
                 f"Its options: {allowed}."
             )
         return self.options(**values) if self.options else None
+
+
+def check_stored_names(spec: FormatSpec, plan: Plan) -> None:
+    """Refuse a plan in which two fields (or a field and the image or label) would be stored
+    under one name in format ``spec`` (``spec.stored_names``): the second would overwrite the
+    first, or stock readers (webdataset: "duplicate file name") would refuse the output."""
+    if plan.schema is None or spec.stored_names is None:
+        return
+    owners: dict[str, str] = {}
+    for owner, name in spec.stored_names(plan):
+        first = owners.setdefault(name, owner)
+        if first != owner:
+            raise InvalidOptionError(
+                f"Fields {first!r} and {owner!r} would both be stored as {name!r} in the {spec.name} format, where "
+                "only one of them could be read back. Rename one in the source (a dict key, names=[...] for a tuple, "
+                "a WebDataset member's suffix), or convert to another format."
+            )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from fastdata.formats.hdf5.layout import FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, 
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, parse_compression
 from fastdata.formats.hdf5.storage import checked_dataset, read_manifest
 from fastdata.formats.hdf5.verify import verify_file
-from fastdata.formats.hdf5.writer import HDF5Writer, write_manifest
+from fastdata.formats.hdf5.writer import HDF5Writer, stored_names, write_manifest
 
 __all__ = [
     "DEFAULT_CACHE_BYTES", "FORMAT", "LAYOUT_VERSION", "MANIFEST_ATTR", "USERBLOCK_BYTES", "HDF5Dataset",
@@ -49,6 +49,7 @@ register(
         fields=True,
         options=HDF5Options,
         read_manifest=read_manifest,
+        stored_names=stored_names,
         description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",
         verify=verify_file,
     )

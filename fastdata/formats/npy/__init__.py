@@ -13,7 +13,7 @@ from __future__ import annotations
 from fastdata.formats.base import FormatSpec, lazy_exports
 from fastdata.formats.registry import register
 from fastdata.formats.npy.verify import verify_files
-from fastdata.formats.npy.writer import MemmapWriter
+from fastdata.formats.npy.writer import MemmapWriter, stored_names
 
 LAYOUT_VERSION = 1
 FORMAT = "npy"
@@ -30,6 +30,7 @@ register(
         suffixes=(".npy",),
         layout_version=LAYOUT_VERSION,
         fields=True,
+        stored_names=stored_names,
         description="memory-mapped numpy arrays in a directory",
         verify=verify_files,
     )
