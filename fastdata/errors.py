@@ -116,6 +116,11 @@ class RemoteUnavailableError(RemoteError, ConnectionError):
     """The server did not answer (after every retry), or answered with an error."""
 
 
+class CacheWriteError(FastdataError, OSError):
+    """The local cache of remote files (``cache_dir``) cannot be written: its disk is full, or
+    it is read-only or not writable; the message names the folder and the fix."""
+
+
 
 class ConversionInterrupted(KeyboardInterrupt):
     """A conversion stopped by Ctrl-C or SIGTERM after a checkpoint: its partial output and

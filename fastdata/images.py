@@ -308,8 +308,12 @@ def encode(image: Image.Image, codec: str, quality: int | None = None) -> bytes:
     return buffer.getvalue()
 
 
+SNIFFED_EXTENSIONS = ("jpg", "png", "webp", "gif", "bmp", "tiff", "img")  # what sniff_extension gives
+
+
 def sniff_extension(data: bytes) -> str:
-    """File extension (without dot) for encoded image bytes, from their magic number."""
+    """File extension (without dot) for encoded image bytes, from their magic number (one of
+    :data:`SNIFFED_EXTENSIONS`)."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpg"
     if data[:8] == b"\x89PNG\r\n\x1a\n":

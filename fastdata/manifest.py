@@ -26,6 +26,7 @@ _READ_BLOCK_BYTES = 8 * 1024 * 1024
 _MAX_COUNT = 2**40  # samples; anything larger is a damaged or crafted manifest
 _MAX_SIDE = 2**20  # pixels per image side
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_MAX_DEPTH = 64  # of nested lists and objects in a manifest
 
 
 def file_checksum(path: str | os.PathLike) -> str:
@@ -89,12 +90,35 @@ def parse_manifest(text: str, origin: str) -> dict[str, Any]:
             f"{origin}: manifest is not valid JSON ({exc.msg} at line {exc.lineno}). "
             "The dataset is damaged or was not written by fastdata; convert it again."
         ) from exc
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; arrays nested too deep
+        what = "nests arrays or objects too deep" if isinstance(exc, RecursionError) else \
+            f"holds a number Python refuses to read ({str(exc).split(':')[0]})"
+        raise CorruptManifestError(
+            f"{origin}: manifest {what}. The dataset is damaged or was not written by fastdata; convert it again."
+        ) from None
     if not isinstance(manifest, dict) or "format" not in manifest:
         raise CorruptManifestError(
             f"{origin}: manifest has no 'format' field. "
             "The dataset was not written by fastdata; convert it again."
         )
+    if _deeper_than(manifest, _MAX_DEPTH):
+        raise CorruptManifestError(
+            f"{origin}: manifest nests arrays or objects more than {_MAX_DEPTH} deep (fastdata writes fewer than 10). "
+            "The dataset is damaged or was not written by fastdata; convert it again."
+        )
     return manifest
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests lists or objects more than ``limit`` deep (walked without recursion)."""
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            pending += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return False
 
 
 def read_manifest_file(path: Path) -> dict[str, Any]:
@@ -152,6 +176,24 @@ def field_problems(path: Path, manifest: dict[str, Any], *, format_name: str, la
     problems += _image_problems(origin, manifest)
     problems += _class_problems(origin, manifest)
     problems += _files_problems(origin, manifest, directory=path.is_dir())
+    problems += _section_problems(origin, manifest)
+    return problems
+
+
+# the other entries, by the type their users (fastdata info, the readers) take them as; absent is fine
+_SECTIONS = {"fields": dict, "source": dict, "options": dict, "hdf5": dict, "tar": dict, "skipped": list,
+             "created": str, "fastdata_version": str, "conversion_key": str, "source_fingerprint": dict}
+
+
+def _section_problems(origin: str, manifest: dict[str, Any]) -> list[str]:
+    problems = [f"{origin}: {key!r} is {str(manifest[key])[:40]!r}; expected {'an object' if kind is dict else kind.__name__}."
+                for key, kind in _SECTIONS.items() if key in manifest and not isinstance(manifest[key], kind)]
+    options, hdf5 = manifest.get("options"), manifest.get("hdf5")
+    reencode = options.get("reencode") if isinstance(options, dict) else None
+    if reencode is not None and not (isinstance(reencode, list) and len(reencode) == 2 and isinstance(reencode[0], str)):
+        problems.append(f"{origin}: options 'reencode' is {str(reencode)[:40]!r}; expected [codec, quality].")
+    if isinstance(hdf5, dict) and not isinstance(hdf5.get("compression"), (str, type(None))):
+        problems.append(f"{origin}: hdf5 'compression' is {str(hdf5['compression'])[:40]!r}; expected a codec name.")
     return problems
 
 

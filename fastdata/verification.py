@@ -80,7 +80,7 @@ def verify(path: str | os.PathLike, *, deep: bool = False,
         return _verify_remote(os.fspath(path), deep=deep, progress=progress, options=RemoteOptions(**remote))
     path = Path(path)
     try:
-        manifest = require_manifest(path)
+        manifest = require_manifest(path, checked=False)  # every problem is reported below
     except FastdataError as exc:
         if type(exc) in (SourceNotFoundError, ManifestError):  # no path, or no dataset at all: raised
             raise

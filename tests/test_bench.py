@@ -271,7 +271,7 @@ def cell_rows(fmt: str, store: str, path: str, rates: dict[int, list[float]], *,
 
 
 def test_ties_inside_the_noise_go_to_the_simpler_setting() -> None:
-    from fastdata.bench.summary import NOISE_FLOOR, choose, within_noise
+    from fastdata.bench.summary import NOISE_FLOOR, OVERLAP_TIE, choose, within_noise
 
     cell = lambda *rates: {"status": "ok", "samples_per_s": sorted(rates)[len(rates) // 2],  # noqa: E731
                            "min_samples_per_s": min(rates), "max_samples_per_s": max(rates)}
@@ -280,6 +280,13 @@ def test_ties_inside_the_noise_go_to_the_simpler_setting() -> None:
     assert not within_noise(cell(5000, 5100, 5200), cell(9800, 10077, 10300))
     assert within_noise(cell(1000, 1000, 1000), cell(1040, 1040, 1040))  # no spread, but under 5%
     assert not within_noise(cell(1000, 1000, 1000), cell(1060, 1060, 1060))
+    # overlapping ranges are a tie only while the medians are within 15%: a median 30% lower is no tie
+    assert OVERLAP_TIE == 0.15
+    assert within_noise(cell(700, 880, 1300), cell(900, 1000, 1100))  # 12% apart, ranges overlap
+    assert not within_noise(cell(700, 700, 700), cell(880, 880, 880))  # 12% apart, no overlap: the better wins
+    assert not within_noise(cell(500, 700, 1050), cell(950, 1000, 1050))  # 30% apart, ranges overlap
+    wide = summarize(cell_rows("npy", "raw", "fast", {1: [500, 700, 1050], 2: [950, 1000, 1050]}))
+    assert best_workers(wide[("npy", "raw", "fast", "torch")]) == 2  # the best marker goes to the better median
     rows = cell_rows("npy", "encoded", "fast", {0: [900, 1000, 1100], 1: [1500, 1600, 1700], 2: [1550, 1650, 1750]})
     summary = summarize(rows)
     by_workers = summary[("npy", "encoded", "fast", "torch")]
@@ -302,12 +309,12 @@ def test_a_tie_never_goes_to_a_setting_a_simpler_one_outran() -> None:
     # nw=2 is fastest; nw=1 [thread] is within its noise only through a wide range, and the simpler
     # torch nw=1 measured faster than it: the tie may not go to nw=1 [thread]
     rows = (cell_rows("npy", "raw", "fast", {0: [500, 500, 500], 1: [890, 900, 910], 2: [990, 1000, 1010]})
-            + cell_rows("npy", "raw", "fast", {1: [600, 850, 1000]}, backend="thread"))
+            + cell_rows("npy", "raw", "fast", {1: [600, 880, 1000]}, backend="thread"))
     recommendation = summary_document(rows, None)["recommendation"]
     assert (recommendation["backend"], recommendation["num_workers"]) == ("torch", 2)
     assert [(t["backend"], t["num_workers"]) for t in recommendation["ties"]] == [("thread", 1)]
     # the same inside one row: its best num_workers
-    by_workers = summarize(cell_rows("npy", "raw", "fast", {1: [890, 900, 910], 2: [600, 850, 1000],
+    by_workers = summarize(cell_rows("npy", "raw", "fast", {1: [890, 900, 910], 2: [600, 880, 1000],
                                                               3: [990, 1000, 1010]}))[("npy", "raw", "fast", "torch")]
     assert best_workers(by_workers) == 3
     # a simpler one inside the noise still wins the tie
@@ -400,34 +407,83 @@ def test_step_is_kept_apart_from_the_read_cost_and_short_epochs_warn() -> None:
         "ones may be noise too. Use --epochs 3."]
 
 
+CONVERSION_FAILED = "failed: conversion failed: field 'masks' has shape (5, 79, 92); the first samples have (K, 95, 102)"
+
+
+def plotted_rows() -> list[dict]:
+    """Four datasets read several ways; every configuration of one failed, and one cell of another."""
+    return (cell_rows("folder", "-", "standard", {0: [900, 1000, 1100], 1: [1400, 1500, 1600], 2: [1900, 2000, 2100]})
+            + cell_rows("npy", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]})
+            + cell_rows("npy", "raw", "fast", {1: [59000, 60000, 61000]}, backend="thread")
+            + cell_rows("npy", "raw", "fast", {1: [39000, 40000, 41000]}, backend="process")
+            + cell_rows("npy", "raw", "standard", {0: [49000, 50000, 51000], 1: [19000, 20000, 21000]})
+            + [dict(r, status="failed: RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.")
+               for r in cell_rows("npy", "raw", "standard", {2: [1.0]})]
+            + cell_rows("hdf5", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]})
+            + [dict(r, status=CONVERSION_FAILED) for r in cell_rows("hdf5", "encoded", "fast", {0: [1.0], 1: [1.0]})
+               + cell_rows("hdf5", "encoded", "standard", {0: [1.0], 1: [1.0]})])
+
+
 def test_plot_says_it_at_a_glance() -> None:
     pytest.importorskip("matplotlib")
     from fastdata.bench.plot import figure
 
-    rows = (cell_rows("folder", "-", "standard", {0: [900, 1000, 1100], 1: [1400, 1500, 1600], 2: [1900, 2000, 2100]})
-            + cell_rows("npy", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]})
-            + cell_rows("hdf5", "raw", "fast", {0: [99000, 100000, 101000], 1: [20000, 21000, 22000]}))
+    rows = plotted_rows()
     fig = figure(rows, title="t", baseline="folder")
-    assert len(fig.axes) == 2  # no step simulated: no data-wait panel
-    bars, curves = fig.axes
-    assert [t.get_text() for t in bars.get_yticklabels()] == ["folder standard", "hdf5 raw fast", "npy raw fast"]
-    assert [t.get_text() for t in bars.texts] == ["2,000/s at nw=2 (baseline)",  # a tie: the first name wins
-                                                  "100,000/s at nw=0, 50x folder  <- recommended",
-                                                  "100,000/s at nw=0, 50x folder"]
-    lines = [line for line in curves.get_lines() if not line.get_label().startswith("_")]
-    assert [line.get_label() for line in lines] == ["folder standard", "hdf5 raw fast", "npy raw fast",
-                                                    "folder at its best (baseline)"]
-    hdf5, npy = lines[1], lines[2]
-    assert list(hdf5.get_ydata()) == list(npy.get_ydata())  # the same numbers: told apart by colour, style, marker
-    assert (hdf5.get_color(), hdf5.get_linestyle(), hdf5.get_marker()) != (npy.get_color(), npy.get_linestyle(),
-                                                                           npy.get_marker())
-    assert hdf5.get_color() != npy.get_color() and hdf5.get_marker() != npy.get_marker()
-    stars = [line for line in curves.get_lines() if line.get_label() == "_best"]
-    assert [(list(s.get_xdata()), list(s.get_ydata())) for s in stars] == [([2], [2000]), ([0], [100000]),
-                                                                           ([0], [100000])]
+    bars, legend, *panels = fig.axes  # no step simulated: no data-wait panels
+    assert [ax.get_title() for ax in panels] == ["folder", "hdf5 raw", "npy raw"]  # one per dataset drawn
+    labels = [t.get_text() for t in bars.get_yticklabels()]
+    assert labels == ["folder standard", "hdf5 encoded fast", "hdf5 encoded standard", "hdf5 raw fast",
+                      "npy raw fast", "npy raw fast [process]", "npy raw fast [thread]", "npy raw standard"]
+    failed_colour = bars.get_yticklabels()[1].get_color()
+    assert failed_colour == bars.get_yticklabels()[2].get_color() != bars.get_yticklabels()[0].get_color()
+    reason = "failed: conversion failed: field 'masks' has shape (5, 79, 92); the first samples have (K, [...]"
+    assert [t.get_text() for t in bars.texts] == [
+        "2,000/s at nw=2 (baseline)", reason, reason,  # a tie below: the first name wins
+        "100,000/s at nw=0, 50x folder  <- recommended", "100,000/s at nw=0, 50x folder",
+        # a backend row's bar: its best with workers, never the serial loop it shares at nw=0
+        "40,000/s at nw=1, 20x folder; below nw=0's serial loop (100,000/s)",
+        "60,000/s at nw=1, 30x folder; below nw=0's serial loop (100,000/s)", "50,000/s at nw=0, 25x folder"]
+    npy = {line.get_label(): line for line in panels[2].get_lines() if not line.get_label().startswith("_")}
+    assert list(npy) == ["npy raw fast", "npy raw fast [process]", "npy raw fast [thread]", "npy raw standard"]
+    assert len({(line.get_color(), line.get_marker()) for line in npy.values()}) == 4  # no two alike in a panel
+    assert list(npy["npy raw fast [thread]"].get_xdata()) == [1]  # nw=0 is the DataLoader row's one measurement
+    assert list(npy["npy raw standard"].get_xdata()) == [0, 1]  # nw=2 failed: left out, listed under the plot
+    hdf5 = next(line for line in panels[1].get_lines() if line.get_label() == "hdf5 raw fast")
+    assert (hdf5.get_color(), hdf5.get_marker()) == (npy["npy raw fast"].get_color(), npy["npy raw fast"].get_marker())
+    stars = [(list(s.get_xdata()), list(s.get_ydata())) for s in panels[2].get_lines() if s.get_label() == "_best"]
+    assert stars == [([0], [100000]), ([1], [40000]), ([1], [60000]), ([0], [50000])]
+    assert [t.get_text() for t in legend.get_legend().get_texts()] == [
+        "standard: DataLoader(ds, batch_size), per-sample reads", "fast: fastdata.loader, DataLoader workers",
+        "fast, thread backend", "fast, process backend", "nw=0 of the fast path: one serial loop, any backend",
+        "folder at its best (baseline)"]
+    assert fig.get_supxlabel() == (
+        "5 configurations failed (not drawn):\n"
+        "  hdf5 encoded (all 4): conversion failed: field 'masks' has shape (5, 79, 92); the first samples have (K, 95, "
+        "102)\n"
+        "  npy raw standard nw=2: RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.")
     stepped = figure([dict(r, wait_fraction=0.3, step_ms=20.0) for r in rows], title="t", baseline="folder", step=True)
-    assert len(stepped.axes) == 3 and stepped.axes[2].get_ylabel() == "data-wait share of the loop"
+    assert len(stepped.axes) == 2 + 2 * 3 and stepped.axes[5].get_ylabel() == "data-wait share of the loop"
     assert figure([dict(r, status="failed: x") for r in rows], baseline="folder") is None
+
+
+def test_failed_configurations_lead_the_report_and_the_summary() -> None:
+    from fastdata.bench.summary import summary_document
+
+    document = summary_document(plotted_rows(), "folder")
+    assert document["configurations"] == 16  # nw=0 of a backend row is the DataLoader row's cell: counted once
+    assert [(f["format"], f["store"], f["read_path"], f["num_workers"]) for f in document["failed"]] == [
+        ("hdf5", "encoded", "fast", 0), ("hdf5", "encoded", "fast", 1), ("hdf5", "encoded", "standard", 0),
+        ("hdf5", "encoded", "standard", 1), ("npy", "raw", "standard", 2)]
+    assert document["failed"][0]["reason"] == CONVERSION_FAILED.removeprefix("failed: ")
+    assert document["warnings"][0] == (
+        "warning: 5 of 16 configurations failed (the table's 'failed' cells; listed under the plot); the "
+        "recommendation is made from the other 11:\n"
+        "  hdf5 encoded (all 4): conversion failed: field 'masks' has shape (5, 79, 92); the first samples have "
+        "(K, 95, 102)\n"
+        "  npy raw standard nw=2: RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.")
+    clean = [r for r in plotted_rows() if r["status"] == "ok"]
+    assert summary_document(clean, "folder")["failed"] == [] and summary_document(clean, "folder")["warnings"] == []
 
 
 def test_mixed_sizes_are_refused_before_anything_is_measured(mixed_folder: Path, tmp_path: Path) -> None:
@@ -568,3 +624,87 @@ def test_memory_is_sampled_over_a_second_of_short_epochs() -> None:
     sampler = sample_memory(loader, BenchConfig(), case)
     # more than the one sample a single epoch gets (how many fit into MEMORY_MIN_S depends on the machine)
     assert MEMORY_MIN_S > MEMORY_INTERVAL_S and sampler.samples >= 2 and sampler.peak_pss > 0
+
+
+def test_the_recommendation_says_how_to_train_with_it() -> None:
+    from fastdata.bench.advice import how_to_use
+
+    config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0, 2), batch_size=128, resize="32x32",
+                         persistent_workers=True)
+    picked = {"format": "npy", "store": "raw", "read_path": "fast", "backend": "process", "num_workers": 2}
+    assert how_to_use(picked, source="./photos", config=config, baseline="folder", converted=False) == {
+        "convert": "fastdata convert ./photos out/photos.npy --store raw --resize 32x32",
+        "python": ["import fastdata, torch", 'ds = fastdata.open_dataset("out/photos.npy")',
+                   "loader = fastdata.loader(ds, batch_size=128, shuffle=True, num_workers=2, backend='process', "
+                   "persistent_workers=True)"]}
+    encoded_tar = dict(picked, format="tar", store="encoded", backend="torch", num_workers=0)
+    assert how_to_use(encoded_tar, source="torchvision:CIFAR10", config=config, baseline="torchvision",
+                      converted=False, root="~/data") == {
+        "convert": "fastdata convert torchvision:CIFAR10 out/cifar10.tar --root ~/data --store encoded",
+        "python": ["import fastdata, torch",
+                   'ds = fastdata.open_dataset("out/cifar10.tar", resize=(32, 32), batch_size=128)',
+                   "loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)  # ds collates each batch"]}
+    folder = {"format": "folder", "store": "-", "read_path": "standard", "backend": "torch", "num_workers": 1}
+    assert how_to_use(folder, source="photos", config=config, baseline="folder", converted=False)["python"][1:] == [
+        'ds = fastdata.FolderDataset("photos", resize=(32, 32))  # the folder as it is, read like ImageFolder',
+        "loader = torch.utils.data.DataLoader(ds, batch_size=128, shuffle=True, num_workers=1, persistent_workers=True)"]
+    mine = how_to_use(dict(folder, format="Mine"), source="mydata:train_set", config=config, baseline=None,
+                      converted=False)
+    assert mine["convert"] is None and mine["python"][1] == "from mydata import train_set as ds"
+    already = how_to_use(dict(picked, store="raw"), source="out/coco.npy", config=config, baseline="npy", converted=True)
+    assert already["convert"] is None and already["python"][1] == 'ds = fastdata.open_dataset("out/coco.npy")'
+    remote = how_to_use(picked, source="s3://bkt/d.tar", config=config, baseline="tar", converted=False)
+    assert remote["convert"] == "fastdata convert s3://bkt/d.tar out/d.npy --store raw --resize 32x32"
+
+
+def test_the_demo_report_gives_the_commands_for_the_users_own_folder(uniform_folder: Path, tmp_path: Path) -> None:
+    from fastdata.cli.bench import report_text
+
+    config = BenchConfig(formats=("folder", "npy"), stores=("raw",), workers=(0,), backends=("torch",), **TINY)
+    result = run_bench(uniform_folder, config, tmp_path / "out")
+    picked = result.summary["recommendation"]
+    assert picked["how"]["python"][0] == "import fastdata, torch"
+    text = report_text(result, str(uniform_folder), config, usage_source="./my-images")
+    how = text.split("how, for your own image folder (./my-images):\n", 1)[1].split("\n")
+    if picked["format"] == "npy":
+        assert how[0] == "  fastdata convert ./my-images out/my-images.npy --store raw --resize 6x5"
+    else:
+        assert how[1] == '  ds = fastdata.FolderDataset("./my-images", resize=(6, 5))  # the folder as it is, read like ImageFolder'
+    assert str(uniform_folder) not in "\n".join(how[:4])
+
+
+WORKERS_FAIL = '''
+import torch
+from torch.utils.data import get_worker_info
+
+class OnlyInProcess(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if get_worker_info() is not None:
+            raise ValueError("no workers here")
+        return torch.zeros(3), index
+
+dataset = OnlyInProcess()
+'''
+
+
+def test_cli_exits_1_when_some_configurations_failed(tmp_path: Path) -> None:
+    (tmp_path / "halfset.py").write_text(WORKERS_FAIL)
+    command = [sys.executable, "-m", "fastdata", "bench", "halfset:dataset", "--num-workers", "0,1", "--epochs", "1",
+               "--warmup", "0", "--batch-size", "4", "--backends", "torch", "--out", str(tmp_path / "out"), "--quiet"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "\nrecommendation: use OnlyInProcess through" in result.stdout  # what was measured is reported
+    assert ("warning: 2 of 4 configurations failed (the table's 'failed' cells; listed under the plot); the "
+            "recommendation is made from the other 2:\n  OnlyInProcess fast nw=1; OnlyInProcess standard nw=1: "
+            "ValueError: Caught ValueError in DataLoader worker process 0.") in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"fastdata: error: 2 of 4 configurations failed (see the table above; each reason is in the warning); the "
+        f"others were measured and are in {tmp_path / 'out' / 'results.json'}")
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(f["read_path"], f["num_workers"]) for f in data["summary"]["failed"]] == [("fast", 1), ("standard", 1)]
+    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["summary"]["configurations"] == 4

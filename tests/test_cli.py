@@ -131,3 +131,31 @@ def test_max_side_geometry_caps_the_longest_side_after_resize_and_crop() -> None
     assert Geometry(resize=(300, 600), max_side=200).fixed_size == (100, 200)
     assert Geometry(resize=(300,), center_crop=(224, 224), max_side=512).fixed_size == (224, 224)
     assert Geometry(max_side=512).describe() == {"resize": None, "center_crop": None, "max_side": 512}
+
+
+LIGHT = """
+import sys
+from fastdata.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:  # --version and --help exit from argparse
+    code = exc.code
+print("heavy:", sorted(name for name in ("torch", "torchvision") if name in sys.modules), "exit:", code)
+"""
+
+
+def test_version_help_and_info_start_without_torch(tmp_path: Path, uniform_folder: Path) -> None:
+    """torch takes seconds to import: only commands that read samples load it."""
+    import fastdata as library
+
+    paths = [tmp_path / name for name in ("u.npy", "u.h5", "u-tar")]
+    for path in paths:
+        library.convert(uniform_folder, path, resize="6x5", workers=0)
+    commands = [["--version"], ["--help"], ["info", "--help"], ["bench", "--help"],
+                *(["info", str(path)] for path in paths), ["info", str(paths[1]), "--json"]]
+    for args in commands:
+        result = subprocess.run([sys.executable, "-c", LIGHT, *args], capture_output=True, text=True, timeout=120)
+        assert result.stdout.splitlines()[-1] == "heavy: [] exit: 0", (args, result.stdout[-300:], result.stderr)
+    heavy = subprocess.run([sys.executable, "-c", LIGHT, "verify", str(paths[0])], capture_output=True, text=True,
+                           timeout=120)  # verify opens the reader (counts, labels): the one check that it can
+    assert heavy.stdout.splitlines()[-1] == "heavy: ['torch'] exit: 0", heavy.stderr

@@ -196,6 +196,11 @@ def test_bench_and_its_demo_measure_fastdatas_backends_beside_the_dataloader() -
             ("fast", "torch", 0), *(("standard", "torch", w) for w in (0, 1, 2))}  # nw=0: one serial loop
         tar = set(_grid(Prepared("tar", "raw", "tar-raw", 0), config))
         assert {backend for _, backend, _ in tar} == {"torch"}  # an iterable reader: the DataLoader only
+    from fastdata.cli.bench import demo_workers
+
+    assert config_of(parser.parse_args(["bench", "--demo"]), DEMO["resize"]).workers == demo_workers()
+    assert (demo_workers(1), demo_workers(2), demo_workers(3), demo_workers(64)) == ((0, 1), (0, 2), (0, 2), (0, 2, 4))
+    assert config_of(parser.parse_args(["bench", "--demo", "--num-workers", "0,1"]), None).workers == (0, 1)
     only = config_of(parser.parse_args(["bench", "photos", "--backends", "torch"]), None)
     assert only.backends == ("torch",)
     assert (DEMO["small"] + DEMO["large"]) // DEMO["batch_size"] >= 20  # MIN_TIMED_BATCHES

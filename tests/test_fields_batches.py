@@ -56,3 +56,34 @@ def test_a_batch_of_indices_equals_each_sample_read_and_collated(tmp_path, name:
                 want = [plain(sample[key]) for sample in samples]
                 got = rows(column)
                 assert got == want, (name, store, image_format, list(indices), key)
+
+
+class Metadata:
+    """LAION-style samples: an image, a caption and JSON metadata whose keys differ by sample
+    (``nsfw`` only where the crawler recorded it)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> dict:
+        meta = {"url": f"http://x/{index}.jpg", "similarity": index / 4, **({"nsfw": "UNLIKELY"} if index % 2 else {})}
+        return {"image": Image.fromarray(np.full((6, 8, 3), index * 30, np.uint8)), "txt": f"photo {index}",
+                "json": meta, "score": np.float32(index / 8)}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_transform_does_not_change_the_batch_structure_or_fail_on_missing_keys(tmp_path, name: str) -> None:
+    """A batch with a transform is laid out as one without: JSON dicts stay a list of dicts (not
+    a dict of lists, which also failed on a key only some samples have), floats keep their dtype."""
+    out = tmp_path / f"meta{FORMATS[name]}"
+    fastdata.convert(Metadata(), out, workers=0, store="encoded")
+    plain_batch = reader(out)[[0, 1, 2, 3]]
+    for transform in (lambda sample: sample, lambda sample: dict(sample)):
+        batch = reader(out, transform=transform)[[0, 1, 2, 3]]
+        assert list(batch) == list(plain_batch) == ["image", "txt", "json", "score"]
+        assert batch["json"] == plain_batch["json"] == [Metadata()[i]["json"] for i in range(4)]
+        assert batch["txt"] == plain_batch["txt"] and batch["image"].shape == plain_batch["image"].shape == (4, 3, 6, 8)
+        assert batch["score"].dtype == plain_batch["score"].dtype == torch.float32
+        assert torch.equal(batch["score"], plain_batch["score"])
+        loaded = next(iter(fastdata.loader(reader(out, transform=transform), batch_size=4)))
+        assert loaded["json"] == batch["json"]

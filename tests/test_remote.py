@@ -536,14 +536,17 @@ def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, mon
     local = tmp_path / "local"
     fastdata.convert(source, local, workers=0, **options)
     url = f"s3://{BUCKET}/ray/ds.npy"
+    s3.fs().pipe(f"{BUCKET}/ray/ds.npy/.fastdata-upload", b"x")  # what a killed run leaves: its marker, a file
+    s3.fs().pipe(f"{BUCKET}/ray/ds.npy/labels.npy", b"partial")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    try:  # run again without --resume, as a Ray conversion is locally (it keeps the units it finished)
         manifest = fastdata.convert(source, url, engine="ray", unit_samples=6, **options)
     finally:
         ray.shutdown()
     assert manifest["count"] == 20 and [s["key"] for s in manifest["skipped"]] == ["a/007-bad.png"]
-    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
-    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no staging copy or unit kept
+    assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)  # no marker either
+    cached = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert cached == [".fastdata-cache"]  # no staging copy or unit kept
 
 
 def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_is_left(

@@ -53,7 +53,6 @@ AZURITE_INSTALL = "npm install --prefix .ci/node azurite@3.35.0"
 AZURE_ACCOUNT = "devstoreaccount1"
 AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 WRONG_KEY = "d3Jvbmcta2V5LXRoYXQtbXVzdC1uZXZlci1zaG93LWFueXdoZXJlLi4uLi4uLi4uLg=="
-NOT_FOUND_FIX = "Check the URL: it names the dataset directory (or .h5 file) that 'fastdata convert' wrote."
 HINTS = {
     "gs": "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS, or pass "
           "storage_options={'token': 'anon'} for a public bucket (from the CLI: FSSPEC_GCS_TOKEN=anon)",
@@ -266,7 +265,9 @@ def test_a_missing_bucket_is_named_with_the_fix_when_reading_and_when_writing(cl
         fastdata.convert(uniform_folder, url, workers=0)
     for caught in (read, written):
         message = str(caught.value)
-        assert message.startswith(f"{url!r} does not exist (404: ") and message.endswith(NOT_FOUND_FIX), message
+        what = "container" if cloud.scheme == "az" else "bucket"
+        assert message == (f"{url!r}: the {what} 'no-such-bucket' does not exist (404). Check the {what}'s name in "
+                           f"the URL, or create the {what} first."), message
         assert "\n" not in message and AZURE_KEY not in message
 
 

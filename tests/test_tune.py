@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ import fastdata
 from fastdata.errors import InvalidOptionError
 from fastdata.importing import is_import_string, load_dataset
 from fastdata.loading import BACKENDS
-from fastdata.tuning import Measurements, predict
+import fastdata.bench.explain
+from fastdata.tuning import Measurements, Spread, predict
 
 ROW_FIELDS = ["format", "store", "read_path", "num_workers", "epoch", "warmup", "samples_per_s", "first_batch_s",
               "wait_fraction", "cpu_s", "uss_mb", "status", "backend"]
@@ -183,6 +185,89 @@ def test_the_tie_goes_to_the_simplest_candidate_no_simpler_one_outran() -> None:
     assert candidate_rows(m, ("thread",), 1)[0]["same_for_backends"] == ["torch", "thread"]
 
 
+# --- noise: what cannot be trusted ---------------------------------------------------------------------
+
+
+def test_repeats_continue_while_noisy_or_implausible_up_to_a_limit() -> None:
+    from fastdata.tuning.noise import MAX_REPEATS, NOISY, REPEATS, Spread, repeat
+
+    assert (REPEATS, MAX_REPEATS, NOISY) == (3, 6, 0.25)
+    steady = Spread((10.0, 10.5, 9.8))
+    assert (steady.median, steady.low, steady.high, steady.noisy) == (10.0, 9.8, 10.5, False)
+    assert Spread((1.0, 2.0, 3.0)).relative == 0.5 and Spread((1.0, 2.0, 3.0)).noisy
+    wide = Spread((1.0,) + (2.0,) * 8 + (50.0,))  # 10 values: the 10th to 90th percentile, not min..max
+    assert (wide.low, wide.high) == (1.9, pytest.approx(6.8))
+
+    def calls(values: list[float], **kwargs) -> tuple[int, Spread]:
+        feed = iter(values)
+        spread = repeat(lambda: next(feed), **kwargs)
+        return len(spread.values), spread
+
+    assert calls([10.0, 10.5, 9.8, 99.0])[0] == 3  # steady: three repeats are enough
+    assert calls([10.0, 10.0, 30.0, 10.0, 10.0, 10.0, 99.0])[0] == 6  # noisy: more repeats, at most six
+    count, ratio = calls([6.9, 6.8, 1.9, 1.9, 1.9, 1.85, 99.0], plausible=lambda value: value <= 2.3)
+    assert count == 6 and ratio.median == 1.9  # implausible (above 2x on 2 cores): measured again
+
+
+def noisy_measurements() -> Measurements:
+    from fastdata.tuning.noise import Spread
+
+    spreads = {"noise": Spread((0.001,) * 15 + (0.009,) * 5), "fetch_ms": Spread((30.0, 31.0, 1710.0)),
+               "transfer_ms.torch": Spread((-0.2, 0.1, 0.6)), "transfer_ms.process": Spread((1.0, 1.1, 1.2)),
+               "thread_speedup": Spread((6.9, 6.8, 7.0)), "startup_s.torch": Spread((0.011, 0.011, 0.012)),
+               "startup_s.process": Spread((0.04, 0.05, 0.2))}
+    return measurements(fetch_ms=31.0, loop_ms=32.0, thread_speedup=2.0, usable_cores=2, cpu_count=2,
+                        transfer_ms={"torch": 0.1, "process": 1.1}, startup_s={"torch": 0.011, "process": 0.05},
+                        spreads=spreads)
+
+
+def test_figures_noise_makes_untrustworthy_are_flagged_never_printed_as_measured() -> None:
+    from fastdata.cli.tune import measured_table
+    from fastdata.tuning.noise import doubts
+
+    m = noisy_measurements()
+    assert doubts(m) == [
+        "this machine is busy: the same 1.0 ms of work took 1.0-9.0 ms across 20 runs (+-400%), so every figure "
+        "here may be off by as much",
+        "the fetch per batch varied from 30 ms to 1,710 ms across 3 calls (+-2710%)",
+        "the torch hand-over per batch is below what this machine resolves (-0.2 to +0.6 ms across 3 repeats): "
+        "taken as 0",
+        "starting one process worker took from 40 ms to 200 ms across 3 starts (+-160%)",
+        "2 threads fetched 6.90x as fast as one, more than the 2x that 2 threads on 2 usable cores can reach: "
+        "noise; taken as 2.00x"]
+    table = dict(measured_table(m))
+    assert table["hand-over per batch, torch"] == "below the noise (-0.2 to +0.6 ms over 3 repeats)"
+    assert table["hand-over per batch, process"] == "1.1 ms +-9% (3 repeats)"
+    assert table["2 threads fetching vs 1 (GIL)"] == "2.00x (measured 6.90x, above the 2x 2 threads can reach: noise)"
+    assert table["machine noise"] == "1.0 ms of fixed work took 1.0-9.0 ms (20 runs; busy)"
+    assert "0.000 ms" not in "\n".join(table.values())
+    assert m.hand_over_below_noise == {"torch"}
+    assert "too little to tell from this machine's noise for DataLoader workers" in fastdata.bench.explain.tune_paragraph(
+        m, SimpleNamespace(num_workers=0, backend="torch", persistent_workers=False, conversion=None))
+    quiet = measurements(spreads={"noise": Spread((0.001, 0.00101, 0.00099)), "fetch_ms": Spread((1.0, 1.01, 0.99))})
+    assert doubts(quiet) == []
+
+
+def test_a_close_choice_on_a_busy_machine_is_called_unsettled_and_start_up_adds_up() -> None:
+    from fastdata.bench.explain import startup_sentence
+    from fastdata.tuning.noise import Spread, choice_doubt
+
+    rows = [{"backend": "torch", "num_workers": 0, "measured_samples_per_s": 1000.0},
+            {"backend": "thread", "num_workers": 2, "measured_samples_per_s": 1100.0}, {"backend": "process",
+                                                                                       "num_workers": 1}]
+    busy, quiet = Spread((1.0, 1.0, 1.6)), Spread((1.0, 1.0, 1.01))
+    assert choice_doubt(rows, "thread", 2, busy) == (
+        "the recommended thread num_workers=2 probed at 1,100 samples/s and num_workers=0 at 1,000: closer than this "
+        "machine's noise (+-30%), so which is faster is not settled")
+    assert choice_doubt(rows, "thread", 2, quiet) is None
+    assert choice_doubt([rows[0], dict(rows[1], measured_samples_per_s=5000.0)], "thread", 2, busy) is None
+    # one worker's start-up, measured, and what all of them cost together: the same numbers, said once
+    assert startup_sentence("process", 2, 0.011, 0.112) == (
+        "Starting 2 worker processes takes about 22 ms (2 x 11 ms, measured for one); persistent_workers=True pays "
+        "that once instead of at the start of every epoch (an epoch takes about 112 ms).")
+    assert startup_sentence("torch", 1, 0.011, 2.5).startswith("Starting 1 DataLoader worker takes about 11 ms; ")
+
+
 # --- tune --------------------------------------------------------------------------------------------
 
 
@@ -202,6 +287,11 @@ def test_tune_recommends_settings_that_load_every_sample_once() -> None:
     assert document["conversion"] == {"skipped": "no convert_source was given: a conversion is predicted for an image "
                                                  "folder or a torchvision source"}
     assert recommendation.explain().startswith("num_workers=0: a batch of 32 takes ")
+    spreads = document["measurements"]["spreads"]  # every figure with its repeats, and the machine's own noise
+    assert {"noise", "fetch_ms", "thread_speedup"} <= set(spreads)
+    assert {f"transfer_ms.{b}" for b in recommendation.measurements.transfer_ms} <= set(spreads)
+    assert spreads["noise"]["repeats"] == 20 and 3 <= spreads["thread_speedup"]["repeats"] <= 6
+    assert document["doubts"] == recommendation.doubts() and isinstance(document["doubts"], list)
 
 
 def test_the_conversion_probe_runs_however_small_the_budget(uniform_folder: Path) -> None:

@@ -21,6 +21,7 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.datasets import wrap_dataset_for_transforms_v2 as wrap
 
+import fastdata
 import tv_layouts
 from fastdata.conversion.options import parse_source_option
 from fastdata.errors import InvalidOptionError
@@ -611,7 +612,7 @@ def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_wi
     reference = tv_datasets.OxfordIIITPet(str(tmp_path / "pets"), split="test", target_types=["category", "segmentation"])
     ds = fastdata.open_dataset(out)
     for index in range(2):
-        image, label, mask = ds[index]
+        image, (label, mask) = ds[index]  # torchvision's structure: (image, (label, mask))
         expected_image, (expected_label, expected_mask) = reference[index]
         assert label == expected_label and isinstance(mask, tv_tensors.Mask)
         np.testing.assert_array_equal(mask.numpy(), np.asarray(expected_mask))
@@ -629,7 +630,7 @@ def test_cli_pets_with_target_types_and_celeba(tmp_path: Path, capsys, celeba_wi
     source = source_of("CelebA", tmp_path / "celeba", "valid", target_type="attr,bbox,landmarks")
     ds = fastdata.open_dataset(tmp_path / "celeba.h5")
     for index in range(2):
-        image, attr, bbox, landmarks = ds[index]
+        image, (attr, bbox, landmarks) = ds[index]
         expected_image, (expected_attr, _, expected_landmarks) = reference[index]
         np.testing.assert_array_equal(pixels_of(image), np.asarray(expected_image))  # (and closes the file)
         assert torch.equal(attr, expected_attr) and torch.equal(landmarks, expected_landmarks)
@@ -663,6 +664,32 @@ def test_a_mask_of_another_size_than_its_image_is_refused_naming_the_sample(tmp_
     err = capsys.readouterr().err
     assert err.startswith(f"fastdata: error: {image}: field 'mask' is a 16x12 mask but its image 'image' is 32x24")
     assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_voc_images_of_different_sizes_name_the_cause_and_the_docs_command_converts_them(tmp_path: Path,
+                                                                                        capsys) -> None:
+    """Real VOC images differ in size: raw storage (the default) says so, naming the images and
+    the fix, not their masks; the command docs/converting.md shows (``--store encoded``) converts."""
+    from fastdata.cli import main
+
+    tv_layouts.make_voc(tmp_path / "voc")
+    base = tmp_path / "voc" / "VOCdevkit" / "VOC2012"
+    tv_layouts.picture(1, 30, 40).save(base / "JPEGImages" / "2007_000039.jpg", quality=95)
+    mask = Image.fromarray(tv_layouts.class_mask(tv_layouts.VOC_OBJECTS["2007_000039"], 30, 40), "P")
+    mask.putpalette(tv_layouts.voc_palette())
+    mask.save(base / "SegmentationClass" / "2007_000039.png")
+    command = ["convert", "torchvision:VOCSegmentation", "--root", str(tmp_path / "voc"), "--source-option",
+               "year=2012", "--quiet", "--workers", "0"]
+    assert main([*command, str(tmp_path / "raw.h5")]) == 1
+    assert capsys.readouterr().err == (
+        f"fastdata: error: {base / 'JPEGImages' / '2007_000039.jpg'} is 30x40 (HxW) but "
+        f"{base / 'JPEGImages' / '2007_000032.jpg'} is 24x32; raw storage needs one image size. Use --resize HxW "
+        "(or --resize S --center-crop HxW), or --store encoded.\n")
+    out = tmp_path / "voc-seg.h5"
+    assert main([*command, str(out), "--store", "encoded"]) == 0  # docs/converting.md
+    image, got = fastdata.open_dataset(out)[1]
+    assert image.shape == (3, 30, 40) and got.shape == (30, 40)
+    np.testing.assert_array_equal(got.numpy(), np.array(mask))
 
 
 def test_a_missing_pycocotools_is_one_error_with_the_install_command(tmp_path: Path, monkeypatch) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from fastdata.bench.advice import how_to_use
 from fastdata.bench.config import BenchConfig, Case, auto_workers, parse_workers
 from fastdata.bench.plot import plot
 from fastdata.bench.report import table, verdicts, write_results
@@ -24,7 +25,7 @@ from fastdata.bench.runner import (
     Prepared, baseline, check_image_sizes, fingerprint, make_row, parse_resize, prepare_conversion, read_paths,
     resolve, run_isolated, select_formats,
 )
-from fastdata.bench.summary import summary_document
+from fastdata.bench.summary import URL_MARK, summary_document
 from fastdata.errors import InvalidOptionError
 from fastdata.formats import find_manifest, get_format
 from fastdata.machine import machine_info
@@ -84,6 +85,12 @@ class BenchResult:
     def all_failed(self) -> bool:
         """True when no configuration was measured (``fastdata bench`` exits 1 then)."""
         return self.summary["recommendation"] is None
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        """Every configuration that failed (``summary["failed"]``: format, store, read_path,
+        backend, num_workers, reason); ``fastdata bench`` exits 1 when there is any."""
+        return self.summary["failed"]
 
 
 def _prepare(source_arg: Any, config: BenchConfig, out: Path, source_options: dict[str, Any],
@@ -224,7 +231,7 @@ def run_bench(
             for p in prepared
         ],
     }
-    return _report(rows, reference, meta, out, config)
+    return _report(rows, reference, meta, out, config, root=(source_options or {}).get("root"))
 
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
@@ -276,10 +283,19 @@ def refuse_pil_samples(dataset: Any, source: str) -> None:
 
 
 def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, Any], out: Path,
-            config: BenchConfig) -> BenchResult:
-    """Summary, reasons, results.json/csv and the plot of measured rows."""
+            config: BenchConfig, root: str | None = None) -> BenchResult:
+    """Summary, reasons, results.json/csv and the plot of measured rows; the recommendation
+    carries ``how`` to train with it (:func:`~fastdata.bench.advice.how_to_use`)."""
     lines = verdicts(rows, reference)
     summary = summary_document(rows, reference)
+    picked = summary["recommendation"]
+    if picked is not None:
+        store = picked["store"].split(URL_MARK)[0]  # a row read from the dataset's URL: that dataset
+        converted = URL_MARK in picked["store"] or any(
+            item["path"] == meta["source"] and (item["format"], item["store"]) == (picked["format"], store)
+            for item in meta["conversions"])
+        picked["how"] = how_to_use(dict(picked, store=store), source=meta.get("url") or meta["source"],
+                                   config=config, baseline=reference, converted=converted, root=root)
     document = {**meta, "verdicts": lines, "summary": summary, "rows": rows}
     write_results(out, document)
     title = f"fastdata bench on {meta['source']} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"

@@ -173,6 +173,20 @@ def why_best_workers(*, best: int, read_ms: float | None, transfer_ms: float | N
     return f"workers only add transfer cost ({cost}) to a {ms(read_ms or 0.0)}/batch read"
 
 
+WORKER_WORDS = {"torch": ("DataLoader worker", "DataLoader workers"), "process": ("worker process", "worker processes"),
+                "thread": ("worker thread", "worker threads")}  # one, several
+
+
+def startup_sentence(backend: str, workers: int, one_s: float, epoch_s: float) -> str:
+    """Worker start-up against the epoch: ``one_s`` was measured with one worker (its first batch),
+    and ``workers`` start one after the other, so together they take about ``workers`` times that."""
+    noun = WORKER_WORDS[backend][workers != 1]
+    total = f"about {duration(workers * one_s)} ({workers} x {duration(one_s)}, measured for one)" if workers > 1 \
+        else f"about {duration(one_s)}"
+    return (f"Starting {workers} {noun} takes {total}; persistent_workers=True pays that once instead of at the start "
+            f"of every epoch (an epoch takes about {duration(epoch_s)}).")
+
+
 def tune_paragraph(m: Any, choice: Any) -> str:
     """The paragraph ``fastdata tune`` prints: what was measured and why ``choice`` wins.
 
@@ -183,8 +197,11 @@ def tune_paragraph(m: Any, choice: Any) -> str:
     if m.standard_fetch_ms is not None and m.standard_fetch_ms > 1.5 * m.fetch_ms:
         parts[-1] += (f" with one dataset[indices] call (DataLoader(batch_size={batch}) fetches and collates "
                       f"sample by sample: {ms(m.standard_fetch_ms)})")
+    unresolved = m.hand_over_below_noise
     crossings = [f"{ms(m.transfer_ms[b])} for {BACKEND_NAMES[b]}" for b in ("torch", "process", "thread")
-                 if b in m.transfer_ms]
+                 if b in m.transfer_ms and b not in unresolved]
+    crossings += [f"too little to tell from this machine's noise for {BACKEND_NAMES[b]}"
+                  for b in ("torch", "process", "thread") if b in unresolved]
     if crossings:
         parts[-1] += "; handing it from a worker to the training loop costs " + ", ".join(crossings)
     parts[-1] += "."
@@ -202,13 +219,18 @@ def tune_paragraph(m: Any, choice: Any) -> str:
         else:
             parts.append("Workers do not repay their hand-over and start-up here.")
     else:
-        how = {"thread": "threads", "process": "shared-memory worker processes", "torch": "DataLoader workers"}
-        parts.append(f"{choice.num_workers} {how[choice.backend]} overlap the fetch "
+        noun = WORKER_WORDS[choice.backend][choice.num_workers != 1]
+        verb = "overlaps" if choice.num_workers == 1 else "overlap"
+        parts.append(f"{choice.num_workers} {noun} {verb} the fetch "
                      f"(this process may use {m.usable_cores} core{'s' if m.usable_cores != 1 else ''}"
                      f"{'' if m.usable_cores == m.cpu_count else f' of os.cpu_count()={m.cpu_count}'}).")
-        if choice.backend == "thread" and m.thread_speedup is not None:
+        if choice.backend == "thread" and m.thread_speedup is not None and m.thread_speedup >= 1.3:
             parts.append(f"Threads pay off because the fetch releases the GIL (2 threads fetched "
                          f"{m.thread_speedup:.1f}x as fast as one) and nothing crosses a process boundary.")
+        elif choice.backend == "thread" and m.thread_speedup is not None:
+            parts.append(f"Threads won the probes although 2 threads fetched only {m.thread_speedup:.1f}x as fast as "
+                         "one (the fetch holds the GIL): what they save is the hand-over (nothing crosses a process "
+                         "boundary).")
         elif choice.backend != "thread" and m.thread_speedup is not None and m.thread_speedup < 1.3:
             parts.append(f"Threads would not help: the fetch holds the GIL (2 threads fetched "
                          f"{m.thread_speedup:.1f}x as fast as one).")
@@ -220,8 +242,7 @@ def tune_paragraph(m: Any, choice: Any) -> str:
     if choice.num_workers > 0:
         startup = m.startup_s.get(choice.backend)
         if startup is not None and choice.persistent_workers:
-            parts.append(f"Starting the workers takes {duration(startup)}; persistent_workers=True pays that "
-                         f"once instead of every epoch ({duration(m.epoch_s)} each).")
+            parts.append(startup_sentence(choice.backend, choice.num_workers, startup, m.epoch_s))
     if m.pickle_error:
         parts.append(f"Worker processes started with {m.start_method} (the default on Windows and macOS) "
                      f"need a picklable dataset, and this one is not ({m.pickle_error}); define transforms "

@@ -12,18 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
-from fastdata.bench.summary import BACKEND_PREFERENCE, NOISE_FLOOR, best_workers, choose, choose_workers, spread, summarize
+from fastdata.bench.summary import (
+    BACKEND_PREFERENCE, NOISE_FLOOR, OVERLAP_TIE, best_workers, choose, choose_workers, label, spread, summarize,
+)
 from fastdata.bench.explain import PATH_WORDS, ms, why_best_workers
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
            "write_results"]
-
-
-def label(key: tuple[str, ...]) -> str:
-    """``npy raw fast``, or ``npy raw fast [thread]`` for another backend than torch's DataLoader."""
-    parts = [part for part in key[:3] if part and part != "-"]
-    backend = key[3] if len(key) > 3 else "torch"
-    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
 
 
 BACKEND_REASONS = {
@@ -170,7 +165,8 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     return "\n".join([
         render(head), render(["-" * w for w in widths]), *map(render, body),
         "samples/s: median of the epochs ± half their range; * = the row's best num_workers (the fewest within the "
-        f"noise of its fastest: ranges overlap or medians within {NOISE_FLOOR:.0%}); = within the noise",
+        f"noise of its fastest: medians within {NOISE_FLOOR:.0%}, or within {OVERLAP_TIE:.0%} with overlapping ranges); "
+        "= within the noise",
         *(f"{path}: {PATH_WORDS[path]}" for path in paths),
         *([f"url:{cache}: read from the dataset's URL through a cache of the bench's own, "
            + ("emptied before each epoch (every shard downloaded while it is read)" if cache == "cold" else

@@ -10,7 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from fastdata.bench.explain import TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence
+from fastdata.bench.explain import (
+    TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence,
+)
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -20,9 +22,20 @@ MIN_TIMED_BATCHES = 20
 # per-epoch ranges do not overlap: with 2 or 3 epochs the range under-states the noise of a shared
 # machine. The same 5% ``fastdata tune`` calls a tie.
 NOISE_FLOOR = TIE
+# ... and cells whose ranges overlap are a tie only while their medians differ by less than this:
+# one wild epoch widens a range over a real difference (a median 30% lower is no tie).
+OVERLAP_TIE = 0.15
 BACKEND_PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 Key = tuple[str, str, str, str]  # (format, store, read path, backend)
+
+
+def label(key: tuple[str, ...]) -> str:
+    """``npy raw fast``, or ``npy raw fast [thread]`` for another backend than torch's DataLoader;
+    ``npy raw`` for a (format, store) pair."""
+    parts = [part for part in key[:3] if part and part != "-"]
+    backend = key[3] if len(key) > 3 else "torch"
+    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
 
 
 def read_path(row: dict[str, Any]) -> str:
@@ -85,11 +98,13 @@ def spread(cell: dict[str, Any]) -> float:
 
 
 def within_noise(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """True when two measured cells are a tie: their per-epoch ranges (min..max samples/s)
-    overlap, or their medians differ by less than :data:`NOISE_FLOOR` of the larger."""
-    if a["min_samples_per_s"] <= b["max_samples_per_s"] and b["min_samples_per_s"] <= a["max_samples_per_s"]:
-        return True
-    return abs(a["samples_per_s"] - b["samples_per_s"]) < NOISE_FLOOR * max(a["samples_per_s"], b["samples_per_s"])
+    """True when two measured cells are a tie: their medians differ by less than
+    :data:`NOISE_FLOOR` (5%) of the larger, or by less than :data:`OVERLAP_TIE` (15%) with
+    overlapping per-epoch ranges (min..max samples/s). Otherwise the better median wins, however
+    wide the ranges."""
+    gap = abs(a["samples_per_s"] - b["samples_per_s"]) / max(a["samples_per_s"], b["samples_per_s"], 1e-12)
+    overlap = a["min_samples_per_s"] <= b["max_samples_per_s"] and b["min_samples_per_s"] <= a["max_samples_per_s"]
+    return gap < NOISE_FLOOR or (overlap and gap < OVERLAP_TIE)
 
 
 def _simplicity(key: Key, workers: int, cell: dict[str, Any], baseline: str | None) -> tuple:
@@ -155,6 +170,61 @@ def epochs_warning(summary: dict[Key, dict[int, dict[str, Any]]]) -> str | None:
     return None
 
 
+def distinct_cells(summary: dict[Key, dict[int, dict[str, Any]]]) -> list[tuple[Key, int, dict[str, Any]]]:
+    """Every (key, num_workers, cell) measured or failed, each cell once: num_workers=0, shared by
+    every backend of a row (:func:`summarize`), counts under the torch row."""
+    cells, seen = [], set()
+    for key, by_workers in sorted(summary.items(), key=lambda item: (item[0][:3], BACKEND_PREFERENCE.get(item[0][3], 3),
+                                                                      item[0][3])):
+        for workers, cell in sorted(by_workers.items()):
+            if id(cell) not in seen:
+                seen.add(id(cell))
+                cells.append((key, workers, cell))
+    return cells
+
+
+def failures(summary: dict[Key, dict[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The configurations that failed, one entry per reason: ``{"reason", "cells": [{format,
+    store, read_path, backend, num_workers}], "where"}``, in name order.
+    ``where`` names them: ``hdf5 raw (all 8)`` where every configuration of a dataset failed
+    alike, else ``npy raw fast nw=1,2; npy raw standard nw=2``."""
+    cells = distinct_cells(summary)
+    per_dataset: dict[tuple[str, str], int] = {}
+    for key, _, _ in cells:
+        per_dataset[key[:2]] = per_dataset.get(key[:2], 0) + 1
+    groups: dict[str, dict[Key, list[int]]] = {}
+    for key, workers, cell in cells:
+        if cell["status"] != "ok":
+            groups.setdefault(cell["status"].removeprefix("failed: "), {}).setdefault(key, []).append(workers)
+    entries = []
+    for reason, by_key in groups.items():
+        failed = [{**dict(zip(("format", "store", "read_path", "backend"), key)), "num_workers": w}
+                  for key, counts in by_key.items() for w in counts]
+        names: dict[tuple[str, str], list[str]] = {}
+        for key, counts in by_key.items():
+            names.setdefault(key[:2], []).append(f"{label(key)} nw={','.join(map(str, counts))}")
+        where = []
+        for dataset, parts in names.items():
+            count = sum(len(counts) for key, counts in by_key.items() if key[:2] == dataset)
+            where += [f"{label(dataset)} (all {count})"] if count == per_dataset[dataset] and count > 1 else parts
+        entries.append({"reason": reason, "cells": failed, "where": "; ".join(where)})
+    return entries
+
+
+def failed_warning(summary: dict[Key, dict[int, dict[str, Any]]]) -> str | None:
+    """The warning that leads the report when any configuration failed: how many, where, why."""
+    groups = failures(summary)
+    if not groups:
+        return None
+    total = len(distinct_cells(summary))
+    failed = sum(len(group["cells"]) for group in groups)
+    lines = [f"warning: {failed} of {total} configurations failed (the table's 'failed' cells; listed under the "
+             f"plot); the recommendation is made from the other {total - failed}:" if failed < total else
+             f"warning: all {total} configurations failed:"]
+    lines += [f"  {group['where']}: {group['reason']}" for group in groups]
+    return "\n".join(lines)
+
+
 def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
     """``results.json``'s ``summary``: per row its cells (median, min, max, spread), best and
     fastest num_workers; the recommendation; warnings. See docs/benchmarking.md for the schema."""
@@ -171,10 +241,14 @@ def summary_document(rows: list[dict[str, Any]], baseline: str | None) -> dict[s
             "cells": [{"num_workers": w, **({**cell, "spread": round(spread(cell), 4)} if cell["status"] == "ok" else cell)}
                       for w, cell in sorted(by_workers.items())],
         })
-    warnings = [w for w in (batches_warning(summary, batch), epochs_warning(summary)) if w]
+    warnings = [w for w in (failed_warning(summary), batches_warning(summary, batch), epochs_warning(summary)) if w]
     recommendation = recommend(summary, baseline)
+    failed = failures(summary)
     return {"rows": out_rows, "recommendation": recommendation, "backends": backend_effect(summary, recommendation),
-            "remote": remote_effect(summary), "warnings": warnings, "noise_floor": NOISE_FLOOR, "min_timed_batches": MIN_TIMED_BATCHES}
+            "remote": remote_effect(summary), "warnings": warnings,
+            "configurations": len(distinct_cells(summary)),
+            "failed": [{**cell, "reason": group["reason"]} for group in failed for cell in group["cells"]],
+            "noise_floor": NOISE_FLOOR, "overlap_tie": OVERLAP_TIE, "min_timed_batches": MIN_TIMED_BATCHES}
 
 
 def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],

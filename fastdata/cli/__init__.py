@@ -4,7 +4,9 @@ Errors that fastdata raises on purpose print ``fastdata: error: <message>`` and 
 without a traceback (set ``FASTDATA_TRACEBACK=1`` to see one). Ctrl-C exits 130 and SIGTERM
 143, each with one line, after the same clean-up, at any moment: this module imports nothing
 heavy, so the handlers are in place before torch loads, and a signal that arrives while torch
-loads is acted on once it has (interrupting torch's native start-up can abort the process). Notes from the library (the
+loads is acted on once it has (interrupting torch's native start-up can abort the process).
+torch loads only once the arguments are parsed, for a command that reads samples: ``--version``,
+``--help`` and ``info`` never import it (a command sets ``needs_torch=False`` to say so). Notes from the library (the
 ``fastdata`` logger, e.g. a capped ``--workers``) print as ``fastdata: <message>``.
 """
 
@@ -149,10 +151,11 @@ _WRITTEN_PATHS = ("output", "out")  # paths a command writes: a URL is refused, 
 
 def _main(argv: Sequence[str] | None) -> int:
     _configure_logging()
-    _import_heavy_modules()
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(argv)  # --version and --help end here, before torch would load
+        if getattr(args, "needs_torch", True):  # a command that reads samples: not info
+            _import_heavy_modules()
         for role in _WRITTEN_PATHS:
             if not (role == "output" and args.command in ("convert", "merge")  # these upload to a URL
                     or role == "out" and args.command == "bench"):

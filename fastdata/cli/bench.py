@@ -46,7 +46,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--resize", metavar="HxW",
                         help="raw conversions store this size; encoded/folder reads resize to it")
     parser.add_argument("--num-workers", dest="workers", default="auto", metavar="LIST",
-                        help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores)")
+                        help="DataLoader num_workers to measure, e.g. 0,1,2,4,8, or auto (0,1,2,4.. up to the cores; "
+                        "0,2,4 up to the cores with --demo)")
     parser.add_argument("--workers", dest="workers", action=DeprecatedAlias, command="bench", replacement="--num-workers")
     parser.add_argument("--batch-size", type=int, default=None, metavar="N",
                         help="DataLoader batch_size (default: 256; 128 with --demo, so that its epochs are 24 batches "
@@ -95,11 +96,22 @@ def add_parser(commands) -> None:
 # 3,030 images: 24 batches of 128 an epoch (fewer are too short to time); 30 large JPEGs and 2
 # measured epochs keep the whole demo, fastdata's backends included, under 3 minutes on 2 cores, and
 # so does leaving tar out (its reader streams: the backends do not apply to it); persistent workers,
-# so that an epoch of 24 batches measures loading rather than worker start-up
+# so that an epoch of 24 batches measures loading rather than worker start-up. num_workers 0 and 2
+# (and 4 where there are 4 cores): 28 configurations on 2 cores, and no more than 45 however many
+# cores there are (--num-workers auto would measure 0, 1, 2, 4, ... up to the core count)
 DEMO = {"small": 3000, "large": 30, "resize": "32x32", "batch_size": 128, "epochs": 2, "persistent_workers": True,
-        "formats": ("folder", "npy", "hdf5")}
+        "formats": ("folder", "npy", "hdf5"), "workers": (0, 2, 4)}
 EPOCHS = 3
 BATCH_SIZE = 256
+
+
+def demo_workers(cores: int | None = None) -> tuple[int, ...]:
+    """The num_workers ``--demo`` measures: 0, 2 and 4, those the usable cores allow (0 and 1 on
+    one core), so that the demo takes about as long on any machine."""
+    from fastdata.machine import usable_cores
+
+    cores = usable_cores() if cores is None else cores
+    return (0,) + (tuple(w for w in DEMO["workers"][1:] if w <= cores) or (1,))
 
 
 def batch_size_of(args: argparse.Namespace) -> int:
@@ -170,21 +182,32 @@ def run_bench(args: argparse.Namespace) -> int:
 
         names = ["results.json", "results.csv"] + (["throughput.png"] if result.plot else [])
         written = upload_results([out / name for name in names], out_url, RemoteOptions())
-    failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
-              f"Rows with each failure: {written[0] if written else out / 'results.json'}")
+    results = written[0] if written else out / "results.json"
+    if result.all_failed:
+        failed = (f"fastdata: error: every configuration failed (see the table above); nothing to recommend. "
+                  f"Rows with each failure: {results}")
+    else:
+        failed = (f"fastdata: error: {len(result.failed)} of {result.summary['configurations']} configurations failed "
+                  f"(see the table above; each reason is in the warning); the others were measured and are in "
+                  f"{results}")
     if args.json:
         import json
 
         print(json.dumps(result.document, indent=2, default=str))
-        if result.all_failed:
-            print(failed.replace(" (see the table above)", ""), file=sys.stderr)
-        return 1 if result.all_failed else 0
-    report = report_text(result, getattr(args, "source_url", None) or source, config, written)
+        if result.failed:
+            print(failed.replace(" (see the table above; each reason is in the warning)", "").replace(
+                " (see the table above)", ""), file=sys.stderr)
+        return 1 if result.failed else 0
+    display = "./my-images" if args.demo else getattr(args, "source_url", None) or source
+    report = report_text(result, getattr(args, "source_url", None) or source, config, written, usage_source=display)
     if result.all_failed:
         print(report, file=sys.stderr)
         print(failed, file=sys.stderr)
         return 1
     print(report)
+    if result.failed:  # measured, but not everything: say so where scripts look (the exit status)
+        print(failed, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -201,7 +224,7 @@ def config_of(args: argparse.Namespace, resize: str | None):
     return BenchConfig(
         formats=formats,
         stores=tuple(s for s in args.store.split(",") if s),
-        workers=tuple(parse_workers(args.workers)),
+        workers=demo_workers() if args.demo and args.workers == "auto" else tuple(parse_workers(args.workers)),
         resize=resize, batch_size=batch_size_of(args), warmup=args.warmup,
         epochs=args.epochs if args.epochs is not None else DEMO["epochs"] if args.demo else EPOCHS,
         step_ms=args.step_ms, transform=args.transform, start_method=args.start_method,
@@ -230,10 +253,13 @@ def fused_line(rows: list[dict]) -> str | None:
     return line + (f"; not fused (stored pixels): {', '.join(after)}" if after else "")
 
 
-def report_text(result, source: str, config, written: list[str] | None = None) -> str:
-    """What ``fastdata bench`` prints: the setting, the recommendation, warnings, the table, the
-    short reasons and the files written."""
+def report_text(result, source: str, config, written: list[str] | None = None, *,
+                usage_source: str | None = None) -> str:
+    """What ``fastdata bench`` prints: the setting, the recommendation and how to train with it
+    (the commands for ``usage_source``: the demo's says ./my-images, for the user's own folder),
+    warnings, the table, the short reasons and the files written."""
     from fastdata.bench import machine_info
+    from fastdata.bench.advice import how_lines, how_to_use
 
     info = machine_info()
     lines = [f"fastdata bench: {source}, batch {config.batch_size}, os.cpu_count()={info['cpu_count']}, "
@@ -245,6 +271,13 @@ def report_text(result, source: str, config, written: list[str] | None = None) -
                          f"{state} in {item['conversion_s']:.1f} s")
     if result.recommendation:
         lines += ["", "recommendation: " + result.recommendation]
+        picked = result.summary["recommendation"]
+        if usage_source not in (None, source):  # the demo: the same advice for the user's own folder
+            how = how_to_use(picked, source=usage_source, config=config, baseline=result.document["baseline"],
+                             converted=False)
+            lines += how_lines(how, f"your own image folder ({usage_source})")
+        elif picked.get("how"):
+            lines += how_lines(picked["how"], source)
     if result.backends:
         lines.append("backends: " + result.backends)
     if result.remote:

@@ -110,7 +110,8 @@ def run_convert(args: argparse.Namespace) -> int:
     from fastdata.conversion.plan import decide_options
 
     options = decide_options(args.output, **options_from(args, skip=("source", "output", "quiet", "command", "run")))
-    before = _manifest_digest(Path(args.output)) if options.resume and not is_url(args.output) else None
+    before = (_url_manifest_digest(args.output) if is_url(args.output) else _manifest_digest(Path(args.output))) \
+        if options.resume else None
     with LazyBar(disable=args.quiet, desc=f"convert -> {options.format}") as bar:
         manifest = convert(args.source, args.output, options, progress=bar.update)
     if options.part is not None:
@@ -133,6 +134,19 @@ def run_convert(args: argparse.Namespace) -> int:
             line += f"; ... {len(skipped) - 20} more, every one listed in the manifest ('fastdata info --json')"
     print(line)
     return 0
+
+
+def _url_manifest_digest(url: str) -> str | None:
+    """The sealed manifest checksum of a dataset already at ``url`` (None if there is none, or it
+    cannot be read now: the conversion then says why)."""
+    from fastdata.remote import RemoteOptions
+    from fastdata.conversion.remote.upload import manifest_at
+
+    try:
+        manifest = manifest_at(url, RemoteOptions())
+    except FastdataError:
+        return None
+    return manifest.get("manifest_blake2b") if manifest else None
 
 
 def _manifest_digest(output: Path) -> str | None:

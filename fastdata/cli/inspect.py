@@ -84,7 +84,8 @@ def run_info(args: argparse.Namespace) -> int:
         from fastdata.remote import RemoteOptions, open_remote
 
         files = open_remote(args.path, RemoteOptions(), check_single=single_file_problem)
-        manifest = files.manifest if files.single is None else require_manifest(files.directory / files.single)
+        # checked as a local manifest is (the fetched manifest.json lies in the dataset's cache directory)
+        manifest = require_manifest(files.directory if files.single is None else files.directory / files.single)
         total = sum(entry["bytes"] for entry in manifest["files"].values()) if files.single is None else \
             files.cache.path(files.key, files.single).stat().st_size
         if args.json:
@@ -133,7 +134,7 @@ def add_parsers(commands) -> None:
     info.add_argument("path", metavar="PATH", help="a dataset written by 'fastdata convert'")
     info.add_argument("--json", action="store_true",
                       help="print the manifest (with size_bytes and, for encoded images, stored_sizes) as JSON")
-    info.set_defaults(run=run_info)
+    info.set_defaults(run=run_info, needs_torch=False)  # manifests and headers only: starts in a fraction of a second
     check = add_command(
         commands, "verify", help="check a converted dataset against its manifest (checksums, counts, labels)",
         description="Recompute the checksums recorded in PATH's manifest and check counts, shapes, "

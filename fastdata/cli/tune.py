@@ -174,10 +174,52 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(rec: Any, source: str) -> str:
-    """The recommendation, the measured table and the explanation, as ``fastdata tune`` prints them."""
-    from fastdata.bench.explain import ms
+def _spread(m: Any, name: str) -> str:
+    spread = m.spreads.get(name)
+    if spread is None or len(spread.values) < 2:
+        return ""
+    text = f" +-{spread.relative:.0%}" if spread.relative != float("inf") else ""
+    return text + f" ({len(spread.values)} repeats{', noisy' if spread.noisy else ''})"
 
+
+def measured_table(m: Any) -> list[tuple[str, str]]:
+    """``fastdata tune``'s "measured:" rows: each figure with its spread, a hand-over too small to
+    tell from the noise said as such, a ratio above what the machine allows shown as capped."""
+    from fastdata.bench.explain import ms
+    from fastdata.tuning.noise import thread_limit
+
+    table = []
+    noise = m.spreads.get("noise")
+    if noise is not None:
+        table.append(("machine noise", f"{noise.median * 1000:.1f} ms of fixed work took {noise.low * 1000:.1f}-"
+                                       f"{noise.high * 1000:.1f} ms ({len(noise.values)} runs"
+                                       f"{'; busy' if noise.noisy else '; steady'})"))
+    table.append(("fetch per batch, num_workers=0",
+                  f"{ms(m.fetch_ms)}{_spread(m, 'fetch_ms')} (the loop with it: {ms(m.loop_ms)})"))
+    if m.standard_fetch_ms is not None:
+        table.append(("per-sample fetch + collate", ms(m.standard_fetch_ms)))
+    for backend, cost in m.transfer_ms.items():
+        name = f"transfer_ms.{backend}"
+        value = (f"below the noise ({m.spreads[name].low:+.3g} to {m.spreads[name].high:+.3g} ms over "
+                 f"{len(m.spreads[name].values)} repeats)" if backend in m.hand_over_below_noise
+                 else f"{ms(cost)}{_spread(m, name)}")
+        table.append((f"hand-over per batch, {backend}", value))
+        table.append((f"start-up of one {backend} worker",
+                      f"{ms(m.startup_s[backend] * 1000)}{_spread(m, 'startup_s.' + backend)}"))
+    if m.thread_speedup is not None:
+        raw = m.spreads.get("thread_speedup")
+        capped = raw is not None and raw.median > m.thread_speedup
+        table.append(("2 threads fetching vs 1 (GIL)", f"{m.thread_speedup:.2f}x" + (
+            f" (measured {raw.median:.2f}x, above the {thread_limit(m.usable_cores):.0f}x 2 threads can reach: noise)"
+            if capped else _spread(m, "thread_speedup"))))
+    if m.step_ms:
+        table.append(("training step", ms(m.step_ms)))
+    return table
+
+
+def render(rec: Any, source: str) -> str:
+    """The recommendation, the measured table (with the figures noise makes untrustworthy) and the
+    explanation, as ``fastdata tune`` prints them."""
     m = rec.measurements
     lines = [f"fastdata tune: {source}, batch {rec.batch_size}, {m.usable_cores} usable cores "
              f"(os.cpu_count()={m.cpu_count}), start method {m.start_method}, {rec.elapsed_s:.1f} s "
@@ -191,17 +233,14 @@ def render(rec: Any, source: str) -> str:
     if rec.backend != "torch":
         dl = ", ".join(f"{key}={value!r}" for key, value in rec.dataloader_kwargs.items())
         lines.append(f"  with a plain DataLoader instead: DataLoader(dataset, {dl})")
-    table = [("fetch per batch, num_workers=0", f"{ms(m.fetch_ms)} (the loop with it: {ms(m.loop_ms)})")]
-    if m.standard_fetch_ms is not None:
-        table.append(("per-sample fetch + collate", ms(m.standard_fetch_ms)))
-    for backend, cost in m.transfer_ms.items():
-        table.append((f"hand-over per batch, {backend}", f"{ms(cost)} (start-up {m.startup_s[backend] * 1000:.0f} ms)"))
-    if m.thread_speedup is not None:
-        table.append(("2 threads fetching vs 1 (GIL)", f"{m.thread_speedup:.2f}x"))
-    if m.step_ms:
-        table.append(("training step", ms(m.step_ms)))
+    table = measured_table(m)
     width = max(len(name) for name, _ in table)
-    lines += ["", "measured:", *(f"  {name:<{width}}  {value}" for name, value in table)]
+    lines += ["", "measured (median, and +- half the spread of its repeats):",
+              *(f"  {name:<{width}}  {value}" for name, value in table)]
+    doubts = rec.doubts()
+    if doubts:
+        lines += ["", "not to be trusted (noise; rerun on a quieter machine for firm figures):",
+                  *(f"  - {doubt}" for doubt in doubts)]
     lines += ["", "probed:", f"  {'backend':<8} {'num_workers':>11} {'predicted/s':>12} {'measured/s':>12} {'wait':>6} {'PSS/worker':>11}"]
     for row in rec.candidates:
         if "measured_samples_per_s" not in row:

@@ -40,18 +40,21 @@ from fastdata.conversion.scale.staging import (
 from fastdata.conversion.units import part_units, plan_units, remove_unit, staged_key
 from fastdata.conversion.units import staging_path as units_staging
 from fastdata.conversion.write import write_units, written_once
-from fastdata.formats import get_format
+from fastdata.formats import get_format, require_manifest
 from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
 from fastdata.files import remove_path
-from fastdata.errors import ConversionInterrupted, PartsError
-from fastdata.remote.dataset import RemoteOptions, fetch_dataset
+from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputWriteError, PartsError, RemoteError
+from fastdata.remote.cachedir import write_error, writing_to
+from fastdata.remote.dataset import RemoteOptions, fetch_dataset, open_remote
 from fastdata.remote.filesystem import scrub
 from fastdata.conversion.remote.locks import part_writing, writing
 from fastdata.conversion.remote.units import (
     UnitUploader, download_units, fetch_uploaded_units, part_record, remove_units, units_url, upload_part,
 )
-from fastdata.conversion.remote.upload import ShardSink, begin_upload, check_destination, finish_upload, staging_path
+from fastdata.conversion.remote.upload import (
+    Destination, ShardSink, begin_upload, check_destination, check_output_url, finish_upload, staging_path, undo_upload,
+)
 from fastdata.sources import Source
 from fastdata.urls import is_url
 
@@ -109,37 +112,98 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
     an existing output (``--overwrite``, ``--resume``) apply to what is at the URL. Every engine
     writes there: the local one and Ray through the same staging copy and upload; a ``--part``
     shares its units through the bucket (:mod:`fastdata.conversion.remote.units`) for ``fastdata merge URL``."""
+    check_output_url(url)
     staging = staging_path(url)
     decided = decide_options(staging, options, **overrides)
     remote = RemoteOptions()
     single = get_format(decided.format).read_manifest is not None  # a one-file format (.h5)
     locked = part_writing(url, *decided.part, remote) if decided.part is not None else writing(url, "convert", remote)
     with locked as lock:  # one writer of the URL at a time, across machines (fastdata.conversion.remote.locks)
-        replace = check_destination(url, single=single, overwrite=decided.overwrite,
-                                    resume=decided.resume or decided.part is not None, options=remote)
-        staging.parent.mkdir(parents=True, exist_ok=True)
+        # Ray and parts keep the units they finished and run again without --resume, as locally
+        found = check_destination(url, single=single, overwrite=decided.overwrite, resume=decided.resume,
+                                  rerun=decided.engine == "ray" or decided.part is not None, options=remote)
+        with writing_to(_cache_folder(staging), f"writing the local copy of {scrub(url)!r}"):
+            staging.parent.mkdir(parents=True, exist_ok=True)
+        if found.dataset and not decided.overwrite:  # --resume on a finished output: kept as locally, or refused
+            if decided.part is not None:
+                raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass --overwrite to replace it.")
+            return _keep_finished(source, url, found, staging, decided)
         if decided.part is not None:
             return _part_to_url(source, url, staging, decided, progress, remote)
         if not decided.resume:  # an earlier staging copy (ours), started again without --resume
             _remove_staging_copy(staging)
         local = dataclasses.replace(decided, overwrite=False)
         ray = import_ray() if decided.engine == "ray" else None  # says how to install it before anything is uploaded
-        begin_upload(url, replace=replace, options=remote)
-        sink = ShardSink(url, remote)  # tar: each shard uploaded as it is closed, then removed here
-        if ray is not None:
-            src = open_source(source, local)
-            with ray_session(ray, local.ray_address):
-                manifest = restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode,
+
+        def convert_into(sink: ShardSink | None) -> dict[str, Any]:
+            if ray is not None:
+                src = open_source(source, local)
+                with ray_session(ray, local.ray_address):
+                    return restarting(lambda mode: convert_on_ray(ray, src, staging, local, progress, mode=mode,
                                                                   sink=sink))
-        else:
             try:
-                manifest = run_conversion(open_source(source, local), staging, local, progress, sink=sink)
+                return run_conversion(open_source(source, local), staging, local, progress, sink=sink)
             except ConversionInterrupted as exc:  # named as the user named the output
                 raise ConversionInterrupted(scrub(url), exc.kept, exc.total, exc.partial) from None
-        lock.check()  # still this process's: nothing is committed otherwise
-        finish_upload(staging, url, replace=replace, options=remote)
+
+        manifest = _upload(found, staging, remote, lock, convert_into)
     remove_path(staging)
     return manifest
+
+
+def _upload(found: Destination, staging: Path, remote: RemoteOptions, lock: Any,
+            convert_into: Callable[[ShardSink | None], dict[str, Any]]) -> dict[str, Any]:
+    """``convert_into(sink)`` the local ``staging`` copy, then upload it to ``found.url``, the
+    manifest last. Tar shards stream through the sink as they are closed, except when a dataset
+    is replaced: it stays whole and readable until the new one is converted. A failed conversion
+    takes back what it uploaded and its marker (the URL is as it found it); one interrupted after
+    a checkpoint keeps them for ``--resume``, as does a failed upload of a finished conversion."""
+    url = found.url
+    marked = begin_upload(url, found, remote)
+    sink = None if found.dataset else ShardSink(url, remote)
+    try:
+        manifest = convert_into(sink)
+    except ConversionInterrupted:  # kept for --resume: the staging copy, what it uploaded, the marker
+        raise
+    except BaseException as exc:
+        undo_upload(found, sink.sent if sink is not None else [], marked, remote)
+        full = write_error(_cache_folder(staging), exc.errno, f"writing the local copy of {scrub(url)!r}") \
+            if isinstance(exc, OutputWriteError) else None
+        if full is not None:
+            raise full from exc
+        raise
+    lock.check()  # still this process's: nothing is committed otherwise
+    try:
+        finish_upload(staging, found, remote)
+    except RemoteError as exc:  # the conversion is done: --resume uploads the staging copy
+        raise type(exc)(f"{exc} The converted dataset is kept in {str(staging)!r}: run the same command with "
+                        "--resume to finish its upload.") from None
+    return manifest
+
+
+def _keep_finished(source: Any, url: str, found: Destination, staging: Path, options: ConvertOptions) -> dict[str, Any]:
+    """``--resume`` on a dataset already at ``url``: its manifest when it was converted from the
+    same, unchanged source with the same options (nothing is uploaded), else the local refusal."""
+    manifest = found.manifest if found.manifest is not None else _single_manifest(url)
+    src = open_source(source, options)
+    spec = get_format(options.format, writable=True)
+    fields, key = conversion_key(spec, src, options)
+    target = Target(staging, spec, key, src.fingerprint())
+    return keep_complete(scrub(url), manifest, target, overwrite=False, options=options, source=fields["source"])
+
+
+def _single_manifest(url: str) -> dict[str, Any]:
+    """The manifest of the one-file dataset (``.h5``) at ``url``, which carries it inside: fetched whole."""
+    files = open_remote(url, RemoteOptions(), check_single=single_file_problem)
+    try:
+        return require_manifest(files.directory / files.single)
+    finally:
+        files.close()
+
+
+def _cache_folder(staging: Path) -> Path:
+    """The cache's folder that holds the staging copy ``staging`` (``<cache>/.uploads/<hash>/<name>``)."""
+    return staging.parents[2]
 
 
 def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
@@ -180,6 +244,7 @@ def merge(output: str | os.PathLike, *, progress: Callable[[int, int], None] | N
 
 
 def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: Any) -> dict[str, Any]:
+    check_output_url(url)
     staging = staging_path(url)
     remote = RemoteOptions()
     with writing(url, "merge", remote) as lock:  # one merge, and no part running
@@ -198,15 +263,12 @@ def _merge_url(url: str, progress: Callable[[int, int], None] | None, source: An
             raise PartsError(str(exc).replace(str(staging), scrub(url))) from None
         options = options_from_fields(records[0]["fields"])
         single = get_format(options.format).read_manifest is not None
-        replace = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
-                                    resume=True, options=remote)  # resume: an interrupted merge's upload
+        found = check_destination(url, single=single, overwrite=all(r.get("overwrite") for r in records),
+                                  resume=False, rerun=True, options=remote)  # rerun: an interrupted merge's upload
         download_units(url, local_units, remote)
         _remove_staging_copy(staging)
-        begin_upload(url, replace=replace, options=remote)
-        sink = ShardSink(url, remote)
-        manifest = restarting(lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode, sink=sink))
-        lock.check()  # still this process's: nothing is committed otherwise
-        finish_upload(staging, url, replace=replace, options=remote)
+        manifest = _upload(found, staging, remote, lock, lambda sink: restarting(
+            lambda mode: merge_parts(staging, progress=progress, source=source, mode=mode, sink=sink)))
         remove_units(url, remote)
         remove_path(staging)
         return manifest

@@ -153,7 +153,7 @@ def replaceable_manifest(output: Path) -> dict[str, Any]:
     anything else is refused with a message that suggests no destructive flag."""
     shown = str(output)
     try:
-        manifest = find_manifest(output)
+        manifest = find_manifest(output, checked=False)  # one another fastdata wrote may be replaced
     except FastdataError as exc:
         raise OutputExistsError(
             f"Output {shown!r} already exists and fastdata cannot read its manifest ({exc}); fastdata "
@@ -230,12 +230,28 @@ _CAUSES = {
     errno.ENAMETOOLONG: "a file name is too long for this file system. Use a shorter output name",
     errno.ENOTDIR: "a part of the output path is a file, not a folder. Choose another output path",
     errno.EIO: "an input/output error on the device. Check the disk, then convert again",
+    errno.EMFILE: "too many open files: this process may open {open_files} (its 'ulimit -n'), and the npy and hdf5 "
+                  "writers keep one or two files open per field. Raise the limit ('ulimit -n 65536') and convert "
+                  "again, or convert to --format tar, which keeps one shard open",
+    errno.ENFILE: "too many open files on this machine (the system's limit). Close other programs, or convert to "
+                  "--format tar, which keeps one shard open",
 }
+
+
+def _open_files_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "a limited number"
 
 
 def write_error(output: Path, exc: OSError) -> OutputWriteError:
     """A one-line error naming the real cause of a failed write (and that nothing was left)."""
     cause = _CAUSES.get(exc.errno)
+    if cause is not None and "{open_files}" in cause:
+        cause = cause.format(open_files=_open_files_limit())
     where = f" ({exc.filename})" if exc.filename and exc.errno in (errno.ENOENT, errno.EEXIST, errno.EACCES) else ""
     if cause is None:
         cause = f"{exc.strerror or exc}. Check the output folder and convert again"

@@ -86,60 +86,53 @@ class Job:
             raise ModeConflict()
 
     def sample(self, index: int) -> tuple[int, Any]:
+        if self.plan.encoding == "original":
+            return int(self.src.labels[index]), self._payload(index, None)
+        image, label = self.src.load(index, self.options.read)
+        self._check_mode(image)
+        return label, self._payload(index, image)
+
+    def _payload(self, index: int, image: Image.Image | None) -> Any:
+        """The image as the plan stores it: the source's own bytes (decoded fully: a corrupt file
+        fails now, not in training), re-encoded bytes, or raw pixels of the planned shape."""
         plan = self.plan
         if plan.encoding == "original":
             data = self.src.file_bytes(index)
-            # decoded fully: a corrupt file fails now, not in training
             self._check_mode(open_image(data, self.options.max_pixels))
-            return int(self.src.labels[index]), data
-        image, label = self.src.load(index, self.options.read)
-        self._check_mode(image)
+            return data
         image = plan.geometry.apply(to_mode(image, plan.mode))
         if plan.store == "encoded":
-            return label, encode(image, plan.encoding, plan.jpeg_quality)
+            return encode(image, plan.encoding, plan.jpeg_quality)
         array = pixels(image)
         if array.shape != plan.shape:
-            height, width = plan.shape[:2]
-            raise ShapeMismatchError(
-                f"{self.src.sample_name(index)} is {array.shape[0]}x{array.shape[1]} (HxW) but "
-                f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
-                "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
-            )
-        return label, array
+            self._mismatch(index, array.shape)
+        return array
 
     def sample_record(self, index: int) -> tuple[int, Any, dict[str, bytes]]:
         """A sample with fields (``plan.schema``): its label, image payload (as :meth:`sample`)
         and every extra field's stored bytes, checked against the schema; spatial fields get the
-        image's geometry (:func:`fastdata.conversion.spatial.transform_fields`)."""
+        image's geometry (:func:`fastdata.conversion.spatial.transform_fields`). The image comes
+        first: where images differ in size, that is what an error names, not a mask of its size."""
         plan, schema, name = self.plan, self.plan.schema, self.src.sample_name(index)
         values = check_record(schema, self.src.load_record(index, self.options.read), name)
         image_field, label_field = schema.image, schema.label
         image = values[image_field.name]
         label = values[label_field.name] if label_field is not None else -1
         self._check_mode(image)
+        payload = self._payload(index, image)
         extras = plan.extras
         if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
             values = transform_fields(schema, values, image.size, plan.geometry, name)
         stored = {f.name: self.src.field_bytes(index, f.name) if f.encoding == "original"
                   else store_field(f, values[f.name], plan, name) for f in extras}
-        if plan.encoding == "original":
-            data = self.src.file_bytes(index)
-            self._check_mode(open_image(data, self.options.max_pixels))
-            return label, data, stored
-        image = plan.geometry.apply(to_mode(image, plan.mode))
-        if plan.store == "encoded":
-            return label, encode(image, plan.encoding, plan.jpeg_quality), stored
-        array = pixels(image)
-        if array.shape != plan.shape:
-            self._mismatch(index, array.shape)
-        return label, array, stored
+        return label, payload, stored
 
     def _mismatch(self, index: int, shape: tuple[int, ...]) -> None:
         height, width = self.plan.shape[:2]
         raise ShapeMismatchError(
             f"{self.src.sample_name(index)} is {shape[0]}x{shape[1]} (HxW) but "
-            f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one image size. "
-            "Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+            f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one "
+            "image size. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
         )
 
     def chunk(self, indices: list[int]) -> Batch:

@@ -17,12 +17,12 @@ from typing import Any
 
 from fastdata.conversion import journal
 from fastdata.conversion.options import STORES, ConvertOptions
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import BadSampleError, InvalidOptionError
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
-from fastdata.formats.base import Plan
+from fastdata.formats.base import Plan, check_stored_names
 from fastdata.fields import Field, FieldError, Schema
-from fastdata.fields.values import infer
+from fastdata.fields.values import check_record, infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
@@ -97,6 +97,9 @@ def _probe(src: Source, options: ConvertOptions) -> list[tuple[int, tuple[str, i
     for index in range(len(src)):
         try:
             found.append((index, src.header(index, options.read)))
+        except FieldError:  # a sample unlike the others: its message says how, and --skip-bad does not fix that
+            if not options.skip_bad:
+                raise
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:
@@ -113,7 +116,12 @@ def _fail_unless_found(src: Source, options: ConvertOptions, found: list,
     no sample was readable or (without --skip-bad) one was not."""
     if not found or (first_error and not options.skip_bad):
         index, exc = first_error
-        raise Job(src, None, options).fail(index, exc, "read") from exc
+        error = Job(src, None, options).fail(index, exc, "read")
+        if options.skip_bad:  # every sample was tried and skipped: the advice to skip them is no fix
+            first = str(error).rsplit(" Re-run with --skip-bad", 1)[0].rstrip(".")
+            raise BadSampleError(f"No sample of the {len(src)} could be read, so nothing was converted (the first: "
+                                 f"{first}). Check the source: are these files images, is it the right folder?") from exc
+        raise error from exc
 
 
 _SCHEMA_SAMPLES = 8
@@ -122,15 +130,19 @@ _SCHEMA_SAMPLES = 8
 def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int, tuple[str, int, int]]], Schema]:
     """Headers of the first readable samples' images and the schema their records make
     (:func:`fastdata.fields.values.infer`), for a source whose samples have fields."""
-    records, found, first_error = [], [], None
+    records, found, first_error, known = [], [], None, src.schema
     for index in range(len(src)):
         try:
             values = src.load_record(index, options.read)
             if len(records) < _SCHEMA_SAMPLES:
                 records.append((src.sample_name(index), values))
-                infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
-            image = next((v for k, v in values.items() if src.kinds.get(k) == "image" or (
-                src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
+                if known is None:
+                    infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
+                else:
+                    check_record(known, values, src.sample_name(index))
+            image = values.get(known.image.name) if known is not None else next(
+                (v for k, v in values.items() if src.kinds.get(k) == "image" or (
+                    src.kinds.get(k) is None and (isinstance(v, Image.Image) or type(v).__name__ == "Image"))), None)
             if image is None:
                 raise FieldError(f"{src.sample_name(index)}: has no image field (a PIL image or tv_tensors.Image); "
                                  "fastdata stores samples with at least one image.")
@@ -140,6 +152,8 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
             if not options.skip_bad:
                 raise
             records = records[:-1] if records and records[-1][0] == src.sample_name(index) else records
+        except InvalidOptionError:  # the samples' names or hints, not one sample: --skip-bad cannot help
+            raise
         except Exception as exc:
             first_error = first_error or (index, exc)
             if not options.skip_bad:
@@ -147,7 +161,8 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
         if len(found) >= _SCHEMA_SAMPLES:
             break
     _fail_unless_found(src, options, found, first_error)
-    return found, infer(records, src.kinds, src.layout, src.structure).with_meta(src.field_meta)
+    schema = known if known is not None else infer(records, src.kinds, src.layout, src.structure)
+    return found, schema.with_meta(src.field_meta)
 
 
 def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | None = None,
@@ -232,6 +247,8 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         values = {k: to_pil(v) if k != schema.image.name and schema[k].kind == "image" else v
                   for k, v in src.load_record(reference, options.read).items()}
         plan = dataclasses.replace(plan, schema=complete_schema(schema, plan, values, src.field_files))
+        if options.format:
+            check_stored_names(get_format(options.format), plan)  # before anything is written
     return Job(src, plan, options, reference=reference, gray_guess=gray_guess)
 
 

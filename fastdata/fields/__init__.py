@@ -9,11 +9,11 @@
 """
 
 from fastdata.fields.schema import (
-    ARRAY_DTYPES, CLASS_IDS, KINDS, LAYOUTS, MEMBER_KEY, RAGGED, SOURCE_META, SPATIAL, VARIABLE, Field, FieldError,
-    Schema, classic_schema, select, unflatten,
+    ARRAY_DTYPES, BOX_FORMATS, CLASS_IDS, KINDS, LAYOUTS, MEMBER_KEY, RAGGED, SOURCE_META, SPATIAL, VARIABLE, Field,
+    FieldError, Schema, classic_schema, name_problem, select, unflatten,
 )
 
 __all__ = [
-    "ARRAY_DTYPES", "CLASS_IDS", "KINDS", "LAYOUTS", "MEMBER_KEY", "RAGGED", "SOURCE_META", "SPATIAL", "VARIABLE",
-    "Field", "FieldError", "Schema", "classic_schema", "select", "unflatten",
+    "ARRAY_DTYPES", "BOX_FORMATS", "CLASS_IDS", "KINDS", "LAYOUTS", "MEMBER_KEY", "RAGGED", "SOURCE_META", "SPATIAL",
+    "VARIABLE", "Field", "FieldError", "Schema", "classic_schema", "name_problem", "select", "unflatten",
 ]

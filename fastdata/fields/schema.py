@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from fastdata.fields import codecs as fieldcodecs
 from fastdata.errors import BadSampleError, InvalidOptionError
+from fastdata.images import CHANNELS
 
 KINDS = ("image", "mask", "int", "float", "array", "text", "text_list", "json", "bytes")
 SPATIAL = ("image", "mask")
@@ -57,6 +58,141 @@ SOURCE_META = (CLASS_IDS, MEMBER_KEY)
 
 class FieldError(BadSampleError):
     """A sample's value does not fit its field (the message names the sample and the field)."""
+
+
+def name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a field (None when it can): it names files, HDF5 datasets and tar
+    members, so only letters, digits, '_', '-' and '.' (up to 64, not starting with '.' or '-')."""
+    if isinstance(name, str) and _NAME.fullmatch(name):
+        return None
+    return "use letters, digits, '_', '-' and '.' (up to 64, not starting with '.' or '-')"
+
+
+# --- what a manifest may say of a field (its JSON is untrusted: every value is checked) -------
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """The values a stored field of one kind may have: dtypes, encodings, modes (None: absent),
+    and which shape rule applies (``scalar``: none or ``[]``; ``none``: none; ``array``: a
+    shape, a variable first dimension allowed; ``spatial``: a raw image's or mask's fixed one)."""
+
+    dtypes: tuple
+    encodings: tuple
+    modes: tuple
+    shape: str
+
+
+_INT_DTYPES = ("bool",) + tuple(d for d in ARRAY_DTYPES if d.startswith(("int", "uint")))
+_STORED = {
+    "image": _Stored(("uint8",), ("raw", "png", "jpeg", "original"), tuple(CHANNELS), "spatial"),
+    "mask": _Stored(("uint8",), ("raw", "png", "original"), (None, "L", "P", "1"), "spatial"),
+    "int": _Stored(_INT_DTYPES, (None,), (None,), "scalar"),
+    "float": _Stored(("float16", "float32", "float64"), (None,), (None,), "scalar"),
+    "array": _Stored(ARRAY_DTYPES, (None, "npy"), (None,), "array"),
+    **{kind: _Stored((None,), (None,), (None,), "none") for kind in ("text", "text_list", "json", "bytes")},
+}
+BOX_FORMATS = ("XYXY", "XYWH", "CXCYWH", "XYWHR", "CXCYWHR", "XYXYXYXY")  # tv_tensors.BoundingBoxFormat
+_TV_TENSORS = {"Image": ("image", "array"), "Mask": ("mask", "array"), "BoundingBoxes": ("array",)}
+_MAX_DIMENSIONS = 32
+_MAX_SIDE = 2**31
+_MAX_DEPTH = 32  # of a structure: a source's nesting is two or three levels deep
+_MAX_NODES = 1 << 20
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _shape_problem(value: dict[str, Any], rule: _Stored) -> str | None:
+    """What is wrong with a stored field's ``shape`` under its kind's ``rule`` (None: nothing)."""
+    shape, encoding = value.get("shape"), value.get("encoding")
+    if shape is None:
+        needed = (rule.shape == "array" and encoding is None) or (rule.shape == "spatial" and encoding == "raw")
+        return "has no shape, which its kind and encoding need" if needed else None
+    if rule.shape == "none" or (rule.shape == "spatial" and encoding != "raw"):
+        return f"has shape {_shown(shape)}, but a {value['kind']} field stored so has none"
+    if not isinstance(shape, list) or len(shape) > _MAX_DIMENSIONS or not all(
+            _is_int(s, 0, _MAX_SIDE) or (s is None and at == 0 and rule.shape == "array") for at, s in enumerate(shape)):
+        return (f"has shape {_shown(shape)}; expected a list of up to {_MAX_DIMENSIONS} sizes from 0 to {_MAX_SIDE} "
+                "(null only first, for a variable array)")
+    if rule.shape == "scalar" and shape:
+        return f"has shape {_shown(shape)}; a {value['kind']} is a scalar (shape [])"
+    if rule.shape == "spatial":
+        expected = 3 if value["kind"] == "image" else 2
+        channels = CHANNELS.get(value.get("mode"))
+        if len(shape) != expected or 0 in shape or (expected == 3 and shape[2] != channels):
+            return f"has shape {_shown(shape)}; a raw {value['kind']} in mode {value.get('mode')!r} is " + (
+                f"[height, width, {channels}]" if expected == 3 else "[height, width]")
+    if encoding == "npy" and (shape[0] is not None or value.get("meta", {}).get("ndim") != len(shape)):
+        return f"has shape {_shown(shape)}, which does not fit an array stored as .npy values of its 'ndim'"
+    return None
+
+
+def _meta_problem(value: dict[str, Any]) -> str | None:
+    """What is wrong with a stored field's ``meta`` (None: nothing); keys fastdata does not use
+    are left alone."""
+    meta, kind = value.get("meta", {}), value["kind"]
+    if not isinstance(meta, dict):
+        return f"'meta' is {_shown(meta)}; expected an object"
+    tv = meta.get("tv_tensor")
+    checks = (
+        ("tv_tensor", tv is None or (isinstance(tv, str) and kind in _TV_TENSORS.get(tv, ())),
+         f"one of {', '.join(name for name, kinds in _TV_TENSORS.items() if kind in kinds) or 'none'} for a {kind}"),
+        ("format", tv != "BoundingBoxes" or meta.get("format") in BOX_FORMATS, f"one of {', '.join(BOX_FORMATS)}"),
+        ("canvas_size_of", meta.get("canvas_size_of") is None or isinstance(meta.get("canvas_size_of"), str),
+         "a field name"),
+        ("palette", "palette" not in meta or isinstance(meta["palette"], list) and len(meta["palette"]) <= 1024
+         and all(_is_int(v, 0, 255) for v in meta["palette"]), "a list of up to 1024 values from 0 to 255"),
+        ("ndim", (value.get("encoding") != "npy" and "ndim" not in meta) or _is_int(meta.get("ndim"), 0, _MAX_DIMENSIONS),
+         f"the number of dimensions (0 to {_MAX_DIMENSIONS}) of an array stored as .npy values"),
+        ("as", meta.get("as") in (None, "numpy"), "'numpy'"),
+        (CLASS_IDS, meta.get(CLASS_IDS) in (None, True, False), "true or false"),
+        (MEMBER_KEY, meta.get(MEMBER_KEY) in (None, False) or (meta[MEMBER_KEY] is True and kind == "text"),
+         "true (on a text field) or false"),
+    )
+    return next((f"meta {key!r} is {_shown(meta.get(key))}; expected {allowed}" for key, fine, allowed in checks
+                 if not fine), None)
+
+
+def stored_field_problem(value: dict[str, Any]) -> str | None:
+    """What is wrong with a field as a manifest stores it (its name already checked), or None:
+    kind, dtype, encoding and mode allowed for the kind, a shape that fits them, and ``meta``
+    values of the types readers use."""
+    rule = _STORED.get(value.get("kind")) if isinstance(value.get("kind"), str) else None
+    if rule is None:
+        return f"kind {_shown(value.get('kind'))} is not one of {', '.join(KINDS)}"
+    for key, allowed in (("dtype", rule.dtypes), ("encoding", rule.encodings), ("mode", rule.modes)):
+        if value.get(key) not in allowed:
+            shown = ", ".join("none" if v is None else repr(v) for v in allowed)
+            return f"{key} {_shown(value.get(key))} is not allowed for {value['kind']} fields ({shown})"
+    return _meta_problem(value) or _shape_problem(value, rule)
+
+
+def structure_problem(structure: Any, layout: str, names: set[str]) -> str | None:
+    """What is wrong with a stored schema's ``structure`` (None: nothing, or no structure): a
+    list for the tuple layout, an object for the dict layout, nested lists and objects at most
+    32 deep whose leaves name fields of the schema."""
+    if structure is None:
+        return None
+    if not isinstance(structure, list if layout == "tuple" else dict):
+        return f"structure {_shown(structure)} is not a {'list' if layout == 'tuple' else 'object'} ({layout} layout)"
+    pending, nodes = [(structure, 1)], 0
+    while pending:
+        node, depth = pending.pop()
+        nodes += 1
+        if depth > _MAX_DEPTH or nodes > _MAX_NODES:
+            return f"structure is nested deeper than {_MAX_DEPTH} levels (or larger than {_MAX_NODES} entries)"
+        if isinstance(node, (list, dict)):
+            pending += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+        elif not isinstance(node, str) or node not in names:
+            return f"structure names {_shown(node)}, which is no field of the schema"
+    return None
 
 
 # --- the schema -------------------------------------------------------------------------------
@@ -85,11 +221,8 @@ class Field:
     meta: dict = dataclass_field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise InvalidOptionError(
-                f"Invalid field name {self.name!r}: use letters, digits, '_', '-' and '.' (up to 64, not starting "
-                "with '.' or '-')."
-            )
+        if name_problem(self.name):
+            raise InvalidOptionError(f"Invalid field name {_shown(self.name)}: {name_problem(self.name)}.")
         if self.kind not in KINDS:
             raise InvalidOptionError(f"Field {self.name!r}: unknown kind {self.kind!r}. Kinds: {', '.join(KINDS)}.")
         if self.shape is not None:
@@ -124,10 +257,15 @@ class Field:
 
     @classmethod
     def from_json(cls, value: Any) -> "Field":
+        """A field as a manifest stores it, every value checked (:func:`stored_field_problem`):
+        an :class:`InvalidOptionError` saying what is wrong, never a field readers fail on."""
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            raise InvalidOptionError(f"a field must be an object with a name, got {str(value)[:60]!r}")
+            raise InvalidOptionError(f"a field must be an object with a name, got {_shown(value)}")
+        problem = name_problem(value["name"]) or stored_field_problem(value)
+        if problem:
+            raise InvalidOptionError(f"field {_shown(value['name'])}: {problem}")
         shape = value.get("shape")
-        return cls(name=value["name"], kind=value.get("kind"), dtype=value.get("dtype"),
+        return cls(name=value["name"], kind=value["kind"], dtype=value.get("dtype"),
                    shape=tuple(shape) if isinstance(shape, list) else None, encoding=value.get("encoding"),
                    mode=value.get("mode"), meta=dict(value.get("meta") or {}))
 
@@ -232,10 +370,23 @@ class Schema:
 
     @classmethod
     def from_json(cls, value: Any) -> "Schema":
+        """A schema as a manifest stores it, checked whole: every field
+        (:meth:`Field.from_json`), the layout, the structure (:func:`structure_problem`) and what
+        fields name of each other (a box field's canvas image)."""
         if not isinstance(value, dict) or not isinstance(value.get("fields"), list):
-            raise InvalidOptionError("a schema must be an object with a 'fields' list")
-        return cls(tuple(Field.from_json(f) for f in value["fields"]), value.get("layout", "tuple"),
-                   value.get("structure"))
+            raise InvalidOptionError(f"a schema must be an object with a 'fields' list, got {_shown(value)}")
+        fields = tuple(Field.from_json(f) for f in value["fields"])
+        layout = value.get("layout", "tuple")
+        if layout not in LAYOUTS:
+            raise InvalidOptionError(f"layout {_shown(layout)} is not one of {', '.join(LAYOUTS)}")
+        names = {f.name: f for f in fields}
+        problem = structure_problem(value.get("structure"), layout, set(names)) or next(
+            (f"field {f.name!r}: its boxes' canvas {_shown(f.meta.get('canvas_size_of'))} is no image or mask field"
+             for f in fields if f.meta.get("tv_tensor") == "BoundingBoxes"
+             and getattr(names.get(f.meta.get("canvas_size_of")), "kind", None) not in SPATIAL), None)
+        if problem:
+            raise InvalidOptionError(problem)
+        return cls(fields, layout, value.get("structure"))
 
 
 def classic_schema() -> Schema:

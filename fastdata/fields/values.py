@@ -60,6 +60,12 @@ def _json_plain(value: Any) -> bool:
     return False
 
 
+def _is_palette_image(value: Any) -> bool:
+    """A PIL image of palette indices (mode ``P``): after a sample's image, a segmentation mask of
+    class ids (VOC's, SBD's), as torchvision's datasets give them; hint ``"image"`` for a picture."""
+    return isinstance(value, Image.Image) and value.mode == "P"
+
+
 def _not_a_kind(name: str, value: Any, sample: str) -> FieldError:
     return FieldError(
         f"{sample}: field {name!r} is a {_describe_type(value)}, which is no field kind (fastdata never pickles). "
@@ -91,7 +97,8 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
         if variable and array.ndim:
             return variable_array(name, str(array.dtype), tuple(array.shape[1:]), meta)
         return Field(name, "array", dtype=str(array.dtype), shape=tuple(array.shape), meta=meta)
-    if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))):
+    if tv == "Mask" or (hint == "mask" and (isinstance(value, Image.Image) or _is_tensor(value) or isinstance(value, np.ndarray))) \
+            or (hint is None and image_field is not None and _is_palette_image(value)):
         mode = value.mode if isinstance(value, Image.Image) else None
         meta = {"tv_tensor": "Mask"}
         if isinstance(value, Image.Image) and value.mode == "P" and value.getpalette():
@@ -346,7 +353,9 @@ _DEFAULT_NAMES = {"image": "image", "mask": "mask", "int": "label", "float": "sc
 
 def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], str, Any]:
     """A dataset item (tuple, dict, or a tuple holding a dict, as torchvision's
-    ``wrap_dataset_for_transforms_v2`` gives) as (flat named values, layout, structure)."""
+    ``wrap_dataset_for_transforms_v2`` gives, or a tuple holding a tuple of images, masks or
+    arrays, as torchvision's datasets with several target types give, ``(image, (label,
+    mask))``) as (flat named values, layout, structure)."""
     if isinstance(item, dict):
         values = {}
         for key, value in item.items():
@@ -356,7 +365,13 @@ def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], 
         return values, "dict", {k: k for k in values}
     if not isinstance(item, (tuple, list)):
         item = (item,)
-    values, structure, taken = {}, [], set()
+    values: dict[str, Any] = {}
+    return values, "tuple", _flatten_tuple(item, names, values, set())
+
+
+def _flatten_tuple(item: Any, names: list[str] | None, values: dict[str, Any], taken: set[str]) -> list:
+    """A tuple's values into ``values`` (named by ``names``, else by kind); its structure."""
+    structure: list = []
     for position, value in enumerate(item):
         if isinstance(value, dict) and value and all(isinstance(k, str) for k in value) and names is None:
             inner = {}
@@ -366,21 +381,48 @@ def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], 
                 inner[key] = name
             structure.append(inner)
             continue
-        name = names[position] if names and position < len(names) else _unique(_guess_name(value), taken)
+        if isinstance(value, (tuple, list)) and value and not _json_plain(value) and names is None:
+            structure.append(_flatten_tuple(value, None, values, taken))  # (label, mask): fields, not JSON
+            continue
+        name = names[position] if names and position < len(names) else _unique(_guess_name(value, bool(values)), taken)
         taken.add(name)
         values[name] = value
         structure.append(name)
-    return values, "tuple", structure
+    return structure
 
 
-def _guess_name(value: Any) -> str:
+def flatten_as(item: Any, structure: Any, sample: str) -> dict[str, Any]:
+    """A sample laid out as ``structure`` (what :func:`fastdata.fields.unflatten` makes: tuples
+    for lists, dicts for dicts) as flat named values, in the order the structure names them; a
+    :class:`FieldError` naming ``sample`` where it is laid out otherwise."""
+    values: dict[str, Any] = {}
+    pending = [(item, structure, "the sample")]
+    while pending:
+        value, node, where = pending.pop(0)
+        if isinstance(node, list):
+            if not isinstance(value, (tuple, list)) or len(value) != len(node):
+                raise FieldError(f"{sample}: {where} is a {_describe_type(value)}, not the tuple of {len(node)} values "
+                                 "the dataset's schema says.")
+            pending += [(v, s, f"{where}[{i}]") for i, (v, s) in enumerate(zip(value, node))]
+        elif isinstance(node, dict):
+            if not isinstance(value, dict) or set(value) != set(node):
+                raise FieldError(f"{sample}: {where} is not the dict of {sorted(node)} the dataset's schema says.")
+            pending += [(value[key], s, f"{where}[{key!r}]") for key, s in node.items()]
+        else:
+            values[node] = value
+    return values
+
+
+def _guess_name(value: Any, after_image: bool = False) -> str:
+    """A tuple position's name by its value's kind (``after_image``: a value after the first, which
+    is the image where the sample has one)."""
     tv = _tv_type(value)
     if tv == "BoundingBoxes":
         return "boxes"
     if tv == "Mask":
         return "mask"
     try:
-        made = kind_of("x", value, None, "", None)
+        made = kind_of("x", value, None, "", "image" if after_image else None)
     except FieldError:
         return "value"
     return _DEFAULT_NAMES[made.kind] if made is not None else "value"

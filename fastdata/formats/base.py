@@ -22,6 +22,7 @@ from (no ``sources`` import).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -165,11 +166,38 @@ class Reader:
         a fused decode appends each row's ``(height, width, Draw)`` to (:mod:`fastdata.reader.records`)."""
         raise NotImplementedError
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        """Optional, for ``--store encoded`` datasets: each image's bytes of ``indices`` as stored
+        (a conversion from this dataset keeps them, as it keeps an image folder's files; without
+        this hook it decodes and encodes them again)."""
+        raise NotImplementedError
+
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:
         """For formats that store fields (``FormatSpec.fields``): one extra field's stored values
         of ``indices`` (:mod:`fastdata.fields`), the (B, *shape) rows of a fixed-shape field or
         each sample's stored bytes; :mod:`fastdata.reader.records` builds the samples from them."""
         raise NotImplementedError
+
+
+_READER_FIELDS = frozenset({"dataset", "map_reader"})
+
+
+def load_reference(reference: str) -> Any:
+    """The object a ``"package.module:Name"`` reference names (imported now)."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def lazy_exports(table: dict[str, str]) -> Callable[[str], Any]:
+    """A format package's module ``__getattr__`` (PEP 562): ``table`` maps a public name to the
+    module defining it, imported on first use, so discovering the format does not import its
+    reader (and torch). ``from fastdata.formats.npy import MemmapDataset`` works as before."""
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module has no attribute {name!r}")
+        return getattr(importlib.import_module(table[name]), name)
+
+    return __getattr__
 
 
 @dataclass(frozen=True)
@@ -179,8 +207,10 @@ class FormatSpec:
 
     name: str
     """The format's name: ``--format NAME`` and the manifest's ``format``."""
-    dataset: type
-    """The reader :func:`fastdata.open_dataset` returns (a :class:`Reader`, or an iterable one)."""
+    dataset: type | str
+    """The reader :func:`fastdata.open_dataset` returns (a :class:`Reader`, or an iterable one).
+    It may be given as ``"module:Class"``, imported on first use (readers import torch; the
+    registry, ``fastdata info`` and ``fastdata verify`` do not need it)."""
     writer: type | None = None
     """The :class:`Writer`; None for read-only formats."""
     stores: tuple[str, ...] = ("raw", "encoded")
@@ -202,9 +232,10 @@ class FormatSpec:
     verify: Callable[..., list[str]] | None = None
     """``verify(path, manifest, *, deep)``: the problems (one message each, naming the file and
     sample) this format's own checks find, beyond what :func:`fastdata.verify` checks for all."""
-    map_reader: type | None = None
+    map_reader: type | str | None = None
     """When ``dataset`` is iterable: its random-access counterpart (``fastdata.loader``, a
-    shuffling DataLoader and a conversion from this format use it)."""
+    shuffling DataLoader and a conversion from this format use it); ``"module:Class"`` as for
+    ``dataset``."""
     self_batching: bool = False
     """The reader collates whole batches itself (``dataset(path, batch_size=...)``)."""
     baseline: bool = False
@@ -213,6 +244,18 @@ class FormatSpec:
     """The writer stores every field of samples beyond ``(image, label)`` (``Batch.fields``) and
     the reader gives them back (docs/fields.md); a format without it converts only
     ``(image, label)`` sources."""
+    stored_names: Callable[[Plan], list[tuple[str, str]]] | None = None
+    """For formats with ``fields``: ``stored_names(plan)`` gives, for every field of the plan's
+    schema (the image and label included), each name it takes on disk as ``(field name, stored
+    name)``: files, HDF5 datasets, tar members (``<key>.`` left out). Two fields that would share
+    one are refused before anything is written (:func:`check_stored_names`)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if type(value) is str and name in _READER_FIELDS:  # "module:Class": imported on first use, then kept
+            value = load_reference(value)
+            object.__setattr__(self, name, value)
+        return value
 
     @property
     def writable(self) -> bool:
@@ -241,6 +284,23 @@ class FormatSpec:
                 f"Its options: {allowed}."
             )
         return self.options(**values) if self.options else None
+
+
+def check_stored_names(spec: FormatSpec, plan: Plan) -> None:
+    """Refuse a plan in which two fields (or a field and the image or label) would be stored
+    under one name in format ``spec`` (``spec.stored_names``): the second would overwrite the
+    first, or stock readers (webdataset: "duplicate file name") would refuse the output."""
+    if plan.schema is None or spec.stored_names is None:
+        return
+    owners: dict[str, str] = {}
+    for owner, name in spec.stored_names(plan):
+        first = owners.setdefault(name, owner)
+        if first != owner:
+            raise InvalidOptionError(
+                f"Fields {first!r} and {owner!r} would both be stored as {name!r} in the {spec.name} format, where "
+                "only one of them could be read back. Rename one in the source (a dict key, names=[...] for a tuple, "
+                "a WebDataset member's suffix), or convert to another format."
+            )
 
 
 @dataclass(frozen=True)

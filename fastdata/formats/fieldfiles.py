@@ -51,17 +51,23 @@ class FieldFileWriter:
         else:
             self.header = npy_header((count, *f.shape), descr=descr(f))
             self.offsets_path = None
+        self.offsets = None
         if state is None:
             self.count, self.position = 0, len(self.header)
             self.data = open(self.data_path, "wb")
             self.data.write(self.header)
-            self.offsets = open(self.offsets_path, "wb") if self.offsets_path else None
-            if self.offsets:
-                self.offsets.write(np.zeros(1, dtype=np.int64).tobytes())
         else:
             self.count, self.position = state["count"], state["bytes"]
             self.data = reopen(self.data_path, self.position)
-            self.offsets = reopen(self.offsets_path, 8 * (self.count + 1)) if self.offsets_path else None
+        try:
+            if self.offsets_path and state is None:
+                self.offsets = open(self.offsets_path, "wb")
+                self.offsets.write(np.zeros(1, dtype=np.int64).tobytes())
+            elif self.offsets_path:
+                self.offsets = reopen(self.offsets_path, 8 * (self.count + 1))
+        except BaseException:
+            self.data.close()
+            raise
 
     def write(self, values: list[bytes]) -> None:
         if not values:

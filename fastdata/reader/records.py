@@ -234,7 +234,7 @@ class Records:
     def batch(self, indices: np.ndarray, allocate: Callable | None = None) -> Any:
         """The collated batch: fixed-shape fields stacked as tensors, variable ones as lists."""
         if self.ds.options.transform is not None or self.format == "pil":
-            return collate(self.samples(indices))
+            return collate(self.samples(indices), self.structure, {f.name: f for f in self.wanted})
         columns, canvas, _ = self._read(indices, allocate)  # no transform: nothing fused
         values = {}
         for f in self.wanted:
@@ -271,14 +271,33 @@ class Records:
         return tensor.permute(0, 3, 1, 2) if f.kind == "image" else tensor
 
 
-def collate(samples: list[Any]) -> Any:
-    """Samples with fields collated: tensors of one shape stacked, numbers as tensors, the rest
-    (variable arrays, boxes, text, JSON, bytes, PIL images) as lists."""
+def collate(samples: list[Any], structure: Any = None, fields: dict[str, Field] | None = None) -> Any:
+    """Samples with fields collated. With ``structure`` (the samples' layout, as readers give it
+    back) and ``fields`` (its leaves' fields), each field's values become one entry laid out as
+    the structure says, whatever values hold: a JSON field's dicts stay a list of dicts, as in
+    a batch read without a transform (:meth:`Records.batch`); samples a transform laid out
+    otherwise are collated as without it. Without: tuples of one length and dicts of the same
+    keys are followed. An entry is stacked where its values are tensors of one shape, a tensor
+    where they are numbers (of the field's dtype), else a list (variable arrays, boxes, text,
+    JSON, bytes, PIL images)."""
+    if isinstance(structure, str):
+        return _collated_values(samples, (fields or {}).get(structure))
+    if isinstance(structure, list) and all(isinstance(s, tuple) and len(s) == len(structure) for s in samples):
+        return tuple(collate([s[i] for s in samples], part, fields) for i, part in enumerate(structure))
+    if isinstance(structure, dict) and all(isinstance(s, dict) and s.keys() == structure.keys() for s in samples):
+        return {key: collate([s[key] for s in samples], part, fields) for key, part in structure.items()}
     first = samples[0] if samples else None
-    if isinstance(first, tuple):
+    if isinstance(first, tuple) and all(isinstance(s, tuple) and len(s) == len(first) for s in samples):
         return tuple(collate([s[i] for s in samples]) for i in range(len(first)))
-    if isinstance(first, dict):
+    if isinstance(first, dict) and all(isinstance(s, dict) and s.keys() == first.keys() for s in samples):
         return {key: collate([s[key] for s in samples]) for key in first}
+    return _collated_values(samples, None)
+
+
+def _collated_values(samples: list[Any], field: Field | None) -> Any:
+    """One entry's values: stacked tensors of one shape, numbers as a tensor (of ``field``'s
+    dtype where known, as a batch read without a transform has them), else a list."""
+    first = samples[0] if samples else None
     if isinstance(first, torch.Tensor) and type(first).__name__ != "BoundingBoxes" and \
             len({tuple(s.shape) for s in samples}) == 1 and all(isinstance(s, torch.Tensor) for s in samples):
         return torch.stack([s.as_subclass(torch.Tensor) for s in samples])
@@ -287,5 +306,6 @@ def collate(samples: list[Any]) -> Any:
     if isinstance(first, int) and all(isinstance(s, int) and not isinstance(s, bool) for s in samples):
         return torch.tensor(samples, dtype=torch.int64)
     if isinstance(first, float) and all(isinstance(s, float) for s in samples):
-        return torch.tensor(samples, dtype=torch.float64)
+        dtype = field.dtype if field is not None and field.kind == "float" else "float64"
+        return torch.from_numpy(np.asarray(samples, dtype=dtype))
     return list(samples)

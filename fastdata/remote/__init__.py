@@ -7,7 +7,8 @@ read side, which the readers use; writing a dataset to a URL is :mod:`fastdata.c
   errors that name the URL and the fix, never a credential; :mod:`fastdata.remote.failures` reads
   what s3fs, gcsfs and adlfs raise (an HTTP status, missing credentials) one way for it.
 - :mod:`fastdata.remote.cache`: :class:`Cache`, ``cache_dir`` bounded by ``cache_limit``, least
-  recently used files evicted first, never one in use (file locks and atomic renames only).
+  recently used files evicted first, never one in use (file locks and atomic renames only); a
+  folder of its own (marked ``.fastdata-cache``), refused when it holds anything else.
 - :mod:`fastdata.remote.dataset`: :func:`locate`, what every reader calls with its path: a URL
   becomes the dataset's directory in the cache, each file checked against the manifest's
   checksum as it arrives; tar shards are fetched as they are streamed (prefetched per worker),

@@ -1,7 +1,11 @@
 """The one bounded cache of remote files, shared by every process on the machine.
 
-Layout under ``cache_dir``: ``<dataset key>/<file name>`` for each cached file, ``.tmp/`` for
-downloads in progress, ``.locks/`` for one lock file per entry. Coordination is the file system
+Layout under ``cache_dir``: ``<dataset key>/<file name>`` for each cached file (a name may lie in
+the dataset's own sub-folders, ``fields/x.bin``), ``.tmp/`` for downloads in progress,
+``.locks/`` for one lock file per entry, ``.uploads/`` for conversions to a URL, and the marker
+file ``.fastdata-cache``. The cache evicts files, so it works only in a folder of its own
+(:mod:`fastdata.remote.cachedir`), and eviction only ever looks inside the dataset folders it
+made (``<name>-<16 hex digits>``) and at its own downloads. Coordination is the file system
 alone, so ranks, DataLoader workers and later runs share it with nothing to set up or clean:
 
 - a reader holds a shared ``flock`` on each file it uses (a :class:`Lease`); eviction takes an
@@ -34,11 +38,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from fastdata.errors import CorruptDataError, InvalidOptionError
+from fastdata.remote.cachedir import GLOBAL_LOCK, LOCKS, PART_NAME, TMP, claim_directory, is_entry, writing_to
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 20 * 1024**3
-_TMP, _LOCKS, _GLOBAL = ".tmp", ".locks", ".lock"
 _WAIT_FOR_ROOM_S = 10.0  # a needed file waits this long for leases elsewhere to end, then goes over the limit
 
 
@@ -113,13 +117,14 @@ class Cache:
     def __init__(self, directory: str | os.PathLike | None = None, limit: int | None = None):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise InvalidOptionError(f"Invalid cache_limit {limit!r}. Use a positive number of bytes.")
-        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.limit = limit if limit is not None else default_cache_limit()
+        self.directory = claim_directory(directory if directory is not None else default_cache_dir())
         self.stats = CacheStats()
-        for sub in (_TMP, _LOCKS):
-            (self.directory / sub).mkdir(parents=True, exist_ok=True)
 
     def path(self, key: str, name: str) -> Path:
+        if not is_entry(key):
+            raise InvalidOptionError(f"Invalid cache key {key!r}: a dataset's folder in the cache is named "
+                                     "'<name>-<16 hex digits>'.")
         return self.directory / key / name
 
     # --- using a cached file -------------------------------------------------------------
@@ -154,7 +159,8 @@ class Cache:
         if lease is not None:
             self.stats.hits += 1
             return lease
-        with self._locked(self.directory / _LOCKS / f"{_entry_id(key, name)}.lock"):
+        with writing_to(self.directory, f"fetching {name!r} ({size:,} bytes)"), \
+                self._locked(self.directory / LOCKS / f"{_entry_id(key, name)}.lock"):
             lease = self.lease(key, name)  # another process fetched it while this one waited
             if lease is not None:
                 self.stats.hits += 1
@@ -199,7 +205,7 @@ class Cache:
                                        "differs from the dataset's manifest: convert the source again, or restore it.")
             target = self.path(key, name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with self._locked(self.directory / _GLOBAL):  # counted once by _usage: in .tmp or in place
+            with self._locked(self.directory / GLOBAL_LOCK):  # counted once by _usage: in .tmp or in place
                 os.rename(tmp, target)  # the shared lock taken in _reserve is the lease: held across the rename
             with contextlib.suppress(OSError):
                 os.chmod(target, 0o644)
@@ -218,7 +224,7 @@ class Cache:
         that has no room."""
         deadline = time.monotonic() + _WAIT_FOR_ROOM_S
         while True:
-            with self._locked(self.directory / _GLOBAL):
+            with self._locked(self.directory / GLOBAL_LOCK):
                 used, entries = self._usage()
                 used, kept = self._evict(entries, used, size)
                 # what is left is in use: wait (a needed file) for another process to finish with
@@ -229,7 +235,7 @@ class Cache:
                         logger.warning("cache %s: %s needs %d bytes but only %d of cache_limit %d are free (the "
                                        "rest is in use); going over the limit", self.directory, name, size,
                                        max(self.limit - used, 0), self.limit)
-                    tmp = self.directory / _TMP / f"{_entry_id(key, name)}.{os.getpid()}.{secrets.token_hex(4)}.{size}.part"
+                    tmp = self.directory / TMP / f"{_entry_id(key, name)}.{os.getpid()}.{secrets.token_hex(4)}.{size}.part"
                     descriptor = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
                     # shared, so a checker may open it (HDF5 takes its own shared lock); any lock
                     # tells the scan in _usage that its writer is alive
@@ -244,7 +250,9 @@ class Cache:
         cached files as ``(mtime, size, path)``; removes a dead process's temporary files."""
         used, entries = 0, []
         self._others_downloading = False
-        for tmp in (self.directory / _TMP).iterdir():
+        for tmp in (self.directory / TMP).iterdir():
+            if not PART_NAME.fullmatch(tmp.name):
+                continue  # not a download of the cache's: never counted, never removed
             try:
                 descriptor = os.open(tmp, os.O_RDONLY)
             except FileNotFoundError:
@@ -261,13 +269,10 @@ class Cache:
             finally:
                 os.close(descriptor)
         for directory in self.directory.iterdir():
-            if directory.name.startswith(".") or not directory.is_dir():
-                continue
-            for entry in os.scandir(directory):
-                if entry.is_file(follow_symlinks=False):
-                    stat = entry.stat(follow_symlinks=False)
+            if is_entry(directory.name) and not directory.is_symlink() and directory.is_dir():
+                for stat, path in _files_under(directory):
                     used += stat.st_size
-                    entries.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                    entries.append((stat.st_mtime, stat.st_size, path))
         return used, sorted(entries, key=lambda item: item[0])
 
     def _evict(self, entries: list[tuple[float, int, Path]], used: int, size: int) -> tuple[int, list[Path]]:
@@ -299,13 +304,13 @@ class Cache:
 
     def discard(self, key: str, names: list[str]) -> None:
         """Remove the cached files ``names`` of ``key`` that are not in use."""
-        with self._locked(self.directory / _GLOBAL):
+        with self._locked(self.directory / GLOBAL_LOCK):
             entries = [(0.0, 0, self.path(key, name)) for name in names if self.path(key, name).exists()]
             self._evict(entries, self.limit + 1, 0)  # "over the limit" until every entry is tried
 
     def usage(self) -> int:
         """Bytes the cache holds now (downloads in progress at their final size)."""
-        with self._locked(self.directory / _GLOBAL):
+        with self._locked(self.directory / GLOBAL_LOCK):
             return self._usage()[0]
 
     @staticmethod
@@ -321,6 +326,16 @@ class Cache:
             with _LOCKING:
                 _LOCK_DESCRIPTORS.discard(descriptor)
                 os.close(descriptor)
+
+
+def _files_under(directory: Path) -> Iterator[tuple[os.stat_result, Path]]:
+    """Every file in a dataset's folder of the cache and its sub-folders (``fields/x.bin``),
+    without following links."""
+    for entry in os.scandir(directory):
+        if entry.is_dir(follow_symlinks=False):
+            yield from _files_under(Path(entry.path))
+        elif entry.is_file(follow_symlinks=False):
+            yield entry.stat(follow_symlinks=False), Path(entry.path)
 
 
 # The descriptors of the exclusive locks this process's threads hold (or wait for) now. A flock

@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from fastdata.errors import CorruptManifestError, InvalidOptionError, RemoteNotFoundError
+from fastdata.errors import CorruptManifestError, InvalidOptionError, ManifestError, RemoteNotFoundError
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
 from fastdata.remote.cache import Cache, Lease
 from fastdata.remote.fetch import DOWNLOADS, Prefetcher
-from fastdata.remote.filesystem import Retry, filesystem, remember_session, scrub, with_retry
+from fastdata.remote.filesystem import Retry, filesystem, naming_the_bucket, remember_session, scrub, with_retry
 from fastdata.urls import is_url
 
 logger = logging.getLogger(__name__)
+SINGLE_FILE_MAGIC = b"fastdata hdf5 "  # how a one-file dataset (.h5) starts: its user block (formats/hdf5/layout.py)
 
 
 @dataclass(frozen=True)
@@ -236,13 +237,38 @@ def check_fits(files: RemoteFiles, size: int, why: str) -> None:
             f"convert {scrub(files.url)} OUT.tar'), whose readers stream shards through a cache of any size.")
 
 
+def check_room_for_readers(files: RemoteFiles, largest: int, readers: int) -> None:
+    """Refuse a ``cache_limit`` that cannot hold what the processes reading a tar dataset at random
+    keep in the cache at once: the files held at open (index, manifest) and, for each of the
+    ``readers`` processes, the shard it reads (up to ``largest`` bytes). Below that a process
+    would wait for another's shard to be let go, which happens only when that one moves on."""
+    held, limit = files.held_bytes(), files.cache.limit
+    needed = held + readers * largest
+    if needed > limit:
+        who = f"{readers} DataLoader workers" if readers > 1 else "one process"
+        raise InvalidOptionError(
+            f"cache_limit {_size(limit)} is too small to read {scrub(files.url)!r} at random with {who}: each keeps "
+            f"the shard it reads in the cache (up to {_size(largest)}), beside the index and manifest "
+            f"({_size(held)}), so it needs at least {_size(needed)}. Raise cache_limit (cache_limit= or "
+            "$FASTDATA_CACHE_LIMIT) to that, use fewer workers, or stream it with TarDataset.")
+
+
 def _size(count: int) -> str:
     return f"{count / 1e6:.1f} MB ({count} bytes)" if count >= 10**5 else f"{count} bytes"
 
 
 def _key(url: str, version: str) -> str:
+    """The dataset's folder in the cache: its name (readable, never hidden) and a hash of the URL and version."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in url.rstrip("/").rsplit("/", 1)[-1])[:60]
-    return f"{name or 'dataset'}-{hashlib.blake2b(f'{scrub(url)}|{version}'.encode(), digest_size=8).hexdigest()}"
+    name = name.lstrip(".") or "dataset"
+    return f"{name}-{hashlib.blake2b(f'{scrub(url)}|{version}'.encode(), digest_size=8).hexdigest()}"
+
+
+def is_dataset_name(name: Any) -> bool:
+    """A file name a manifest may list: a plain name, or a path inside the dataset's own folders
+    (``fields/x.bin``): relative, '/'-separated, no empty part, no '.' or '..'."""
+    return isinstance(name, str) and not name.startswith("/") and len(name) <= 1024 and \
+        all(is_plain_name(part) for part in name.split("/"))
 
 
 def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
@@ -251,6 +277,12 @@ def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
     downloaded and checked by ``check_single`` (a single-file dataset such as ``.h5``; for a
     ``reader``, refused first when it is bigger than ``cache_limit``: see :func:`check_fits`)."""
     url = str(url).rstrip("/")
+    with naming_the_bucket(url, options.storage_options):
+        return _open_remote(url, options, reader=reader, check_single=check_single)
+
+
+def _open_remote(url: str, options: RemoteOptions, *, reader: bool,
+                 check_single: Callable[[Path, str], str | None]) -> RemoteFiles:
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
     manifest_url = f"{url}/{MANIFEST_NAME}"
@@ -265,6 +297,12 @@ def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
         if info.get("type") == "directory":
             raise RemoteNotFoundError(f"{scrub(url)!r} holds no {MANIFEST_NAME}: it is not a dataset written by "
                                       "'fastdata convert' (or its conversion did not finish).")
+        head = with_retry(lambda: fs.cat_file(path, start=0, end=len(SINGLE_FILE_MAGIC)), url, options.retry,
+                          options.storage_options)
+        if not head.startswith(SINGLE_FILE_MAGIC):  # refused before anything is downloaded
+            raise ManifestError(f"{scrub(url)!r} is not a dataset written by 'fastdata convert': there is no "
+                                f"{MANIFEST_NAME} under it, and it is no fastdata .h5 file. Check the URL: it names "
+                                "the dataset's folder, or its .h5 file.")
         version = "|".join(str(info.get(k)) for k in ("size", "ETag", "etag", "LastModified", "mtime") if k in info)
         name = url.rsplit("/", 1)[-1]
         if not is_plain_name(name):
@@ -281,10 +319,11 @@ def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
         raise CorruptManifestError(f"{scrub(manifest_url)!r}: manifest is not valid UTF-8 (byte {exc.start}).") from None
     files_ = manifest.get("files")
     if not isinstance(files_, dict) or not all(
-            is_plain_name(name) and isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+            is_dataset_name(name) and isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
             and isinstance(entry.get(CHECKSUM_ALGORITHM), str) for name, entry in files_.items()):
-        raise CorruptManifestError(f"{scrub(manifest_url)!r}: 'files' must list plain file names with 'bytes' and "
-                                   f"{CHECKSUM_ALGORITHM!r}; run 'fastdata verify' on the original.")
+        raise CorruptManifestError(f"{scrub(manifest_url)!r}: 'files' must list the dataset's files (names inside "
+                                   f"its folder) with 'bytes' and {CHECKSUM_ALGORITHM!r}; run 'fastdata verify' on "
+                                   "the original.")
     files = RemoteFiles(url, options, _key(url, str(manifest.get(MANIFEST_CHECKSUM_KEY))), manifest)
     _write_manifest(files, text)
     return files

@@ -17,12 +17,13 @@ their own).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from fastdata.errors import (
     DependencyMissingError, FastdataError, InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError,
@@ -63,6 +64,8 @@ _SESSIONS: dict[str, Any] = {}  # scheme -> a botocore session to reuse (see rem
 # botocore's settings for every s3 filesystem fastdata opens, under the user's own config_kwargs:
 # no botocore retry (fastdata's Retry retries), a bounded wait for a connection
 S3_CONFIG = {"retries": {"total_max_attempts": 1}, "connect_timeout": 5}
+# what S3, GCS and Azure answer when the bucket (container) itself is missing
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|(bucket|container) does not exist", re.IGNORECASE)
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]+@")
 
 
@@ -103,6 +106,11 @@ class Retry:
 
 def scheme_of(url: str) -> str:
     return url.split("://", 1)[0].lower()
+
+
+def bucket_of(url: str) -> str:
+    """The bucket (or container, or host) a URL names: what follows ``scheme://`` up to the next '/'."""
+    return url.split("://", 1)[-1].split("/", 1)[0]
 
 
 def scrub(text: str, storage_options: dict[str, Any] | None = None) -> str:
@@ -209,6 +217,8 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
     if status == 401:  # the request went out without credentials (gcsfs falls back to anonymous) or with stale ones
         return RemoteAccessError(f"{shown!r}: no valid credentials were sent (401: {cause}). To fix: "
                                  f"{hint or 'pass them in storage_options'}.")
+    if _NO_BUCKET.search(str(exc)):  # the bucket (container) itself: reading and writing alike
+        return missing_bucket(url)
     if isinstance(exc, FileNotFoundError) or status == 404 or re.search(r"\b404\b|NoSuchKey|NoSuchBucket|Not Found",
                                                                          str(exc)):
         return RemoteNotFoundError(f"{shown!r} does not exist (404: {cause}). Check the URL: it names the dataset "
@@ -227,6 +237,34 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
             f"({cause}). Check the network or the endpoint, then run again; the cache keeps what arrived."
         )
     return RemoteUnavailableError(f"{shown!r}: cannot read ({cause}).")
+
+
+def missing_bucket(url: str) -> RemoteNotFoundError:
+    """The error for a URL whose bucket (Azure: container) does not exist, reading or writing."""
+    what = "container" if scheme_of(url) in ("az", "abfs", "abfss") else "bucket"
+    shown = scrub(url)
+    return RemoteNotFoundError(f"{shown!r}: the {what} {bucket_of(shown)!r} does not exist (404). Check the {what}'s "
+                               f"name in the URL, or create the {what} first.")
+
+
+@contextlib.contextmanager
+def naming_the_bucket(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[None]:
+    """Around the first requests made for ``url``: a 404 that came because its bucket does not
+    exist (not every store says so in its answer) is reported as such, after one more request
+    asking for the bucket."""
+    try:
+        yield
+    except RemoteNotFoundError as exc:
+        if scheme_of(url) in ("http", "https") or "does not exist (404)." in str(exc):
+            raise
+        try:
+            fs, _ = filesystem(url, storage_options)
+            exists = fs.exists(bucket_of(url))
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            raise exc from None
+        if exists:
+            raise
+        raise missing_bucket(url) from None
 
 
 def with_retry(call: Callable[[], T], url: str, retry: Retry, storage_options: dict[str, Any] | None = None) -> T:

@@ -46,6 +46,10 @@ class Source:
     for a PIL ``P``/``L`` image that is a mask, ``{"keypoints": "array:variable"}``."""
     structure: Any = None
     """The nesting readers give back (:class:`fastdata.fields.Schema`), when not flat."""
+    schema: Any = None
+    """The :class:`fastdata.fields.Schema` of the records where the source knows it (a converted
+    dataset: the one its manifest holds): the conversion checks every record against it instead
+    of inferring one from the first records' values."""
     field_meta: dict[str, dict[str, Any]] = {}
     """What the source knows of its fields beyond their values, added to the schema's ``meta``
     (:data:`fastdata.fields.SOURCE_META`): ``{"labels": {"class_ids": True}}`` (the field holds

@@ -16,9 +16,10 @@ from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
 from fastdata.sources.base import Protected
-from fastdata.fields import SOURCE_META
-from fastdata.fields.values import check_value, digest_value, flatten, kind_of
+from fastdata.fields import FieldError, Schema
+from fastdata.fields.values import check_value, digest_value, flatten, flatten_as, kind_of
 from fastdata.sources.base import Source
+from fastdata.sources.torchvision_targets import wrapped_detection, wrapped_item, wrapped_target_keys
 
 
 class DatasetSource(Source):
@@ -68,6 +69,10 @@ class DatasetSource(Source):
             parts.append(f"{name} {made.kind} {made.dtype} {made.shape}\n".encode() + digest_value(made, checked))
         return b"".join(parts)
 
+    def item(self, index: int) -> Any:
+        """The dataset's item ``index``, as this source takes it."""
+        return self.dataset[index]
+
     def record_schema(self) -> Any:
         """None when items are the classic ``(image, label)``; else the flattened item's layout
         (decided by the first item, once)."""
@@ -75,7 +80,7 @@ class DatasetSource(Source):
             item = None
             for index in range(min(len(self), 8)):  # the first item that loads decides
                 try:
-                    item = self.dataset[index]
+                    item = self.item(index)
                     break
                 except Exception:  # noqa: BLE001 - a bad item is reported where samples are loaded
                     continue
@@ -83,6 +88,9 @@ class DatasetSource(Source):
                 self._classic = True  # the classic path names the bad samples (and --skip-bad skips them)
                 return None
             values, layout, structure = flatten(item, self.names)
+            for value in values.values():
+                if isinstance(value, Image.Image) and value.width * value.height <= (ReadOptions().max_pixels or 0):
+                    value.load()  # torchvision opens images lazily: read, so their files are closed
             self._classic = _classic_pair(values, layout)
             self.layout, self.structure = layout, structure
             first_name, first = next(iter(values.items()), (None, None))
@@ -100,7 +108,7 @@ class DatasetSource(Source):
 
     def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
         read = read or ReadOptions()
-        values, layout, structure = flatten(self.dataset[index], self.names)
+        values, layout, structure = flatten(self.item(index), self.names)
         if _classic_pair(values, layout) and self.record_schema() is None:
             image, label = self.load(index, read)
             return {"image": image, "label": label}
@@ -108,6 +116,7 @@ class DatasetSource(Source):
             if isinstance(value, Image.Image) or type(value).__name__ in ("Image", "Mask"):
                 if isinstance(value, Image.Image):
                     check_pixels(value, read.max_pixels)
+                    value.load()  # torchvision opens images lazily: read now, and the file is closed
                     if read.exif_transpose and self.kinds.get(name) != "mask":
                         values[name] = exif_transpose(value)
         return values
@@ -120,17 +129,25 @@ class DatasetSource(Source):
 
     def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
         read = read or ReadOptions()
-        item = self.dataset[index]
+        item = self.item(index)
         if not isinstance(item, (tuple, list)) or len(item) < 2:
-            raise TypeError(f"expected an (image, label) pair, got {type(item).__name__}")
+            raise self._not_a_pair(index, f"a {type(item).__name__}")
         image, label = item[0], item[1]
         if hasattr(label, "item"):
             label = label.item()
         if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
-            raise TypeError(f"expected an integer label, got {type(label).__name__}")
+            raise self._not_a_pair(index, f"an (image, {type(label).__name__}) pair")
         image = to_pil(image)
         check_pixels(image, read.max_pixels)
         return (exif_transpose(image) if read.exif_transpose else image), int(label)
+
+
+    def _not_a_pair(self, index: int, found: str) -> FieldError:
+        """A later item that is no ``(image, int)`` pair, where the first readable one was."""
+        return FieldError(
+            f"{self.sample_name(index)}: is {found}, but the first readable sample is an (image, int label) pair, so "
+            "the samples were taken for (image, label) pairs. Give every sample the same fields: one without "
+            "annotations still has every key (None, or an empty array, for an empty field).")
 
 
 class ArraySource(DatasetSource):
@@ -160,7 +177,11 @@ class ArraySource(DatasetSource):
 
 class FastdataSource(DatasetSource):
     """A dataset written by ``fastdata convert``, read through its format's map-style reader as
-    PIL images (so any format converts to any other), with its class names."""
+    PIL images (so any format converts to any other), with its class names. A dataset with
+    fields converts with the schema its manifest holds (every field as it was stored, variable
+    and ragged shapes included) and its samples' structure; an encoded one keeps its images'
+    stored bytes (JPEGs stay JPEGs, as an image folder's files do) where the conversion does not
+    change them."""
 
     def __init__(self, path: Path, manifest: dict[str, Any], reader: Any):
         """``reader``: the dataset's map-style reader with ``image_format="pil"``."""
@@ -169,22 +190,57 @@ class FastdataSource(DatasetSource):
         self.path = Path(path)
         self.manifest = manifest
         super().__init__(reader, {"type": "fastdata", "path": str(self.path.resolve())})
-        if isinstance(manifest.get("fields"), dict):  # a dataset with fields: their kinds as it stored them
-            stored = manifest["fields"].get("fields") or []
-            self.kinds = {f["name"]: ("array:variable" if f.get("kind") == "array" and f.get("variable") else f["kind"])
-                          for f in stored if f.get("kind") in ("mask", "array", "text_list", "json")}
-            self.field_meta = {f["name"]: kept for f in stored if isinstance(f.get("meta"), dict) and
-                               (kept := {k: v for k, v in f["meta"].items() if k in SOURCE_META})}
-            structure = manifest["fields"].get("structure")
-            if isinstance(structure, list) and all(isinstance(name, str) for name in structure):
-                self.names = structure
+        if "fields" in manifest:  # checked with the manifest when the reader opened it
+            self.schema = Schema.from_json(manifest["fields"])
+            self.layout, self.structure = self.schema.layout, self.schema.structure
+        # an encoded dataset whose reader gives its stored bytes (a format's optional _encoded hook)
+        self.has_files = manifest["store"] == "encoded" and callable(getattr(reader, "_encoded", None))
+        if self.has_files:
+            self.labels = np.asarray(reader.labels, dtype=np.int64)
         self._manifest_digest = manifest.get("manifest_blake2b") or manifest_checksum(manifest)
+
+    @property
+    def is_classic(self) -> bool:
+        return self.schema is None and self.record_schema() is None
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        if self.schema is None:
+            return super().load_record(index, read)
+        read = read or ReadOptions()
+        values = flatten_as(self.dataset[index], self.schema.structure, self.sample_name(index))
+        values = {name: values[name] for name in self.schema.names if name in values}
+        for name, value in values.items():
+            if isinstance(value, Image.Image):
+                check_pixels(value, read.max_pixels)
+                if read.exif_transpose and self.schema[name].kind == "image":
+                    values[name] = exif_transpose(value)
+        return values
+
+    def file_bytes(self, index: int) -> bytes | None:
+        """The image's bytes as the dataset stores them (encoded datasets)."""
+        return self.dataset._encoded(np.asarray([index]))[0] if self.has_files else None
 
     def fingerprint(self) -> dict[str, Any]:
         return fingerprint.of_manifest(self.manifest, self._manifest_digest)
 
     def protected(self) -> list[Protected]:
         return [Protected(self.path, "source dataset")]
+
+
+class WrappedDetectionSource(DatasetSource):
+    """torchvision's ``wrap_dataset_for_transforms_v2(CocoDetection(...) | VOCDetection(...),
+    target_keys=...)`` as a source: its items as the wrapper gives them (``(image, {"boxes":
+    ..., "labels": ...})``), and an image without objects with every key asked for, empty
+    (:func:`~fastdata.sources.torchvision_targets.wrapped_item`), where the wrapper leaves them
+    out or fails: the samples of the CLI's ``torchvision:CocoDetection`` have them so too."""
+
+    def __init__(self, dataset: Any, description: dict[str, Any] | None = None):
+        super().__init__(dataset, description)
+        if "masks" in wrapped_target_keys(dataset):  # (K, H, W): every dimension varies
+            self.kinds.setdefault("masks", "array:ragged")
+
+    def item(self, index: int) -> Any:
+        return wrapped_item(self.dataset, index)
 
 
 def _classic_pair(values: dict[str, Any], layout: str) -> bool:
@@ -243,4 +299,6 @@ def make_dataset_source(dataset: Any, description: dict[str, Any] | None = None)
         raise EmptySourceError(f"Dataset {type(dataset).__name__} is empty.")
     if has_array_fast_path(dataset):
         return ArraySource(dataset, description)
+    if wrapped_detection(dataset) is not None:
+        return WrappedDetectionSource(dataset, description)
     return DatasetSource(dataset, description)

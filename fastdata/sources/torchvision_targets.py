@@ -58,6 +58,15 @@ class RecordSpec:
     files: tuple[str, ...] = ()
     target_keys: Any = None  # what wrap_dataset_for_transforms_v2 is asked for (None: no wrapper)
     class_ids: tuple[str, ...] = ()
+    targets: Callable[[Any], list[str]] | None = None
+    """For a dataset whose target is a tuple when several target types are asked (pets, CelebA):
+    the names of the record's target fields, in order, so readers give ``(image, (a, b))`` back as
+    torchvision does (``(image, a)`` for one type)."""
+
+    def structure(self, dataset: Any) -> Any:
+        """The nesting readers give back, where it is not the record's flat order."""
+        names = self.targets(dataset) if self.targets is not None else []
+        return ["image", names] if len(names) > 1 else None
 
 
 def _tv() -> Any:
@@ -146,6 +155,14 @@ def _captions(source: "TorchvisionRecordSource", index: int) -> Record:
 _PET_NAMES = {"category": "label", "binary-category": "binary_label", "segmentation": "mask"}
 
 
+def _pet_targets(dataset: Any) -> list[str]:
+    return [_PET_NAMES[kind] for kind in dataset._target_types]
+
+
+def _celeba_targets(dataset: Any) -> list[str]:
+    return list(dataset.target_type)
+
+
 def _pet(source: "TorchvisionRecordSource", index: int) -> Record:
     image, target = source.dataset[index]
     types = source.dataset._target_types
@@ -210,10 +227,66 @@ RECORDS: dict[str, RecordSpec] = {
     "CocoCaptions": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("annFile",)),
     "Flickr8k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
     "Flickr30k": RecordSpec(_captions, kinds={"captions": "text_list"}, files=("ann_file",)),
-    "OxfordIIITPet": RecordSpec(_pet, kinds={"mask": "mask"}),
-    "CelebA": RecordSpec(_celeba),
+    "OxfordIIITPet": RecordSpec(_pet, kinds={"mask": "mask"}, targets=_pet_targets),
+    "CelebA": RecordSpec(_celeba, targets=_celeba_targets),
     "Cityscapes": RecordSpec(_cityscapes, kinds={"mask": "mask", "polygon": "json", "masks": "array:ragged"}),
 }
+
+
+# --- datasets wrapped by wrap_dataset_for_transforms_v2 in Python ---------------------------
+
+# class -> the target keys its detection wrapper gives, in the wrapper's order, and its default ones
+_WRAPPER_KEYS = {
+    "CocoDetection": (("image_id", "boxes", "masks", "labels", "segmentation", "area", "iscrowd", "bbox",
+                       "category_id"), frozenset({"image_id", "boxes", "labels"})),
+    "VOCDetection": (("annotation", "boxes", "labels"), frozenset({"boxes", "labels"})),
+}
+
+
+def wrapped_detection(dataset: Any) -> str | None:
+    """The class (``CocoDetection``, ``VOCDetection``) of the detection dataset that torchvision's
+    ``wrap_dataset_for_transforms_v2`` wrapped into ``dataset``, or None."""
+    if not any(cls.__name__ == "VisionDatasetTVTensorWrapper" for cls in type(dataset).__mro__):
+        return None
+    inner = getattr(dataset, "_dataset", None)
+    return next((cls.__name__ for cls in type(inner).__mro__ if cls.__name__ in _WRAPPER_KEYS), None)
+
+
+def wrapped_target_keys(dataset: Any) -> list[str]:
+    """The target keys ``dataset`` (a :func:`wrapped_detection` one) was asked for, in the wrapper's order."""
+    available, default = _WRAPPER_KEYS[wrapped_detection(dataset)]
+    try:
+        given = object.__getattribute__(dataset, "_target_keys")
+    except AttributeError:
+        given = None
+    wanted = default if given is None else set(available) if given == "all" else set(given)
+    return [key for key in available if key in wanted]
+
+
+def wrapped_item(dataset: Any, index: int) -> tuple[Any, dict[str, Any]]:
+    """Item ``index`` of a :func:`wrapped_detection` dataset, as the wrapper gives it for an image
+    with objects; for one without, which the wrapper gives without the keys asked for (COCO: only
+    ``image_id``) or fails on (VOC: ``KeyError``), every key asked for with its empty value: zero
+    boxes (XYXY, the image's canvas), labels and (K, H, W) masks, empty lists of COCO's own keys."""
+    import torch
+
+    name = wrapped_detection(dataset)
+    try:
+        with warnings.catch_warnings():  # pycocotools' RLE decoder under numpy 2; its masks are right
+            warnings.filterwarnings("ignore", "__array__ implementation doesn't accept a copy keyword", DeprecationWarning)
+            image, target = dataset[index]
+    except KeyError:
+        image, target = dataset._dataset[index]  # VOC: the raw sample (the wrapper turned its transforms off)
+        if target.get("annotation", {}).get("object"):
+            raise  # objects of a class VOC lacks: the wrapper's own error
+    keys = wrapped_target_keys(dataset)
+    if all(key in target for key in keys):
+        return image, target
+    height, width = image.height, image.width
+    empty = {"boxes": _empty_boxes(height, width, torch.float32 if name == "CocoDetection" else torch.int64),
+             "labels": _labels_tensor([]),
+             "masks": _tv().tv_tensors.Mask(torch.zeros((0, height, width), dtype=torch.uint8))}
+    return image, {key: target[key] if key in target else empty.get(key, []) for key in keys}
 
 
 class TorchvisionRecordSource(Source):
@@ -232,6 +305,7 @@ class TorchvisionRecordSource(Source):
         self.labels = None
         self.class_to_idx = _class_to_idx(dataset)
         self.layout = self.spec.layout
+        self.structure = self.spec.structure(dataset)
         self.kinds = dict(self.spec.kinds)
         self.field_meta = {name: {CLASS_IDS: True} for name in self.spec.class_ids} if self.class_to_idx else {}
         self.options = dict(options)

@@ -45,7 +45,7 @@ from PIL import Image
 
 from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.fields import MEMBER_KEY, FieldError
+from fastdata.fields import MEMBER_KEY, FieldError, name_problem
 from fastdata.fields.codecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
 from fastdata.sources.base import Protected
@@ -139,8 +139,8 @@ class WebDatasetSource(Source):
                     image_suffixes[first] = None
                 places.append({k: v for k, v in suffixes.items() if k != first})
                 images.append(image if image is not None else (-1, -1, -1))
-                labels.append(next((("text", suffixes[s]) for s in LABEL_SUFFIXES if s in suffixes),
-                                   ("json", suffixes["json"]) if "json" in suffixes else None))
+                labels.append(next((("text", suffixes[s], s) for s in LABEL_SUFFIXES if s in suffixes),
+                                   ("json", suffixes["json"], "json") if "json" in suffixes else None))
                 members.append(",".join(sorted(suffixes)))
         except ValueError as exc:  # webdataset's own error for a suffix repeated in one sample
             raise InvalidOptionError(f"{self.spec!r}: {exc.args[0]}. Each sample may hold one member per suffix.") from exc
@@ -159,15 +159,22 @@ class WebDatasetSource(Source):
                      image_suffixes: list[str]) -> None:
         """Which members are fields beside the image (every suffix some sample has, in first-seen
         order), and whether the samples are the classic (image, label) (only a label member)."""
-        order: dict[str, None] = {}
-        for found in places:
+        order: dict[str, int] = {}
+        for index, found in enumerate(places):
             for suffix in found:
-                order.setdefault(suffix)
-        label_member = next((place[0] for place in labels if place is not None), None)
-        label_suffixes = set(LABEL_SUFFIXES)
-        self.field_suffixes = [s for s in order if not (s in label_suffixes and label_member == "text")]
+                order.setdefault(suffix, index)
+        for suffix, index in order.items():
+            problem = name_problem(suffix)
+            if problem is not None:  # every sample has it alike: no sample is to blame, --skip-bad cannot help
+                raise InvalidOptionError(
+                    f"{self.keys[index]}: member suffix {suffix!r} cannot name a field ({problem}); fastdata keeps "
+                    "every member as a field named by its suffix. Rename those members in the shards.")
+        label_member = next((place for place in labels if place is not None), None)
+        # the label: the first of cls, label, class the first labelled sample has; other such members are fields
+        self.label_suffix = label_member[2] if label_member is not None and label_member[0] == "text" else None
+        self.field_suffixes = [s for s in order if s != self.label_suffix]
         self.places = places
-        self.label_name = "cls" if label_member == "text" else ("label" if self.labels_from_json else None)
+        self.label_name = "cls" if self.label_suffix is not None else ("label" if self.labels_from_json else None)
         self.image_name = image_suffixes[0] if len(image_suffixes) == 1 else "image"
         self.layout = "dict"
         self.kinds = {s: _member_kind(s) for s in self.field_suffixes}
@@ -233,14 +240,14 @@ class WebDatasetSource(Source):
                     f"{self.keys[index]}: no label member (it has {self.members[index]}), while other samples have "
                     f"one; every sample needs one of {', '.join(LABEL_SUFFIXES)} or a json with 'label'."
                 )
-            kind, (shard, offset, size) = place
+            kind, (shard, offset, size), _ = place
             text = self._read(shard, offset, min(size, 4096))
             labels[index] = _parse_label(kind, text, self.keys[index])
         return labels
 
     def _json_labels(self, places: list[Any]) -> bool:
         """Whether the samples' json members hold labels (the first one decides)."""
-        _, (shard, offset, size) = places[0]
+        _, (shard, offset, size), _ = places[0]
         try:
             document = json.loads(self._read(shard, offset, min(size, 1 << 20)))
         except ValueError:

@@ -9,6 +9,8 @@ Model first, then confirm, within a time budget:
    worker start-up per backend; whether 2 threads fetch faster than one (the GIL); the
    consumer's step (``step_ms`` sleeps, ``step`` runs the user's function on real batches); the
    cores this process may use (CPU affinity and the cgroup quota, not ``os.cpu_count()``).
+   The machine's own noise is measured too, noisy figures are repeated, and each keeps its
+   spread: :meth:`Recommendation.doubts` says which cannot be trusted (:mod:`fastdata.tuning.noise`).
 2. Predict samples/s and data wait for every backend x num_workers (0 .. 2 x cores).
 3. Confirm the best few predictions with short probes of the real dataset (persistent
    workers, start-up excluded), measuring samples/s, data wait and memory (PSS) per worker,
@@ -24,6 +26,7 @@ dataset cannot be pickled, process backends are left out and the explanation nam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import tempfile
@@ -41,6 +44,7 @@ from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (
     PROBE_BATCHES, Measurements, ProbeResult, probe_batches, probe_loader, resolve_start_method, measure, probe,
 )
+from fastdata.tuning.noise import Spread, choice_doubt, doubts
 from fastdata.tuning.model import TIE, WAIT_TARGET, candidate_rows, pick_best, rows_to_confirm, predict
 
 MIN_BUDGET_S = 2.0  # tune never spends less (worker start-up alone takes tens of ms per probe)
@@ -52,7 +56,7 @@ NO_CONVERT_SOURCE = ("no convert_source was given: a conversion is predicted for
                      "source")
 
 __all__ = ["Measurements", "PROBE_BATCHES", "ProbeResult", "ReadyBatches", "ReadyBatchesOf", "Recommendation",
-           "TIE", "WAIT_TARGET", "measure", "predict", "predict_conversion", "probe", "tune"]
+           "Spread", "TIE", "WAIT_TARGET", "measure", "predict", "predict_conversion", "probe", "tune"]
 
 
 @dataclass
@@ -113,9 +117,16 @@ class Recommendation:
     def explain(self) -> str:
         return tune_paragraph(self.measurements, self)
 
+    def doubts(self) -> list[str]:
+        """The measured figures that cannot be trusted on this machine now, and why
+        (:func:`fastdata.tuning.noise.doubts`); empty when every figure was steady."""
+        choice = choice_doubt(self.candidates, self.backend, self.num_workers, self.measurements.spreads.get("noise"))
+        return doubts(self.measurements) + ([choice] if choice else [])
+
     def to_dict(self) -> dict[str, Any]:
         m = asdict(self.measurements)
         m["epoch_s"] = self.measurements.epoch_s
+        m["spreads"] = {name: spread.to_dict() for name, spread in self.measurements.spreads.items()}
         return {
             "backend": self.backend, "num_workers": self.num_workers, "batch_size": self.batch_size,
             "persistent_workers": self.persistent_workers, "prefetch_factor": self.prefetch_factor,
@@ -127,7 +138,8 @@ class Recommendation:
             "pss_mb_per_worker": self.pss_mb_per_worker,
             "loader_kwargs": self.loader_kwargs, "dataloader_kwargs": self.dataloader_kwargs,
             "measurements": m, "candidates": self.candidates, "conversion": self.conversion,
-            "explanation": self.explain(), "elapsed_s": round(self.elapsed_s, 2), "budget_s": self.budget_s,
+            "explanation": self.explain(), "doubts": self.doubts(),
+            "elapsed_s": round(self.elapsed_s, 2), "budget_s": self.budget_s,
             "effective_budget_s": round(self.effective_budget_s, 2),
         }
 
@@ -290,8 +302,7 @@ def predict_conversion(dataset: Any, m: Measurements, current: Recommendation, b
             fetch(indices[position % len(indices)])
             times.append(time.perf_counter() - before)
         fetch_ms = statistics.median(times) * 1000
-    scaled = dict(asdict(m), fetch_ms=fetch_ms, loop_ms=fetch_ms + m.overhead_ms)
-    after = Measurements(**scaled)
+    after = dataclasses.replace(m, fetch_ms=fetch_ms, loop_ms=fetch_ms + m.overhead_ms)
     best = max(candidate_rows(after, backends, max_workers), key=lambda r: r["predicted_samples_per_s"])
     here = current.measured_samples_per_s or current.predicted_samples_per_s
     return {

@@ -11,7 +11,7 @@ import pickle
 import statistics
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +22,7 @@ from fastdata.bench.timing import batch_length
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.loading.fetch import BatchFetcher, accepts_index_arrays
 from fastdata.machine import usable_cores
+from fastdata.tuning.noise import IMPLAUSIBLE, REPEATS, Spread, below_noise, machine_noise, repeat, thread_limit
 
 PROBE_BATCHES = 50  # a measuring probe (hand-over, num_workers=0) stops after this many batches or its time share
 
@@ -47,10 +48,20 @@ class Measurements:
     start_method: str
     pickle_error: str | None
     cuda: bool
+    spreads: dict[str, Spread] = field(default_factory=dict)
+    """The repeats behind the figures above (``fetch_ms``, ``transfer_ms.<backend>``,
+    ``startup_s.<backend>``, ``thread_speedup``) and the machine's own ``noise`` (seconds of a
+    fixed piece of work): :func:`fastdata.tuning.noise.doubts` says which cannot be trusted."""
 
     @property
     def epoch_s(self) -> float:
         return self.batches_per_epoch * (self.loop_ms + self.step_ms) / 1000
+
+    @property
+    def hand_over_below_noise(self) -> set[str]:
+        """The backends whose hand-over per batch this machine could not tell from zero."""
+        return {backend for backend in self.transfer_ms
+                if f"transfer_ms.{backend}" in self.spreads and below_noise(self.spreads[f"transfer_ms.{backend}"])}
 
     @property
     def overhead_ms(self) -> float:
@@ -212,7 +223,8 @@ def _step_cost(step: Callable[[Any], Any], batches: list[Any]) -> tuple[float, f
 
 
 def _thread_speedup(fetch: BatchFetcher, indices: list[np.ndarray], seconds: float) -> float:
-    """Batches/s of 2 threads fetching at once over 1 thread: ~2 where the fetch releases the GIL."""
+    """Batches/s of 2 threads fetching at once over 1 thread: ~2 where the fetch releases the GIL
+    (at most 2: a higher ratio is noise, which :func:`measure` repeats and flags)."""
     def count_in(threads: int) -> float:
         done = [0] * threads
         stop = time.perf_counter() + seconds
@@ -270,27 +282,47 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     if step is not None:
         step_ms, step_cpu = _step_cost(step, sample_batches)
     cores = usable_cores()
-    speedup = _thread_speedup(fetch, indices, share / 2) if cores >= 2 and "thread" in backends else None
+    spreads = {"noise": machine_noise(), "fetch_ms": Spread(tuple(t * 1000 for t in fetch_times))}
+    speedup = None
+    if cores >= 2 and "thread" in backends:  # repeated while noisy, or above what 2 threads can reach
+        limit = thread_limit(cores)
+        spreads["thread_speedup"] = repeat(lambda: _thread_speedup(fetch, indices, share / 2 / REPEATS),
+                                           plausible=lambda ratio: ratio <= IMPLAUSIBLE * limit)
+        speedup = min(spreads["thread_speedup"].median, limit)
     pickle_error = _pickle_problem(dataset) if start_method != "fork" else None
     template = sample_batches[0]
     transfer: dict[str, float] = {}
     startup: dict[str, float] = {}
     ready = ReadyBatches(template, length)
-    base = probe(probe_loader(ready, "torch", 0, batch_size), share / 4, warm_batches=1, max_batches=PROBE_BATCHES)
-    base_ms = 1000 / (base.samples_per_s / batch_size) if base.samples_per_s else 0.0
     for backend in backends:
         if backend != "thread" and pickle_error:
             continue
-        result = probe(probe_loader(ready, backend, 1, batch_size, context=start_method), share / 2, warm_batches=2,
-                       max_batches=PROBE_BATCHES)
-        per_batch = 1000 / (result.samples_per_s / batch_size) if result.samples_per_s else float("inf")
-        transfer[backend] = max(0.0, per_batch - base_ms)
-        startup[backend] = result.first_batch_s
+        starts: list[float] = []
+        hand_over = repeat(lambda: _hand_over_ms(ready, backend, batch_size, start_method, share / REPEATS, starts))
+        spreads[f"transfer_ms.{backend}"] = hand_over
+        spreads[f"startup_s.{backend}"] = Spread(tuple(starts))
+        transfer[backend] = max(0.0, hand_over.median)
+        startup[backend] = statistics.median(starts)
     batches_per_epoch = math.ceil(length / batch_size)
     return Measurements(
         batch_size=batch_size, samples=length, batches_per_epoch=batches_per_epoch, batch_bytes=_nbytes(template),
         fetch_ms=fetch_ms, loop_ms=loop_ms, standard_fetch_ms=standard_ms, step_ms=step_ms, step_cpu_ms=step_cpu,
         thread_speedup=speedup, transfer_ms=transfer, startup_s=startup, usable_cores=cores,
         cpu_count=os.cpu_count() or 1, start_method=start_method, pickle_error=pickle_error,
-        cuda=torch.cuda.is_available(),
+        cuda=torch.cuda.is_available(), spreads=spreads,
     ), sample_batches
+
+
+def _hand_over_ms(ready: ReadyBatches, backend: str, batch_size: int, start_method: str, seconds: float,
+                  starts: list[float]) -> float:
+    """One measurement of what handing a batch from one ``backend`` worker to the loop adds per
+    batch (ms): ready batches through one worker minus the same batches at num_workers=0, probed
+    back to back so that both see the same load. May be negative (noise); appends the worker's
+    start-up (the first batch, s) to ``starts``."""
+    base = probe(probe_loader(ready, "torch", 0, batch_size), seconds / 3, warm_batches=1, max_batches=PROBE_BATCHES)
+    result = probe(probe_loader(ready, backend, 1, batch_size, context=start_method), seconds * 2 / 3,
+                   warm_batches=2, max_batches=PROBE_BATCHES)
+    starts.append(result.first_batch_s)
+    base_ms = 1000 * batch_size / base.samples_per_s if base.samples_per_s else 0.0
+    per_batch = 1000 * batch_size / result.samples_per_s if result.samples_per_s else float("inf")
+    return per_batch - base_ms

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 from fastdata.conversion.locks import holder_record, os_error
 from fastdata.errors import OutputLockedError, RemoteNotFoundError
 from fastdata.remote.dataset import RemoteOptions
-from fastdata.remote.filesystem import filesystem, scheme_of, scrub, with_retry
+from fastdata.remote.filesystem import filesystem, naming_the_bucket, scheme_of, scrub, with_retry
 from fastdata.conversion.remote.units import units_url
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,8 @@ def writing(url: str, operation: str, options: RemoteOptions) -> Iterator[Bucket
     another process holds it or a part of a job array converting into ``url`` runs."""
     url = url.rstrip("/")
     lock = BucketLock(url + LOCK_SUFFIX, operation, url, options)
-    holder = lock.try_acquire()
+    with naming_the_bucket(url, options.storage_options):
+        holder = lock.try_acquire()
     if holder is not None:
         raise busy_error(url, operation, lock.url, holder, "another process is writing it")
     try:
@@ -260,7 +261,8 @@ def part_writing(url: str, part: int, parts: int, options: RemoteOptions) -> Ite
     url = url.rstrip("/")
     operation = f"convert part {part}/{parts} of"
     lock = BucketLock(f"{units_url(url)}/{PART_LOCK.format(part, parts)}", f"part {part}/{parts}", url, options)
-    holder = lock.try_acquire()
+    with naming_the_bucket(url, options.storage_options):
+        holder = lock.try_acquire()
     if holder is not None:
         raise busy_error(url, operation, lock.url, holder, f"another process is converting part {part}/{parts}")
     try:

@@ -22,25 +22,26 @@ is needed once.
 
 from __future__ import annotations
 
-from fastdata.formats.base import FormatSpec
+from fastdata.formats.base import FormatSpec, lazy_exports
 from fastdata.formats.registry import register
 from fastdata.formats.hdf5.layout import FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, USERBLOCK_BYTES, userblock
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, parse_compression
-from fastdata.formats.hdf5.reader import DEFAULT_CACHE_BYTES, HDF5Dataset
 from fastdata.formats.hdf5.storage import checked_dataset, read_manifest
 from fastdata.formats.hdf5.verify import verify_file
-from fastdata.formats.hdf5.writer import HDF5Writer, write_manifest
+from fastdata.formats.hdf5.writer import HDF5Writer, stored_names, write_manifest
 
 __all__ = [
     "DEFAULT_CACHE_BYTES", "FORMAT", "LAYOUT_VERSION", "MANIFEST_ATTR", "USERBLOCK_BYTES", "HDF5Dataset",
     "HDF5Options", "HDF5Writer", "checked_dataset", "default_chunk_images", "parse_compression", "read_manifest",
     "userblock", "write_manifest",
 ]
+__getattr__ = lazy_exports({"DEFAULT_CACHE_BYTES": "fastdata.formats.hdf5.reader",  # the reader imports torch
+                            "HDF5Dataset": "fastdata.formats.hdf5.reader"})
 
 register(
     FormatSpec(
         name=FORMAT,
-        dataset=HDF5Dataset,
+        dataset="fastdata.formats.hdf5.reader:HDF5Dataset",
         writer=HDF5Writer,
         suffix=".h5",
         suffixes=(".h5", ".hdf5"),
@@ -48,6 +49,7 @@ register(
         fields=True,
         options=HDF5Options,
         read_manifest=read_manifest,
+        stored_names=stored_names,
         description="one HDF5 file (contiguous or chunked/compressed images, or encoded bytes)",
         verify=verify_file,
     )

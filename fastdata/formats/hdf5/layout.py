@@ -24,6 +24,15 @@ COPY_BYTES = 16 << 20
 H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError)
 
 
+def field_datasets(field: Any) -> list[str]:
+    """The datasets of one extra field (docs/fields.md): ``fields/<name>`` (N, *shape) for a
+    fixed-shape field; ``fields/<name>.data`` (uint8 bytes) and ``fields/<name>.offsets`` (int64,
+    N + 1) for a variable one."""
+    if field.variable:
+        return [f"fields/{field.name}.data", f"fields/{field.name}.offsets"]
+    return [f"fields/{field.name}"]
+
+
 def userblock(digest: str) -> bytes:
     """The user block: a magic line with the checksum of every byte after it, zero-padded."""
     return (USERBLOCK_MAGIC + digest.encode("ascii") + b"\n").ljust(USERBLOCK_BYTES, b"\x00")

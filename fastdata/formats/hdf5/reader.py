@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 
 from fastdata.errors import CorruptDataError, FastdataError, InvalidOptionError, ManifestError
-from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, open_file
+from fastdata.fields import Schema
+from fastdata.formats.hdf5.layout import FORMAT, H5_ERRORS, MANIFEST_ATTR, field_datasets, open_file
 from fastdata.formats.hdf5.options import PLUGIN_CODECS, import_hdf5plugin
 from fastdata.formats.hdf5.storage import ChunkCache, RowReader, checked_dataset, memmap_offset, read_manifest, read_small
 from fastdata.formats.fieldfiles import check_offsets
@@ -120,18 +121,15 @@ class HDF5Dataset(StoredDataset):
         self.shape = tuple(data.shape)
         self._offset = memmap_offset(data) if self.use_memmap else None
         self._field_layout = {}
-        for entry in (self.manifest.get("fields") or {}).get("fields") or []:
-            name = entry.get("name") if isinstance(entry, dict) else None
-            if entry.get("variable"):
-                names = [f"fields/{name}.data", f"fields/{name}.offsets"]
-                expected = [(None, np.uint8), ((count + 1,), np.int64)]
-            else:
-                names = [f"fields/{name}"]
-                shape = entry.get("shape") or []
-                expected = [((count, *shape), np.dtype(entry.get("dtype") or "uint8"))]
+        extras = Schema.from_json(self.manifest["fields"]).extras if "fields" in self.manifest else []
+        for f in extras:  # the image and label fields are stored as always
+            names = field_datasets(f)
+            expected = [(None, np.uint8), ((count + 1,), np.int64)] if f.variable else \
+                [((count, *f.shape), np.dtype(f.dtype))]
             for dataset_name, (want_shape, want_dtype) in zip(names, expected):
                 if dataset_name not in self.manifest["files"]:
-                    continue  # the image and label fields are stored as always
+                    raise CorruptDataError(f"{origin!r}: the manifest lists no dataset {dataset_name!r} of field "
+                                           f"{f.name!r}. Run 'fastdata verify {self.path}' or convert the source again.")
                 found = checked_dataset(file, dataset_name, origin, size, shape=want_shape, contiguous=True,
                                         dtype=want_dtype)
                 offset = found.id.get_offset() if found.size else None
@@ -151,7 +149,7 @@ class HDF5Dataset(StoredDataset):
         maps = self.__dict__.get("_field_maps")
         if maps is None or maps[0] != os.getpid():
             maps = self._field_maps = (os.getpid(), {})
-        name = f"fields/{f.name}.data" if f.variable else f"fields/{f.name}"
+        name = field_datasets(f)[0]
         data = maps[1].get(name)
         if data is None:
             offset, shape, dtype = self._field_layout[name]
@@ -160,7 +158,7 @@ class HDF5Dataset(StoredDataset):
             maps[1][name] = data
         if not f.variable:
             return data[indices]
-        offsets = self._field_layout[f"fields/{f.name}.offsets"]
+        offsets = self._field_layout[field_datasets(f)[1]]
         return [data[offsets[i]:offsets[i + 1]].tobytes() for i in indices.tolist()]
 
     def _check_plugin(self) -> None:
@@ -194,6 +192,15 @@ class HDF5Dataset(StoredDataset):
         if self.chunk_images is None:
             return _Handles(file, RowReader(data))
         return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
+
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        data = self.handles.data
+        try:
+            return [np.asarray(data[self.offsets[i] : self.offsets[i + 1]]).tobytes() for i in indices.tolist()]
+        except OSError as exc:
+            raise CorruptDataError(
+                f"{str(self.path)!r}: cannot read samples ({exc}). The file is damaged; convert the source again."
+            ) from exc
 
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:

@@ -16,8 +16,8 @@ from fastdata.errors import InvalidOptionError
 from fastdata.formats.base import Batch, Plan, Writer
 from fastdata.formats.fieldfiles import FieldFileWriter
 from fastdata.formats.hdf5.layout import (
-    COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, MAX_ATTRIBUTE_BYTES, USERBLOCK_BYTES, hash_after_userblock,
-    userblock,
+    COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, MAX_ATTRIBUTE_BYTES, USERBLOCK_BYTES, field_datasets,
+    hash_after_userblock, userblock,
 )
 from fastdata.formats.hdf5.options import HDF5Options, default_chunk_images, filter_kwargs
 from fastdata.manifest import CHECKSUM_ALGORITHM, seal_manifest
@@ -62,6 +62,16 @@ def write_manifest(file: h5py.File, text: str) -> None:
     if MANIFEST_ATTR in file:
         del file[MANIFEST_ATTR]
     file.create_dataset(MANIFEST_ATTR, data=np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+
+
+def stored_names(plan: Plan) -> list[tuple[str, str]]:
+    """Each field's datasets in an ``hdf5`` file: the image's and the label's as always, every
+    other field's under ``fields/`` (:func:`~fastdata.formats.hdf5.layout.field_datasets`)."""
+    schema = plan.schema
+    names = [(schema.image.name, name) for name in (("images",) if plan.store == "raw" else ("blob", "offsets"))]
+    if schema.label is not None:
+        names.append((schema.label.name, "labels"))
+    return names + [(f.name, name) for f in schema.extras for name in field_datasets(f)]
 
 
 class HDF5Writer(Writer):
@@ -204,17 +214,17 @@ class HDF5Writer(Writer):
         return manifest
 
     def _field_arrays(self, writer: FieldFileWriter) -> list[tuple[str, np.ndarray]]:
-        """One extra field's finished temporary files as the arrays of its datasets:
-        ``fields/<name>`` (N, *shape) for a fixed field; ``fields/<name>.data`` (uint8 bytes) and
-        ``fields/<name>.offsets`` (int64, N + 1) for a variable one."""
+        """One extra field's finished temporary files as the arrays of its datasets
+        (:func:`~fastdata.formats.hdf5.layout.field_datasets`)."""
         f = writer.field
         names = writer.close()
         if f.variable:
             data_file = self.field_dir / names[0]
             data = np.memmap(data_file, dtype=np.uint8, mode="r") if data_file.stat().st_size else np.empty(0, np.uint8)
-            offsets = np.load(self.field_dir / names[1], allow_pickle=False)
-            return [(f"fields/{f.name}.data", data), (f"fields/{f.name}.offsets", offsets)]
-        return [(f"fields/{f.name}", np.load(self.field_dir / names[0], mmap_mode="r", allow_pickle=False))]
+            arrays = [data, np.load(self.field_dir / names[1], allow_pickle=False)]
+        else:
+            arrays = [np.load(self.field_dir / names[0], mmap_mode="r", allow_pickle=False)]
+        return list(zip(field_datasets(f), arrays))
 
     def _write_blob(self, file: h5py.File) -> None:
         """Copy the temporary blob file into a contiguous ``blob`` dataset of its exact size."""

@@ -72,6 +72,10 @@ class MemmapDataset(StoredDataset):
             )
         return array.view(np.ndarray)  # the mapping stays open through the view; no memmap subclass per batch
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        data, offsets = self.handles, self.offsets
+        return [data[offsets[i] : offsets[i + 1]].tobytes() for i in indices.tolist()]
+
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:
         if self.store == "raw":

@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from fastdata.fields import Schema
+from fastdata.formats.fieldfiles import field_files
+
 
 def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) -> list[str]:
     """The ``npy`` checks of ``fastdata verify``: array headers and encoded offsets."""
@@ -40,20 +43,20 @@ def verify_files(path: Path, manifest: dict[str, Any], *, deep: bool = False) ->
 def _field_headers(path: Path, manifest: dict[str, Any]) -> list[str]:
     """Each fixed-shape field's ``fields/<name>.npy`` holds the dtype and (N, *shape) the manifest says."""
     problems = []
-    for f in (manifest.get("fields") or {}).get("fields") or []:
-        shape = f.get("shape")
-        if f.get("variable", True) or shape is None or f.get("dtype") is None or f.get("name") in ("image", "label"):
+    extras = Schema.from_json(manifest["fields"]).extras if "fields" in manifest else []  # checked already
+    for f in extras:
+        if f.variable:
             continue
-        file = path / "fields" / f"{f['name']}.npy"
+        file = path / field_files(f)[0]
         if not file.is_file():
             continue  # the file check names a missing file
         try:
             array = np.load(file, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as exc:
-            problems.append(f"{str(file)!r}: field {f['name']!r}: not a readable .npy array ({exc}).")
+            problems.append(f"{str(file)!r}: field {f.name!r}: not a readable .npy array ({exc}).")
             continue
-        expected = (manifest["count"], *shape)
-        if array.shape != expected or array.dtype != np.dtype(f["dtype"]):
-            problems.append(f"{str(file)!r}: field {f['name']!r} holds {array.dtype} {array.shape}, the manifest says "
-                            f"{f['dtype']} {expected}.")
+        expected = (manifest["count"], *f.shape)
+        if array.shape != expected or array.dtype != np.dtype(f.dtype):
+            problems.append(f"{str(file)!r}: field {f.name!r} holds {array.dtype} {array.shape}, the manifest says "
+                            f"{f.dtype} {expected}.")
     return problems

@@ -11,9 +11,19 @@ from typing import Any
 import numpy as np
 
 from fastdata.formats.base import Batch, Plan, Writer
-from fastdata.formats.fieldfiles import FieldFileWriter, reopen
+from fastdata.formats.fieldfiles import FieldFileWriter, field_files, reopen
 from fastdata.formats.npyfile import npy_header
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
+
+
+def stored_names(plan: Plan) -> list[tuple[str, str]]:
+    """Each field's files in an ``npy`` dataset: the image's and the label's as always, every
+    other field's under ``fields/`` (:func:`~fastdata.formats.fieldfiles.field_files`)."""
+    schema = plan.schema
+    names = [(schema.image.name, name) for name in (("images.npy",) if plan.store == "raw" else ("data.bin", "offsets.npy"))]
+    if schema.label is not None:
+        names.append((schema.label.name, "labels.npy"))
+    return names + [(f.name, name) for f in schema.extras for name in field_files(f)]
 
 
 class MemmapWriter(Writer):
@@ -47,8 +57,13 @@ class MemmapWriter(Writer):
             self.labels = reopen(path / "labels.partial", 8 * self.count)
             self.offsets = None if self.raw else reopen(path / "offsets.partial", 8 * (self.count + 1))
         fields = (state or {}).get("fields") or {}
-        self.field_writers = [FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None)
-                              for f in plan.extras]
+        self.field_writers: list[FieldFileWriter] = []
+        try:
+            for f in plan.extras:
+                self.field_writers.append(FieldFileWriter(path, f, plan.count, state=fields.get(f.name) if state else None))
+        except BaseException:  # e.g. too many open files: close what is open (the engine removes the output)
+            self.abort()
+            raise
 
     @classmethod
     def resume(cls, path: Path, plan: Plan, options: Any, state: dict[str, Any]) -> "MemmapWriter":

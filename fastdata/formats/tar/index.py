@@ -2,7 +2,8 @@
 
 The index records, per shard, its file name, sample count, size and checksum, and per sample
 the label, the image member's extension and the data offset and size of both members
-(``<key>.<ext>`` and ``<key>.cls``) and of each field's member; where the samples' own keys
+(``<key>.<ext>`` and ``<key>.cls``; samples without a label have no ``.cls`` member, and their
+shards no ``cls_offset``/``cls_size`` columns) and of each field's member; where the samples' own keys
 name the members (a WebDataset source's ``__key__``), a ``key`` column holds them. Readers read members at those offsets, so every value is
 checked first: shard names must be plain file names in the dataset directory, every number must
 be an integer that fits the shard size the index records, the members must lie inside the shard in tar layout, and each shard file's real size must equal
@@ -27,7 +28,8 @@ from fastdata.fields.codecs import MEMBER_NAME_BYTES
 from fastdata.formats.tar.layout import BLOCK, INDEX_NAME, padded
 from fastdata.manifest import is_plain_name
 
-SAMPLE_COLUMNS = ("label", "image_offset", "image_size", "cls_offset", "cls_size")
+SAMPLE_COLUMNS = ("label", "image_offset", "image_size")
+LABEL_COLUMNS = ("cls_offset", "cls_size")  # the .cls member's: only where samples have a label
 FIELD_PREFIX = "field:"
 
 
@@ -112,6 +114,7 @@ def load_index(directory: Path) -> ShardIndex:
         raise check.error("it holds no list of 'shards'")
     key_width = check.integer(document.get("key_width"), "'key_width'", 1, 20)
     files, counts, sizes, columns, extensions = [], [], [], {name: [] for name in SAMPLE_COLUMNS}, []
+    labelled = True
     field_keys: list[str] = []
     keys: list[str] | None = [] if document["shards"] and isinstance(document["shards"][0], dict) and \
         "key" in document["shards"][0] else None
@@ -125,7 +128,13 @@ def load_index(directory: Path) -> ShardIndex:
         # checked against the real file when the shard is opened (open_shard), before any read
         size = check.integer(shard.get("bytes"), f"shard {number} 'bytes'", 2 * BLOCK, 2**62)
         count = check.integer(shard.get("count"), f"shard {number} 'count'", 0, size // (2 * BLOCK))
-        shard_columns = {column: check.column(shard, column, count, number) for column in SAMPLE_COLUMNS}
+        if number == 0:
+            labelled = LABEL_COLUMNS[0] in shard
+        elif (LABEL_COLUMNS[0] in shard) != labelled:
+            raise check.error(f"shard {number} {'lacks' if labelled else 'has'} the .cls columns shard 0 "
+                              f"{'has' if labelled else 'lacks'}")
+        shard_columns = {column: check.column(shard, column, count, number)
+                         for column in SAMPLE_COLUMNS + (LABEL_COLUMNS if labelled else ())}
         extra_names = sorted(key for key in shard if isinstance(key, str) and key.startswith(FIELD_PREFIX))
         if number == 0:
             field_keys = extra_names
@@ -155,7 +164,8 @@ def load_index(directory: Path) -> ShardIndex:
     merged = {name: np.concatenate(parts) if parts else np.empty(0, np.int64) for name, parts in columns.items()}
     if "count" in document and document["count"] != int(counts_array.sum()):
         raise check.error(f"'count' is {document['count']!r} but the shards hold {int(counts_array.sum())} samples")
-    sample_end = merged["cls_offset"] + padded(merged["cls_size"])
+    sample_end = merged["cls_offset"] + padded(merged["cls_size"]) if labelled else \
+        merged["image_offset"] + padded(merged["image_size"])
     fields = {}
     for column in field_keys:
         name, _, part = column[len(FIELD_PREFIX):].rpartition(":")
@@ -191,34 +201,37 @@ def _member_keys(check: _Checker, keys: Any, count: int, number: int) -> list[st
 
 def _check_layout(check: _Checker, columns: dict[str, np.ndarray], size: int, number: int) -> None:
     """Every listed member must lie inside the shard, after a header block, in order and without
-    overlap: image then label, one sample after another, before the end-of-archive blocks.
-    (Members the index does not list may sit between them; ``fastdata verify`` reports those.)"""
-    image_offset, image_size = columns["image_offset"], columns["image_size"]
-    cls_offset, cls_size = columns["cls_offset"], columns["cls_size"]
-    if not len(image_offset):
+    overlap: image then label (where samples have one), one sample after another, before the
+    end-of-archive blocks. (Members the index does not list may sit between them; ``fastdata
+    verify`` reports those.)"""
+    members = [("image", columns["image_offset"], columns["image_size"])]
+    if LABEL_COLUMNS[0] in columns:
+        members.append(("cls", columns["cls_offset"], columns["cls_size"]))
+    if not len(members[0][1]):
         return
-    for name, values in (("image_size", image_size), ("cls_size", cls_size), ("image_offset", image_offset),
-                         ("cls_offset", cls_offset)):
-        bad = np.flatnonzero((values < 0) | (values > size))
-        if len(bad):
-            raise check.error(f"shard {number} sample {int(bad[0])}: {name!r} {int(values[bad[0]])} does not fit "
-                              f"a {size}-byte shard")
-    sample_end = cls_offset + padded(cls_size)
-    earliest_image = np.concatenate([[BLOCK], sample_end[:-1] + BLOCK])
-    earliest_cls = image_offset + padded(image_size) + BLOCK
-    for name, found, earliest in (("image_offset", image_offset, earliest_image), ("cls_offset", cls_offset, earliest_cls)):
+    for name, offsets, sizes in members:
+        for column, values in ((f"{name}_size", sizes), (f"{name}_offset", offsets)):
+            bad = np.flatnonzero((values < 0) | (values > size))
+            if len(bad):
+                raise check.error(f"shard {number} sample {int(bad[0])}: {column!r} {int(values[bad[0]])} does not fit "
+                                  f"a {size}-byte shard")
+    _, last_offset, last_size = members[-1]
+    sample_end = last_offset + padded(last_size)
+    earliest = np.concatenate([[BLOCK], sample_end[:-1] + BLOCK])  # the image: after the sample before it
+    for name, found, found_size in members:
         bad = np.flatnonzero((found < earliest) | (found % BLOCK != 0))
         if len(bad):
-            raise check.error(f"shard {number} sample {int(bad[0])}: {name!r} is {int(found[bad[0]])}, which overlaps "
-                              f"the member before it or is not on a {BLOCK}-byte block (expected {int(earliest[bad[0]])} "
-                              "or later)")
+            raise check.error(f"shard {number} sample {int(bad[0])}: '{name}_offset' is {int(found[bad[0]])}, which "
+                              f"overlaps the member before it or is not on a {BLOCK}-byte block (expected "
+                              f"{int(earliest[bad[0]])} or later)")
+        earliest = found + padded(found_size) + BLOCK
     for column in [c for c in columns if c.startswith(FIELD_PREFIX) and c.endswith(":offset")]:
         offsets, sizes = columns[column], columns[column[: -len("offset")] + "size"]
-        bad = np.flatnonzero((offsets < cls_offset + padded(cls_size) + BLOCK) | (offsets % BLOCK != 0)
+        bad = np.flatnonzero((offsets < last_offset + padded(last_size) + BLOCK) | (offsets % BLOCK != 0)
                              | (sizes < 0) | (offsets + padded(sizes) + 2 * BLOCK > size))
         if len(bad):
             raise check.error(f"shard {number} sample {int(bad[0])}: {column!r} {int(offsets[bad[0]])} is not a member "
-                              f"after the sample's .cls member inside the {size}-byte shard")
+                              f"after the sample's {members[-1][0]} member inside the {size}-byte shard")
         sample_end = np.maximum(sample_end, offsets + padded(sizes))
     if int(sample_end[-1]) + 2 * BLOCK > size:
         raise check.error(f"shard {number}: its last member ends at byte {int(sample_end[-1])}, past the end of "

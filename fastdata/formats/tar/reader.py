@@ -29,6 +29,7 @@ from fastdata.formats.tar.runs import read_runs
 from fastdata.formats.stored import open_manifest
 from fastdata.reader.options import allocated
 from fastdata.formats.dataset import StoredDataset
+from fastdata.remote.dataset import check_room_for_readers
 
 
 def load_dataset(path: str | os.PathLike) -> tuple[Path, dict[str, Any], ShardIndex]:
@@ -162,6 +163,9 @@ class TarIndexedDataset(StoredDataset):
         """``with dataset._shard(shard) as descriptor``: the shard open (a URL's in the cache) while used."""
         return self.handles.use(self, shard)
 
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        return [bytes(blob) for blob in self._members(indices, [(self.index.image_offset, self.index.image_size)])[0]]
+
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False,
               draws: list | None = None) -> Any:
         blobs = self._members(indices, [(self.index.image_offset, self.index.image_size)])[0]
@@ -208,7 +212,9 @@ class OpenShards:
     def _budget(self, dataset: TarIndexedDataset) -> float:
         files = dataset.files
         info = get_worker_info()
-        return (files.cache.limit - files.held_bytes()) / (info.num_workers if info else 1)
+        readers = info.num_workers if info else 1
+        check_room_for_readers(files, int(dataset.index.sizes.max()), readers)  # never a wait for another's shard
+        return (files.cache.limit - files.held_bytes()) / readers
 
     def use(self, dataset: TarIndexedDataset, shard: int) -> Any:
         """``with open_shards.use(dataset, shard) as descriptor``: the shard open while used."""

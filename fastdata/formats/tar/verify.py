@@ -71,7 +71,8 @@ def _expected_members(shard: dict[str, Any], first: int, key_width: int,
     for row in range(shard["count"]):
         key = keys[row] if keys is not None else f"{first + row:0{key_width}d}"
         expected[shard["image_offset"][row] - BLOCK] = (f"{key}.{shard['extension'][row]}", shard["image_size"][row], None)
-        expected[shard["cls_offset"][row] - BLOCK] = (f"{key}.cls", shard["cls_size"][row], shard["label"][row])
+        if "cls_offset" in shard:  # samples without a label have no .cls member
+            expected[shard["cls_offset"][row] - BLOCK] = (f"{key}.cls", shard["cls_size"][row], shard["label"][row])
         for name, suffix in (suffixes or {}).items():
             offsets, sizes = shard.get(f"{FIELD_PREFIX}{name}:offset"), shard.get(f"{FIELD_PREFIX}{name}:size")
             if offsets is not None and sizes is not None:

@@ -25,8 +25,8 @@ from fastdata.formats.tar.layout import (
     BLOCK, INDEX_FORMAT, INDEX_NAME, LAYOUT_VERSION, RECORD_SUFFIX, SHARD_PATTERN, TRAILER, ZEROS, member_header,
     padded,
 )
-from fastdata.formats.tar.index import field_columns
-from fastdata.images import sniff_extension
+from fastdata.formats.tar.index import LABEL_COLUMNS, field_columns
+from fastdata.images import SNIFFED_EXTENSIONS, sniff_extension
 from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
 from fastdata.quantities import parse_bytes, parse_count
 
@@ -49,10 +49,43 @@ class TarOptions:
         object.__setattr__(self, "shard_bytes", parse_bytes(self.shard_bytes, flag="--shard-bytes"))
 
 
+def member_key_field(plan: Plan) -> Any:
+    """The text field of keys the source vouches for (unique, safe as member names): a tar output
+    names members by it, and it is no member of its own (stock webdataset gives it as
+    ``__key__``); None when there is none."""
+    return next((f for f in plan.extras if f.kind == "text" and f.meta.get(MEMBER_KEY) is True), None)
+
+
+def image_extensions(plan: Plan) -> tuple[str, ...]:
+    """The extensions the image member may have: ``npy`` (raw), the codec's (re-encoded), or the
+    one its bytes show (:func:`~fastdata.images.sniff_extension`) for original bytes: that of the
+    image field's name where it is a file suffix (a WebDataset source's ``jpg``), else any."""
+    if plan.store == "raw":
+        return ("npy",)
+    if plan.encoding in ("png", "jpeg"):
+        return ("jpg",) if plan.encoding == "jpeg" else ("png",)
+    suffix = plan.schema.image.name.rsplit(".", 1)[-1].lower() if plan.schema is not None else ""
+    named = {"jpeg": "jpg", "tif": "tiff"}.get(suffix, suffix)
+    return (named,) if named in SNIFFED_EXTENSIONS else SNIFFED_EXTENSIONS
+
+
+def stored_names(plan: Plan) -> list[tuple[str, str]]:
+    """Each field's member in a ``tar`` sample (``<key>.<suffix>``): the image under each extension
+    it may have, the label as ``.cls``, every other field under its member suffix
+    (:meth:`fastdata.fields.Field.member_suffix`), the member-key field under none."""
+    schema = plan.schema
+    names = [(schema.image.name, f"<key>.{extension}") for extension in image_extensions(plan)]
+    if schema.label is not None:
+        names.append((schema.label.name, "<key>.cls"))
+    key_field = member_key_field(plan)
+    return names + [(f.name, f"<key>.{f.member_suffix()}") for f in schema.extras if f is not key_field]
+
+
 class _ShardFile:
     """One shard being written under a temporary name; :meth:`finish` renames it into place."""
 
-    def __init__(self, directory: Path, number: int, first: int, fields: tuple[str, ...] = (), keyed: bool = False):
+    def __init__(self, directory: Path, number: int, first: int, fields: tuple[str, ...] = (), keyed: bool = False,
+                 labelled: bool = True):
         self.name = SHARD_PATTERN.format(number)
         self.final = directory / self.name
         self.temporary = directory / (self.name + ".partial")
@@ -60,8 +93,9 @@ class _ShardFile:
         self.digest = hashlib.blake2b(digest_size=32)
         self.first = first
         self.position = 0
-        self.columns: dict[str, list] = {k: [] for k in ("label", "extension", "image_offset", "image_size", "cls_offset", "cls_size",
-                                                         *field_columns(fields), *(("key",) if keyed else ()))}
+        self.columns: dict[str, list] = {k: [] for k in (
+            "label", "extension", "image_offset", "image_size", *(LABEL_COLUMNS if labelled else ()),
+            *field_columns(fields), *(("key",) if keyed else ()))}
 
     @property
     def count(self) -> int:
@@ -82,13 +116,13 @@ class _ShardFile:
 
     def add(self, key: str, extension: str, parts: list[bytes | memoryview], label: int,
             extras: list[tuple[str, bytes]] = ()) -> None:
-        """One sample's members: the image, ``.cls``, then each extra field's member (``extras``:
-        (member suffix, bytes) in field order); the index records ``key`` where the shard's
-        members are named by the samples' own keys (its ``key`` column)."""
+        """One sample's members: the image, ``.cls`` (samples with a label), then each extra
+        field's member (``extras``: (member suffix, bytes) in field order); the index records
+        ``key`` where the shard's members are named by the samples' own keys (its ``key`` column)."""
         out: list[bytes | memoryview] = []
-        image_offset, image_size = self._member(f"{key}.{extension}", parts, out)
-        cls_offset, cls_size = self._member(f"{key}.cls", [str(label).encode("ascii")], out)
-        values = [label, extension, image_offset, image_size, cls_offset, cls_size]
+        values = [label, extension, *self._member(f"{key}.{extension}", parts, out)]
+        if LABEL_COLUMNS[0] in self.columns:
+            values.extend(self._member(f"{key}.cls", [str(label).encode("ascii")], out))
         for suffix, data in extras:
             values.extend(self._member(f"{key}.{suffix}", [data], out))
         values.append(key)  # (kept only by a shard with a "key" column)
@@ -152,13 +186,17 @@ class TarWriter(Writer):
         self.npy_header = npy_header(plan.shape) if plan.store == "raw" else b""
         # a text field of keys the source vouches for (unique, safe as member names): members are
         # named by it, and it is no member of its own (stock webdataset gives it as "__key__")
-        self.key_field = next((f for f in plan.extras if f.kind == "text" and f.meta.get(MEMBER_KEY) is True), None)
+        self.key_field = member_key_field(plan)
+        # a .cls member holds the label: samples without one (a schema with no label field) have none
+        self.labelled = plan.schema is None or plan.schema.label is not None
         self.extras = [f for f in plan.extras if f is not self.key_field]
         self.field_names = tuple(f.name for f in self.extras)
+        self.field_suffixes = {f.member_suffix(): f.name for f in self.extras}
         self.longest_suffix = max([len(f.member_suffix()) for f in self.extras] + [len("tiff")])
         self.written = state["written"] if state else 0
         self.shard: _ShardFile | None = None
         self.finished: list[Future] = []
+        self.queued: list[_ShardFile] = []  # shards handed to the finisher and maybe not finished yet (closed on abort)
         self.finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdata-tar")
         if state:
             for number in range(state["shards"]):
@@ -181,7 +219,7 @@ class TarWriter(Writer):
         return {"written": self.written, "shards": len(self.finished), "current": current}
 
     def _sample_bytes(self, payload_size: int) -> int:
-        return BLOCK + padded(payload_size) + 2 * BLOCK  # image member + .cls member
+        return BLOCK + padded(payload_size) + (2 * BLOCK if self.labelled else 0)  # image member + .cls member
 
     def _shard_for(self, payload_size: int) -> _ShardFile:
         shard, options = self.shard, self.options
@@ -193,7 +231,7 @@ class TarWriter(Writer):
             shard = None
         if shard is None:
             shard = self.shard = _ShardFile(self.path, len(self.finished), self.written, self.field_names,
-                                            self.key_field is not None)
+                                            self.key_field is not None, self.labelled)
         return shard
 
     def write(self, batch: Batch) -> None:
@@ -204,6 +242,11 @@ class TarWriter(Writer):
             else:
                 blob = batch.blobs[row]
                 parts, extension = [blob], sniff_extension(blob)
+                if extension in self.field_suffixes:  # original bytes of another type than their name says
+                    raise InvalidOptionError(
+                        f"{batch.keys[row]}: its image is a .{extension} file, and field "
+                        f"{self.field_suffixes[extension]!r} is stored as the member '<key>.{extension}' too. Rename "
+                        "that field in the source, or convert with --reencode or to another format.")
             size = sum(len(part) for part in parts)
             extras = [(f.member_suffix(), f.member(batch.fields[f.name][row])) for f in self.extras]
             size += sum(BLOCK + padded(len(data)) for _, data in extras)
@@ -215,6 +258,7 @@ class TarWriter(Writer):
         at most one finished shard waits on the local disk for its upload)."""
         if self.sink is not None and self.finished:
             self.finished[-1].result()
+        self.queued = [waiting for waiting in self.queued if not waiting.handle.closed] + [shard]
         self.finished.append(self.finisher.submit(self._finished, shard))
 
     def _finished(self, shard: _ShardFile) -> dict[str, Any]:
@@ -262,3 +306,5 @@ class TarWriter(Writer):
         if self.shard is not None:
             self.shard.handle.close()
         self.finisher.shutdown(wait=True, cancel_futures=True)
+        for shard in self.queued:  # those the finisher never started
+            shard.handle.close()

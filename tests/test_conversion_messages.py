@@ -1,0 +1,102 @@
+"""Conversion errors name the real cause and a fix that works: a member suffix that cannot name
+a field, a source of which nothing is readable under --skip-bad, too many open files; and a
+WebDataset sample's cls, label and class members are all kept."""
+
+from __future__ import annotations
+
+import io
+import os
+import resource
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fastdata
+from fastdata.errors import BadSampleError, InvalidOptionError, OutputWriteError
+from fastdata.formats.tar import TarIndexedDataset
+
+
+def jpeg(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((6, 8, 3), value, np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def shards(folder: Path, members: dict[str, bytes], count: int = 3) -> Path:
+    folder.mkdir()
+    with tarfile.open(folder / "data-000000.tar", "w") as archive:
+        for index in range(count):
+            for suffix, data in {"jpg": jpeg(index * 40), **members}.items():
+                info = tarfile.TarInfo(f"s{index}.{suffix}")
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return folder
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_a_member_suffix_that_cannot_name_a_field_says_so_whatever_skip_bad(tmp_path: Path, skip_bad: bool) -> None:
+    source = shards(tmp_path / "shards", {"my file.txt": b"hello"})
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(source, tmp_path / "out.npy", workers=0, skip_bad=skip_bad)
+    assert str(caught.value) == (
+        "data-000000.tar:s0: member suffix 'my file.txt' cannot name a field (use letters, digits, '_', '-' and '.' "
+        "(up to 64, not starting with '.' or '-')); fastdata keeps every member as a field named by its suffix. Rename "
+        "those members in the shards.")
+    assert not (tmp_path / "out.npy").exists()
+
+
+def test_a_folder_of_which_nothing_reads_under_skip_bad_says_so(tmp_path: Path) -> None:
+    for index in range(3):
+        (tmp_path / "photos" / "cat").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "photos" / "cat" / f"{index}.jpg").write_bytes(b"not an image")
+    with pytest.raises(BadSampleError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "out.npy", workers=0, skip_bad=True)
+    assert str(caught.value) == (
+        f"No sample of the 3 could be read, so nothing was converted (the first: {tmp_path / 'photos/cat/0.jpg'}: "
+        "cannot read image (not a recognised image file)). Check the source: are these files images, is it the right "
+        "folder?")
+    assert not (tmp_path / "out.npy").exists()
+
+
+class ManyFields:
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> dict:
+        return {"image": Image.fromarray(np.zeros((4, 4, 3), np.uint8)), **{f"f{k}": "t" * index for k in range(40)}}
+
+
+def test_running_out_of_file_handles_names_the_limit_and_the_fix(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = len(os.listdir("/proc/self/fd")) + 30  # 40 variable fields need 80 files open at once
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        with pytest.raises(OutputWriteError) as caught:
+            fastdata.convert(ManyFields(), tmp_path / "many.npy", workers=0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert str(caught.value) == (
+        f"Cannot write {str(tmp_path / 'many.npy')!r}: too many open files: this process may open {limit} (its "
+        "'ulimit -n'), and the npy and hdf5 writers keep one or two files open per field. Raise the limit ('ulimit -n "
+        "65536') and convert again, or convert to --format tar, which keeps one shard open; no partial output was "
+        "left behind.")
+    assert os.listdir(tmp_path) == []
+    fastdata.convert(ManyFields(), tmp_path / "many.tar", workers=0)  # the fix it names
+    assert TarIndexedDataset(tmp_path / "many.tar")[1]["f39"] == "t"
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".tar"])
+def test_cls_label_and_class_members_are_all_kept(tmp_path: Path, suffix: str) -> None:
+    source = shards(tmp_path / "shards", {"cls": b"1", "label": b"2", "class": b"3"})
+    out = tmp_path / f"out{suffix}"
+    fastdata.convert(source, out, workers=0)
+    dataset = TarIndexedDataset(out) if suffix == ".tar" else fastdata.open_dataset(out)
+    sample = dataset[0]
+    assert [(key, sample[key]) for key in ("cls", "label", "class")] == [("cls", 1), ("label", 2), ("class", 3)]
+    assert list(sample) == ["__key__", "jpg", "cls", "label", "class"] and dataset.labels.tolist() == [1, 1, 1]
+    if suffix == ".tar":
+        with tarfile.open(out / "shard-000000.tar") as archive:
+            assert archive.getnames()[1:4] == ["s0.cls", "s0.label.cls", "s0.class.cls"]
