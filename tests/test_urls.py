@@ -71,15 +71,17 @@ def test_a_missing_backend_names_the_extra_that_installs_it(monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "s3fs", None)
     with pytest.raises(DependencyMissingError, match=r"^Reading s3:// URLs \('s3://bucket/d.npy'\) needs the s3fs "
                                                      r"package, which is not installed. Install it with: pip install "
-                                                     r"'torch-fastdata\[s3\]'$"):
+                                                     r"'torch-fastdata\[s3\]' or, in a checkout of fastdata, pip install '\.\[s3\]'$"):
         fastdata.open_dataset("s3://bucket/d.npy", cache_dir=tmp_path)
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # missing, whether or not it is installed here
     with pytest.raises(DependencyMissingError, match=r"^Reading gs:// URLs \('gs://bucket/d.npy'\) needs the gcsfs "
-                                                     r"package, .* pip install 'torch-fastdata\[gcs\]'$"):
+                                                     r"package, .* pip install 'torch-fastdata\[gcs\]' or, in a checkout of "
+                                                     r"fastdata, pip install '\.\[gcs\]'$"):
         fastdata.open_dataset("gs://bucket/d.npy", cache_dir=tmp_path)
     monkeypatch.setitem(sys.modules, "adlfs", None)
     with pytest.raises(DependencyMissingError, match=r"^Reading az:// URLs \('az://container/d.npy'\) needs the adlfs "
-                                                     r"package, .* pip install 'torch-fastdata\[azure\]'$"):
+                                                     r"package, .* pip install 'torch-fastdata\[azure\]' or, in a checkout of "
+                                                     r"fastdata, pip install '\.\[azure\]'$"):
         fastdata.open_dataset("az://container/d.npy", cache_dir=tmp_path)
 
 
