@@ -148,7 +148,7 @@ def test_the_converted_schema_itself_passes_every_check(converted) -> None:
 # --- hypothesis: any value anywhere in a fields dataset's manifest ------------------------------
 
 SCHEMA_VALUES = st.one_of(
-    MUTATIONS, st.sampled_from(KINDS), st.sampled_from(["XYXY", "XYWH", "CXCYWH"]),
+    MUTATIONS, st.sampled_from(list(KINDS)), st.sampled_from(["XYXY", "XYWH", "CXCYWH"]),
     st.sampled_from(["uint8", "float32", "int64", "bool", "nope", "raw", "png", "npy", "original", "P", "RGB",
                      "image", "mask", "boxes", "label", "instances", "BoundingBoxes", "Mask", "numpy"]),
     st.lists(st.one_of(st.none(), st.integers(-2, 9)), max_size=4), st.just(nested(40)),

@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from fastdata.errors import BadSampleError, ShapeMismatchError
 from fastdata.fields import FieldError
 from fastdata.fields.values import check_record
-from fastdata.conversion.spatial import store_field, transform_fields
+from fastdata.conversion.spatial import moves_with_image, store_field, transform_fields
 from fastdata.images import (
     CHANNELS, TooManyPixelsError, disable_pillow_limit, encode, is_grayscale, open_image, pixels, to_mode,
 )
@@ -121,7 +121,7 @@ class Job:
         self._check_mode(image)
         payload = self._payload(index, image)
         extras = plan.extras
-        if any(f.kind in ("mask", "image") or f.meta.get("tv_tensor") in ("BoundingBoxes", "Mask") for f in extras):
+        if moves_with_image(extras):
             values = transform_fields(schema, values, image.size, plan.geometry, name)
         stored = {f.name: self.src.field_bytes(index, f.name) if f.encoding == "original"
                   else store_field(f, values[f.name], plan, name) for f in extras}

@@ -175,24 +175,9 @@ def complete_schema(schema: Schema, plan: Plan, probe_values: dict[str, Any] | N
     for f in schema.fields:
         if f is schema.image or f.name == schema.image.name:
             f = Field(f.name, "image", "uint8", plan.shape, plan.encoding, plan.mode, f.meta)
-        elif plan.encoding == "original" and f.name in field_files and f.kind in ("image", "mask"):
-            value = (probe_values or {}).get(f.name)
-            mode = value.mode if f.kind == "mask" else (
-                value.mode if isinstance(value, Image.Image) and value.mode in CHANNELS else plan.mode)
-            f = Field(f.name, f.kind, "uint8", None, "original", mode, f.meta)
-        elif f.kind == "mask":
-            height, width = plan.shape[:2] if plan.shape else (None, None)
-            encoding = "raw" if plan.store == "raw" else "png"
-            f = Field(f.name, "mask", "uint8", (height, width) if plan.store == "raw" else None, encoding, f.mode, f.meta)
-        elif f.kind == "image":
-            value = (probe_values or {}).get(f.name)
-            mode = value.mode if isinstance(value, Image.Image) and value.mode in CHANNELS else plan.mode
-            shape = None
-            if plan.store == "raw":
-                width, height = plan.geometry.output_size(*value.size) if value is not None else (0, 0)
-                shape = (height, width, CHANNELS[mode])
-            encoding = "raw" if plan.store == "raw" else (plan.encoding if plan.encoding in ("png", "jpeg") else "png")
-            f = Field(f.name, "image", "uint8", shape, encoding, mode, f.meta)
+        else:
+            keeps_file = plan.encoding == "original" and f.name in field_files and f.kind_spec.spatial
+            f = f.kind_spec.planned(f, plan, (probe_values or {}).get(f.name), keeps_file)
         fields.append(f)
     return Schema(tuple(fields), schema.layout, schema.structure)
 

@@ -23,9 +23,11 @@ Nothing is pickled: any other Python object is an error naming its type.
 :func:`fastdata.fields.values.check_record` refuses a later sample that does not fit (naming the sample, the field and what differs), never casting silently.
 ``None`` is the empty value of a variable field (a COCO image with no boxes: zero boxes).
 
-How a value becomes bytes is :mod:`fastdata.fields.codecs` (``Field.store`` / ``load`` /
-``member`` / ``from_member`` call it); how Python values become fields (inference, checking a
-later sample, flattening a nested item) is :mod:`fastdata.fields.values`.
+Each kind is one class in one table, :data:`fastdata.fields.kinds.KINDS` (``Field.kind_spec`` is
+the field's row): how a value is inferred, checked, stored, kept as a tar member, moved with the
+image and read back. :func:`fastdata.fields.register_kind` adds a kind (docs/fields.md, "Adding a
+field kind"). How Python values become fields (inference, checking a later sample, flattening a
+nested item) is :mod:`fastdata.fields.values`.
 """
 
 from __future__ import annotations
@@ -36,28 +38,21 @@ from dataclasses import dataclass, field as dataclass_field
 from typing import Any
 
 import numpy as np
-from fastdata.fields import codecs as fieldcodecs
-from fastdata.errors import BadSampleError, InvalidOptionError
+from fastdata.errors import CorruptDataError, InvalidOptionError
+from fastdata.fields.codecs import member_suffix
+from fastdata.fields.kinds import (  # noqa: F401 - ARRAY_DTYPES, RAGGED, VARIABLE, FieldError: importable from here too
+    ARRAY_DTYPES, KINDS, RAGGED, VARIABLE, FieldError, FieldKind, Stored,
+)
 from fastdata.images import CHANNELS
 
-KINDS = ("image", "mask", "int", "float", "array", "text", "text_list", "json", "bytes")
-SPATIAL = ("image", "mask")
 LAYOUTS = ("tuple", "dict")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-ARRAY_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-                 "float16", "float32", "float64")
-VARIABLE = "variable"  # the kinds hint suffix "array:variable": a variable first dimension
-RAGGED = "ragged"  # "array:ragged": every dimension may vary (the number of dimensions may not)
 
 
 # ``meta`` entries a source gives a field (``Source.field_meta``), kept in the manifest:
 CLASS_IDS = "class_ids"  # True: the field's integers are indices into the manifest's ``classes`` (verify checks them)
 MEMBER_KEY = "member_key"  # True: a text field of keys, unique and safe as tar member names (the tar writer names members by them)
 SOURCE_META = (CLASS_IDS, MEMBER_KEY)
-
-
-class FieldError(BadSampleError):
-    """A sample's value does not fit its field (the message names the sample and the field)."""
 
 
 def name_problem(name: Any) -> str | None:
@@ -71,29 +66,7 @@ def name_problem(name: Any) -> str | None:
 # --- what a manifest may say of a field (its JSON is untrusted: every value is checked) -------
 
 
-@dataclass(frozen=True)
-class _Stored:
-    """The values a stored field of one kind may have: dtypes, encodings, modes (None: absent),
-    and which shape rule applies (``scalar``: none or ``[]``; ``none``: none; ``array``: a
-    shape, a variable first dimension allowed; ``spatial``: a raw image's or mask's fixed one)."""
-
-    dtypes: tuple
-    encodings: tuple
-    modes: tuple
-    shape: str
-
-
-_INT_DTYPES = ("bool",) + tuple(d for d in ARRAY_DTYPES if d.startswith(("int", "uint")))
-_STORED = {
-    "image": _Stored(("uint8",), ("raw", "png", "jpeg", "original"), tuple(CHANNELS), "spatial"),
-    "mask": _Stored(("uint8",), ("raw", "png", "original"), (None, "L", "P", "1"), "spatial"),
-    "int": _Stored(_INT_DTYPES, (None,), (None,), "scalar"),
-    "float": _Stored(("float16", "float32", "float64"), (None,), (None,), "scalar"),
-    "array": _Stored(ARRAY_DTYPES, (None, "npy"), (None,), "array"),
-    **{kind: _Stored((None,), (None,), (None,), "none") for kind in ("text", "text_list", "json", "bytes")},
-}
 BOX_FORMATS = ("XYXY", "XYWH", "CXCYWH", "XYWHR", "CXCYWHR", "XYXYXYXY")  # tv_tensors.BoundingBoxFormat
-_TV_TENSORS = {"Image": ("image", "array"), "Mask": ("mask", "array"), "BoundingBoxes": ("array",)}
 _MAX_DIMENSIONS = 32
 _MAX_SIDE = 2**31
 _MAX_DEPTH = 32  # of a structure: a source's nesting is two or three levels deep
@@ -109,7 +82,7 @@ def _is_int(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _shape_problem(value: dict[str, Any], rule: _Stored) -> str | None:
+def _shape_problem(value: dict[str, Any], rule: Stored) -> str | None:
     """What is wrong with a stored field's ``shape`` under its kind's ``rule`` (None: nothing)."""
     shape, encoding = value.get("shape"), value.get("encoding")
     if shape is None:
@@ -124,7 +97,7 @@ def _shape_problem(value: dict[str, Any], rule: _Stored) -> str | None:
     if rule.shape == "scalar" and shape:
         return f"has shape {_shown(shape)}; a {value['kind']} is a scalar (shape [])"
     if rule.shape == "spatial":
-        expected = 3 if value["kind"] == "image" else 2
+        expected = rule.ndim
         channels = CHANNELS.get(value.get("mode"))
         if len(shape) != expected or 0 in shape or (expected == 3 and shape[2] != channels):
             return f"has shape {_shown(shape)}; a raw {value['kind']} in mode {value.get('mode')!r} is " + (
@@ -140,10 +113,10 @@ def _meta_problem(value: dict[str, Any]) -> str | None:
     meta, kind = value.get("meta", {}), value["kind"]
     if not isinstance(meta, dict):
         return f"'meta' is {_shown(meta)}; expected an object"
-    tv = meta.get("tv_tensor")
+    tv, tv_tensors = meta.get("tv_tensor"), KINDS[kind].tv_tensors
     checks = (
-        ("tv_tensor", tv is None or (isinstance(tv, str) and kind in _TV_TENSORS.get(tv, ())),
-         f"one of {', '.join(name for name, kinds in _TV_TENSORS.items() if kind in kinds) or 'none'} for a {kind}"),
+        ("tv_tensor", tv is None or (isinstance(tv, str) and tv in tv_tensors),
+         f"one of {', '.join(tv_tensors) or 'none'} for a {kind}"),
         ("format", tv != "BoundingBoxes" or meta.get("format") in BOX_FORMATS, f"one of {', '.join(BOX_FORMATS)}"),
         ("canvas_size_of", meta.get("canvas_size_of") is None or isinstance(meta.get("canvas_size_of"), str),
          "a field name"),
@@ -164,7 +137,8 @@ def stored_field_problem(value: dict[str, Any]) -> str | None:
     """What is wrong with a field as a manifest stores it (its name already checked), or None:
     kind, dtype, encoding and mode allowed for the kind, a shape that fits them, and ``meta``
     values of the types readers use."""
-    rule = _STORED.get(value.get("kind")) if isinstance(value.get("kind"), str) else None
+    kind = KINDS.get(value.get("kind")) if isinstance(value.get("kind"), str) else None
+    rule = kind.stored if kind is not None else None
     if rule is None:
         return f"kind {_shown(value.get('kind'))} is not one of {', '.join(KINDS)}"
     for key, allowed in (("dtype", rule.dtypes), ("encoding", rule.encodings), ("mode", rule.modes)):
@@ -223,19 +197,20 @@ class Field:
     def __post_init__(self) -> None:
         if name_problem(self.name):
             raise InvalidOptionError(f"Invalid field name {_shown(self.name)}: {name_problem(self.name)}.")
-        if self.kind not in KINDS:
+        if KINDS.get(self.kind) is None:
             raise InvalidOptionError(f"Field {self.name!r}: unknown kind {self.kind!r}. Kinds: {', '.join(KINDS)}.")
         if self.shape is not None:
             object.__setattr__(self, "shape", tuple(None if s is None else int(s) for s in self.shape))
 
     @property
+    def kind_spec(self) -> FieldKind:
+        """The field's kind: its row of :data:`fastdata.fields.kinds.KINDS`."""
+        return KINDS[self.kind]
+
+    @property
     def variable(self) -> bool:
         """Stored as data + offsets (not one fixed-size row per sample)."""
-        if self.kind in ("int", "float"):
-            return False
-        if self.kind in ("array", "image", "mask") and self.shape is not None:
-            return any(s is None for s in self.shape)
-        return True
+        return self.kind_spec.variable(self)
 
     @property
     def row_bytes(self) -> int:
@@ -269,33 +244,41 @@ class Field:
                    shape=tuple(shape) if isinstance(shape, list) else None, encoding=value.get("encoding"),
                    mode=value.get("mode"), meta=dict(value.get("meta") or {}))
 
-    # --- stored bytes and tar members: fastdata.fields.codecs ----------------------------------
+    # --- stored bytes and tar members: the kind's ------------------------------------------------
 
     def store(self, value: Any) -> bytes:
-        """A checked value (non-image kinds) as its stored bytes."""
-        return fieldcodecs.store(self, value)
+        """A checked value (non-image kinds) as its stored bytes (None, an empty value: none)."""
+        return b"" if value is None else self.kind_spec.store(self, value)
 
     def load(self, data: bytes | memoryview | np.ndarray, where: str = "") -> Any:
         """Stored bytes (or, for fixed fields, the stored row) back as the value a reader gives;
         damaged bytes are a CorruptDataError naming ``where`` and the field."""
-        return fieldcodecs.load(self, data, where)
+        try:
+            return self.kind_spec.load(self, data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptDataError(f"{where}field {self.name!r}: damaged {self.kind} data ({exc}). "
+                                   "Run 'fastdata verify' or convert the source again.") from exc
 
     @property
     def extension(self) -> str:
         """The extension WebDataset's default decoders read this field's member with."""
-        return fieldcodecs.extension(self)
+        return self.kind_spec.extension(self)
 
     def member_suffix(self, extension: str | None = None) -> str:
         """The member name after ``<key>.`` (``boxes.npy``, ``txt``, ``seg.png``)."""
-        return fieldcodecs.member_suffix(self, extension)
+        return member_suffix(self.name, extension or self.extension)
 
     def member(self, stored: bytes) -> bytes:
         """Stored bytes as the member WebDataset's default decoders read."""
-        return fieldcodecs.member(self, stored)
+        return self.kind_spec.member(self, stored)
 
     def from_member(self, data: bytes | memoryview, where: str = "") -> bytes | memoryview:
         """A member's bytes (or a view of them) back as stored bytes."""
-        return fieldcodecs.from_member(self, data, where)
+        try:
+            return self.kind_spec.from_member(self, data)
+        except (ValueError, UnicodeDecodeError, EOFError, OSError) as exc:
+            raise CorruptDataError(f"{where}field {self.name!r}: damaged {self.kind} member ({exc}). "
+                                   "Run 'fastdata verify' or convert the source again.") from exc
 
 
 @dataclass(frozen=True)
@@ -383,10 +366,14 @@ class Schema:
         problem = structure_problem(value.get("structure"), layout, set(names)) or next(
             (f"field {f.name!r}: its boxes' canvas {_shown(f.meta.get('canvas_size_of'))} is no image or mask field"
              for f in fields if f.meta.get("tv_tensor") == "BoundingBoxes"
-             and getattr(names.get(f.meta.get("canvas_size_of")), "kind", None) not in SPATIAL), None)
+             and not _is_canvas(names.get(f.meta.get("canvas_size_of")))), None)
         if problem:
             raise InvalidOptionError(problem)
         return cls(fields, layout, value.get("structure"))
+
+
+def _is_canvas(f: Field | None) -> bool:
+    return f is not None and f.kind_spec.spatial
 
 
 def classic_schema() -> Schema:

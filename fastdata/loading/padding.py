@@ -31,9 +31,8 @@ class Padding:
     def __init__(self, dataset: Any, pad: Any):
         records = Records(dataset)
         self.structure = records.structure
-        # arrays of a variable first dimension only: a ragged array ("array:ragged", COCO's (K, H, W)
-        # masks) varies in every dimension, so it has no one trailing shape to pad to
-        paddable = {f.name: f for f in records.wanted if f.kind == "array" and f.variable and f.shape is not None}
+        # arrays of a variable first dimension only (the field's kind says: FieldKind.paddable)
+        paddable = {f.name: f for f in records.wanted if f.kind_spec.paddable(f)}
         where = str(getattr(dataset, "path", type(dataset).__name__))
         listed = ", ".join(paddable) or "none"
         if pad is True:
@@ -59,8 +58,7 @@ class Padding:
                     what = "was left out by fields=[...]"
                 elif name in names:
                     known = records.schema[name]
-                    what = (f"is {known.kind}" if known.kind != "array" else "is an array of a fixed shape"
-                            if known.shape is not None else "is a ragged array (every dimension varies)")
+                    what = known.kind_spec.pad_refusal(known)
                 else:
                     what = "is not one of its fields"
                 raise InvalidOptionError(

@@ -103,7 +103,7 @@ class Records:
             if f.name not in names and f.name not in canvas_of:
                 continue
             stored = ds._field_values(f, indices)
-            if f.kind in ("image", "mask"):
+            if f.kind_spec.spatial:
                 stored = [self._spatial(f, value, int(i)) for value, i in zip(stored, indices)] \
                     if f.variable else stored
                 if f.name in canvas_of:
@@ -113,8 +113,8 @@ class Records:
         return out, canvas, draws
 
     def _spatial(self, f: Field, data: bytes, sample: int) -> Any:
-        """An encoded extra image or mask decoded: PIL (image_format 'pil') or a uint8 array
-        (masks (H, W) of class ids, images (H, W, C))."""
+        """An encoded extra image or mask decoded as its kind gives it: PIL (image_format 'pil')
+        or a uint8 array (masks (H, W) of class ids, images (H, W, C))."""
         try:
             with Image.open(io.BytesIO(data)) as opened:
                 opened.load()
@@ -122,68 +122,17 @@ class Records:
         except Exception as exc:  # noqa: BLE001 - Pillow raises many types for damaged data
             raise CorruptDataError(f"{str(self.ds.path)!r} sample {sample}: field {f.name!r} does not decode "
                                    f"({exc}). Run 'fastdata verify --deep' or convert the source again.") from exc
-        if f.kind == "image" and f.mode and value.mode != f.mode:
-            value = value.convert(f.mode)
-        if self.format == "pil" and f.kind == "image":
-            return value
-        array = np.array(value, dtype=np.uint8)
-        if f.kind == "image" and array.ndim == 2:
-            array = array[:, :, None]
-        return array
+        return f.kind_spec.decoded(f, value, self.format)
 
     # --- one sample -------------------------------------------------------------------
 
     def _value(self, f: Field, column: Any, row: int, canvas: dict[str, Any]) -> Any:
-        value = column[row]
-        kind = f.kind
-        if kind in ("image", "mask"):
-            return self._image_value(f, value)
-        if kind == "int":
-            return bool(value) if f.dtype == "bool" else int(value)
-        if kind == "float":
-            return float(value)
-        if kind == "array":
-            array = f.load(value) if f.variable else np.asarray(value)
-            return self._array_value(f, array, canvas, row)
-        return f.load(value)
-
-    def _image_value(self, f: Field, value: Any) -> Any:
-        if isinstance(value, Image.Image):
-            return value
-        array = np.asarray(value)
-        if self.format == "numpy":
-            return array
-        if self.format == "pil":
-            if f.kind == "mask":
-                image = Image.fromarray(np.ascontiguousarray(array), "L")
-                palette = f.meta.get("palette")
-                if f.mode == "P":
-                    image = Image.frombytes("P", image.size, image.tobytes())
-                    if palette:
-                        image.putpalette(palette)
-                return image
-            return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
-        from torchvision import tv_tensors  # torchvision only for datasets with fields
-
-        if f.kind == "mask":
-            return tv_tensors.Mask(torch.from_numpy(np.ascontiguousarray(array)))
-        return tv_tensors.Image(torch.from_numpy(array).permute(2, 0, 1))
-
-    def _array_value(self, f: Field, array: np.ndarray, canvas: dict[str, Any], row: int) -> Any:
-        if f.meta.get("tv_tensor") == "BoundingBoxes":
-            from torchvision import tv_tensors
-
+        """One sample's value of ``f`` as its kind gives it back (boxes on the canvas of their image)."""
+        def canvas_size() -> tuple[int, int]:
             size = canvas.get(f.meta.get("canvas_size_of"))
-            height, width = size[row] if size is not None else self._fixed_canvas(f)
-            return tv_tensors.BoundingBoxes(torch.from_numpy(np.array(array)), format=f.meta["format"],
-                                            canvas_size=(int(height), int(width)))
-        if f.meta.get("tv_tensor") in ("Mask", "Image") and self.format == "tensor":
-            from torchvision import tv_tensors
+            return size[row] if size is not None else self._fixed_canvas(f)
 
-            return getattr(tv_tensors, f.meta["tv_tensor"])(torch.from_numpy(np.array(array)))
-        if f.meta.get("as") == "numpy" or self.format == "numpy":
-            return np.array(array)
-        return torch.from_numpy(np.array(array))
+        return f.kind_spec.read_value(f, column[row], self.format, canvas_size)
 
     def _fixed_canvas(self, f: Field) -> tuple[int, int]:
         image = self.schema[f.meta["canvas_size_of"]] if f.meta.get("canvas_size_of") in self.schema.names \
@@ -238,13 +187,11 @@ class Records:
         columns, canvas, _ = self._read(indices, allocate)  # no transform: nothing fused
         values = {}
         for f in self.wanted:
-            column = columns[f.name]
-            if f.kind in ("image", "mask"):
+            column, kind = columns[f.name], f.kind_spec
+            if kind.spatial:
                 values[f.name] = self._stacked_images(f, column, allocate)
-            elif f.kind in ("int", "float") or (f.kind == "array" and not f.variable):
-                array = np.ascontiguousarray(column)
-                if f.kind == "int" and f.dtype != "bool":
-                    array = array.astype(np.int64, copy=False)
+            elif kind.stacks(f):
+                array = kind.stacked(f, np.ascontiguousarray(column))
                 values[f.name] = array if self.format == "numpy" else torch.from_numpy(array)
             else:
                 values[f.name] = [self._value(f, column, row, canvas) for row in range(len(indices))]
@@ -256,7 +203,7 @@ class Records:
         if isinstance(column, list):
             shapes = {np.shape(v) for v in column}
             if len(shapes) > 1:
-                return [self._image_value(f, v) for v in column]
+                return [f.kind_spec.read_value(f, v, self.format, None) for v in column]
             if not column:
                 column = np.empty((0, *(f.shape or (0, 0, 0))), np.uint8)
             else:
@@ -268,7 +215,7 @@ class Records:
         if self.format == "numpy":
             return array
         tensor = torch.from_numpy(array)
-        return tensor.permute(0, 3, 1, 2) if f.kind == "image" else tensor
+        return f.kind_spec.batch_tensor(f, tensor)
 
 
 def collate(samples: list[Any], structure: Any = None, fields: dict[str, Field] | None = None) -> Any:
@@ -306,6 +253,6 @@ def _collated_values(samples: list[Any], field: Field | None) -> Any:
     if isinstance(first, int) and all(isinstance(s, int) and not isinstance(s, bool) for s in samples):
         return torch.tensor(samples, dtype=torch.int64)
     if isinstance(first, float) and all(isinstance(s, float) for s in samples):
-        dtype = field.dtype if field is not None and field.kind == "float" else "float64"
+        dtype = (field.kind_spec.batch_dtype(field) if field is not None else None) or "float64"
         return torch.from_numpy(np.asarray(samples, dtype=dtype))
     return list(samples)

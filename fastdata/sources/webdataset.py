@@ -45,7 +45,7 @@ from PIL import Image
 
 from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
-from fastdata.fields import MEMBER_KEY, FieldError, name_problem
+from fastdata.fields import MEMBER_KEY, FieldError, kind_named, name_problem
 from fastdata.fields.codecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
 from fastdata.sources.base import Protected
@@ -274,7 +274,7 @@ class WebDatasetSource(Source):
 
     @property
     def field_files(self) -> frozenset[str]:
-        return frozenset(s for s in self.field_suffixes if self.kinds[s] in ("image", "mask"))
+        return frozenset(s for s in self.field_suffixes if kind_named(self.kinds[s]).spatial)
 
     def field_bytes(self, index: int, name: str) -> bytes:
         shard, offset, size = self.places[index][name]
@@ -322,24 +322,12 @@ def _member_kind(suffix: str) -> str:
 
 
 def _member_value(kind: str, data: bytes, key: str, suffix: str) -> Any:
-    """A member's bytes as the value of its field (text and JSON kept as the bytes they are)."""
+    """A member's bytes as the value of its field, as its kind reads a member (text and JSON kept
+    as the bytes they are: :meth:`fastdata.fields.FieldKind.value_from_member`)."""
     try:
-        if kind == "array":
-            import io
-
-            member = io.BytesIO(data)
-            return np.load(member, allow_pickle=False)
-        if kind == "int":
-            return int(data.strip())
-        if kind in ("image", "mask"):
-            import io
-
-            image = Image.open(io.BytesIO(data))
-            image.load()
-            return image
+        return kind_named(kind).value_from_member(data)
     except Exception as exc:  # noqa: BLE001 - numpy and Pillow raise many types for damaged members
         raise FieldError(f"{key}: member {suffix!r} is not a readable {kind} ({str(exc)[:120]}).") from exc
-    return data
 
 
 def _parse_label(kind: str, text: bytes, key: str) -> int:
