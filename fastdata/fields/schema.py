@@ -140,7 +140,8 @@ def stored_field_problem(value: dict[str, Any]) -> str | None:
     kind = KINDS.get(value.get("kind")) if isinstance(value.get("kind"), str) else None
     rule = kind.stored if kind is not None else None
     if rule is None:
-        return f"kind {_shown(value.get('kind'))} is not one of {', '.join(KINDS)}"
+        return (f"kind {_shown(value.get('kind'))} is not one of {', '.join(KINDS)} (a kind a package adds is "
+                "registered with fastdata.fields.register_kind before the dataset is read)")
     for key, allowed in (("dtype", rule.dtypes), ("encoding", rule.encodings), ("mode", rule.modes)):
         if value.get(key) not in allowed:
             shown = ", ".join("none" if v is None else repr(v) for v in allowed)
