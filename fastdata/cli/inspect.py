@@ -22,11 +22,14 @@ def _files_line(files: dict[str, Any], shown: int = 4) -> str:
 def field_line(entry: dict[str, Any]) -> str:
     """One field of ``fastdata info``: name, kind, dtype and shape (K for a variable first
     dimension), encoding, what a reader gives back."""
+    from fastdata.fields import KINDS  # numpy and PIL only for datasets with fields: a light CLI start
+
+    kind = KINDS.get(entry.get("kind")) if isinstance(entry.get("kind"), str) else None
     parts = [f"{entry.get('name')}: {entry.get('kind')}"]
-    if entry.get("dtype") and entry.get("kind") not in ("image", "mask"):
+    if entry.get("dtype") and not (kind is not None and kind.spatial):  # an image's uint8 goes without saying
         parts.append(str(entry["dtype"]))
     shape = entry.get("shape")
-    if shape is not None and entry.get("kind") not in ("int", "float"):
+    if shape is not None and not (kind is not None and kind.stored.shape == "scalar"):
         parts.append("(" + ", ".join("K" if s is None else str(s) for s in shape) + ")")
     if entry.get("encoding"):
         parts.append(f"{entry['encoding']}, mode {entry.get('mode')}")

@@ -128,8 +128,9 @@ class FieldKind:
     spatial: bool = False
     #: the value is JSON data (a list of captions and a JSON field merge into JSON)
     json_valued: bool = False
-    #: the order in which kinds are asked to claim a value (lowest first; fastdata's own kinds
-    #: are 10 to 90, so a registered kind with the default 0 is asked first)
+    #: the order in which kinds are asked to claim a value, in each of the two passes
+    #: (:meth:`infer`, then :meth:`infer_value`), lowest first; fastdata's own kinds are 5 to 80,
+    #: so a registered kind with the default 0 is asked first
     infer_rank: int = 0
     #: the WebDataset member extension its values are written with (:meth:`extension`)
     member_extension: str = "bin"
