@@ -6,6 +6,7 @@ registered is refused with a message that names the kind and the fix."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import tarfile
@@ -187,3 +188,58 @@ def test_register_kind_refuses_what_is_no_new_kind(kind: Any, message: str) -> N
 def test_every_kind_is_a_row_of_the_table() -> None:
     assert all(isinstance(kind, FieldKind) and kind.name == name for name, kind in KINDS.items())
     assert Field("boxes", "array", dtype="float32", shape=(None, 4)).kind_spec is KINDS["array"]
+
+
+# --- no ladders over kinds: what differs per kind is its row's -----------------------------------
+
+PACKAGE = Path(fastdata.__file__).parent
+
+
+def _kind_expression(node: ast.AST) -> bool:
+    """``x.kind`` (not a dtype's, a fused plan's or a parameter's), ``kind``, ``hint``,
+    ``x.get("kind")`` / ``x["kind"]``, ``kinds.get(k)`` / ``kinds[k]``."""
+    if isinstance(node, ast.Attribute) and node.attr == "kind":
+        owner = node.value
+        return not (isinstance(owner, ast.Call) or getattr(owner, "attr", None) == "dtype"
+                    or getattr(owner, "id", None) in ("dtype", "plan", "param", "p", "parameter", "self"))
+    if isinstance(node, ast.Name):
+        return node.id in ("kind", "hint")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        owner = node.func.value
+        return getattr(node.args[0], "value", None) == "kind" or \
+            str(getattr(owner, "attr", getattr(owner, "id", ""))).endswith("kinds")
+    if isinstance(node, ast.Subscript):
+        owner = node.value
+        return getattr(node.slice, "value", None) == "kind" or \
+            str(getattr(owner, "attr", getattr(owner, "id", ""))).endswith("kinds")
+    return False
+
+
+def _kind_names(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in KINDS
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_kind_names(item) for item in node.elts)
+    return isinstance(node, ast.Name) and node.id in ("KINDS", "SPATIAL", "_SPATIAL")
+
+
+def kind_comparisons() -> list[str]:
+    """Every comparison (==, !=, in, not in) of a field kind with a kind's name or another kind."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                kinds = [o for o in operands if _kind_expression(o)]
+                if kinds and (len(kinds) > 1 or any(_kind_names(o) for o in operands)):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_field_kinds_are_asked_not_compared() -> None:
+    """What differs per kind is a method or attribute of its row; what is left compares roles
+    (the image, the label) and manifest entries. By this count the package held 108 before
+    kinds were classes."""
+    found = kind_comparisons()
+    assert len(found) < 25, "\n".join(found)
+    assert not [line for line in found if "/reader/" in line or "/loading/" in line or "/conversion/spatial" in line]

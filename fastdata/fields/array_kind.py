@@ -161,7 +161,8 @@ class ArrayKind(ShapedKind):
 
     def load(self, f: Field, data: Any) -> Any:
         if f.encoding == "npy":
-            array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+            stored = io.BytesIO(bytes(data))
+            array = np.load(stored, allow_pickle=False)
             if str(array.dtype.newbyteorder("=")) != f.dtype and array.dtype != np.dtype(f.dtype):
                 raise ValueError(f"holds {array.dtype}, not {f.dtype}")
             return array.astype(f.dtype, copy=False)
@@ -185,12 +186,14 @@ class ArrayKind(ShapedKind):
         if f.encoding == "npy":
             f.load(data)  # a damaged member fails here, naming it
             return data
-        array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+        member = io.BytesIO(bytes(data))
+        array = np.load(member, allow_pickle=False)
         check_member_array(f, array)  # never cast: a member that no longer fits is damage
         return np.ascontiguousarray(array, dtype=little_endian(f.dtype)).tobytes()
 
     def value_from_member(self, data: bytes) -> Any:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        member = io.BytesIO(data)
+        return np.load(member, allow_pickle=False)
 
     # --- conversion ------------------------------------------------------------------------------
 

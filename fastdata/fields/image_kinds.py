@@ -75,7 +75,8 @@ class SpatialKind(ShapedKind):
             return data
         import io
 
-        array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+        member = io.BytesIO(bytes(data))
+        array = np.load(member, allow_pickle=False)
         check_member_array(f, array)  # never cast: a member that no longer fits is damage
         return np.ascontiguousarray(array, dtype=np.dtype(f.dtype).newbyteorder("<")).tobytes()
 
