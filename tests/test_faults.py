@@ -22,7 +22,7 @@ def start(out: Path, *extra: str, **popen) -> subprocess.Popen:
     return start_fastdata("convert", *SLOW_SOURCE, out, "--store", "encoded", "--workers", "2", *extra, **popen)
 
 
-def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 60) -> None:
+def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
     """Until the partial output holds data (the progress bar has advanced)."""
     data = partial / "data.bin"
     wait_until(lambda: data.exists() and data.stat().st_size > 0, "progress", process=process, timeout_s=timeout_s)

@@ -449,7 +449,7 @@ def test_bad_torchvision_options_and_output_paths_are_one_line_errors(tmp_path: 
 
 
 def _wait_for_output(process: subprocess.Popen, path: Path) -> None:
-    wait_until(lambda: path.exists() and any(path.iterdir()), f"output in {path}", process=process, timeout_s=60)
+    wait_until(lambda: path.exists() and any(path.iterdir()), f"output in {path}", process=process)
 
 
 # no checkpoint is ever made, so an interrupted conversion keeps nothing (with one, Ctrl-C and
