@@ -30,6 +30,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "http": ("fsspec", "aiohttp"),
     "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
     "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
+    "testing": ("pytest",),  # fastdata.testing: the contract suites a format package runs on itself
 }
 
 

@@ -3,12 +3,15 @@ writable formats x stores, and a converted dataset of each."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import math
 import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,10 +22,15 @@ from PIL import Image
 import fastdata
 from fastdata.formats import all_formats, get_format
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: what a fastdata subprocess imports
+
 # the format grid, from the registry: every writable format x each of its stores
 WRITABLE = [(spec.name, store) for spec in all_formats() if spec.writable for store in spec.stores]
 WRITABLE_IDS = [f"{name}-{store}" for name, store in WRITABLE]
 WRITABLE_FORMATS = sorted({name for name, _ in WRITABLE})
+# the name ending that picks each writable format for an output (out.npy, out.h5, out.tar)
+SUFFIXES = {spec.name: spec.suffixes[0] for spec in all_formats() if spec.writable}
+FIELD_FORMATS = sorted(spec.name for spec in all_formats() if spec.writable and spec.fields)  # named fields kept
 
 
 def pattern(height: int, width: int, seed: int, channels: int = 3) -> np.ndarray:
@@ -35,10 +43,65 @@ def pattern(height: int, width: int, seed: int, channels: int = 3) -> np.ndarray
     return np.clip(pixels, 0, 255).astype(np.uint8)
 
 
+def photo(height: int, width: int, seed: int = 0, *, detail_px: int = 24, edge_rows: int = 4) -> np.ndarray:
+    """A stand-in for a photo (JPEG-friendly, not flat): random colours ``detail_px`` apart,
+    smoothly interpolated, and a white band ``edge_rows`` high a third of the way down (a hard
+    edge, so a misplaced crop box shows)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(height // detail_px, 2), max(width // detail_px, 2), 3), dtype=np.uint8)
+    pixels = np.array(Image.fromarray(small).resize((width, height), Image.BICUBIC))
+    pixels[height // 3 : height // 3 + edge_rows] = 255
+    return pixels
+
+
+def psnr(a, b) -> float:
+    """The peak signal-to-noise ratio of two uint8 images (tensors or arrays), in dB; inf if equal."""
+    mse = float(((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
 def save(image: Image.Image, path: Path, **kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, **kwargs)
     return path
+
+
+def make_folder(root: Path, count: int = 30, *, bad: bool = True, colour_at: int | None = None) -> Path:
+    """``count`` PNGs in two classes (pixels encode the index); a file that is no image when ``bad``;
+    with ``colour_at``, every image is grayscale except that one."""
+    for i in range(count):
+        pixels = pattern(10, 12, seed=i)
+        image = Image.fromarray(pixels if colour_at in (None, i) else pixels[:, :, 0])
+        save(image, root / ("a" if i % 2 else "b") / f"{i:03d}.png")
+    if bad:
+        (root / "a" / "007-bad.png").write_bytes(b"not a png")
+    return root
+
+
+def class_folder(root: Path, classes: dict[str, int], size: int = 8) -> Path:
+    """An image folder with ``classes`` (name -> how many size x size PNGs, ``0000.png`` on)."""
+    for number, (name, count) in enumerate(classes.items()):
+        for i in range(count):
+            save(Image.fromarray(pattern(size, size, seed=number * 1000 + i)), root / name / f"{i:04d}.png")
+    return root
+
+
+def expected_pixels(path: Path, mode: str = "RGB", size: tuple[int, int] | None = None) -> np.ndarray:
+    """The HWC pixels the image file ``path`` should be stored as: converted to ``mode``, resized
+    bilinearly to ``size`` (H, W) if given (L: one channel kept)."""
+    image = Image.open(path).convert(mode)
+    if size is not None:
+        image = image.resize((size[1], size[0]), Image.BILINEAR)
+    array = np.asarray(image)
+    return array[:, :, None] if array.ndim == 2 else array
+
+
+def folder_samples(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """An image folder's samples in the readers' order: its RGB pixels stacked, and its labels."""
+    from fastdata.sources import scan_folder
+
+    keys, labels, _ = scan_folder(folder)
+    return np.stack([expected_pixels(folder / key) for key in keys]), np.asarray(labels, dtype=np.int64)
 
 
 @pytest.fixture
@@ -146,6 +209,49 @@ def mnist_root(tmp_path: Path) -> Path:
     return make_mnist(tmp_path)
 
 
+# --- the command line in a process of its own ---------------------------------------------------
+
+
+def start_fastdata(*args: object, cwd: Path | None = None, env: dict[str, str | None] | None = None,
+                   **popen: object) -> subprocess.Popen:
+    """``python -m fastdata ARGS`` started in a process of its own (for signals, or to watch it
+    run), output piped as text unless ``popen`` says otherwise. It imports this checkout's fastdata
+    from any ``cwd``: ``PYTHONPATH`` is the checkout, then ``env``'s ``PYTHONPATH`` (modules of the
+    test), then this process's. ``env`` changes this process's environment (a value of None
+    removes the variable)."""
+    changes = dict(env or {})
+    paths = [str(ROOT), changes.pop("PYTHONPATH", None) or "", os.environ.get("PYTHONPATH", "")]
+    environment = {**os.environ, **changes, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
+    environment = {name: value for name, value in environment.items() if value is not None}
+    options = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    return subprocess.Popen([sys.executable, "-m", "fastdata", *map(str, args)], cwd=cwd, env=environment, **options)
+
+
+def finish(process: subprocess.Popen, *, timeout: float = 120, what: str = "fastdata") -> tuple[str, str]:
+    """``process``'s (stdout, stderr) once it has ended; a test failure naming it as hung (its
+    process group killed if it leads one, its output so far shown) when it has not ended in
+    ``timeout`` seconds: the bound catches a hang, it never measures speed."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(process.pid) == process.pid:  # started with start_new_session: its workers too
+                os.killpg(process.pid, signal.SIGKILL)
+            process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{what} hung: still running after {timeout:g} s\nstdout: {stdout}\nstderr: {stderr}")
+
+
+def run_fastdata(*args: object, cwd: Path | None = None, env: dict[str, str | None] | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m fastdata ARGS`` run to its end in a process of its own (see
+    :func:`start_fastdata`): exit status, stdout and stderr as text. ``timeout`` bounds a hang
+    (see :func:`finish`), it never measures speed."""
+    process = start_fastdata(*args, cwd=cwd, env=env, start_new_session=True)
+    stdout, stderr = finish(process, timeout=timeout, what=f"fastdata {' '.join(map(str, args))}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def wait_until(condition, what: str, *, process: subprocess.Popen | None = None, timeout_s: float = 120,
                poll_s: float = 0.02) -> None:
     """Until ``condition()`` is true: a wait for another process or thread, not a timing check.
@@ -178,7 +284,7 @@ def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int
     ``past``; the last checkpoint's ``next_index`` once the process has ended."""
     wait_for_checkpoint(process, journal, past=past)
     os.killpg(process.pid, signum)
-    process.communicate(timeout=60)
+    finish(process, timeout=60)
     return json.loads(journal.read_text())["next_index"]
 
 

@@ -7,8 +7,6 @@ import io
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import torch
 from PIL import Image, ImageOps
 
 import fastdata
-from conftest import WRITABLE, pattern, save
+from conftest import WRITABLE, pattern, run_fastdata, save
 from fastdata.errors import BadSampleError
 
 
@@ -166,8 +164,7 @@ def test_broken_symlink_symlink_loop_and_odd_names(tmp_path: Path) -> None:
     assert keys == ["a/broken.png", "a/ok.png", "a/self.png", "a/up/b/caf\udce9.png", "a/up/b/ñandú 画像.png",
                     "b/caf\udce9.png", "b/ñandú 画像.png"]
     assert manifest["count"] == 5
-    result = subprocess.run([sys.executable, "-m", "fastdata", "info", str(tmp_path / "x.npy")], capture_output=True,
-                            text=True, timeout=60)
+    result = run_fastdata("info", tmp_path / "x.npy")
     assert result.returncode == 0
 
 

@@ -6,14 +6,13 @@ import csv
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from torch.utils.data import get_worker_info
 
+from conftest import run_fastdata
 from fastdata.bench import BenchConfig, auto_workers, parse_workers, run_bench
 from fastdata.bench.report import best_workers, summarize, table, verdicts
 from fastdata.bench.runner import ROW_FIELDS
@@ -171,10 +170,9 @@ def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path
 
 
 def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "fastdata", "bench", str(uniform_folder), "--formats", "folder,npy",
-               "--stores", "raw", "--num-workers", "0", "--epochs", "1", "--warmup", "0", "--batch-size", "4",
-               "--resize", "6x5", "--out", str(tmp_path / "b"), "--quiet"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    command = ["bench", uniform_folder, "--formats", "folder,npy", "--stores", "raw", "--num-workers", "0", "--epochs",
+               "1", "--warmup", "0", "--batch-size", "4", "--resize", "6x5", "--out", tmp_path / "b", "--quiet"]
+    result = run_fastdata(*command, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"os.cpu_count()={os.cpu_count()}" in result.stdout
     assert re.search(r"\nrecommendation: use (the image folder|npy raw) through (fastdata.loader \(the fast path\)|a "
@@ -183,14 +181,14 @@ def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> No
     assert "\nfast: fastdata.loader(ds, batch_size): one ds[indices] read per batch\n" in result.stdout
     assert "warning: an epoch here is 3 batches (12 samples at batch 4)" in result.stdout
     assert (tmp_path / "b" / "results.json").exists()
-    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=300)
+    as_json = run_fastdata(*command, "--json", timeout=300)
     assert as_json.returncode == 0 and as_json.stderr == ""
     document = json.loads(as_json.stdout)  # nothing but the document on stdout
     assert document == json.loads((tmp_path / "b" / "results.json").read_text())
     assert document["summary"]["recommendation"]["format"] in ("folder", "npy")
-    bad = subprocess.run(command + ["--transform", "blur"], capture_output=True, text=True, timeout=120)
+    bad = run_fastdata(*command, "--transform", "blur")
     assert bad.returncode == 1 and "fastdata: error: Unknown --transform 'blur'" in bad.stderr
-    unknown = subprocess.run(command[:5] + ["--formats", "npy,zarr"], capture_output=True, text=True, timeout=120)
+    unknown = run_fastdata(*command[:2], "--formats", "npy,zarr")
     assert unknown.returncode == 1 and "Unknown format 'zarr'" in unknown.stderr
 
 
@@ -494,9 +492,8 @@ def test_mixed_sizes_are_refused_before_anything_is_measured(mixed_folder: Path,
                                                  r"the benchmark reads needs one image size\. Use --resize HxW"):
         run_bench(mixed_folder, config, tmp_path / "out")
     assert not (tmp_path / "out" / "datasets").exists() and not (tmp_path / "out" / "results.json").exists()
-    command = [sys.executable, "-m", "fastdata", "bench", str(mixed_folder), "--formats", "folder,npy", "--num-workers",
-               "0", "--out", str(tmp_path / "cli"), "--quiet"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    result = run_fastdata("bench", mixed_folder, "--formats", "folder,npy", "--num-workers", "0", "--out",
+                          tmp_path / "cli", "--quiet")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("fastdata: error: ") and "Use --resize HxW" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "cli" / "throughput.png").exists()
@@ -518,10 +515,10 @@ dataset = Broken()
 
 def test_cli_exits_1_when_every_configuration_failed(tmp_path: Path) -> None:
     (tmp_path / "brokenset.py").write_text(BROKEN)
-    command = [sys.executable, "-m", "fastdata", "bench", "brokenset:dataset", "--num-workers", "0", "--epochs", "1",
-               "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "out"), "--quiet"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    command = ["bench", "brokenset:dataset", "--num-workers", "0", "--epochs", "1", "--warmup", "0", "--batch-size",
+               "4", "--out", tmp_path / "out", "--quiet"]
+    env = {"PYTHONPATH": str(tmp_path)}
+    result = run_fastdata(*command, env=env, cwd=tmp_path)
     assert result.returncode == 1 and result.stdout == "", result.stderr
     table = [line.split() for line in result.stderr.splitlines()]
     assert ["Broken", "fast", "failed"] in table and ["Broken", "standard", "failed"] in table
@@ -530,7 +527,7 @@ def test_cli_exits_1_when_every_configuration_failed(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["summary"]["recommendation"] is None
     assert {r["status"] for r in data["rows"]} == {"failed: ValueError: sample unreadable"}
-    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    as_json = run_fastdata(*command, "--json", env=env, cwd=tmp_path)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["summary"]["recommendation"] is None
     assert as_json.stderr.startswith("fastdata: error: every configuration failed; nothing to recommend.")
 
@@ -692,10 +689,10 @@ dataset = OnlyInProcess()
 
 def test_cli_exits_1_when_some_configurations_failed(tmp_path: Path) -> None:
     (tmp_path / "halfset.py").write_text(WORKERS_FAIL)
-    command = [sys.executable, "-m", "fastdata", "bench", "halfset:dataset", "--num-workers", "0,1", "--epochs", "1",
-               "--warmup", "0", "--batch-size", "4", "--backends", "torch", "--out", str(tmp_path / "out"), "--quiet"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    command = ["bench", "halfset:dataset", "--num-workers", "0,1", "--epochs", "1", "--warmup", "0", "--batch-size",
+               "4", "--backends", "torch", "--out", tmp_path / "out", "--quiet"]
+    env = {"PYTHONPATH": str(tmp_path)}
+    result = run_fastdata(*command, env=env, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "\nrecommendation: use OnlyInProcess through" in result.stdout  # what was measured is reported
     assert ("warning: 2 of 4 configurations failed (the table's 'failed' cells; listed under the plot); the "
@@ -706,5 +703,5 @@ def test_cli_exits_1_when_some_configurations_failed(tmp_path: Path) -> None:
         f"others were measured and are in {tmp_path / 'out' / 'results.json'}")
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [(f["read_path"], f["num_workers"]) for f in data["summary"]["failed"]] == [("fast", 1), ("standard", 1)]
-    as_json = subprocess.run(command + ["--json"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    as_json = run_fastdata(*command, "--json", env=env, cwd=tmp_path)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["summary"]["configurations"] == 4

@@ -9,27 +9,23 @@ from pathlib import Path
 
 import numpy as np
 
-
-def fastdata(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120
-    )
+from conftest import run_fastdata
 
 
 def test_convert_then_info(uniform_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "u.npy"
-    result = fastdata("convert", uniform_folder, out, "--format", "npy", "--resize", "6x5", "--workers", "2")
+    result = run_fastdata("convert", uniform_folder, out, "--format", "npy", "--resize", "6x5", "--workers", "2")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"wrote 12 samples to {out} (")
     assert np.load(out / "images.npy").shape == (12, 6, 5, 3)
-    info = fastdata("info", out)
+    info = run_fastdata("info", out)
     assert info.returncode == 0
     lines = dict(line.split(":", 1) for line in info.stdout.splitlines())
     assert lines["format"].strip() == "npy (layout 1), store raw"
     assert lines["samples"].strip() == "12"
     assert lines["image"].strip() == "6x5x3 uint8, mode RGB"
     assert lines["classes"].strip() == "3: ant, bee, cow"
-    as_json = json.loads(fastdata("info", out, "--json").stdout)
+    as_json = json.loads(run_fastdata("info", out, "--json").stdout)
     assert as_json["count"] == 12 and as_json["size_bytes"] == sum(f.stat().st_size for f in out.iterdir())
 
 
@@ -42,7 +38,7 @@ def test_errors_are_one_line_without_traceback(uniform_folder: Path, tmp_path: P
         (["info", tmp_path / "nothing"], "does not exist"),
     ]
     for args, message in cases:
-        result = fastdata(*args)
+        result = run_fastdata(*args)
         assert result.returncode == 1, (args, result.stderr)
         assert result.stderr.startswith("fastdata: error: ") and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
@@ -51,20 +47,20 @@ def test_errors_are_one_line_without_traceback(uniform_folder: Path, tmp_path: P
 
 def test_existing_output_and_bad_image(uniform_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "u.npy"
-    assert fastdata("convert", uniform_folder, out, "--quiet").returncode == 0
-    again = fastdata("convert", uniform_folder, out, "--quiet")
+    assert run_fastdata("convert", uniform_folder, out, "--quiet").returncode == 0
+    again = run_fastdata("convert", uniform_folder, out, "--quiet")
     assert again.returncode == 1 and "already exists. Pass --overwrite to replace it." in again.stderr
     (uniform_folder / "ant" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
-    bad = fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet")
+    bad = run_fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet")
     assert bad.returncode == 1 and "ant/broken.png: cannot read image" in bad.stderr
     assert not (tmp_path / "b.npy").exists()
-    skipped = fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet", "--skip-bad")
+    skipped = run_fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet", "--skip-bad")
     assert skipped.returncode == 0 and "wrote 12 samples" in skipped.stdout
     assert "skipped 1: ant/broken.png (" in skipped.stdout
 
 
 def test_torchvision_fakedata_from_the_cli(tmp_path: Path) -> None:
-    result = fastdata(
+    result = run_fastdata(
         "convert", "torchvision:FakeData", tmp_path / "f.npy", "--source-option", "size=9",
         "--source-option", "image_size=(3, 8, 8)", "--store", "encoded", "--quiet",
     )
@@ -73,8 +69,8 @@ def test_torchvision_fakedata_from_the_cli(tmp_path: Path) -> None:
 
 
 def test_version_and_help() -> None:
-    assert fastdata("--version").stdout.startswith("fastdata ")
-    help_text = fastdata("convert", "--help").stdout
+    assert run_fastdata("--version").stdout.startswith("fastdata ")
+    help_text = run_fastdata("convert", "--help").stdout
     assert "--skip-bad" in help_text and "--resize" in help_text
 
 
@@ -88,7 +84,7 @@ def test_max_side_and_reencode_store_small_jpegs_and_info_shows_their_sizes(tmp_
         pixels = np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(source / "a" / f"{index}.jpg", quality=95)
     out = tmp_path / "small.npy"
-    result = fastdata("convert", source, out, "--store", "encoded", "--max-side", "256", "--reencode", "jpeg:80",
+    result = run_fastdata("convert", source, out, "--store", "encoded", "--max-side", "256", "--reencode", "jpeg:80",
                       "--workers", "0", "--quiet")
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -99,19 +95,19 @@ def test_max_side_and_reencode_store_small_jpegs_and_info_shows_their_sizes(tmp_
     dataset = library.open_dataset(out)
     assert [tuple(dataset[i][0].shape[1:]) for i in range(4)] == [(154, 256), (256, 85), (100, 80), (256, 256)]
     blobs = np.diff(np.load(out / "offsets.npy"))
-    info = fastdata("info", out)
+    info = run_fastdata("info", out)
     lines = dict(line.split(":", 1) for line in info.stdout.splitlines())
     assert lines["image"].strip() == "encoded (jpeg quality 80, longest side at most 256), mode RGB"
     kb = [f"{value / 1000:.1f} kB" for value in (blobs.min(), np.median(blobs), blobs.max())]
     assert lines["stored"].strip() == (f"width 80/170/256, height 100/205/256, bytes {kb[0]}/{kb[1]}/{kb[2]} "
                                        "(min/median/max; sizes from every header)")
-    stored = json.loads(fastdata("info", out, "--json").stdout)["stored_sizes"]
+    stored = json.loads(run_fastdata("info", out, "--json").stdout)["stored_sizes"]
     assert stored == {"width": [80, 170, 256], "height": [100, 205, 256],
                       "bytes": [int(blobs.min()), int(np.median(blobs)), int(blobs.max())], "headers_read": 4}
 
 
 def test_max_side_must_be_a_positive_integer(uniform_folder: Path, tmp_path: Path) -> None:
-    result = fastdata("convert", uniform_folder, tmp_path / "o.npy", "--max-side", "0")
+    result = run_fastdata("convert", uniform_folder, tmp_path / "o.npy", "--max-side", "0")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "fastdata: error: Invalid --max-side '0'. Use a positive integer."
     assert not (tmp_path / "o.npy").exists()

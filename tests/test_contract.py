@@ -1,5 +1,5 @@
 """The registry and the shape of the package: every format keeps the contract of
-format_contract.py, the registry describes what callers need, and the public names import
+fastdata.testing, the registry describes what callers need, and the public names import
 without traps."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from fastdata.formats.npyfile import npy_header
 from fastdata.conversion.options import ConvertOptions
 from fastdata.conversion.plan import decide_options
 from conftest import WRITABLE_FORMATS
-from format_contract import CONTRACTS
+import fastdata.testing
+from fastdata.testing import CONTRACTS
 
 @pytest.mark.parametrize("name", WRITABLE_FORMATS)
 def test_every_writable_format_has_a_contract_test_file(name: str) -> None:
@@ -104,6 +105,25 @@ def test_import_fastdata_is_light() -> None:
     code = "import sys, fastdata, fastdata.cli; print(sorted(m for m in ('torch', 'numpy', 'h5py', 'PIL') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_contract_ships_in_the_package_and_only_it_imports_pytest() -> None:
+    """A format package imports the contract from fastdata.testing; using fastdata (converting,
+    loading, reading) never imports pytest, and without pytest fastdata.testing is one error
+    that names the install command."""
+    code = ("import sys, fastdata, fastdata.formats, fastdata.conversion, fastdata.loading, fastdata.api, "
+            "fastdata.verification, fastdata.cli\n"
+            "print('pytest' in sys.modules)\n"
+            "sys.modules['pytest'] = None\n"
+            "try:\n    import fastdata.testing\nexcept fastdata.errors.DependencyMissingError as exc:\n    print(exc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines() == [
+        "False",
+        "fastdata.testing (the format contract suite) needs the pytest package, which is not installed. Install it "
+        "with: pip install 'torch-fastdata[testing]' or, in a checkout of fastdata, pip install '.[testing]'"], \
+        result.stderr
+    npy_contract = importlib.import_module("test_npy").TestNpyFormat
+    assert issubclass(npy_contract, fastdata.testing.FormatContract) and CONTRACTS["npy"] is npy_contract
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 2, 3), (7, 32, 32, 3), (10**6, 224, 224, 1), (1,)])

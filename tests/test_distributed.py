@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -250,7 +251,18 @@ def _reference(path: Path) -> Counter:
     return Counter(digest(ds[i][0]) for i in range(len(ds)))
 
 
-def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], result_file: str) -> None:
+def _join_other_threads() -> None:
+    """Wait until this process runs no Python thread but its main one, so that the next fork copies
+    none midway: a DataLoader's iterator closes its index queues without joining their feeder
+    threads (``cancel_join_thread``), and a worker forked while one of them is still running or
+    ending can block forever in CPython's after-fork clean-up of the stale thread states (gdb:
+    PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept). gloo's threads are not Python threads."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            thread.join(timeout=30)
+
+
+def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], result_file: str, heartbeat: str) -> None:
     # as under torchrun, where each rank is a main process: workers fork (a spawned rank's default is
     # spawn, which would start a fresh interpreter per worker per epoch)
     multiprocessing.set_start_method("fork", force=True)
@@ -267,14 +279,19 @@ def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], res
                 for epoch in range(2):
                     loader.set_epoch(epoch)
                     mine = [d for batch in loader for d in batch_digests(batch)]
+                    _join_other_threads()
                     evens = [len(batch[0]) for batch in even]
+                    _join_other_threads()
                     results[(path.name, backend, epoch)] = (mine, evens)
+                    _beat(heartbeat, rank, path.name, backend, epoch)
             if path.suffix != ".h5" and (path / "index.json").exists():  # the streaming reader keeps its own split
                 stream = fastdata.TarDataset(path, seed=11)
                 for epoch in range(2):
                     stream.set_epoch(epoch)
                     mine = [digest(image) for image, _ in DataLoader(stream, batch_size=None, num_workers=2)]
+                    _join_other_threads()
                     results[(path.name, "TarDataset", epoch)] = (mine, [])
+                    _beat(heartbeat, rank, path.name, "TarDataset", epoch)
         gathered = [None] * world_size
         dist.all_gather_object(gathered, results)
         if rank == 0:
@@ -283,14 +300,25 @@ def _rank_main(rank: int, world_size: int, init_file: str, paths: list[str], res
         dist.destroy_process_group()
 
 
-def _ranks_finished(rendezvous: Path, paths: list[Path], result_file: Path, *, timeout_s: float) -> bool:
-    """Run the two ranks; False (both killed) when they have not finished after ``timeout_s``."""
-    context = mp.spawn(_rank_main, args=(2, str(rendezvous), [str(p) for p in paths], str(result_file)),
-                       nprocs=2, join=False)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _beat(heartbeat: str, *step: object) -> None:
+    """One more step done (a line in the file the test watches for progress)."""
+    with open(heartbeat, "a") as file:
+        file.write(" ".join(map(str, step)) + "\n")
+
+
+def _ranks_finished(rendezvous: Path, paths: list[Path], result_file: Path, *, stall_s: float) -> bool:
+    """Run the two ranks; False (both killed) when they hang: no rank finished a step (an epoch
+    of one reader, about a second alone) for ``stall_s``, however slowly a loaded machine runs."""
+    heartbeat = rendezvous.with_suffix(".steps")
+    context = mp.spawn(_rank_main, args=(2, str(rendezvous), [str(p) for p in paths], str(result_file),
+                                         str(heartbeat)), nprocs=2, join=False)
+    steps, progress = -1, time.monotonic()
+    while time.monotonic() - progress < stall_s:
         if context.join(timeout=1):  # raises when a rank failed
             return True
+        done = heartbeat.stat().st_size if heartbeat.exists() else 0
+        if done != steps:
+            steps, progress = done, time.monotonic()
     for process in context.processes:
         process.kill()
         process.join()
@@ -301,14 +329,11 @@ def test_two_gloo_ranks_read_every_sample_exactly_once(folder, tmp_path):
     paths = [convert_to(folder, tmp_path, name, store) for name, store in WRITABLE]
     result_file = tmp_path / "gathered.pkl"
     for attempt in (1, 2):
-        if _ranks_finished(tmp_path / f"rendezvous-{attempt}", paths, result_file, timeout_s=240):
+        # ~11 s alone; a hang (see _join_other_threads) is caught after 90 s without a step, then one more try
+        if _ranks_finished(tmp_path / f"rendezvous-{attempt}", paths, result_file, stall_s=90):
             break
-        # a DataLoader worker forked from a rank whose other threads (gloo's, the thread backend's) held a
-        # lock at the fork can block forever in CPython's after-fork code (gdb: PyOS_AfterFork_Child ->
-        # _PyThreadState_DeleteExcept); seen about once in 16 runs. One more try, then fail instead of
-        # holding CI until its limit.
     else:
-        pytest.fail("the two ranks did not finish in 240 s, twice (a worker blocked after fork?)")
+        pytest.fail("the two ranks hung: no step done in 90 s, twice (a worker blocked after fork?)")
     gathered = pickle.loads(result_file.read_bytes())
     references = {p.name: _reference(p) for p in paths}
     assert set(gathered[0]) == set(gathered[1])

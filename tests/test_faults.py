@@ -7,25 +7,22 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
 import fastdata
-from conftest import wait_for_checkpoint, wait_until
+from conftest import finish, run_fastdata, start_fastdata, wait_for_checkpoint, wait_until
 from fastdata.conversion import journal
 
 SLOW_SOURCE = ["torchvision:FakeData", "--source-option", "size=100000", "--source-option", "image_size=(3, 16, 16)"]
 
 
 def start(out: Path, *extra: str, **popen) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fastdata", "convert", *SLOW_SOURCE, str(out), "--store", "encoded",
-               "--workers", "2", *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return start_fastdata("convert", *SLOW_SOURCE, out, "--store", "encoded", "--workers", "2", *extra, **popen)
 
 
-def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 60) -> None:
+def wait_for_progress(partial: Path, process: subprocess.Popen, timeout_s: float = 120) -> None:
     """Until the partial output holds data (the progress bar has advanced)."""
     data = partial / "data.bin"
     wait_until(lambda: data.exists() and data.stat().st_size > 0, "progress", process=process, timeout_s=timeout_s)
@@ -36,7 +33,7 @@ def test_ctrl_c_after_a_checkpoint_keeps_the_partial_output_for_resume(tmp_path:
     process = start(out, "--unit-samples", "500", "--quiet", start_new_session=True)
     wait_for_checkpoint(process, journal.journal_path(out))
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = finish(process, timeout=60)
     record = json.loads(journal.journal_path(out).read_text())  # the last checkpoint before the signal
     assert process.returncode == 130 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == [
@@ -52,7 +49,7 @@ def test_ctrl_c_removes_an_output_that_cannot_resume(tmp_path: Path) -> None:
     partial = tmp_path / "fake.h5.partial"  # converting: the partial file grows
     wait_until(lambda: partial.exists() and partial.stat().st_size > 0, "a partial file", process=process)
     os.killpg(process.pid, signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = finish(process, timeout=60)
     assert process.returncode == 130
     assert stderr.strip().splitlines() == ["fastdata: interrupted"], stderr
     assert list(tmp_path.iterdir()) == []
@@ -65,14 +62,12 @@ def test_sigkill_leaves_no_output_and_no_worker(tmp_path: Path) -> None:
     workers = psutil.Process(process.pid).children(recursive=True)
     assert len(workers) == 2
     process.kill()  # only the parent: its pool workers must not outlive it
-    process.communicate(timeout=30)
+    finish(process, timeout=30)
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == [] and len(gone) == 2
     assert not out.exists() and (tmp_path / "fake.npy.partial").exists()
     # a new conversion (without --resume) removes the stale partial output first
-    small = subprocess.run(
-        [sys.executable, "-m", "fastdata", "convert", "torchvision:FakeData", "--source-option", "size=20",
-         str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    small = run_fastdata("convert", "torchvision:FakeData", "--source-option", "size=20", out, "--quiet")
     assert small.returncode == 0, small.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.npy"]
     assert fastdata.open_dataset(out).manifest["count"] == 20
@@ -85,10 +80,9 @@ def limit_file_size() -> None:
 
 def test_file_size_limit_is_a_clear_error(uniform_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "u.npy"
-    result = subprocess.run(
-        [sys.executable, "-m", "fastdata", "convert", str(uniform_folder), str(out), "--workers", "0", "--quiet"],
-        capture_output=True, text=True, timeout=120, preexec_fn=limit_file_size,
-    )
+    process = start_fastdata("convert", uniform_folder, out, "--workers", "0", "--quiet", preexec_fn=limit_file_size)
+    stdout, stderr = finish(process)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == 1
     assert result.stderr == (
         f"fastdata: error: Cannot write {str(out)!r}: file too large for the file-size limit ('ulimit -f') or the file "

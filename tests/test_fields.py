@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,13 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import fastdata
+from conftest import FIELD_FORMATS, SUFFIXES
 from fastdata.errors import InvalidOptionError
 from fastdata.fields import FieldError, Schema
 from fastdata.formats import get_format
 from fastdata.formats.tar import TarIndexedDataset
 
-FORMATS = {"npy": ".npy", "hdf5": ".h5", "tar": ".tar"}
+FORMATS = {name: SUFFIXES[name] for name in FIELD_FORMATS}  # format -> output name ending
 PALETTE = [value for index in range(256) for value in (index, 255 - index, (index * 7) % 256)]
 
 
@@ -326,17 +326,17 @@ def test_target_transform_is_refused_for_datasets_with_fields(tmp_path: Path) ->
 def test_the_cli_converts_module_name_and_info_lists_the_fields(tmp_path: Path) -> None:
     (tmp_path / "clidata.py").write_text(
         "import sys\nsys.path.insert(0, %r)\nfrom test_fields import Hinted\nitems = Hinted()\n" % str(Path(__file__).parent))
-    run = [sys.executable, "-m", "fastdata"]
-    done = subprocess.run([*run, "convert", "clidata:items", "out.tar", "--quiet"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    from conftest import run_fastdata
+
+    done = run_fastdata("convert", "clidata:items", "out.tar", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    info = subprocess.run([*run, "info", "out.tar"], cwd=tmp_path, capture_output=True, text=True).stdout
+    info = run_fastdata("info", "out.tar", cwd=tmp_path).stdout
     assert "fields:   12, given back as a dict" in info
     assert "  boxes: array float32 (K, 4) BoundingBoxes XYXY on 'image'" in info
     assert "  mask: mask (6, 8) raw, mode P palette kept" in info, info
-    verify = subprocess.run([*run, "verify", "out.tar", "--deep"], cwd=tmp_path, capture_output=True, text=True)
+    verify = run_fastdata("verify", "out.tar", "--deep", cwd=tmp_path)
     assert verify.returncode == 0 and "OK" in verify.stdout
-    bad = subprocess.run([*run, "convert", "clidata:nothing", "x.npy"], cwd=tmp_path, capture_output=True, text=True)
+    bad = run_fastdata("convert", "clidata:nothing", "x.npy", cwd=tmp_path)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "Module 'clidata' has no attribute 'nothing'" in bad.stderr
 
@@ -474,29 +474,25 @@ items = Many()
 
 @pytest.mark.parametrize("fmt", ["npy", "tar"])
 def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path: Path, fmt: str) -> None:
-    import os
 
-    from conftest import kill_after_checkpoint
-    from conftest import output_contents
+    from conftest import finish, kill_after_checkpoint, output_contents, start_fastdata
 
     (tmp_path / "many.py").write_text(MANY)
-    env = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
 
     def convert(out: Path, *extra: str, **popen) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", "many:items", str(out), "--format", fmt,
-                                 "--workers", "2", "--quiet", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, **popen)
+        return start_fastdata("convert", "many:items", out, "--format", fmt, "--workers", "2", "--quiet", *extra,
+                              cwd=tmp_path, env={"FASTDATA_CHECKPOINT_INTERVAL_S": "0.2"}, **popen)
 
-    def finish(process: subprocess.Popen) -> None:
-        _, stderr = process.communicate(timeout=300)
+    def succeed(process: subprocess.Popen) -> None:
+        _, stderr = finish(process, timeout=300)
         assert process.returncode == 0, stderr
 
-    finish(convert(tmp_path / "reference"))
+    succeed(convert(tmp_path / "reference"))
     journal = tmp_path / "out.partial.json"
     process = convert(tmp_path / "out", start_new_session=True)
     kill_after_checkpoint(process, journal)
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
-    finish(convert(tmp_path / "out", "--resume"))
+    succeed(convert(tmp_path / "out", "--resume"))
     assert output_contents(tmp_path / "out") == output_contents(tmp_path / "reference")
 
 

@@ -6,14 +6,13 @@ images is refused with one line saying what to do."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import fastdata
+from conftest import run_fastdata
 
 DATASETS = '''
 import numpy as np, torch
@@ -67,18 +66,13 @@ def converted(tmp_path_factory) -> Path:
     return folder
 
 
-def cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastdata", *args], cwd=folder, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{folder}:{Path(__file__).parent.parent}"})
-
-
 @pytest.mark.parametrize("fmt", ["npy", "tar"])
 @pytest.mark.parametrize("name", ["seg", "det", "cap"])
 def test_bench_runs_on_datasets_with_fields(converted: Path, name: str, fmt: str) -> None:
     out = f"bench-{name}-{fmt}"
-    result = cli(converted, "bench", f"{name}.{fmt}", "--formats", fmt, "--stores", "encoded", "--epochs", "1",
-                 "--warmup", "0", "--num-workers", "0", "--backends", "torch", "--batch-size", "4", "--out", out,
-                 "--quiet")
+    result = run_fastdata("bench", f"{name}.{fmt}", "--formats", fmt, "--stores", "encoded", "--epochs", "1",
+                          "--warmup", "0", "--num-workers", "0", "--backends", "torch", "--batch-size", "4", "--out",
+                          out, "--quiet", cwd=converted)  # benchdata imports from the working folder
     assert result.returncode == 0, result.stderr
     rows = json.loads((converted / out / "results.json").read_text())["rows"]
     measured = [r for r in rows if r["samples_per_s"] is not None]
@@ -88,8 +82,8 @@ def test_bench_runs_on_datasets_with_fields(converted: Path, name: str, fmt: str
 
 @pytest.mark.parametrize("name", ["seg", "det", "cap"])
 def test_tune_runs_on_datasets_with_fields(converted: Path, name: str) -> None:
-    result = cli(converted, "tune", f"{name}.tar" if name != "det" else "det.npy", "--budget-s", "5", "--backends",
-                 "torch", "--batch-size", "4", "--json", "--quiet")
+    result = run_fastdata("tune", f"{name}.tar" if name != "det" else "det.npy", "--budget-s", "5", "--backends",
+                          "torch", "--batch-size", "4", "--json", "--quiet", cwd=converted)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["batch_size"] == 4 and document["measured_samples_per_s"] > 0
@@ -98,7 +92,7 @@ def test_tune_runs_on_datasets_with_fields(converted: Path, name: str) -> None:
 def test_a_python_dataset_of_pil_images_is_refused_with_what_to_do(converted: Path) -> None:
     for command in (["bench", "benchdata:pil", "--epochs", "1", "--quiet", "--out", "bench-pil"],
                     ["tune", "benchdata:pil", "--budget-s", "5", "--quiet"]):
-        result = cli(converted, *command)
+        result = run_fastdata(*command, cwd=converted)
         assert result.returncode != 0 and "Traceback" not in result.stderr
         assert result.stderr.strip() == (
             "fastdata: error: benchdata:pil: sample 0 holds a PIL image, which DataLoader's default_collate cannot "

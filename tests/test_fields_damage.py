@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -21,6 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
 import fastdata
+from conftest import run_fastdata
 from fastdata.errors import FastdataError
 from fastdata.manifest import seal_manifest
 from test_fields import FORMATS, Hinted, reader
@@ -214,6 +213,5 @@ def test_the_cli_reports_damaged_fields_without_a_traceback(converted, tmp_path:
     out = tmp_path / source.name
     (shutil.copytree if source.is_dir() else shutil.copyfile)(source, out)
     damage(out, fmt, "garble_json", "meta", 2, 1)
-    result = subprocess.run([sys.executable, "-m", "fastdata", "verify", "--deep", str(out)],
-                            capture_output=True, text=True)
+    result = run_fastdata("verify", "--deep", out)
     assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout

@@ -20,11 +20,12 @@ import torch
 from torchvision import tv_tensors
 
 import fastdata
-from fastdata.formats.tar import TarIndexedDataset
+from conftest import FIELD_FORMATS
+from fastdata.formats import get_format
 from test_memory import BOUND_BYTES, TESTS, growth_report, worker_uss
 
 COUNT = 20_000
-FORMATS = {"npy": fastdata.MemmapDataset, "hdf5": fastdata.HDF5Dataset, "tar": TarIndexedDataset}
+FORMATS = {name: get_format(name).map_dataset for name in FIELD_FORMATS}  # format -> its map-style reader
 # Per-sample index columns a reader may hold as int64 arrays (the tar index's shard, offsets and
 # sizes of the image and of each field member: 9 columns here, and the image member's extension as
 # a fixed-width str, 4 bytes a character); the field data itself never.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from torchvision import transforms as v1  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
+from conftest import photo, psnr  # noqa: E402
 from fastdata.reader import fused  # noqa: E402
 from fastdata.errors import InvalidOptionError  # noqa: E402
 
@@ -26,16 +26,6 @@ from fastdata.errors import InvalidOptionError  # noqa: E402
 # images (blurred noise with a 4-pixel white line, harder than a photo); the DCT's own 1/2..1/8
 # downscale and the box rounded to whole scaled pixels account for the difference
 MIN_PSNR_DB = 28.0
-
-
-def _photo(height: int, width: int, seed: int = 0) -> np.ndarray:
-    """Smooth random content with edges, a stand-in for a photo (JPEG-friendly, not flat)."""
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (max(height // 24, 2), max(width // 24, 2), 3), dtype=np.uint8)
-    image = Image.fromarray(small).resize((width, height), Image.BICUBIC)
-    pixels = np.array(image)
-    pixels[height // 3 : height // 3 + 4] = 255  # a hard edge, so a misplaced box shows
-    return pixels
 
 
 def _encode(pixels: np.ndarray, codec: str) -> bytes:
@@ -49,16 +39,11 @@ def images() -> dict[str, tuple[np.ndarray, bytes]]:
     out = {}
     for name, (height, width) in {"imagenet": (375, 500), "portrait": (480, 320), "large": (1500, 2000),
                                     "odd": (1501, 2003)}.items():
-        pixels = _photo(height, width, seed=height)
+        pixels = photo(height, width, seed=height)
         out[name] = (pixels, _encode(pixels, "JPEG"))
-    pixels = _photo(300, 420, seed=7)
+    pixels = photo(300, 420, seed=7)
     out["png"] = (pixels, _encode(pixels, "PNG"))
     return out
-
-
-def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    mse = ((a.double() - b.double()) ** 2).mean().item()
-    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
 
 
 def _train_plan(flip_p: float | None = 0.5, **crop) -> fused.FusedPlan:
@@ -144,7 +129,7 @@ def test_fused_jpeg_is_close_to_decode_then_crop_on_the_same_box(images, name: s
         out = fused.fused_decode(jpeg, plan, generator=torch.Generator().manual_seed(seed), decoder=decoder)
         reference = fused.fallback_decode(jpeg, plan, generator=torch.Generator().manual_seed(seed))
         assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
-        assert _psnr(out, reference) >= MIN_PSNR_DB, (name, seed)
+        assert psnr(out, reference) >= MIN_PSNR_DB, (name, seed)
         draw = plan.draw(*images[name][0].shape[:2], torch.Generator().manual_seed(seed))
         scales.add(fused.dct_scale(draw.height, draw.width, 224, 224))
     if name in ("large", "odd"):
@@ -188,7 +173,7 @@ def test_resize_center_crop_png_is_exact_and_jpeg_close(images) -> None:
     pixels, jpeg = images["large"]
     out = fused.fused_decode(jpeg, plan, decoder="pil")
     assert out.shape == (3, 224, 224)
-    assert _psnr(out, fused.fallback_decode(jpeg, plan)) >= MIN_PSNR_DB
+    assert psnr(out, fused.fallback_decode(jpeg, plan)) >= MIN_PSNR_DB
 
 
 def test_grayscale_output_has_one_channel(images) -> None:
@@ -254,7 +239,7 @@ def test_what_is_not_fused_says_why(transform, reason: str, caplog) -> None:
 def test_the_interpolation_read_is_the_one_torchvision_resizes_with(interpolation, version) -> None:
     step = version.RandomResizedCrop(16, interpolation=interpolation)
     plan, _ = fused.split_transform(step)
-    image = torch.from_numpy(_photo(40, 52)).permute(2, 0, 1).contiguous()
+    image = torch.from_numpy(photo(40, 52)).permute(2, 0, 1).contiguous()
     ours = v2.functional.resize(image, [16, 16], interpolation=v2.InterpolationMode(plan.interpolation))
     theirs = v2.functional.resize(image, [16, 16], interpolation=step.interpolation)
     assert torch.equal(ours, theirs)

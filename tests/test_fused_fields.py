@@ -16,11 +16,12 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import fastdata
+from conftest import FIELD_FORMATS, SUFFIXES
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
 from fastdata.reader.fused import generator_for
 
-FORMATS = {"npy": ".npy", "hdf5": ".h5", "tar": ".tar"}
+FORMATS = {name: SUFFIXES[name] for name in FIELD_FORMATS}  # format -> output name ending
 HEIGHT, WIDTH = 48, 64
 SEED, EPOCH = 3, 2
 

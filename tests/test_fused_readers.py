@@ -6,7 +6,6 @@ stored pixels run the transform as before."""
 from __future__ import annotations
 
 import io
-import math
 import os
 from pathlib import Path
 
@@ -20,20 +19,14 @@ from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 import fastdata  # noqa: E402
+from conftest import WRITABLE, convert_to, photo, psnr, run_fastdata  # noqa: E402
+from fastdata.formats import get_format  # noqa: E402
 from fastdata.reader import fused  # noqa: E402
 from fastdata.errors import InvalidOptionError  # noqa: E402
 
 SIZE = 32
 MIN_PSNR_DB = 28.0  # as tests/test_fused.py: fused JPEG vs decode-then-crop on the same box
-FORMATS = ("npy", "hdf5", "tar")
-
-
-def _photo(height: int, width: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (max(height // 12, 2), max(width // 12, 2), 3), dtype=np.uint8)
-    pixels = np.array(Image.fromarray(small).resize((width, height), Image.BICUBIC))
-    pixels[height // 3 : height // 3 + 3] = 255
-    return pixels
+FORMATS = [name for name, store in WRITABLE if store == "encoded"]
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +38,14 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
         height, width = 75 + 7 * index, 150 - 5 * index
         folder = source / ("cat" if index % 2 else "dog")
         folder.mkdir(parents=True, exist_ok=True)
-        image = Image.fromarray(_photo(height, width, seed=index))
+        image = Image.fromarray(photo(height, width, seed=index, detail_px=12, edge_rows=3))
         if index in (4, 9):
             image.save(folder / f"{index:02d}.png")
         else:
             image.save(folder / f"{index:02d}.jpg", quality=90)
     out = {"folder": source}
     for name in FORMATS:
-        out[name] = root / f"out-{name}{'.h5' if name == 'hdf5' else '.npy' if name == 'npy' else ''}"
-        fastdata.convert(source, out[name], format=name, store="encoded", workers=0,
-                         **({"shard_samples": 5} if name == "tar" else {}))
+        out[name] = convert_to(source, root, name, "encoded")
     return out
 
 
@@ -65,20 +56,13 @@ def _train(extra: list | None = None) -> v2.Compose:
 def _open(datasets: dict[str, Path], name: str, **options):
     if name == "folder":
         return fastdata.FolderDataset(datasets["folder"], **options)
-    if name == "tar":
-        return fastdata.TarIndexedDataset(datasets["tar"], **options)  # map-style
-    return fastdata.open_dataset(datasets[name], **options)
+    return get_format(name).map_dataset(datasets[name], **options)  # tar: the map-style reader
 
 
 def _source_bytes(datasets: dict[str, Path]) -> list[bytes]:
     """Each sample's file, in the readers' (ImageFolder's) order."""
     folder = fastdata.FolderDataset(datasets["folder"])
     return [Path(os.fsdecode(path)).read_bytes() for path in folder.paths]
-
-
-def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    mse = ((a.double() - b.double()) ** 2).mean().item()
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
 @pytest.mark.parametrize("name", ["folder", *FORMATS])
@@ -108,7 +92,7 @@ def test_the_fused_crop_is_close_to_decode_then_transform_on_the_same_box(datase
         if data[:4] == b"\x89PNG":
             assert torch.equal(got, expected), index  # decoded in full, then cropped: exact
         else:
-            assert _psnr(got, expected) >= MIN_PSNR_DB, index
+            assert psnr(got, expected) >= MIN_PSNR_DB, index
 
 
 @pytest.mark.parametrize("name", ["npy", "tar"])
@@ -200,7 +184,7 @@ def test_resize_center_crop_is_fused_and_exact_for_png(datasets) -> None:
         if sources[index][:4] == b"\x89PNG":
             assert torch.equal(images[index], expected)
         else:
-            assert _psnr(images[index], expected) >= MIN_PSNR_DB
+            assert psnr(images[index], expected) >= MIN_PSNR_DB
 
 
 def test_the_iterable_tar_reader_fuses_with_its_epoch(datasets) -> None:
@@ -276,10 +260,6 @@ def test_bench_and_tune_say_where_the_decode_is_fused(datasets) -> None:
 
 
 def test_tune_augment_needs_a_crop_size(datasets) -> None:
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-m", "fastdata", "tune", str(datasets["npy"]), "--transform", "augment"],
-                            capture_output=True, text=True, timeout=120)
+    result = run_fastdata("tune", datasets["npy"], "--transform", "augment")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "fastdata: error: --transform augment needs the crop size: pass --resize HxW (or S)."

@@ -16,10 +16,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
 from torch.utils.data import DataLoader, get_worker_info
 
 import fastdata
+from conftest import folder_samples
 from fastdata.cli import build_parser, main
 from fastdata.errors import (
     CorruptDataError,
@@ -32,7 +32,7 @@ from fastdata.formats.hdf5 import HDF5Dataset, HDF5Options, USERBLOCK_BYTES, def
 from fastdata.manifest import seal_manifest
 from fastdata.loading.samplers import ChunkShuffleSampler
 from fastdata.sources import scan_folder
-from format_contract import FormatContract
+from fastdata.testing import FormatContract
 
 
 class TestHDF5Format(FormatContract):
@@ -100,12 +100,6 @@ LAYOUTS = {  # id -> convert options, expected (chunks first dim or None, h5py c
 }
 
 
-def expected_pixels(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    keys, labels, _ = scan_folder(folder)
-    images = np.stack([np.asarray(Image.open(folder / key).convert("RGB")) for key in keys])
-    return images, np.asarray(labels, dtype=np.int64)
-
-
 def blake2b(array: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=32).hexdigest()
 
@@ -123,7 +117,7 @@ def raw_h5(request, uniform_folder: Path, tmp_path: Path):
 
 def test_raw_round_trip_is_pixel_exact_on_every_read_path(raw_h5, uniform_folder: Path) -> None:
     out, _ = raw_h5
-    images, labels = expected_pixels(uniform_folder)
+    images, labels = folder_samples(uniform_folder)
     ds = fastdata.open_dataset(out)
     assert isinstance(ds, HDF5Dataset) and len(ds) == 12 and ds.classes == ["ant", "bee", "cow"]
     order = np.array([11, 0, 5, 5, 3, 10, 1])  # unsorted, repeated, spanning chunks
@@ -140,7 +134,7 @@ def test_raw_round_trip_is_pixel_exact_on_every_read_path(raw_h5, uniform_folder
 
 def test_h5py_fallback_and_tiny_cache_read_the_same(raw_h5, uniform_folder: Path) -> None:
     out, _ = raw_h5
-    images, _ = expected_pixels(uniform_folder)
+    images, _ = folder_samples(uniform_folder)
     ds = HDF5Dataset(out, image_format="numpy", use_memmap=False, cache_bytes=0)  # 2 chunks cached
     for order in (np.arange(12), np.arange(12)[::-1], np.array([7, 0, 11, 3, 8, 1, 7]), np.arange(4, 9), []):
         pixels, _ = ds[order]
@@ -157,7 +151,7 @@ def test_encoded_round_trip_is_byte_exact_and_plain_h5py_reads_it(uniform_folder
         np.testing.assert_array_equal(file["labels"][()], labels)
         for i, key in enumerate(keys):
             assert blob[offsets[i] : offsets[i + 1]].tobytes() == (uniform_folder / key).read_bytes()
-    images, _ = expected_pixels(uniform_folder)
+    images, _ = folder_samples(uniform_folder)
     pixels, _ = HDF5Dataset(out, image_format="numpy")[np.arange(12)]
     np.testing.assert_array_equal(pixels, images)
 
@@ -174,7 +168,7 @@ def test_encoded_mixed_sizes_decode_like_the_folder(mixed_folder: Path, tmp_path
 
 
 def test_raw_with_skipped_samples_is_compacted(uniform_folder: Path, tmp_path: Path) -> None:
-    images, labels = expected_pixels(uniform_folder)
+    images, labels = folder_samples(uniform_folder)
     (uniform_folder / "bee" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     for name, options in (("contiguous", {}), ("chunked", {"compression": "lzf", "chunk_images": 5})):
         out = tmp_path / f"{name}.h5"
@@ -195,7 +189,7 @@ def test_raw_with_skipped_samples_is_compacted(uniform_folder: Path, tmp_path: P
 
 def test_plain_h5py_sees_images_labels_classes_manifest_and_checksums(raw_h5, uniform_folder: Path) -> None:
     out, (chunk_rows, compression) = raw_h5
-    images, labels = expected_pixels(uniform_folder)
+    images, labels = folder_samples(uniform_folder)
     with h5py.File(out, "r") as file:
         assert sorted(file) == ["fastdata_manifest", "images", "labels"]
         np.testing.assert_array_equal(file["images"][()], images)
@@ -236,7 +230,7 @@ def test_plugin_codecs_round_trip_with_hdf5plugin(uniform_folder: Path, tmp_path
     hdf5plugin = pytest.importorskip("hdf5plugin")  # in the test extra; the real filters run
     out = tmp_path / "plugin.h5"
     fastdata.convert(uniform_folder, out, format="hdf5", compression=compression, chunk_images=5, workers=0)
-    images, labels = expected_pixels(uniform_folder)
+    images, labels = folder_samples(uniform_folder)
     got, got_labels = fastdata.open_dataset(out, image_format="numpy")[np.arange(12)]
     np.testing.assert_array_equal(got, images)
     assert got_labels.tolist() == labels.tolist()
@@ -375,7 +369,7 @@ def _epoch(ds: HDF5Dataset, loader) -> list[tuple[bytes, int]]:
 
 
 def _expected_records(folder: Path) -> list[tuple[bytes, int]]:
-    images, labels = expected_pixels(folder)
+    images, labels = folder_samples(folder)
     return sorted((image.tobytes(), int(label)) for image, label in zip(images, labels))
 
 
@@ -396,16 +390,6 @@ def test_parent_handle_is_never_shared_with_forked_workers(uniform_folder: Path,
 
 
 @pytest.mark.slow
-def test_parent_handle_with_spawned_workers(uniform_folder: Path, tmp_path: Path) -> None:
-    out = tmp_path / "s.h5"
-    fastdata.convert(uniform_folder, out, format="hdf5", workers=0, compression="lzf", chunk_images=5)
-    ds = HDF5Dataset(out)
-    ds[3]
-    loader = fastdata.loader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn",
-                             worker_init_fn=_check_fresh_handle)
-    assert _epoch(ds, loader) == _expected_records(uniform_folder)
-
-
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_chunk_shuffle_loader_yields_every_sample_once(uniform_folder: Path, tmp_path: Path, num_workers: int) -> None:
     out = tmp_path / "c.h5"

@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     {"fastdata.loading"},
     {"fastdata.formats"},
     {"fastdata.conversion", "fastdata.verification", "fastdata.api"},
-    {"fastdata.bench", "fastdata.preview"},
+    {"fastdata.bench", "fastdata.preview", "fastdata.testing"},  # testing: suites for packages that extend fastdata
     {"fastdata.tuning"},
     {"fastdata.cli"},
     {"fastdata.__main__", "fastdata"},

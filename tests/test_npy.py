@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import pattern, save
+from conftest import expected_pixels, pattern, save
 from fastdata.errors import (
     BadSampleError, CorruptDataError, InvalidOptionError, OutputExistsError, ShapeMismatchError,
     UnknownFormatError,
 )
 from fastdata.sources import scan_folder
-from format_contract import FormatContract
+from fastdata.testing import FormatContract
 
 
 class TestNpyFormat(FormatContract):
@@ -53,14 +53,6 @@ class TestNpyFormat(FormatContract):
         data = out / ("images.npy" if (out / "images.npy").exists() else "data.bin")
         data.write_bytes(data.read_bytes()[:-100])
         return rf"{data.name}' is \d+ bytes but the manifest says \d+ \(truncated\)"
-
-
-def expected_pixels(path: Path, mode: str, size=None) -> np.ndarray:
-    image = Image.open(path).convert(mode)
-    if size is not None:
-        image = image.resize((size[1], size[0]), Image.BILINEAR)
-    array = np.asarray(image)
-    return array[:, :, None] if array.ndim == 2 else array
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -15,24 +15,12 @@ import pytest
 from PIL import Image
 
 import fastdata
-from conftest import output_contents, pattern, save
+from conftest import finish, make_folder, output_contents, pattern, run_fastdata, save, start_fastdata
 from fastdata.errors import OutputExistsError, OutputLockedError, PartsError
 
 CASES = [("npy", "raw", {}), ("npy", "encoded", {}), ("tar", "raw", {"shard_samples": 4}),
          ("tar", "encoded", {"shard_bytes": "3000"}), ("npy", "encoded", {"reencode": "jpeg:80"}),
          ("hdf5", "raw", {"compression": "lzf", "chunk_images": 3}), ("hdf5", "encoded", {})]
-
-
-def make_folder(root: Path, count: int = 30, *, bad: bool = True, colour_at: int | None = None) -> Path:
-    """``count`` PNGs in two classes (pixels encode the index); a file that is no image when ``bad``;
-    with ``colour_at``, every image is grayscale except that one."""
-    for i in range(count):
-        pixels = pattern(10, 12, seed=i)
-        image = Image.fromarray(pixels if colour_at in (None, i) else pixels[:, :, 0])
-        save(image, root / ("a" if i % 2 else "b") / f"{i:03d}.png")
-    if bad:
-        (root / "a" / "007-bad.png").write_bytes(b"not a png")
-    return root
 
 
 def same_output(local: Path, merged: Path) -> None:
@@ -175,23 +163,19 @@ def test_merging_a_finished_dataset_says_it_is_complete(tmp_path: Path, capsys, 
 # --- real processes ------------------------------------------------------------------------
 
 
-def cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fastdata", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 def test_parts_as_concurrent_processes_then_cli_merge(tmp_path: Path) -> None:
     source = make_folder(tmp_path / "src", 40)
     common = ["--format", "npy", "--store", "encoded", "--skip-bad", "--workers", "1", "--quiet"]
     local, merged = tmp_path / "local", tmp_path / "merged"
-    running = [cli("convert", source, local, *common)]
-    running += [cli("convert", source, merged, *common, "--part", f"{i}/3", "--unit-samples", "3") for i in (1, 2, 3)]
-    results = [process.communicate(timeout=300) + (process.returncode,) for process in running]
+    running = [start_fastdata("convert", source, local, *common, start_new_session=True)]
+    running += [start_fastdata("convert", source, merged, *common, "--part", f"{i}/3", "--unit-samples", "3",
+                               start_new_session=True) for i in (1, 2, 3)]
+    results = [finish(process, timeout=300) + (process.returncode,) for process in running]
     assert [code for _, _, code in results] == [0, 0, 0, 0], results
     assert results[1][0] == (f"wrote part 1/3 of {merged}: 11 samples (1 skipped) into {merged}.partial.units; "
                              f"when all 3 parts are done: fastdata merge {merged}\n")
-    merge = cli("merge", merged, "--quiet")
-    stdout, stderr = merge.communicate(timeout=300)
+    merge = run_fastdata("merge", merged, "--quiet", timeout=300)
+    stdout, stderr = merge.stdout, merge.stderr
     assert merge.returncode == 0 and stdout.startswith(f"merged into {merged}: 40 samples ("), stderr
     same_output(local, merged)
 
@@ -284,8 +268,7 @@ def test_a_bad_image_fails_its_part_as_it_fails_a_local_conversion(tmp_path: Pat
         f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad to "
         "leave it out."
     )
-    result = subprocess.run([sys.executable, "-m", "fastdata", "merge", str(out)], capture_output=True, text=True,
-                            timeout=120)
+    result = run_fastdata("merge", out)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (f"fastdata: error: Cannot merge {str(out)!r}: 1 of 2 parts missing (2/2). Run them with "
                              f"'fastdata convert SOURCE {out} --part I/2' (same source and options), then merge again.\n")

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset
 
 import fastdata
 from conftest import WRITABLE
-from format_contract import CONTRACTS
+from fastdata.testing import CONTRACTS
 from fastdata.formats import get_format
 
 FORMATS = sorted({name for name, _ in WRITABLE})

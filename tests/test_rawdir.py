@@ -19,10 +19,10 @@ import pytest
 
 import fastdata
 from fastdata.errors import DependencyMissingError
-from format_contract import FormatContract
+from conftest import run_fastdata
+from fastdata.testing import FormatContract
 
 PLUGINS = Path(__file__).parent / "plugins"
-ROOT = Path(__file__).parent.parent
 ENTRY_POINTS = "[fastdata.formats]\nrawdir = fastdata_rawdir\nabsent = fastdata_absent\n"
 ABSENT = "Format 'absent' needs the 'fastdata_test_module_that_is_not_installed' package: pip install fastdata-absent-backend"
 
@@ -88,11 +88,9 @@ def test_the_registry_is_restored_after_the_plugin_is_gone() -> None:
     assert "rawdir" in fastdata.formats.available_formats()
 
 
-def fastdata_cli(site: Path, *args: str) -> subprocess.CompletedProcess:
+def fastdata_cli(site: Path, *args: object) -> subprocess.CompletedProcess:
     """The command line in a fresh process that finds the plugins the way an installed one is found."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(site), str(PLUGINS)]))
-    return subprocess.run([sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return run_fastdata(*args, env={"PYTHONPATH": os.pathsep.join([str(site), str(PLUGINS)])}, timeout=300)
 
 
 def test_convert_info_verify_on_the_command_line(plugins: Path, uniform_folder: Path, tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from fastdata.conversion import driver
 from fastdata.errors import BadSampleError
 from conftest import pattern, save
 from PIL import Image
-from test_parts import make_folder, same_output
+from conftest import make_folder
+from test_parts import same_output
 
 ray = pytest.importorskip("ray")
 

@@ -20,7 +20,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from conftest import all_samples, convert_to, output_contents, same_samples, wait_until
+from conftest import (
+    WRITABLE_FORMATS, all_samples, convert_to, finish, output_contents, run_fastdata, same_samples, start_fastdata, wait_until,
+)
 from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
 from fastdata.formats.tar import TarDataset, TarIndexedDataset
 from fastdata.remote import Cache, Retry
@@ -73,7 +75,7 @@ def test_a_tar_stream_over_workers_and_ranks_reads_what_the_local_one_reads(s3: 
 
 def test_https_reads_with_range_requests(http_root, uniform_folder: Path, tmp_path: Path) -> None:
     root, base = http_root
-    for name in ("tar", "npy", "hdf5"):
+    for name in WRITABLE_FORMATS:
         local = convert_to(uniform_folder, tmp_path, name, "encoded")
         if local.is_file():
             (root / local.name).write_bytes(local.read_bytes())
@@ -130,12 +132,10 @@ def test_the_cli_reads_a_public_bucket_without_credentials_through_fsspecs_envir
     fs = s3.fs()
     for key in fs.find(f"{BUCKET}/public/ds.tar"):  # a public bucket's objects: readable without credentials
         fs.chmod(key, "public-read")
-    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    env.update(PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"), FSSPEC_S3_ANON="true",
-               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
-               AWS_EC2_METADATA_DISABLED="true")
-    info = subprocess.run([sys.executable, "-m", "fastdata", "info", url], capture_output=True, text=True, env=env,
-                          timeout=120)
+    env = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "FASTDATA_CACHE_DIR": str(tmp_path / "cache"),
+           "FSSPEC_S3_ANON": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_EC2_METADATA_DISABLED": "true"}
+    info = run_fastdata("info", url, env=env)
     assert info.returncode == 0, info.stderr
     assert "samples:  12\n" in info.stdout
 
@@ -143,14 +143,12 @@ def test_the_cli_reads_a_public_bucket_without_credentials_through_fsspecs_envir
 def test_the_cli_reads_a_url(s3: S3, uniform_folder: Path, tmp_path: Path) -> None:
     local = convert_to(uniform_folder, tmp_path, "tar", "encoded")
     url = upload(s3, local, "cli/ds.tar")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"))
-    info = subprocess.run([sys.executable, "-m", "fastdata", "info", url], capture_output=True, text=True, env=env,
-                          timeout=120)
+    env = {"FASTDATA_CACHE_DIR": str(tmp_path / "cache")}
+    info = run_fastdata("info", url, env=env)
     assert info.returncode == 0, info.stderr
     assert f"path:     {url}\n" in info.stdout and "samples:  12\n" in info.stdout
     assert "in object storage" in info.stdout
-    verify = subprocess.run([sys.executable, "-m", "fastdata", "verify", url], capture_output=True, text=True,
-                            env=env, timeout=120)
+    verify = run_fastdata("verify", url, env=env)
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.startswith(f"{url}: OK (tar, 12 samples; 4 checksums match)")
 
@@ -161,12 +159,10 @@ def test_bench_on_a_url_reads_it_cold_beside_the_local_copy_says_how_the_best_nu
     url = upload(s3, local, "bench/ds.tar")
     shards = sorted(p.name for p in local.glob("shard-*.tar"))
     before = {name: s3.log.gets(f"bench/ds.tar/{name}") for name in shards}
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cache"))
     out = f"s3://{BUCKET}/bench/results"  # bench --out URL: the results are uploaded there
-    run = subprocess.run([sys.executable, "-m", "fastdata", "bench", url, "--formats", "tar", "--stores", "encoded",
-                          "--num-workers", "0,2", "--backends", "torch", "--batch-size", "4", "--epochs", "1",
-                          "--warmup", "0", "--cache", "cold", "--quiet", "--out", out],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = run_fastdata("bench", url, "--formats", "tar", "--stores", "encoded", "--num-workers", "0,2", "--backends",
+                       "torch", "--batch-size", "4", "--epochs", "1", "--warmup", "0", "--cache", "cold", "--quiet",
+                       "--out", out, env={"FASTDATA_CACHE_DIR": str(tmp_path / "cache")}, timeout=300)
     assert run.returncode == 0, run.stderr
     assert f"fastdata: {url}: 8 file(s) downloaded" in run.stderr  # the local copy: manifest, index, 6 shards
     assert run.stdout.startswith(f"fastdata bench: {url}, batch 4")
@@ -444,7 +440,7 @@ def test_random_access_to_a_tar_dataset_three_times_the_cache_stays_within_the_l
 def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_bytes(
         s3: S3, tmp_path: Path, capsys, monkeypatch) -> None:
     from fastdata.cli import main
-    from test_parts import make_folder
+    from conftest import make_folder
 
     source = make_folder(tmp_path / "src", 30)
     options = dict(format="tar", store="encoded", shard_samples=8, skip_bad=True)
@@ -496,39 +492,36 @@ def test_a_part_killed_after_its_first_unit_resumes_from_the_bucket_without_conv
     options = ["--format", "tar", "--store", "encoded", "--unit-samples", "500", "--workers", "1", "--quiet"]
 
     def convert(output: str, machine: str, *extra: str) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / machine))
-        return subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *source, output, *options, *extra],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        return start_fastdata("convert", *source, output, *options, *extra,
+                              env={"FASTDATA_CACHE_DIR": str(tmp_path / machine)}, start_new_session=True)
 
     process = convert(url, "machine-1", "--part", "1/1")
     wait_until(lambda: s3.fs().exists(f"{units}/unit-000000/unit.json"), "the first unit's upload", process=process)
     os.killpg(process.pid, signal.SIGKILL)
-    process.communicate(timeout=30)
+    finish(process, timeout=30)
     assert not s3.fs().exists(f"{units}/part-0001-of-0001.json")  # killed midway: the part is not done
     uploaded = sorted(name.rsplit("/", 1)[-1] for name in s3.fs().find(f"{units}/unit-000000"))
     assert uploaded == ["data.bin", "labels.npy", "sizes.npy", "unit.json"]
     start = len(s3.log.lines)
     again = convert(url, "machine-2", "--part", "1/1")  # another machine: only the bucket holds the unit
-    _, stderr = again.communicate(timeout=300)
+    _, stderr = finish(again, timeout=300)
     assert again.returncode == 0, stderr
     lines = s3.log.lines[start:]
     assert [line for line in lines if re.search(r"(?<![A-Z])GET /[^ ]*/unit-000000/data.bin", line)]
     assert not [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000000/", line)]  # kept, not redone
     assert [line for line in lines if re.search(r"(?<![A-Z])PUT /[^ ]*/unit-000011/unit.json", line)]
-    merge = subprocess.run([sys.executable, "-m", "fastdata", "merge", url, "--quiet"], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "merger")),
-                           timeout=300)
+    merge = run_fastdata("merge", url, "--quiet", env={"FASTDATA_CACHE_DIR": str(tmp_path / "merger")}, timeout=300)
     assert merge.returncode == 0, merge.stderr
     local = tmp_path / "local.tar"
-    finish = convert(str(local), "machine-3")
-    assert finish.communicate(timeout=300) and finish.returncode == 0
+    whole = convert(str(local), "machine-3")
+    finish(whole, timeout=300)
+    assert whole.returncode == 0
     assert output_contents(downloaded(s3, url, tmp_path / "got")) == output_contents(local)
 
 
 def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, monkeypatch) -> None:
     ray = pytest.importorskip("ray")
-    from test_parts import make_folder
+    from conftest import make_folder
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     source = make_folder(tmp_path / "src", 20)
@@ -551,7 +544,7 @@ def test_ray_writes_to_a_url_the_local_engines_bytes(s3: S3, tmp_path: Path, mon
 
 def test_hdf5_parts_merge_into_one_object_equal_to_the_local_file_and_no_marker_is_left(
         s3: S3, tmp_path: Path, monkeypatch) -> None:
-    from test_parts import make_folder
+    from conftest import make_folder
 
     monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "cache"))
     source = make_folder(tmp_path / "src", 20)

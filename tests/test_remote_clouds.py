@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +38,7 @@ from PIL import Image
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported: see above
 
 import fastdata
-from conftest import convert_to, output_contents, pattern, same_samples, save, wait_until
+from conftest import WRITABLE_FORMATS, convert_to, output_contents, pattern, run_fastdata, same_samples, save, wait_until
 from fastdata.cli import main
 from fastdata.errors import CorruptDataError, RemoteAccessError, RemoteNotFoundError
 from fastdata.formats.tar import TarDataset
@@ -175,7 +174,7 @@ def listing(cloud: Cloud, key: str) -> list[str]:
 # --- writing and reading ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tar", "npy", "hdf5"])
+@pytest.mark.parametrize("name", WRITABLE_FORMATS)
 def test_a_dataset_converted_to_the_url_reads_back_as_the_local_conversion(
         cloud: Cloud, name: str, uniform_folder: Path, tmp_path: Path) -> None:
     local = convert_to(uniform_folder, tmp_path, name, "encoded")
@@ -202,13 +201,11 @@ def test_the_cli_converts_to_the_url_then_info_and_verify_read_it(cloud: Cloud, 
                                                                   tmp_path: Path) -> None:
     url = cloud.url("cli/ds.tar")
     assert main(["convert", str(uniform_folder), url, "--shard-samples", "5", "--quiet"]) == 0
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FASTDATA_CACHE_DIR=str(tmp_path / "cli-cache"))
-    info = subprocess.run([sys.executable, "-m", "fastdata", "info", url], capture_output=True, text=True, env=env,
-                          timeout=120)
+    env = {"FASTDATA_CACHE_DIR": str(tmp_path / "cli-cache")}
+    info = run_fastdata("info", url, env=env)
     assert info.returncode == 0, info.stderr
     assert f"path:     {url}\n" in info.stdout and "samples:  12\n" in info.stdout
-    verify = subprocess.run([sys.executable, "-m", "fastdata", "verify", url], capture_output=True, text=True,
-                            env=env, timeout=120)
+    verify = run_fastdata("verify", url, env=env)
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.startswith(f"{url}: OK (tar, 12 samples; 4 checksums match)")
 

@@ -32,12 +32,6 @@ from servers import BUCKET, ROOT, S3, downloaded, upload  # noqa: E402 - after t
 KEY = "photos-0123456789abcdef"  # a dataset's folder in the cache: a name and 16 hex digits
 
 
-def cli(*args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    """``fastdata ARGS`` in a process of its own (``prefix``: the command that starts it)."""
-    return subprocess.run([*(prefix or []), sys.executable, "-m", "fastdata", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), timeout=300)
-
-
 def run(capsys, *args: str) -> tuple[int, str, str]:
     """``fastdata ARGS`` in this process: (exit status, stdout, stderr)."""
     from fastdata.cli import main

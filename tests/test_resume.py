@@ -3,31 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import kill_after_checkpoint, output_contents
+from conftest import finish, kill_after_checkpoint, output_contents, start_fastdata
 from fastdata.formats import all_formats
 
 SOURCE = ["torchvision:FakeData", "--source-option", "size=8000", "--source-option", "image_size=(3, 8, 8)"]
 RESUMABLE = [(spec.name, store) for spec in all_formats() if spec.writable and spec.writer.supports_resume
              for store in spec.stores]
-ENV = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="0.2")
+ENV = {"FASTDATA_CHECKPOINT_INTERVAL_S": "0.2"}
 
 
 def convert(out: Path, fmt: str, store: str, *extra: str, **popen) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fastdata", "convert", *SOURCE, str(out), "--format", fmt, "--store", store,
-               "--workers", "2", "--quiet", *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, **popen)
+    return start_fastdata("convert", *SOURCE, out, "--format", fmt, "--store", store, "--workers", "2", "--quiet",
+                          *extra, env=ENV, **popen)
 
 
-def finish(process: subprocess.Popen) -> int:
-    stdout, stderr = process.communicate(timeout=300)  # also closes the pipes
+def succeed(process: subprocess.Popen) -> int:
+    stdout, stderr = finish(process, timeout=300)  # also closes the pipes
     assert process.returncode == 0, stderr
     return process.returncode
 
@@ -41,7 +38,7 @@ STOPPED = [(fmt, store, (signal.SIGKILL, signal.SIGTERM)[number % 2]) for number
 def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path, fmt: str, store: str,
                                                                    signum: signal.Signals) -> None:
     reference = tmp_path / "reference"
-    finish(convert(reference, fmt, store))
+    succeed(convert(reference, fmt, store))
     out = tmp_path / "out"
     journal = tmp_path / "out.partial.json"
     process = convert(out, fmt, store, start_new_session=True)
@@ -49,22 +46,22 @@ def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path
     assert process.returncode == (-9 if signum == signal.SIGKILL else 143) and 1000 < checkpoint < 8000
     lock = ["out.partial.lock"] if signum == signal.SIGKILL else []  # a killed process cannot remove its lock file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", *lock, "reference"]
-    finish(convert(out, fmt, store, "--resume"))
+    succeed(convert(out, fmt, store, "--resume"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
     assert output_contents(out) == output_contents(reference)
 
 
 def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp_path: Path) -> None:
     out = tmp_path / "out.npy"
-    finish(convert(out, "npy", "raw", "--resume"))
+    succeed(convert(out, "npy", "raw", "--resume"))
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     again = convert(out, "npy", "raw", "--resume")
-    stdout, _ = again.communicate(timeout=300)
+    stdout, _ = finish(again, timeout=300)
     assert again.returncode == 0
     assert stdout.startswith(f"{out} is already complete (8,000 samples, same source and options); nothing to do")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     other = convert(out, "npy", "encoded", "--resume")
-    _, stderr = other.communicate(timeout=300)
+    _, stderr = finish(other, timeout=300)
     assert other.returncode == 1 and "with other options (store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite" in stderr
 
 
@@ -87,17 +84,16 @@ def test_tar_shards_named_by_webdataset_keys_resume_to_the_same_bytes(tmp_path: 
                 sink.write({"__key__": f"s{number}/k{row:05d}", "png": buffer.getvalue(), "txt": f"{number} {row}".encode()})
 
     def run(out: Path, *extra: str, **popen) -> subprocess.Popen:
-        command = [sys.executable, "-m", "fastdata", "convert", str(shards), str(out), "--format", "tar", "--store",
-                   "encoded", "--workers", "2", "--quiet", "--shard-samples", "1500", *extra]
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, **popen)
+        return start_fastdata("convert", shards, out, "--format", "tar", "--store", "encoded", "--workers", "2",
+                              "--quiet", "--shard-samples", "1500", *extra, env=ENV, **popen)
 
     reference = tmp_path / "reference"
-    finish(run(reference))
+    succeed(run(reference))
     out = tmp_path / "out"
     process = run(out, start_new_session=True)
     checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
     assert 1000 < checkpoint < 8000
-    finish(run(out, "--resume"))
+    succeed(run(out, "--resume"))
     assert output_contents(out) == output_contents(reference)
     index = json.loads((out / "index.json").read_text())
     assert index["shards"][1]["key"][:2] == ["s0/k01500", "s0/k01501"]

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import WRITABLE_FORMATS, pattern, save, wait_until
+from conftest import WRITABLE_FORMATS, class_folder, finish, pattern, run_fastdata, save, start_fastdata, wait_until
 from fastdata.conversion import journal
 from fastdata.errors import (
     InvalidOptionError, OutputExistsError, OutputLockedError, OutputWriteError, SourceChangedError,
@@ -31,12 +31,6 @@ from fastdata.machine import cgroup_cpu_quota
 from fastdata.conversion.locks import ConversionLock
 from fastdata.conversion.outputs import write_error
 
-
-
-def cli(*args, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    """The command line in a new process (for exit codes, signals and what reaches stderr)."""
-    return subprocess.run([sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
 
 
 def cli_here(capsys, *args, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -61,13 +55,6 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fastdata: error: "), result.stderr
     return lines[0][len("fastdata: error: "):]
-
-
-def make_folder(root: Path, classes: dict[str, int], size: int = 8) -> Path:
-    for number, (name, count) in enumerate(classes.items()):
-        for i in range(count):
-            save(Image.fromarray(pattern(size, size, seed=number * 1000 + i)), root / name / f"{i:04d}.png")
-    return root
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -102,11 +89,11 @@ def interrupted(source: Path, output: Path, after: int) -> dict:
 
 
 def test_resume_refuses_a_source_with_a_new_class_folder(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"b": 40, "c": 40, "d": 40})
+    source = class_folder(tmp_path / "src", {"b": 40, "c": 40, "d": 40})
     out = tmp_path / "out.npy"
     interrupted(source, out, after=45)
     partial_before = tree(tmp_path / "out.npy.partial")
-    make_folder(tmp_path / "new", {"a_new": 3})
+    class_folder(tmp_path / "new", {"a_new": 3})
     (tmp_path / "new" / "a_new").rename(source / "a_new")  # sorts first: every label would shift
     with pytest.raises(SourceChangedError) as info:
         fastdata.convert(source, out, workers=0, resume=True)
@@ -131,7 +118,7 @@ def test_resume_refuses_a_source_with_a_new_class_folder(tmp_path: Path) -> None
     ("rename", "'c': files renamed or replaced (same number, 40)"),
 ])
 def test_resume_names_a_changed_file(tmp_path: Path, change: str, expected: str) -> None:
-    source = make_folder(tmp_path / "src", {"b": 40, "c": 40})
+    source = class_folder(tmp_path / "src", {"b": 40, "c": 40})
     out = tmp_path / "out.npy"
     interrupted(source, out, after=30)
     target = source / "c" / "0007.png"
@@ -143,7 +130,7 @@ def test_resume_names_a_changed_file(tmp_path: Path, change: str, expected: str)
         save(Image.fromarray(pattern(8, 8, 98)), target, compress_level=0)
     else:
         target.rename(source / "c" / "renamed.png")
-    result = cli("convert", source, out, "--workers", "0", "--resume", "--quiet")
+    result = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--quiet")
     assert one_error_line(result) == (
         f"Cannot resume {str(out)!r}: the source changed since the conversion began: {expected}. Resuming would "
         "mix samples and labels of both. Convert without --resume (--overwrite if the output exists) to start over."
@@ -151,7 +138,7 @@ def test_resume_names_a_changed_file(tmp_path: Path, change: str, expected: str)
 
 
 def test_resume_of_an_unchanged_source_gives_the_uninterrupted_output(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"b": 40, "c": 40, "d": 40})
+    source = class_folder(tmp_path / "src", {"b": 40, "c": 40, "d": 40})
     out = tmp_path / "out.npy"
     record = interrupted(source, out, after=60)
     assert 0 < record["next_index"] < 120
@@ -164,7 +151,7 @@ def test_resume_of_an_unchanged_source_gives_the_uninterrupted_output(tmp_path: 
 
 
 def test_resume_refuses_other_options(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"b": 40, "c": 40})
+    source = class_folder(tmp_path / "src", {"b": 40, "c": 40})
     out = tmp_path / "out.npy"
     interrupted(source, out, after=30)
     with pytest.raises(InvalidOptionError, match=r"^Cannot resume '.*out.npy': its partial conversion was started "
@@ -173,31 +160,31 @@ def test_resume_refuses_other_options(tmp_path: Path) -> None:
 
 
 def test_finished_output_is_not_kept_after_source_files_were_deleted(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"b": 5, "c": 5})
+    source = class_folder(tmp_path / "src", {"b": 5, "c": 5})
     out = tmp_path / "out.npy"
     fastdata.convert(source, out, workers=0)
     kept = fastdata.convert(source, out, workers=0, resume=True)  # unchanged: kept as it is
     assert kept["count"] == 10
     (source / "b" / "0001.png").unlink()
-    result = cli("convert", source, out, "--workers", "0", "--resume", "--quiet")
+    result = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--quiet")
     assert one_error_line(result) == (
         f"Output {str(out)!r} is complete, but its source changed since it was converted: 'b': 1 file removed "
         "(4 now, 5 before). --resume keeps an output only when its source is unchanged; pass --overwrite to "
         "convert again."
     )
-    again = cli("convert", source, out, "--workers", "0", "--resume", "--overwrite", "--quiet")
+    again = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--overwrite", "--quiet")
     assert again.returncode == 0 and again.stdout.startswith(f"wrote 9 samples to {out}")
 
 
 def test_resume_refuses_a_changed_torchvision_dataset(tmp_path: Path) -> None:
     out = tmp_path / "fake.npy"
     small = ["torchvision:FakeData", "--source-option", "size=20", "--source-option", "image_size=(3, 8, 8)"]
-    assert cli("convert", *small, out, "--quiet").returncode == 0
-    again = cli("convert", *small, out, "--quiet", "--resume")
+    assert run_fastdata("convert", *small, out, "--quiet").returncode == 0
+    again = run_fastdata("convert", *small, out, "--quiet", "--resume")
     assert again.returncode == 0 and "is already complete (20 samples, same source and options)" in again.stdout
     other = ["torchvision:FakeData", "--source-option", "size=20", "--source-option", "image_size=(3, 8, 8)",
              "--source-option", "random_offset=5"]  # same length, other images
-    message = one_error_line(cli("convert", *other, out, "--quiet", "--resume"))
+    message = one_error_line(run_fastdata("convert", *other, out, "--quiet", "--resume"))
     assert "was converted from another source (" in message and "'random_offset': '5'" in message  # named
 
 
@@ -207,9 +194,9 @@ def test_resume_on_a_finished_output_names_the_options_that_differ(tmp_path: Pat
         (source / "a").mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (6, 4), (index, 0, 0)).save(source / "a" / f"{index}.png")
     out = tmp_path / "out.npy"
-    assert cli("convert", source, out, "--resize", "4x4", "--workers", "0", "--quiet").returncode == 0
-    message = one_error_line(cli("convert", source, out, "--resize", "8x8", "--store", "encoded", "--workers", "0",
-                                 "--resume", "--quiet"))
+    assert run_fastdata("convert", source, out, "--resize", "4x4", "--workers", "0", "--quiet").returncode == 0
+    message = one_error_line(run_fastdata("convert", source, out, "--resize", "8x8", "--store", "encoded",
+                                          "--workers", "0", "--resume", "--quiet"))
     assert message == (f"Output {str(out)!r} was converted with other options (resize [4, 4], now [8, 8], "
                        "store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite to convert again.")
 
@@ -244,7 +231,7 @@ def test_python_dataset_fingerprint_names_the_change(tmp_path: Path) -> None:
 
 def test_output_equal_to_inside_or_containing_the_source_is_refused(tmp_path: Path, capsys) -> None:
     work = tmp_path / "work"
-    source = make_folder(work / "photos", {"a": 3, "b": 3})
+    source = class_folder(work / "photos", {"a": 3, "b": 3})
     before = tree(work)
     cases = [
         (source, f"Output {str(source)!r} is the source folder itself; fastdata never writes over what it reads."),
@@ -261,7 +248,7 @@ def test_output_equal_to_inside_or_containing_the_source_is_refused(tmp_path: Pa
 
 
 def test_overwrite_replaces_only_a_fastdata_dataset(tmp_path: Path, capsys) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3, "b": 3})
+    source = class_folder(tmp_path / "src", {"a": 3, "b": 3})
     mine = tmp_path / "mine"
     (mine / "sub").mkdir(parents=True)
     (mine / "sub" / "notes.txt").write_text("keep me")
@@ -285,7 +272,7 @@ def test_overwrite_replaces_only_a_fastdata_dataset(tmp_path: Path, capsys) -> N
 
 
 def test_damaged_dataset_is_not_replaced(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3})
+    source = class_folder(tmp_path / "src", {"a": 3})
     out = tmp_path / "out.npy"
     fastdata.convert(source, out, workers=0)
     (out / "manifest.json").write_text("{not json")
@@ -299,7 +286,7 @@ def test_damaged_dataset_is_not_replaced(tmp_path: Path) -> None:
 
 
 def test_files_next_to_the_output_are_kept(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3, "b": 3})
+    source = class_folder(tmp_path / "src", {"a": 3, "b": 3})
     out = tmp_path / "d.npy"
     fastdata.convert(source, out, workers=0)
     (tmp_path / "d.npy.old").write_text("my backup")
@@ -309,9 +296,9 @@ def test_files_next_to_the_output_are_kept(tmp_path: Path) -> None:
 
 
 def test_a_partial_output_fastdata_did_not_write_is_refused_not_deleted(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3})
+    source = class_folder(tmp_path / "src", {"a": 3})
     (tmp_path / "e.npy.partial").write_text("my own file")
-    message = one_error_line(cli("convert", source, tmp_path / "e.npy", "--quiet"))
+    message = one_error_line(run_fastdata("convert", source, tmp_path / "e.npy", "--quiet"))
     assert message == (f"{str(tmp_path / 'e.npy.partial')!r} exists, but fastdata has no record of writing it (no "
                        "journal 'e.npy.partial.json'); it is not removed. Move it away, or choose another output path.")
     assert (tmp_path / "e.npy.partial").read_text() == "my own file"
@@ -319,7 +306,7 @@ def test_a_partial_output_fastdata_did_not_write_is_refused_not_deleted(tmp_path
 
 
 def test_hdf5_temporary_files_never_replace_a_users_file(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3})
+    source = class_folder(tmp_path / "src", {"a": 3})
     users = tmp_path / "x.h5.partial.blob"
     users.write_text("not fastdata's")
     fastdata.convert(source, tmp_path / "x.h5", format="hdf5", store="encoded", workers=0)
@@ -335,25 +322,22 @@ FAKE = ["torchvision:FakeData", "--source-option", "size=3000", "--source-option
 def test_a_second_conversion_of_the_same_output_is_refused_at_once(tmp_path: Path) -> None:
     out = tmp_path / "race.npy"
     with ConversionLock(out):  # this process is converting to race.npy
-        started = time.monotonic()
-        second = cli("convert", *FAKE, out, "--workers", "1", "--quiet")
-        message = one_error_line(second)
-        assert time.monotonic() - started < 30  # refused at once, not after converting
+        # refused, not converted after waiting for the lock (a wait that never ends fails as hung)
+        message = one_error_line(run_fastdata("convert", *FAKE, out, "--workers", "1", "--quiet"))
     assert message.startswith(f"Another conversion is writing {str(out)!r} (process {os.getpid()} on ")
     assert message.endswith("Wait for it to finish, or stop it; two conversions of one output would corrupt it.")
     assert list(tmp_path.iterdir()) == []
-    assert cli("convert", *FAKE, out, "--workers", "1", "--quiet").returncode == 0  # the lock was released
+    assert run_fastdata("convert", *FAKE, out, "--workers", "1", "--quiet").returncode == 0  # the lock was released
     assert fastdata.verify(out).ok
 
 
 def test_conversions_started_together_leave_one_sound_dataset(tmp_path: Path) -> None:
     for attempt in range(3):
         out = tmp_path / f"together-{attempt}.npy"
-        command = [sys.executable, "-m", "fastdata", "convert", *FAKE[:1], "--source-option", "size=300", str(out),
-                   "--workers", "1", "--quiet"]
-        processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                     for _ in range(2)]
-        results = sorted((p.wait(timeout=300), *p.communicate()) for p in processes)
+        command = ["convert", *FAKE[:1], "--source-option", "size=300", out, "--workers", "1", "--quiet"]
+        processes = [start_fastdata(*command, start_new_session=True) for _ in range(2)]
+        outputs = [finish(p, timeout=300) for p in processes]
+        results = sorted((p.returncode, *output) for p, output in zip(processes, outputs))
         (ok, ok_out, _), (failed, _, failed_err) = results
         assert (ok, failed) == (0, 1) and ok_out.startswith(f"wrote 300 samples to {out}")
         assert ("Another conversion is writing" in failed_err or "already exists" in failed_err), failed_err
@@ -363,7 +347,7 @@ def test_conversions_started_together_leave_one_sound_dataset(tmp_path: Path) ->
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3})
+    source = class_folder(tmp_path / "src", {"a": 3})
     out = tmp_path / "s.npy"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (tmp_path / "s.npy.partial.lock").write_text(json.dumps({"lock": "fastdata conversion lock",
@@ -465,24 +449,24 @@ def test_bad_torchvision_options_and_output_paths_are_one_line_errors(tmp_path: 
 
 
 def _wait_for_output(process: subprocess.Popen, path: Path) -> None:
-    wait_until(lambda: path.exists() and any(path.iterdir()), f"output in {path}", process=process, timeout_s=60)
+    wait_until(lambda: path.exists() and any(path.iterdir()), f"output in {path}", process=process)
 
 
 # no checkpoint is ever made, so an interrupted conversion keeps nothing (with one, Ctrl-C and
 # SIGTERM keep the partial output for --resume: test_faults, test_resume)
-NO_CHECKPOINT = dict(os.environ, FASTDATA_CHECKPOINT_INTERVAL_S="1e9")
+NO_CHECKPOINT = {"FASTDATA_CHECKPOINT_INTERVAL_S": "1e9"}
 
 
 @pytest.mark.parametrize("delay_s", [0.1, 0.3, 0.6, 1.0, 1.5])
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path: Path, delay_s: float) -> None:
     out = tmp_path / "c.npy"
-    process = subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *FAKE, str(out), "--quiet"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               env=NO_CHECKPOINT)
-    time.sleep(delay_s)  # during the imports, the source scan, or the conversion
+    process = start_fastdata("convert", *FAKE, out, "--quiet", env=NO_CHECKPOINT, start_new_session=True)
+    time.sleep(delay_s)  # the moment of the signal: during the imports, the source scan, or the conversion
     os.killpg(process.pid, signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    if process.returncode == 0:  # pragma: no cover - a very fast machine finished first
+    _, stderr = finish(process, timeout=60)
+    if process.returncode == 0:  # a fast machine finished first: then the output is whole, and nothing else is left
+        assert stderr == ""
+        assert [p.name for p in tmp_path.iterdir()] == ["c.npy"] and fastdata.verify(out).ok
         return
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["fastdata: interrupted"], stderr
@@ -491,12 +475,11 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path: Path, delay_s: f
 
 def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     out = tmp_path / "t.npy"
-    process = subprocess.Popen([sys.executable, "-m", "fastdata", "convert", *FAKE, str(out), "--workers", "2",
-                                "--store", "encoded", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=NO_CHECKPOINT)
+    process = start_fastdata("convert", *FAKE, out, "--workers", "2", "--store", "encoded", "--quiet",
+                             env=NO_CHECKPOINT)
     _wait_for_output(process, tmp_path / "t.npy.partial")
     process.terminate()  # only the main process, as a job scheduler's first signal
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = finish(process, timeout=60)
     assert process.returncode == 143 and stderr.strip().splitlines() == ["fastdata: terminated"], stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -506,12 +489,12 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
 
 def test_workers_are_capped_at_the_usable_cores(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    result = cli("convert", *FAKE[:1], "--source-option", "size=240", tmp_path / "w.npy", "--workers", "100000",
-                 "--quiet", timeout=120)
+    result = run_fastdata("convert", *FAKE[:1], "--source-option", "size=240", tmp_path / "w.npy", "--workers",
+                          "100000", "--quiet")
     assert result.returncode == 0, result.stderr
     assert result.stderr == f"fastdata: --workers 100000 capped at {cores} (the usable cores)\n"
-    few = cli("convert", *FAKE[:1], "--source-option", "size=1", tmp_path / "one.npy", "--workers", str(cores + 1),
-              "--quiet")
+    few = run_fastdata("convert", *FAKE[:1], "--source-option", "size=1", tmp_path / "one.npy", "--workers",
+                       cores + 1, "--quiet")
     assert few.returncode == 0 and few.stderr == f"fastdata: --workers {cores + 1} capped at 1 (the sample count)\n"
 
 
@@ -533,7 +516,7 @@ def test_cgroup_cpu_quota(tmp_path: Path, files: dict[str, str], expected: float
 
 
 def test_a_dangling_symlink_as_output_is_refused_before_converting(tmp_path: Path) -> None:
-    source = make_folder(tmp_path / "src", {"a": 3})
+    source = class_folder(tmp_path / "src", {"a": 3})
     link = tmp_path / "link.npy"
     link.symlink_to(tmp_path / "nowhere")
     with pytest.raises(OutputExistsError, match=r"is a symbolic link \(to '.*nowhere'\); fastdata does not write "

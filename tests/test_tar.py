@@ -27,7 +27,7 @@ from fastdata.formats.tar import ShardSplitWarning
 from fastdata.formats.tar.split import shard_order, split_pieces
 from fastdata.sources import scan_folder
 from fastdata.manifest import file_checksum
-from format_contract import FormatContract
+from fastdata.testing import FormatContract
 
 
 class TestTarFormat(FormatContract):

@@ -4,8 +4,6 @@ decisions (a dominating step, the GIL, spawn without pickling), the JSON and the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import fastdata
+from conftest import run_fastdata
 from fastdata.errors import InvalidOptionError
 from fastdata.importing import is_import_string, load_dataset
 from fastdata.loading import BACKENDS
@@ -346,13 +345,8 @@ def test_tune_refuses_bad_arguments() -> None:
 # --- the command line ---------------------------------------------------------------------------------
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastdata", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(fastdata.__file__).parents[1])})
-
-
 def test_cli_tune_json_on_an_import_string(user_module: str, tmp_path: Path) -> None:
-    done = run_cli("tune", f"{user_module}:dataset", "--batch-size", "8", "--budget-s", "6", "--json", cwd=tmp_path)
+    done = run_fastdata("tune", f"{user_module}:dataset", "--batch-size", "8", "--budget-s", "6", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert all(name in document for name in JSON_FIELDS)
@@ -362,15 +356,15 @@ def test_cli_tune_json_on_an_import_string(user_module: str, tmp_path: Path) -> 
 
 
 def test_cli_tune_text_and_errors(user_module: str, tmp_path: Path) -> None:
-    done = run_cli("tune", f"{user_module}:make", "--batch-size", "4", "--budget-s", "5", "--step", f"{user_module}:step",
+    done = run_fastdata("tune", f"{user_module}:make", "--batch-size", "4", "--budget-s", "5", "--step", f"{user_module}:step",
                    "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "recommended: fastdata.loader(dataset, batch_size=4, shuffle=True" in done.stdout
     assert "\nwhy: num_workers=0: a batch of 4 takes " in done.stdout
-    missing = run_cli("tune", "nosuchmodule_abc:data", cwd=tmp_path)
+    missing = run_fastdata("tune", "nosuchmodule_abc:data", cwd=tmp_path)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert missing.stderr.startswith("fastdata: error: Cannot import module 'nosuchmodule_abc'")
-    both = run_cli("tune", f"{user_module}:make", "--step-ms", "5", "--step", f"{user_module}:step", cwd=tmp_path)
+    both = run_fastdata("tune", f"{user_module}:make", "--step-ms", "5", "--step", f"{user_module}:step", cwd=tmp_path)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
@@ -379,7 +373,7 @@ def test_cli_tune_mnist_predicts_converting_it(mnist_root: Path, tmp_path: Path)
 
     make_mnist(mnist_root, train=600)
     # a budget too small for anything but the first probes: the conversion probe runs all the same
-    done = run_cli("tune", "torchvision:MNIST", "--root", str(mnist_root), "--batch-size", "64", "--budget-s", "1",
+    done = run_fastdata("tune", "torchvision:MNIST", "--root", str(mnist_root), "--batch-size", "64", "--budget-s", "1",
                    "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
@@ -391,7 +385,7 @@ def test_cli_tune_mnist_predicts_converting_it(mnist_root: Path, tmp_path: Path)
 
 
 def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path: Path) -> None:
-    done = run_cli("bench", f"{user_module}:dataset", "--batch-size", "10", "--num-workers", "0,1", "--backends", "torch,thread",
+    done = run_fastdata("bench", f"{user_module}:dataset", "--batch-size", "10", "--num-workers", "0,1", "--backends", "torch,thread",
                    "--epochs", "1", "--warmup", "0", "--step", f"{user_module}:step", "--out", str(tmp_path / "b"),
                    "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -427,7 +421,7 @@ def test_sweep_survives_a_caller_that_used_intra_op_threads() -> None:
 def test_cli_tune_reads_a_converted_tar_dataset_map_style(uniform_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "shards"
     fastdata.convert(uniform_folder, out, format="tar", workers=0)
-    done = run_cli("tune", str(out), "--batch-size", "4", "--budget-s", "4", "--json", cwd=tmp_path)
+    done = run_fastdata("tune", str(out), "--batch-size", "4", "--budget-s", "4", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["measurements"]["samples"] == len(fastdata.TarIndexedDataset(out))

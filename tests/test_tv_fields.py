@@ -22,6 +22,7 @@ from torchvision import tv_tensors
 from torchvision.datasets import wrap_dataset_for_transforms_v2 as wrap
 
 import fastdata
+from conftest import FIELD_FORMATS, SUFFIXES, run_fastdata
 import tv_layouts
 from fastdata.conversion.options import parse_source_option
 from fastdata.errors import InvalidOptionError
@@ -451,7 +452,7 @@ def test_preview_command_on_a_classic_dataset(tmp_path: Path, capsys) -> None:
 # --- end to end: convert, then read back through every format ---------------------------------
 
 
-FORMATS = [(".npy", "encoded"), (".h5", "encoded"), (".tar", "encoded"), (".npy", "raw"), (".h5", "raw"), (".tar", "raw")]
+FORMATS = [(SUFFIXES[name], store) for store in ("encoded", "raw") for name in FIELD_FORMATS]  # (output name ending, store)
 
 
 def read_back(out: Path):
@@ -734,21 +735,16 @@ def test_preview_of_a_python_detection_dataset_in_any_structure(tmp_path: Path) 
 def test_cityscapes_and_coco_through_the_command_line_in_a_fresh_interpreter(tmp_path: Path) -> None:
     """A fresh interpreter: nothing of torchvision is imported beforehand (as for a user), and
     pycocotools' progress lines do not reach stdout."""
-    import subprocess
-    import sys
-
     import fastdata
 
     tv_layouts.make_cityscapes(tmp_path / "city")
     info = tv_layouts.make_coco(tmp_path / "coco")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     runs = [["torchvision:Cityscapes", "--root", str(tmp_path / "city"), "--source-option",
              "target_type=semantic,instance,polygon", str(tmp_path / "city.h5"), "--resize", "12x16"],
             ["torchvision:CocoDetection", "--root", str(info["root"]), "--source-option", f"annFile={info['annFile']}",
              str(tmp_path / "coco.tar"), "--store", "encoded"]]
     for arguments in runs:
-        result = subprocess.run([sys.executable, "-m", "fastdata", "convert", *arguments, "--quiet", "--workers", "0"],
-                                capture_output=True, text=True, env=env, timeout=300)
+        result = run_fastdata("convert", *arguments, "--quiet", "--workers", "0", timeout=300)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("wrote ") and len(result.stdout.splitlines()) == 1, result.stdout
     image, mask, masks, labels, polygon = fastdata.open_dataset(tmp_path / "city.h5")[0]

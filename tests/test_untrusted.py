@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastdata
-from conftest import WRITABLE, pattern, save
+from conftest import WRITABLE, WRITABLE_FORMATS, pattern, save
 from fastdata.errors import CorruptDataError, CorruptManifestError, ManifestError
 from fastdata.formats import get_format
 from fastdata.formats.hdf5 import MANIFEST_ATTR, USERBLOCK_BYTES, userblock, write_manifest
@@ -299,7 +299,7 @@ def write_document(out: Path, name: str, document) -> None:
 def read_everything(out: Path) -> None:
     """Open the dataset with every reader of its format and read every sample."""
     manifest = fastdata.formats.find_manifest(out)
-    spec = get_format(manifest["format"]) if manifest and manifest.get("format") in ("npy", "hdf5", "tar") else None
+    spec = get_format(manifest["format"]) if manifest and manifest.get("format") in WRITABLE_FORMATS else None
     readers = [fastdata.open_dataset] + ([spec.map_dataset] if spec else [])
     for reader in readers:
         dataset = reader(out)

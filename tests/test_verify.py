@@ -9,8 +9,6 @@ import pickle
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -18,8 +16,8 @@ import numpy as np
 import pytest
 
 import fastdata
-from conftest import WRITABLE, WRITABLE_IDS, convert_to
-from format_contract import CONTRACTS
+from conftest import WRITABLE, WRITABLE_IDS, convert_to, run_fastdata
+from fastdata.testing import CONTRACTS
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, SourceNotFoundError
 from fastdata.formats import get_format
 from fastdata.formats.hdf5 import USERBLOCK_BYTES
@@ -55,7 +53,7 @@ def assert_caught(out: Path, name: str) -> None:
     assert any(name in problem for problem in report.problems), report.problems
 
 
-# --- damage that the recorded checksums agree with: each format's hooks (tests/format_contract.py)
+# --- damage that the recorded checksums agree with: each format's hooks (fastdata.testing.FormatContract)
 
 for _name in sorted({name for name, _ in WRITABLE}):  # each registry format's test file defines its hooks
     importlib.import_module(f"test_{_name}")
@@ -232,19 +230,15 @@ def test_deep_decodes_a_sample_whose_checksum_was_made_to_match(uniform_folder: 
 # --- the command line ------------------------------------------------------------------------
 
 
-def run_cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fastdata", *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
 def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> None:
     out = convert(uniform_folder, tmp_path, "npy", "raw")
-    sound = run_cli("verify", out, "--deep", "--quiet")
+    sound = run_fastdata("verify", out, "--deep", "--quiet")
     assert (sound.returncode, sound.stdout, sound.stderr) == (
         0, f"{out}: OK (npy, 12 samples; 2 checksums match, every sample decodes)\n", ""
     )
     flip(out / "images.npy", 500)
     (out / "junk").write_bytes(b"")
-    bad = run_cli("verify", out)
+    bad = run_fastdata("verify", out)
     assert bad.returncode == 1 and bad.stderr == ""
     assert bad.stdout.splitlines() == [
         f"{out}: 2 problems (npy, 12 samples; 2 checksums checked)",
@@ -260,7 +254,7 @@ def test_cli_exit_codes_and_messages(uniform_folder: Path, tmp_path: Path) -> No
                             "(no manifest found). Convert it first ('fastdata convert'); an image folder is read with "
                             "fastdata.FolderDataset.\n"),
     ]:
-        result = run_cli("verify", *args)
+        result = run_fastdata("verify", *args)
         assert (result.returncode, result.stdout, result.stderr) == (1, "", message)
 
 

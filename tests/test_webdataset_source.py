@@ -14,7 +14,7 @@ import webdataset as wds
 from PIL import Image
 
 import fastdata
-from conftest import pattern
+from conftest import WRITABLE_FORMATS, pattern
 from fastdata.errors import BadSampleError, InvalidOptionError, SourceChangedError
 from fastdata.sources import WebDatasetSource, is_shard_source
 from fastdata.sources.webdataset import RepeatedKeysWarning
@@ -177,7 +177,7 @@ def field_bytes(out: Path, fmt: str, name: str, count: int) -> list[bytes]:
     return [sample[name] if name is not None else sample["jpg"] for sample in samples]
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5", "tar"])
+@pytest.mark.parametrize("fmt", WRITABLE_FORMATS)
 def test_encoded_store_keeps_every_member_byte_identical(tmp_path: Path, fmt: str) -> None:
     """Several images per sample (``.jpg`` + ``.left.png`` + a P-mode ``.seg.png`` mask), a
     caption, a json: with ``--store encoded`` every member is stored as the bytes it was."""

@@ -1,12 +1,12 @@
-"""The contract every writable storage format keeps, written once.
+"""The contract every writable storage format keeps, written once: :class:`FormatContract`.
 
-A format's own test file subclasses :class:`FormatContract`, names the format, and supplies
-small hooks: how to rewrite its manifest (to test the version check), how to damage one of its
-data files (to test that readers name the damage), its stored bytes (test_properties), and the
-damage its checksums are made to agree with (``reseal``, ``set_label``, ``garble_sample``,
-``sample_file``: test_verify, which takes each registry format's hooks from :data:`CONTRACTS`). pytest then runs every test below for
-that format and each of its stores, so adding a format means one module plus one test file
-(``tests/test_contract.py`` checks that every registered format has one).
+A format's test file subclasses it, names the format, and supplies small hooks: how to damage
+one of its data files (to test that readers name the damage), and, where its layout differs
+from a directory with a ``manifest.json``, how to rewrite its manifest (to test the version
+check). fastdata's own test suite also takes the hooks ``stored_bytes``, ``reseal``,
+``set_label``, ``garble_sample`` and ``sample_file`` (the damage its checksums are made to agree
+with) of each format's subclass from :data:`CONTRACTS`. pytest then runs every test below for
+that format and each of its stores.
 
 The source of every dataset here is :class:`Numbered`: pixels that spell each sample's index,
 so a sample read twice, lost, mixed up with another or given the wrong label is caught.
@@ -21,20 +21,26 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-import fastdata
+from fastdata import loading
+from fastdata.api import open_dataset
+from fastdata.conversion import convert
 from fastdata.errors import BadSampleError, CorruptDataError, OutputExistsError, VersionMismatchError
+from fastdata.extras import require
 from fastdata.formats import find_manifest, get_format
 from fastdata.manifest import describe_file, write_manifest
+from fastdata.verification import verify
+
+pytest = require("pytest", extra="testing", feature="fastdata.testing (the format contract suite)")
 
 COUNT = 47  # prime: every batch size, shard size and worker count leaves a remainder
 CLASSES = 5
 BATCH = 5
 SIDE = 4
 EXPECTED = Counter((i, i % CLASSES) for i in range(COUNT))
+# every subclass that names a format, by format name (fastdata's own tests take each format's hooks here)
 CONTRACTS: dict[str, type] = {}
 
 
@@ -102,6 +108,29 @@ def check_epochs(make_loader, shuffle: bool, *, in_order: bool = False, epochs: 
             assert order != sorted(order), f"epoch {epoch}: shuffle=True read in index order"
         elif in_order:
             assert order == list(range(COUNT)), f"epoch {epoch}: shuffle=False read out of index order"
+
+
+class Layouts(torch.utils.data.Dataset):
+    """Several readers as one map-style dataset, read a batch at a time: ``dataset[indices]`` is
+    ``(images, labels, layouts)``, each sample's layout its reader's position in ``readers``."""
+
+    supports_index_arrays = True
+
+    def __init__(self, readers: list) -> None:
+        self.readers = readers
+        self.ends = np.cumsum([len(reader) for reader in readers])
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def __getitem__(self, indices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        indices = np.asarray(indices)
+        layouts = np.searchsorted(self.ends, indices, side="right")
+        starts = np.concatenate([[0], self.ends[:-1]])
+        batches = [self.readers[layout][(indices[layouts == layout] - starts[layout]).tolist()]
+                   for layout in np.unique(layouts)]
+        return (torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches]),
+                torch.from_numpy(np.sort(layouts, kind="stable")))
 
 
 def workers(num_workers: int, context: str = "fork") -> dict:
@@ -177,7 +206,7 @@ class FormatContract:
         done = {}
         for key, (store, options) in layouts.items():
             out = tmp_path_factory.mktemp(f"{cls.format}-{key}") / f"data{spec.suffix}"
-            manifest = fastdata.convert(Numbered(), out, format=cls.format, store=store, workers=0, **options)
+            manifest = convert(Numbered(), out, format=cls.format, store=store, workers=0, **options)
             assert manifest["count"] == COUNT and manifest["classes"] == Numbered.classes
             done[key] = out
         return done
@@ -199,8 +228,8 @@ class FormatContract:
     # --- the contract -----------------------------------------------------------------------
 
     def test_round_trip_len_classes_and_manifest(self, converted) -> None:
-        ds = fastdata.open_dataset(converted)
-        manifest = fastdata.formats.find_manifest(converted)
+        ds = open_dataset(converted)
+        manifest = find_manifest(converted)
         assert manifest["count"] == COUNT and manifest["format"] == self.format
         assert manifest["files"] and all("blake2b" in entry for entry in manifest["files"].values())
         assert ds.classes == Numbered.classes and ds.class_to_idx == {n: i for i, n in enumerate(Numbered.classes)}
@@ -216,11 +245,11 @@ class FormatContract:
 
     def test_targets_and_repr_like_torchvision(self, converted_layouts) -> None:
         for store, out in converted_layouts.items():
-            for ds in {fastdata.open_dataset(out), self.map_style(out)}:
+            for ds in {open_dataset(out), self.map_style(out)}:
                 assert ds.targets == [index % CLASSES for index in range(COUNT)]
                 assert ds.targets == ds.labels.tolist()
                 lines = repr(ds).splitlines()
-                manifest_store = fastdata.formats.find_manifest(out)["store"]
+                manifest_store = find_manifest(out)["store"]
                 assert lines[:4] == [f"Dataset {type(ds).__name__}", f"    Number of datapoints: {COUNT}",
                                      f"    Root location: {out}",
                                      f"    Stored: {self.format} {manifest_store}, " + ("" if manifest_store != "raw" else
@@ -237,12 +266,10 @@ class FormatContract:
     @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
     def test_map_style_reader_yields_every_sample_once(self, converted_layouts, num_workers: int,
                                                        shuffle: bool) -> None:
-        """With fastdata.loader and the standard DataLoader, every layout, two epochs."""
+        """With the standard DataLoader, every layout, two epochs (fastdata.loader: the backend
+        test below, whose batches equal those of one checked here the same way)."""
         for out in converted_layouts.values():
-            reader = self.map_style(out)
-            fast = fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=3, **workers(num_workers))
-            check_epochs(lambda epoch, order: records(fast, order), shuffle, in_order=True)
-            standard = DataLoader(reader, batch_size=BATCH, shuffle=shuffle, **workers(num_workers))
+            standard = DataLoader(self.map_style(out), batch_size=BATCH, shuffle=shuffle, **workers(num_workers))
             check_epochs(lambda epoch, order: records(standard, order), shuffle, in_order=True)
 
     @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -271,11 +298,15 @@ class FormatContract:
         for out in converted_layouts.values():
             reader = self.map_style(out)
             for shuffle in (False, True):
-                reference = [(images.clone(), labels.clone()) for images, labels in
-                             fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11)]
+                # the reference, num_workers=0, is read as the DataLoader is above: every sample once, two
+                # epochs, in index order unless shuffled
+                reference_loader = loading.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11)
+                check_epochs(lambda epoch, order: records(reference_loader, order), shuffle, in_order=True)
+                reference_loader.sampler.set_epoch(0)
+                reference = [(images.clone(), labels.clone()) for images, labels in reference_loader]
                 assert Counter((int(i[0, 0, 0]), int(l)) for b in reference for i, l in zip(*b)) == EXPECTED
                 for num_workers in (0, 1, 2, 3):
-                    loader = fastdata.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11, backend=backend,
+                    loader = loading.loader(reader, batch_size=BATCH, shuffle=shuffle, seed=11, backend=backend,
                                              num_workers=num_workers, persistent_workers=num_workers > 0)
                     for epoch in range(2):  # persistent workers serve a second epoch too
                         loader.sampler.set_epoch(0)
@@ -285,37 +316,45 @@ class FormatContract:
                             assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
                     getattr(loader, "close", lambda: None)()
 
-    def test_spawned_workers_after_the_parent_read(self, converted) -> None:
-        reader = self.map_style(converted)
-        reader[0]  # the parent opens its files first; workers must open their own
-        loader = fastdata.loader(reader, batch_size=BATCH, **workers(2, "spawn"))
-        check_epochs(lambda epoch, order: records(loader, order), shuffle=True, epochs=1)
+    def test_spawned_workers_after_the_parent_read(self, converted_layouts) -> None:
+        """Every layout, read through one pool of spawned workers (one start-up for all)."""
+        readers = [self.map_style(out) for out in converted_layouts.values()]
+        for reader in readers:
+            reader[0]  # the parent opens its files first; workers must open their own
+        loader = loading.loader(Layouts(readers), batch_size=BATCH, shuffle=True, seed=5, **workers(2, "spawn"))
+        found: Counter = Counter()
+        for images, labels, layouts in loader:
+            for image, label, layout in zip(images.permute(0, 2, 3, 1).numpy(), labels.tolist(), layouts.tolist()):
+                index = int(image[0, 0, 0])
+                np.testing.assert_array_equal(image, sample_pixels(index), err_msg=f"layout {layout}, sample {index}")
+                found[(layout, index, label)] += 1
+        assert found == Counter((layout, i, i % CLASSES) for layout in range(len(readers)) for i in range(COUNT))
 
     @pytest.mark.parametrize("num_workers", [0, 2])
     def test_failure_mid_write_leaves_nothing(self, tmp_path: Path, num_workers: int) -> None:
         for store in get_format(self.format).stores:
             with pytest.raises(BadSampleError, match="sample 250: cannot load sample \\(disk went away\\)"):
                 # mode and size are given, so no scan pass runs: the failure comes after batches were written
-                fastdata.convert(FailsAt(250), tmp_path / "out", format=self.format, store=store,
+                convert(FailsAt(250), tmp_path / "out", format=self.format, store=store,
                                  workers=num_workers, mode="RGB", resize="4x4")
             assert list(tmp_path.iterdir()) == []
 
     def test_existing_output_refused_without_overwrite(self, tmp_path: Path) -> None:
         out = tmp_path / "out"
-        fastdata.convert(Numbered(), out, format=self.format, workers=0)
+        convert(Numbered(), out, format=self.format, workers=0)
         before = sorted(p.name for p in tmp_path.rglob("*"))
         with pytest.raises(OutputExistsError, match="already exists. Pass --overwrite to replace it."):
-            fastdata.convert(Numbered(), out, format=self.format, workers=0)
+            convert(Numbered(), out, format=self.format, workers=0)
         assert sorted(p.name for p in tmp_path.rglob("*")) == before
-        fastdata.convert(Numbered(), out, format=self.format, store="encoded", workers=0, overwrite=True)
-        assert fastdata.formats.find_manifest(out)["store"] == "encoded"
+        convert(Numbered(), out, format=self.format, store="encoded", workers=0, overwrite=True)
+        assert find_manifest(out)["store"] == "encoded"
 
     def test_unknown_layout_version_is_refused(self, converted) -> None:
         self.rewrite_manifest(converted, {"layout_version": 99})
         version = get_format(self.format).layout_version
         message = f"'{self.format}' layout version 99 is not supported; this fastdata reads layout version {version}"
         with pytest.raises(VersionMismatchError, match=message):
-            fastdata.open_dataset(converted)
+            open_dataset(converted)
         with pytest.raises(VersionMismatchError, match=message):
             self.map_style(converted)
         self.rewrite_manifest(converted, {"layout_version": version})
@@ -330,4 +369,4 @@ class FormatContract:
             with pytest.raises(CorruptDataError, match=expected):
                 reader = self.map_style(copy)
                 [reader[i] for i in range(COUNT)]
-            assert not fastdata.verify(copy).ok
+            assert not verify(copy).ok
