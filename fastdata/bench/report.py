@@ -13,21 +13,13 @@ from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.bench.summary import (
-    BACKEND_PREFERENCE, NOISE_FLOOR, OVERLAP_TIE, best_workers, choose, choose_workers, label, spread, summarize,
+    NOISE_FLOOR, OVERLAP_TIE, best_workers, choose, choose_workers, label, spread, summarize,
 )
 from fastdata.bench.explain import PATH_WORDS, ms, why_best_workers
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, preference
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
            "write_results"]
-
-
-BACKEND_REASONS = {
-    "thread": "threads hand each batch over by reference (nothing crosses a process boundary) and the read "
-              "releases the GIL",
-    "process": "workers write each batch once into reusable shared memory, read back with one copy (no pickling, "
-               "no new segment per batch)",
-    "torch": "the DataLoader",
-}
 
 
 def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
@@ -84,7 +76,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
     lines = []
     for group, results in sorted(groups.items()):
         distinct, folded, seen = [], [], set()
-        for key, workers, cell in sorted(results, key=lambda item: BACKEND_PREFERENCE.get(item[0][3], 3)):
+        for key, workers, cell in sorted(results, key=lambda item: preference(item[0][3])):
             if id(cell) in seen:  # num_workers=0: the serial loop every backend runs, measured once
                 folded.append(key[3])
                 continue
@@ -105,10 +97,11 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
             reason = "num_workers=0 wins: no backend's workers repay their hand-over cost here"
         elif choice["ties"]:
             reason = f"a tie within the noise with {', '.join(k[3] for k, _, _ in choice['ties'])}: the simpler one wins"
-        elif winner == "thread" and group[0] == "hdf5" and group[1] == "raw":
-            reason = "threads: " + BACKEND_REASONS["thread"] + " (memory-mapped HDF5; h5py reads would serialise on its global lock)"
+        elif BACKENDS[winner].shares_gil and group[0] == "hdf5" and group[1] == "raw":
+            reason = (f"{BACKENDS[winner].workers_name}: {BACKENDS[winner].reason} (memory-mapped HDF5; h5py reads "
+                      "would serialise on its global lock)")
         else:
-            reason = f"{winner}: " + BACKEND_REASONS[winner]
+            reason = f"{winner}: " + BACKENDS[winner].reason
         lines.append(f"{label((*group, 'torch'))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
                      f"{others}): {reason}")
     return lines

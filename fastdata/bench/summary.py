@@ -13,6 +13,7 @@ from typing import Any
 from fastdata.bench.explain import (
     TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence,
 )
+from fastdata.loading.backends import preference  # in a tie: the DataLoader users know, then threads
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -25,7 +26,6 @@ NOISE_FLOOR = TIE
 # ... and cells whose ranges overlap are a tie only while their medians differ by less than this:
 # one wild epoch widens a range over a real difference (a median 30% lower is no tie).
 OVERLAP_TIE = 0.15
-BACKEND_PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 Key = tuple[str, str, str, str]  # (format, store, read path, backend)
 
@@ -108,7 +108,7 @@ def within_noise(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _simplicity(key: Key, workers: int, cell: dict[str, Any], baseline: str | None) -> tuple:
-    return (workers, BACKEND_PREFERENCE.get(key[3], 3), key[0] != baseline, -cell["samples_per_s"], key)
+    return (workers, preference(key[3]), key[0] != baseline, -cell["samples_per_s"], key)
 
 
 def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = None) -> dict[str, Any] | None:
@@ -174,7 +174,7 @@ def distinct_cells(summary: dict[Key, dict[int, dict[str, Any]]]) -> list[tuple[
     """Every (key, num_workers, cell) measured or failed, each cell once: num_workers=0, shared by
     every backend of a row (:func:`summarize`), counts under the torch row."""
     cells, seen = [], set()
-    for key, by_workers in sorted(summary.items(), key=lambda item: (item[0][:3], BACKEND_PREFERENCE.get(item[0][3], 3),
+    for key, by_workers in sorted(summary.items(), key=lambda item: (item[0][:3], preference(item[0][3]),
                                                                       item[0][3])):
         for workers, cell in sorted(by_workers.items()):
             if id(cell) not in seen:
