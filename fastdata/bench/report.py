@@ -26,7 +26,7 @@ def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
     """Per-batch cost of moving a batch from a worker: the probe's data wait per batch at the
     fewest workers minus at num_workers=0 (a training step is outside the wait, so not in here)."""
     summary = summarize([dict(r, format="p") for r in rows if r["format"] == "probe"])
-    probe = summary.get(("p", "-", "transfer", "torch"))
+    probe = summary.get(("p", "-", "transfer", DEFAULT_BACKEND))
     if not probe or 0 not in probe or len(probe) < 2:
         return None
     with_workers = min(w for w in probe if w > 0)
@@ -84,7 +84,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
             distinct.append((key, workers, cell))
         if len(distinct) < 2:
             if folded:
-                lines.append(f"{label((*group, 'torch'))}: num_workers=0 on every backend ({', '.join(k[3] for k, _, _ in results)}"
+                lines.append(f"{label((*group, DEFAULT_BACKEND))}: num_workers=0 on every backend ({', '.join(k[3] for k, _, _ in results)}"
                              f": one serial loop in the calling thread, measured once, {distinct[0][2]['samples_per_s']:,.0f}/s): "
                              "no backend's workers repay their hand-over cost here")
             continue
@@ -102,7 +102,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
                       "would serialise on its global lock)")
         else:
             reason = f"{winner}: " + BACKENDS[winner].reason
-        lines.append(f"{label((*group, 'torch'))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
+        lines.append(f"{label((*group, DEFAULT_BACKEND))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
                      f"{others}): {reason}")
     return lines
 
@@ -123,8 +123,8 @@ def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer:
 
 
 def sort_key(key: tuple[str, ...], baseline: str | None) -> tuple:
-    backend = key[3] if len(key) > 3 else "torch"
-    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != "torch", backend)
+    backend = key[3] if len(key) > 3 else DEFAULT_BACKEND
+    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != DEFAULT_BACKEND, backend)
 
 
 def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
@@ -135,8 +135,8 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
     body, shared = [], False
     for key, by_workers in sorted(summary.items(), key=lambda item: sort_key(item[0], baseline)):
-        shared = shared or (key[3] != "torch" and 0 in by_workers
-                            and by_workers[0] is summary.get((*key[:3], "torch"), {}).get(0))
+        shared = shared or (key[3] != DEFAULT_BACKEND and 0 in by_workers
+                            and by_workers[0] is summary.get((*key[:3], DEFAULT_BACKEND), {}).get(0))
         choice = choose_workers(key, by_workers)
         tied = {w for _, w, _ in choice["ties"]} if choice else set()
         cells = []
