@@ -94,13 +94,14 @@ def backends_sentence(row: str, workers: int, ratios: dict[str, float]) -> str:
     def verb(ratio: float, plural: bool = False) -> str:
         return ("keep" if ratio < 1 else "reach") + ("" if plural else "s" if ratio < 1 else "es")
 
-    ours = sorted((b for b in ratios if b != "torch"), key=lambda b: -ratios[b])
+    dataloader = next((b for b in ratios if b in BACKENDS and BACKENDS[b].dataloader_options), None)
+    ours = sorted((b for b in ratios if b != dataloader), key=lambda b: -ratios[b])
     first = ours[0]
     text = (f"on {row} at {workers} worker{'s' if workers != 1 else ''}, fastdata's {first} backend "
             f"{verb(ratios[first])} {ratios[first]:.2f}x the rate of num_workers=0")
     text += "".join(f" and its {backend} backend {ratios[backend]:.2f}x" for backend in ours[1:])
-    if "torch" in ratios:
-        text += f", where the DataLoader's workers {verb(ratios['torch'], plural=True)} {ratios['torch']:.2f}x"
+    if dataloader is not None:
+        text += f", where the DataLoader's workers {verb(ratios[dataloader], plural=True)} {ratios[dataloader]:.2f}x"
     return text + "."
 
 
@@ -191,14 +192,15 @@ def tune_paragraph(m: Any, choice: Any) -> str:
         parts[-1] += (f" with one dataset[indices] call (DataLoader(batch_size={batch}) fetches and collates "
                       f"sample by sample: {ms(m.standard_fetch_ms)})")
     unresolved = m.hand_over_below_noise
-    crossings = [f"{ms(m.transfer_ms[b])} for {row.workers_name}" for b, row in BACKENDS.items()
-                 if b in m.transfer_ms and b not in unresolved]
+    rows = sorted(BACKENDS.values(), key=lambda row: not row.crosses_process)  # those that cross a process first
+    crossings = [f"{ms(m.transfer_ms[row.name])} for {row.workers_name}" for row in rows
+                 if row.name in m.transfer_ms and row.name not in unresolved]
     crossings += [f"too little to tell from this machine's noise for {row.workers_name}"
-                  for b, row in BACKENDS.items() if b in unresolved]
+                  for row in rows if row.name in unresolved]
     if crossings:
         parts[-1] += "; handing it from a worker to the training loop costs " + ", ".join(crossings)
     parts[-1] += "."
-    torch_cost = m.transfer_ms.get("torch")
+    torch_cost = next((cost for b, cost in m.transfer_ms.items() if BACKENDS[b].dataloader_options), None)
     if choice.num_workers == 0:
         if torch_cost is not None and torch_cost >= m.fetch_ms:
             parts.append("The fetch is cheaper than the hand-over, so any worker makes loading slower.")

@@ -261,7 +261,7 @@ def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] 
 
 def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size: int) -> dict[str, Any]:
     """The best plain-DataLoader (backend torch) row as DataLoader keywords."""
-    torch_rows = [r for r in rows if r["backend"] == "torch"]
+    torch_rows = [r for r in rows if BACKENDS[r["backend"]].dataloader_options]
     measured = [r for r in torch_rows if "measured_samples_per_s" in r]
     best = pick_best(measured if len(measured) > 1 else torch_rows, m)  # never a guess against a measurement
     kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "num_workers": best["num_workers"],
