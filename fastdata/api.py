@@ -9,19 +9,25 @@ from typing import Any
 from fastdata.errors import CorruptManifestError, UnknownDatasetFormatError, UnknownFormatError
 from fastdata.formats import get_format
 from fastdata.formats.stored import require_manifest, single_file_problem
-from fastdata.remote.dataset import RemoteOptions, locate
+from fastdata.remote.dataset import RemoteOptions, locate, reusing_answers
 from fastdata.urls import is_url
-
-_REMOTE_KEYS = ("storage_options", "cache_dir", "cache_limit", "retry")
 
 
 def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     """Open a dataset written by ``fastdata convert``, at a local path or a URL (``s3://``,
     ``gs://``, ``https://``, ...: docs/remote.md); keyword arguments go to its reader
     (``transform``, ``target_transform``, ``image_format``, ``storage_options``, ``cache_dir``,
-    ``cache_limit``, ...)."""
+    ``cache_limit``, ...). A URL's manifest is fetched once: it picks the reader, which opens the
+    dataset with it."""
     if is_url(path):
-        remote = RemoteOptions(**{key: kwargs[key] for key in _REMOTE_KEYS if kwargs.get(key) is not None})
+        with reusing_answers():
+            return _open(path, kwargs)
+    return _open(path, kwargs)
+
+
+def _open(path: str | os.PathLike, kwargs: dict[str, Any]) -> Any:
+    if is_url(path):
+        remote = kwargs.get("remote") or RemoteOptions.from_keywords(kwargs)
         local, _ = locate(path, remote, fetch=(),  # the manifest names the reader; the reader fetches the rest
                           check_single=single_file_problem)
         manifest = require_manifest(local)

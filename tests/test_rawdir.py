@@ -112,6 +112,24 @@ def test_convert_info_verify_on_the_command_line(plugins: Path, uniform_folder: 
     assert "Traceback" not in damaged.stderr
 
 
+def test_info_shows_the_stored_sizes_the_plugins_reader_gives(plugins: Path, uniform_folder: Path,
+                                                                tmp_path: Path) -> None:
+    """``fastdata info`` asks the format's reader for its sizes (``encoded_sizes``, ``_encoded``):
+    a third-party format shows them as fastdata's own formats do."""
+    out = tmp_path / "photos.rawdir"
+    fastdata.convert(uniform_folder, out, store="encoded", workers=0)
+    blobs = [len((out / f"{index:06d}.bin").read_bytes()) for index in range(12)]
+    info = fastdata_cli(plugins, "info", out, "--json")
+    assert info.returncode == 0, info.stderr
+    from PIL import Image
+
+    with Image.open(out / "000000.bin") as image:
+        width, height = image.size  # every image of uniform_folder has one size
+    assert json.loads(info.stdout)["stored_sizes"] == {
+        "width": [width] * 3, "height": [height] * 3, "bytes": [min(blobs), int(np.median(blobs)), max(blobs)],
+        "headers_read": 12}
+
+
 def test_a_format_whose_dependency_is_missing_is_listed_with_its_install_command(plugins: Path, uniform_folder: Path,
                                                                                  tmp_path: Path) -> None:
     helped = fastdata_cli(plugins, "convert", "--help")

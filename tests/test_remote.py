@@ -57,6 +57,23 @@ def test_every_format_read_from_s3_gives_the_samples_read_locally(s3: S3, name: 
     assert fastdata.verify(url, cache_dir=cache).ok
 
 
+@pytest.mark.parametrize("name", ["npy", "hdf5", "tar"])
+def test_open_dataset_asks_the_server_for_the_manifest_once(s3: S3, name: str, uniform_folder: Path,
+                                                             tmp_path: Path) -> None:
+    """The manifest picks the reader, which opens the dataset with the same answer: one GET of
+    the manifest (a one-file .h5: no more GETs of it than its reader opened directly makes)."""
+    local = convert_to(uniform_folder, tmp_path, name, "encoded")
+    url = upload(s3, local, f"once/{local.name}")
+    key = f"once/{local.name}" + ("" if name == "hdf5" else "/manifest.json")
+    before = s3.log.gets(key)
+    dataset = fastdata.open_dataset(url, cache_dir=tmp_path / "cache")
+    by_open_dataset = s3.log.gets(key) - before
+    reader = type(dataset)(url, cache_dir=tmp_path / "cache-direct")
+    by_the_reader = s3.log.gets(key) - before - by_open_dataset
+    assert by_open_dataset == by_the_reader and (name == "hdf5" or by_open_dataset == 1)
+    assert len(dataset) == len(reader) == 12
+
+
 def test_a_tar_stream_over_workers_and_ranks_reads_what_the_local_one_reads(s3: S3, uniform_folder: Path,
                                                                               tmp_path: Path) -> None:
     local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=2)  # 6 shards

@@ -28,6 +28,7 @@ from fastdata.bench.runner import (
 from fastdata.bench.summary import URL_MARK, summary_document
 from fastdata.errors import InvalidOptionError
 from fastdata.formats import find_manifest, get_format
+from fastdata.loading.backends import DEFAULT_BACKEND
 from fastdata.machine import machine_info
 from fastdata.manifest import disk_usage
 from fastdata.remote.filesystem import scrub
@@ -159,9 +160,9 @@ def _grid(item: Prepared, config: BenchConfig) -> list[tuple[str, str, int]]:
     grid = []
     for path in read_paths(item):
         for backend in config.backends:
-            if backend != "torch" and (path != "fast" or item.baseline or get_format(item.format).iterable):
+            if backend != DEFAULT_BACKEND and (path != "fast" or item.baseline or get_format(item.format).iterable):
                 continue
-            grid += [(path, backend, workers) for workers in config.workers if backend == "torch" or workers > 0]
+            grid += [(path, backend, workers) for workers in config.workers if backend == DEFAULT_BACKEND or workers > 0]
     return grid
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from fastdata.bench.config import BenchConfig
 from fastdata.bench.runner import parse_resize
 from fastdata.formats import get_format
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND
 
 OUTPUT_FOLDER = "out"
 # The loader a read path measured (fastdata.bench.measure.make_loader), as the user writes it: the
@@ -41,11 +42,11 @@ def output_name(source: str, format_name: str) -> str:
 def _worker_keywords(picked: dict[str, Any], config: BenchConfig) -> str:
     workers = picked["num_workers"]
     words = [f"num_workers={workers}"]
-    if picked["read_path"] == "fast" and picked["backend"] != "torch":
+    if picked["read_path"] == "fast" and picked["backend"] != DEFAULT_BACKEND:
         words.append(f"backend={picked['backend']!r}")
     if workers > 0 and config.persistent_workers:
         words.append("persistent_workers=True")
-    if workers > 0 and config.start_method and picked["backend"] != "thread":
+    if workers > 0 and config.start_method and BACKENDS[picked["backend"]].crosses_process:
         words.append(f"multiprocessing_context={config.start_method!r}")
     return ", ".join(words)
 

@@ -8,11 +8,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastdata.errors import InvalidOptionError
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, backend_names
 
 TRANSFORMS = ("none", "normalize", "augment")
 START_METHODS = ("fork", "spawn", "forkserver")
 CACHE_MODES = ("warm", "cold")
-BACKENDS = ("torch", "thread", "process")
 
 
 def _registered() -> list[str]:
@@ -64,7 +64,7 @@ class BenchConfig:
     prefetch_factor: int = 2
     cache: str = "warm"
     timeout_s: float = 600.0
-    backends: tuple[str, ...] = BACKENDS  # thread and process apply to the fast path of map-style formats
+    backends: tuple[str, ...] = backend_names()  # thread and process apply to the fast path of map-style formats
     step: Any = None  # the training step run on each batch: a callable or 'module:function' (else --step-ms)
 
     def __post_init__(self) -> None:
@@ -126,11 +126,11 @@ class Case:
     dataset_path: str
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ()  # evicted from the page cache before each epoch with --cache cold
-    backend: str = "torch"  # who computes a batch on the fast path (fastdata.loader's backend)
+    backend: str = DEFAULT_BACKEND  # who computes a batch on the fast path (fastdata.loader's backend)
     remote: str = ""  # a dataset read from its URL: "cold" (the cache emptied before each epoch) or "warm"
 
     @property
     def label(self) -> str:
         store = f"{self.store} url:{self.remote}" if self.remote else self.store
         parts = [part for part in (self.format, store, self.path) if part and part != "-"]
-        return " ".join(parts) + (f" [{self.backend}]" if self.backend != "torch" else "")
+        return " ".join(parts) + (f" [{self.backend}]" if self.backend != DEFAULT_BACKEND else "")

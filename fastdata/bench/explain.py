@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND
+
 # Measured rates within 5% are a tie and the simpler setting wins (fewer workers, the torch
 # DataLoader): ``fastdata tune``'s choice and ``fastdata bench``'s noise floor.
 TIE = 0.05
@@ -29,11 +31,6 @@ def outrun_by_none_simpler(items: list[Any], rate: Any, simplicity: Any) -> list
             best = value
     return kept
 
-BACKEND_NAMES = {
-    "torch": "DataLoader workers",
-    "process": "fastdata's shared-memory process workers",
-    "thread": "threads",
-}
 
 
 PATH_WORDS = {
@@ -47,16 +44,16 @@ BASELINE_NAMES = {"folder": "the image folder", "torchvision": "the torchvision 
 def row_label(entry: dict[str, Any]) -> str:
     """``npy raw fast``, ``folder standard``, ``npy raw fast [thread]`` for a summary entry."""
     parts = [entry[name] for name in ("format", "store", "read_path") if entry.get(name) and entry[name] != "-"]
-    backend = entry.get("backend") or "torch"
-    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
+    backend = entry.get("backend") or DEFAULT_BACKEND
+    return " ".join(parts) + (f" [{backend}]" if backend != DEFAULT_BACKEND else "")
 
 
 def _how(entry: dict[str, Any]) -> str:
     """What to train with, in the words of the API: ``npy raw through fastdata.loader (the fast path)``."""
     name = BASELINE_NAMES.get(entry["format"], " ".join(p for p in (entry["format"], entry["store"]) if p != "-"))
-    backend = entry.get("backend") or "torch"
+    backend = entry.get("backend") or DEFAULT_BACKEND
     if entry["read_path"] == "fast":
-        api = "fastdata.loader" + (f"(..., backend={backend!r})" if backend != "torch" else "")
+        api = "fastdata.loader" + (f"(..., backend={backend!r})" if backend != DEFAULT_BACKEND else "")
         return f"{name} through {api} (the fast path)"
     if entry["read_path"] == "stream":
         return f"{name} streamed through a DataLoader"
@@ -76,7 +73,7 @@ def bench_recommendation(picked: dict[str, Any], *, fastest: dict[str, Any], tie
         if fastest["num_workers"] != picked["num_workers"]:
             why = ", and fewer workers wins"
         elif fastest["backend"] != picked["backend"]:
-            why = f", and the {'DataLoader' if picked['backend'] == 'torch' else picked['backend']} backend wins"
+            why = f", and the {BACKENDS[picked['backend']].title} backend wins"
         else:
             why = ", and no conversion wins" if baseline and picked["format"] == baseline["format"] else ""
         text += (f" ({row_label(fastest)} at num_workers={fastest['num_workers']} measured "
@@ -97,13 +94,14 @@ def backends_sentence(row: str, workers: int, ratios: dict[str, float]) -> str:
     def verb(ratio: float, plural: bool = False) -> str:
         return ("keep" if ratio < 1 else "reach") + ("" if plural else "s" if ratio < 1 else "es")
 
-    ours = sorted((b for b in ratios if b != "torch"), key=lambda b: -ratios[b])
+    dataloader = next((b for b in ratios if b in BACKENDS and BACKENDS[b].dataloader_options), None)
+    ours = sorted((b for b in ratios if b != dataloader), key=lambda b: -ratios[b])
     first = ours[0]
     text = (f"on {row} at {workers} worker{'s' if workers != 1 else ''}, fastdata's {first} backend "
             f"{verb(ratios[first])} {ratios[first]:.2f}x the rate of num_workers=0")
     text += "".join(f" and its {backend} backend {ratios[backend]:.2f}x" for backend in ours[1:])
-    if "torch" in ratios:
-        text += f", where the DataLoader's workers {verb(ratios['torch'], plural=True)} {ratios['torch']:.2f}x"
+    if dataloader is not None:
+        text += f", where the DataLoader's workers {verb(ratios[dataloader], plural=True)} {ratios[dataloader]:.2f}x"
     return text + "."
 
 
@@ -173,14 +171,10 @@ def why_best_workers(*, best: int, read_ms: float | None, transfer_ms: float | N
     return f"workers only add transfer cost ({cost}) to a {ms(read_ms or 0.0)}/batch read"
 
 
-WORKER_WORDS = {"torch": ("DataLoader worker", "DataLoader workers"), "process": ("worker process", "worker processes"),
-                "thread": ("worker thread", "worker threads")}  # one, several
-
-
 def startup_sentence(backend: str, workers: int, one_s: float, epoch_s: float) -> str:
     """Worker start-up against the epoch: ``one_s`` was measured with one worker (its first batch),
     and ``workers`` start one after the other, so together they take about ``workers`` times that."""
-    noun = WORKER_WORDS[backend][workers != 1]
+    noun = BACKENDS[backend].worker_noun(workers)
     total = f"about {duration(workers * one_s)} ({workers} x {duration(one_s)}, measured for one)" if workers > 1 \
         else f"about {duration(one_s)}"
     return (f"Starting {workers} {noun} takes {total}; persistent_workers=True pays that once instead of at the start "
@@ -198,14 +192,15 @@ def tune_paragraph(m: Any, choice: Any) -> str:
         parts[-1] += (f" with one dataset[indices] call (DataLoader(batch_size={batch}) fetches and collates "
                       f"sample by sample: {ms(m.standard_fetch_ms)})")
     unresolved = m.hand_over_below_noise
-    crossings = [f"{ms(m.transfer_ms[b])} for {BACKEND_NAMES[b]}" for b in ("torch", "process", "thread")
-                 if b in m.transfer_ms and b not in unresolved]
-    crossings += [f"too little to tell from this machine's noise for {BACKEND_NAMES[b]}"
-                  for b in ("torch", "process", "thread") if b in unresolved]
+    rows = sorted(BACKENDS.values(), key=lambda row: not row.crosses_process)  # those that cross a process first
+    crossings = [f"{ms(m.transfer_ms[row.name])} for {row.workers_name}" for row in rows
+                 if row.name in m.transfer_ms and row.name not in unresolved]
+    crossings += [f"too little to tell from this machine's noise for {row.workers_name}"
+                  for row in rows if row.name in unresolved]
     if crossings:
         parts[-1] += "; handing it from a worker to the training loop costs " + ", ".join(crossings)
     parts[-1] += "."
-    torch_cost = m.transfer_ms.get("torch")
+    torch_cost = next((cost for b, cost in m.transfer_ms.items() if BACKENDS[b].dataloader_options), None)
     if choice.num_workers == 0:
         if torch_cost is not None and torch_cost >= m.fetch_ms:
             parts.append("The fetch is cheaper than the hand-over, so any worker makes loading slower.")
@@ -219,19 +214,20 @@ def tune_paragraph(m: Any, choice: Any) -> str:
         else:
             parts.append("Workers do not repay their hand-over and start-up here.")
     else:
-        noun = WORKER_WORDS[choice.backend][choice.num_workers != 1]
+        noun = BACKENDS[choice.backend].worker_noun(choice.num_workers)
         verb = "overlaps" if choice.num_workers == 1 else "overlap"
         parts.append(f"{choice.num_workers} {noun} {verb} the fetch "
                      f"(this process may use {m.usable_cores} core{'s' if m.usable_cores != 1 else ''}"
                      f"{'' if m.usable_cores == m.cpu_count else f' of os.cpu_count()={m.cpu_count}'}).")
-        if choice.backend == "thread" and m.thread_speedup is not None and m.thread_speedup >= 1.3:
+        in_process = BACKENDS[choice.backend].shares_gil
+        if in_process and m.thread_speedup is not None and m.thread_speedup >= 1.3:
             parts.append(f"Threads pay off because the fetch releases the GIL (2 threads fetched "
                          f"{m.thread_speedup:.1f}x as fast as one) and nothing crosses a process boundary.")
-        elif choice.backend == "thread" and m.thread_speedup is not None:
+        elif in_process and m.thread_speedup is not None:
             parts.append(f"Threads won the probes although 2 threads fetched only {m.thread_speedup:.1f}x as fast as "
                          "one (the fetch holds the GIL): what they save is the hand-over (nothing crosses a process "
                          "boundary).")
-        elif choice.backend != "thread" and m.thread_speedup is not None and m.thread_speedup < 1.3:
+        elif m.thread_speedup is not None and m.thread_speedup < 1.3:
             parts.append(f"Threads would not help: the fetch holds the GIL (2 threads fetched "
                          f"{m.thread_speedup:.1f}x as fast as one).")
     if m.step_ms > 0:

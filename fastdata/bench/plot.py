@@ -30,6 +30,7 @@ from typing import Any
 from fastdata.bench.report import label, sort_key
 from fastdata.bench.summary import choose_workers, failures, recommend, summarize
 from fastdata.bench.explain import times
+from fastdata.loading.backends import DEFAULT_BACKEND
 
 # How a dataset is read -> its colour and marker, the same in every panel (colour-blind-safe
 # Okabe-Ito colours; the marker tells the lines apart in greyscale too).
@@ -57,7 +58,7 @@ def way_style(key: tuple[str, ...]) -> tuple[str, str, str]:
 def plotted_cells(key: tuple[str, ...], by_workers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """The measured cells drawn for a row: a thread or process row without num_workers=0 (the
     DataLoader row's serial loop, which it only shares)."""
-    return {w: cell for w, cell in by_workers.items() if cell["status"] == "ok" and (w > 0 or key[3] == "torch")}
+    return {w: cell for w, cell in by_workers.items() if cell["status"] == "ok" and (w > 0 or key[3] == DEFAULT_BACKEND)}
 
 
 def figure(rows: list[dict[str, Any]], *, title: str = "", baseline: str | None = None,
@@ -137,7 +138,7 @@ def _best_bars(ax: Any, summary: dict, keys: list, baseline: str | None) -> None
         elif base:
             text += f", {times(rate / base)} {baseline}"
         serial = summary[key].get(0)
-        if key[3] != "torch" and serial is not None and serial["status"] == "ok" and serial["samples_per_s"] > rate:
+        if key[3] != DEFAULT_BACKEND and serial is not None and serial["status"] == "ok" and serial["samples_per_s"] > rate:
             text += f"; below nw=0's serial loop ({serial['samples_per_s']:,.0f}/s)"
         if picked == (*key, workers):
             text += "  <- recommended"
@@ -222,7 +223,7 @@ def _legend_handles(keys: list, baseline: str | None) -> list[Any]:
     for way in ways:
         colour, marker, text = way_style(("", "", *way))
         handles.append(Line2D([], [], color=colour, marker=marker, markersize=5, label=text))
-    if any(key[3] != "torch" for key in keys):
+    if any(key[3] != DEFAULT_BACKEND for key in keys):
         handles.append(Line2D([], [], linestyle="none", label="nw=0 of the fast path: one serial loop, any backend"))
     if baseline and any(key[0] == baseline for key in keys):
         handles.append(Line2D([], [], color="grey", linestyle=(0, (5, 5)), label=f"{baseline} at its best (baseline)"))

@@ -13,28 +13,20 @@ from typing import Any
 
 from fastdata.bench.runner import ROW_FIELDS
 from fastdata.bench.summary import (
-    BACKEND_PREFERENCE, NOISE_FLOOR, OVERLAP_TIE, best_workers, choose, choose_workers, label, spread, summarize,
+    NOISE_FLOOR, OVERLAP_TIE, best_workers, choose, choose_workers, label, spread, summarize,
 )
 from fastdata.bench.explain import PATH_WORDS, ms, why_best_workers
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, preference
 
 __all__ = ["best_rate", "best_workers", "label", "rates_table", "summarize", "table", "transfer_ms", "verdicts",
            "write_results"]
-
-
-BACKEND_REASONS = {
-    "thread": "threads hand each batch over by reference (nothing crosses a process boundary) and the read "
-              "releases the GIL",
-    "process": "workers write each batch once into reusable shared memory, read back with one copy (no pickling, "
-               "no new segment per batch)",
-    "torch": "the DataLoader",
-}
 
 
 def transfer_ms(rows: list[dict[str, Any]]) -> float | None:
     """Per-batch cost of moving a batch from a worker: the probe's data wait per batch at the
     fewest workers minus at num_workers=0 (a training step is outside the wait, so not in here)."""
     summary = summarize([dict(r, format="p") for r in rows if r["format"] == "probe"])
-    probe = summary.get(("p", "-", "transfer", "torch"))
+    probe = summary.get(("p", "-", "transfer", DEFAULT_BACKEND))
     if not probe or 0 not in probe or len(probe) < 2:
         return None
     with_workers = min(w for w in probe if w > 0)
@@ -84,7 +76,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
     lines = []
     for group, results in sorted(groups.items()):
         distinct, folded, seen = [], [], set()
-        for key, workers, cell in sorted(results, key=lambda item: BACKEND_PREFERENCE.get(item[0][3], 3)):
+        for key, workers, cell in sorted(results, key=lambda item: preference(item[0][3])):
             if id(cell) in seen:  # num_workers=0: the serial loop every backend runs, measured once
                 folded.append(key[3])
                 continue
@@ -92,7 +84,7 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
             distinct.append((key, workers, cell))
         if len(distinct) < 2:
             if folded:
-                lines.append(f"{label((*group, 'torch'))}: num_workers=0 on every backend ({', '.join(k[3] for k, _, _ in results)}"
+                lines.append(f"{label((*group, DEFAULT_BACKEND))}: num_workers=0 on every backend ({', '.join(k[3] for k, _, _ in results)}"
                              f": one serial loop in the calling thread, measured once, {distinct[0][2]['samples_per_s']:,.0f}/s): "
                              "no backend's workers repay their hand-over cost here")
             continue
@@ -105,11 +97,12 @@ def _backend_verdicts(summary: dict[tuple, dict[int, dict[str, Any]]]) -> list[s
             reason = "num_workers=0 wins: no backend's workers repay their hand-over cost here"
         elif choice["ties"]:
             reason = f"a tie within the noise with {', '.join(k[3] for k, _, _ in choice['ties'])}: the simpler one wins"
-        elif winner == "thread" and group[0] == "hdf5" and group[1] == "raw":
-            reason = "threads: " + BACKEND_REASONS["thread"] + " (memory-mapped HDF5; h5py reads would serialise on its global lock)"
+        elif BACKENDS[winner].shares_gil and group[0] == "hdf5" and group[1] == "raw":
+            reason = (f"{BACKENDS[winner].workers_name}: {BACKENDS[winner].reason} (memory-mapped HDF5; h5py reads "
+                      "would serialise on its global lock)")
         else:
-            reason = f"{winner}: " + BACKEND_REASONS[winner]
-        lines.append(f"{label((*group, 'torch'))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
+            reason = f"{winner}: " + BACKENDS[winner].reason
+        lines.append(f"{label((*group, DEFAULT_BACKEND))}: backend {winner} wins ({rate:,.0f}/s at num_workers={workers}; "
                      f"{others}): {reason}")
     return lines
 
@@ -130,8 +123,8 @@ def _why(by_workers: dict[int, dict[str, Any]], best: int, batch: int, transfer:
 
 
 def sort_key(key: tuple[str, ...], baseline: str | None) -> tuple:
-    backend = key[3] if len(key) > 3 else "torch"
-    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != "torch", backend)
+    backend = key[3] if len(key) > 3 else DEFAULT_BACKEND
+    return (key[0] != baseline, key[0], key[1], key[2] != "fast", key[2], backend != DEFAULT_BACKEND, backend)
 
 
 def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
@@ -142,8 +135,8 @@ def table(rows: list[dict[str, Any]], baseline: str | None) -> str:
     head = ["format/store/path"] + [f"nw={w}" for w in workers]
     body, shared = [], False
     for key, by_workers in sorted(summary.items(), key=lambda item: sort_key(item[0], baseline)):
-        shared = shared or (key[3] != "torch" and 0 in by_workers
-                            and by_workers[0] is summary.get((*key[:3], "torch"), {}).get(0))
+        shared = shared or (key[3] != DEFAULT_BACKEND and 0 in by_workers
+                            and by_workers[0] is summary.get((*key[:3], DEFAULT_BACKEND), {}).get(0))
         choice = choose_workers(key, by_workers)
         tied = {w for _, w, _ in choice["ties"]} if choice else set()
         cells = []

@@ -13,6 +13,7 @@ from typing import Any
 from fastdata.bench.explain import (
     TIE, backends_sentence, bench_recommendation, outrun_by_none_simpler, remote_sentence,
 )
+from fastdata.loading.backends import DEFAULT_BACKEND, preference  # in a tie: the DataLoader users know, then threads
 
 # An epoch of fewer batches than this is mostly worker start-up and the first batch (tens of
 # ms each), and the loader's prefetch pipeline (num_workers x prefetch_factor batches in flight)
@@ -25,7 +26,6 @@ NOISE_FLOOR = TIE
 # ... and cells whose ranges overlap are a tie only while their medians differ by less than this:
 # one wild epoch widens a range over a real difference (a median 30% lower is no tie).
 OVERLAP_TIE = 0.15
-BACKEND_PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 Key = tuple[str, str, str, str]  # (format, store, read path, backend)
 
@@ -34,8 +34,8 @@ def label(key: tuple[str, ...]) -> str:
     """``npy raw fast``, or ``npy raw fast [thread]`` for another backend than torch's DataLoader;
     ``npy raw`` for a (format, store) pair."""
     parts = [part for part in key[:3] if part and part != "-"]
-    backend = key[3] if len(key) > 3 else "torch"
-    return " ".join(parts) + (f" [{backend}]" if backend != "torch" else "")
+    backend = key[3] if len(key) > 3 else DEFAULT_BACKEND
+    return " ".join(parts) + (f" [{backend}]" if backend != DEFAULT_BACKEND else "")
 
 
 def read_path(row: dict[str, Any]) -> str:
@@ -52,15 +52,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[Key, dict[int, dict[str, Any]]
     for row in rows:
         if row["format"] == "probe":
             continue
-        key = (row["format"], row["store"], read_path(row), row.get("backend") or "torch")
+        key = (row["format"], row["store"], read_path(row), row.get("backend") or DEFAULT_BACKEND)
         grouped.setdefault(key, {}).setdefault(row["num_workers"], []).append(row)
     summary: dict[Key, dict[int, dict[str, Any]]] = {}
     for key, by_workers in grouped.items():
         for workers, group in by_workers.items():
             summary.setdefault(key, {})[workers] = _cell(group)
     for key, by_workers in summary.items():
-        serial = summary.get((*key[:3], "torch"), {}).get(0)
-        if key[3] != "torch" and 0 not in by_workers and serial is not None:
+        serial = summary.get((*key[:3], DEFAULT_BACKEND), {}).get(0)
+        if key[3] != DEFAULT_BACKEND and 0 not in by_workers and serial is not None:
             by_workers[0] = serial
     return summary
 
@@ -108,7 +108,7 @@ def within_noise(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _simplicity(key: Key, workers: int, cell: dict[str, Any], baseline: str | None) -> tuple:
-    return (workers, BACKEND_PREFERENCE.get(key[3], 3), key[0] != baseline, -cell["samples_per_s"], key)
+    return (workers, preference(key[3]), key[0] != baseline, -cell["samples_per_s"], key)
 
 
 def choose(cells: list[tuple[Key, int, dict[str, Any]]], baseline: str | None = None) -> dict[str, Any] | None:
@@ -143,7 +143,7 @@ def choose_workers(key: Key, by_workers: dict[int, dict[str, Any]]) -> dict[str,
 
 def best_workers(by_workers: dict[int, dict[str, Any]]) -> int | None:
     """A row's best num_workers: the fewest workers within the noise of the fastest cell."""
-    choice = choose_workers(("", "", "", "torch"), by_workers)
+    choice = choose_workers(("", "", "", DEFAULT_BACKEND), by_workers)
     return choice["num_workers"] if choice else None
 
 
@@ -174,7 +174,7 @@ def distinct_cells(summary: dict[Key, dict[int, dict[str, Any]]]) -> list[tuple[
     """Every (key, num_workers, cell) measured or failed, each cell once: num_workers=0, shared by
     every backend of a row (:func:`summarize`), counts under the torch row."""
     cells, seen = [], set()
-    for key, by_workers in sorted(summary.items(), key=lambda item: (item[0][:3], BACKEND_PREFERENCE.get(item[0][3], 3),
+    for key, by_workers in sorted(summary.items(), key=lambda item: (item[0][:3], preference(item[0][3]),
                                                                       item[0][3])):
         for workers, cell in sorted(by_workers.items()):
             if id(cell) not in seen:
@@ -263,7 +263,7 @@ def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],
         if key[2] == "fast":
             groups.setdefault(key[:3], {})[key[3]] = by_workers
     usable = {group: by_backend for group, by_backend in groups.items() if len(by_backend) > 1
-              and by_backend.get("torch", {}).get(0, {}).get("status") == "ok"}
+              and by_backend.get(DEFAULT_BACKEND, {}).get(0, {}).get("status") == "ok"}
     if not usable:
         return None
     wanted = (recommendation["format"], recommendation["store"], "fast") if recommendation else None
@@ -274,7 +274,7 @@ def backend_effect(summary: dict[Key, dict[int, dict[str, Any]]],
     if not common:
         return None
     workers = max(common)
-    serial = by_backend["torch"][0]["samples_per_s"]
+    serial = by_backend[DEFAULT_BACKEND][0]["samples_per_s"]
     rates = {backend: cells[workers]["samples_per_s"] for backend, cells in by_backend.items()}
     ratios = {backend: round(rate / serial, 2) for backend, rate in rates.items()}
     return {"format": group[0], "store": group[1], "read_path": group[2], "num_workers": workers,

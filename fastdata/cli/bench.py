@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fastdata.cli.common import DeprecatedAlias, add_command, human_bytes
+from fastdata.cli.common import DeprecatedAlias, add_command, backend_list, human_bytes
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.options import parse_source_option
 from fastdata.extras import install_command
@@ -73,9 +73,9 @@ def add_parser(commands) -> None:
                         help="warm, or cold: evict the dataset's files from the page cache each epoch (a SOURCE at a URL: "
                         "also start from a cache emptied of it, so its download throughput is measured)")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
-    parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
+    parser.add_argument("--backends", "--backend", dest="backend", metavar="LIST",
                         help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
-                        "formats (default: torch,thread,process; at num_workers=0 they are one serial loop)")
+                        "formats (default: every backend; at num_workers=0 they are one serial loop)")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out); a URL (s3://...) gets "
                         "results.json, results.csv and throughput.png, the conversions stay cached under the "
@@ -231,7 +231,7 @@ def config_of(args: argparse.Namespace, resize: str | None):
         pin_memory=args.pin_memory,
         persistent_workers=args.persistent_workers or (args.demo and DEMO["persistent_workers"]),
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
-        backends=tuple(b.strip() for b in args.backend.split(",") if b.strip()), step=args.step,
+        backends=backend_list(args.backend), step=args.step,
     )
 
 

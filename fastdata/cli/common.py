@@ -53,6 +53,16 @@ def add_command(commands, name: str, *, help: str, description: str, examples: s
                                epilog="Examples:\n" + examples.strip("\n"))
 
 
+def backend_list(text: str | None) -> tuple[str, ...]:
+    """``--backends``: the comma-separated names given, or every loader backend (in preference
+    order) when none was."""
+    if text is None:
+        from fastdata.loading.backends import backend_names  # imports torch: only commands that run loaders
+
+        return backend_names()
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def human_bytes(count: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if abs(count) < 1000 or unit == "TB":

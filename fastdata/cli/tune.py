@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastdata.cli.common import add_command
+from fastdata.cli.common import add_command, backend_list
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.options import parse_source_option
 
@@ -40,8 +40,8 @@ def add_parser(commands) -> None:
                       help="the training step per batch, simulated by a sleep (default: 0)")
     step.add_argument("--step", metavar="MODULE:FUNCTION", help="the training step: a function called with each batch")
     parser.add_argument("--budget-s", type=float, default=60.0, metavar="S", help="time limit for the whole run (default: 60)")
-    parser.add_argument("--backends", "--backend", dest="backend", default="torch,thread,process", metavar="LIST",
-                        help="comma-separated backends to choose among (default: torch,thread,process)")
+    parser.add_argument("--backends", "--backend", dest="backend", metavar="LIST",
+                        help="comma-separated backends to choose among (default: every backend)")
     parser.add_argument("--start-method", choices=("fork", "spawn", "forkserver"),
                         help="worker start method to plan for (default: this platform's; spawn on Windows/macOS)")
     parser.add_argument("--resize", metavar="HxW", help="image folders and torchvision sources: resize each image "
@@ -154,7 +154,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
     dataset, convert_source, no_conversion = open_source(args)
     step: Any = args.step if args.step else (args.step_ms or None)
-    backends = tuple(part.strip() for part in args.backend.split(",") if part.strip())
+    backends = backend_list(args.backend)
 
     def progress(message: str) -> None:
         if not args.quiet and not args.json:

@@ -22,6 +22,7 @@ from (no ``sources`` import).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from fastdata.errors import InvalidOptionError
 from fastdata.images import Geometry
+from fastdata.manifest import CHECKSUM_ALGORITHM
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,41 @@ class Batch:
         return len(self.keys)
 
 
+class RunningDigest:
+    """A file's manifest checksum (:data:`~fastdata.manifest.CHECKSUM_ALGORITHM`) kept while the
+    file is written: fed every byte in write order, it gives the manifest entry when the file is
+    closed instead of reading gigabytes back (a writer waits on its decoders anyway). ``bytes``
+    counts what was fed. A writer that resumes a file at a checkpoint starts it again from the
+    bytes already there (:meth:`of_file`)."""
+
+    def __init__(self, initial: bytes = b""):
+        self._hash = hashlib.blake2b(initial, digest_size=32)
+        self.bytes = len(initial)
+
+    @classmethod
+    def of_file(cls, handle: Any, block_bytes: int = 1024 * 1024) -> "RunningDigest":
+        """The digest of what ``handle`` (open for reading, at its start) holds, to write on after it."""
+        digest = cls()
+        for block in iter(lambda: handle.read(block_bytes), b""):
+            digest.update(block)
+        return digest
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._hash.update(data)
+        self.bytes += memoryview(data).nbytes
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest's entry for the file: ``{"bytes": ..., "blake2b": ...}`` (what
+        :func:`fastdata.manifest.describe_file` would compute from the finished file)."""
+        return {"bytes": self.bytes, CHECKSUM_ALGORITHM: self.hexdigest()}
+
+
 class Writer:
-    """Interface of a format writer (subclass it in ``fastdata/formats/<name>/writer.py``)."""
+    """Interface of a format writer (subclass it in ``fastdata/formats/<name>/writer.py``).
+    A writer that checksums a file as it writes it uses :class:`RunningDigest`."""
 
     def __init__(self, path: Path, plan: Plan, options: Any):
         self.path = path
@@ -171,6 +206,13 @@ class Reader:
         (a conversion from this dataset keeps them, as it keeps an image folder's files; without
         this hook it decodes and encodes them again)."""
         raise NotImplementedError
+
+    def encoded_sizes(self) -> np.ndarray | None:
+        """Optional, for ``--store encoded`` datasets: every stored image's size in bytes, in
+        index order, from the reader's own index (never by reading the images). With
+        :meth:`_encoded` it gives the sizes ``fastdata info`` shows (bytes, and width and height
+        from a sample of image headers); None (the default): info shows none."""
+        return None
 
     def _field_values(self, field: Any, indices: np.ndarray) -> Any:
         """For formats that store fields (``FormatSpec.fields``): one extra field's stored values

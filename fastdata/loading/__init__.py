@@ -11,6 +11,9 @@ order as ``num_workers=0``.
 * ``"process"``: worker processes writing into reusable shared-memory slots
   (:mod:`fastdata.loading.processes`).
 
+What differs between them (class, capabilities, tie order, words) is one row each in
+:data:`fastdata.loading.backends.BACKENDS`.
+
 At ``num_workers=0`` every backend runs the same serial loop (:mod:`fastdata.loading.serial`):
 each batch computed in the calling thread, no DataLoader iterator, thread or process.
 
@@ -27,12 +30,12 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from fastdata.errors import InvalidOptionError
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, Backend, backend_names, get_backend
 from fastdata.loading.base import BatchLoader, Resumable, WorkerError
 from fastdata.loading.fetch import accepts_index_arrays
 from fastdata.loading.samplers import BatchIndexSampler
 
-BACKENDS = ("torch", "thread", "process")
-__all__ = ["BACKENDS", "BatchLoader", "WorkerError", "accepts_index_arrays", "loader"]
+__all__ = ["BACKENDS", "Backend", "BatchLoader", "WorkerError", "accepts_index_arrays", "backend_names", "loader"]
 
 _DATALOADER_ONLY = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 _SHARED = ("pin_memory", "timeout", "worker_init_fn", "prefetch_factor", "persistent_workers", "collate_fn")
@@ -46,7 +49,7 @@ def loader(
     drop_last: bool = False,
     seed: int | None = None,
     *,
-    backend: str = "torch",
+    backend: str = DEFAULT_BACKEND,
     zero_copy: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
@@ -96,20 +99,21 @@ def loader(
     for name in _DATALOADER_ONLY:
         if name in dataloader_kwargs:
             raise InvalidOptionError(f"loader() sets {name!r} itself; pass batch_size/shuffle/drop_last directly.")
-    if backend not in BACKENDS:
-        raise InvalidOptionError(f"Unknown backend {backend!r}. Allowed: {', '.join(map(repr, BACKENDS))}.")
+    row = get_backend(backend)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise InvalidOptionError(f"Invalid num_workers {num_workers!r}. Use 0 or a positive integer.")
     if isinstance(zero_copy, bool) or not isinstance(zero_copy, int) or zero_copy < 0:
         raise InvalidOptionError(f"Invalid zero_copy {zero_copy!r}. Use 0 (copy batches out) or a number of batches >= 1.")
-    if zero_copy and backend != "process":
-        raise InvalidOptionError(f"zero_copy applies to backend='process' only (got backend={backend!r}).")
+    if zero_copy and not row.shared_memory_ring:
+        ring = [name for name, other in BACKENDS.items() if other.shared_memory_ring]
+        raise InvalidOptionError(f"zero_copy applies to backend={' or '.join(map(repr, ring))} only "
+                                 f"(got backend={backend!r}).")
     padding = _padding(dataset, pad, dataloader_kwargs) if pad is not None and pad is not False else None
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                                 rank=rank, world_size=world_size, even=even)
-    if backend == "torch":
+    if row.dataloader_options:
         return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs, padding)
-    return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs, padding)
+    return _own_loader(dataset, sampler, num_workers, row, zero_copy, dataloader_kwargs, padding)
 
 
 class TorchLoader(Resumable, DataLoader):
@@ -207,26 +211,23 @@ class _ListBatches:
         self.sampler.set_epoch(epoch)
 
 
-def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, backend: str, zero_copy: int,
+def _own_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, backend: Backend, zero_copy: int,
                 kwargs: dict[str, Any], padding: Any = None) -> BatchLoader:
-    from fastdata.loading.processes import ProcessLoader
-    from fastdata.loading.threads import ThreadLoader
-
-    allowed = set(_SHARED) | ({"multiprocessing_context"} if backend == "process" else set())
+    allowed = set(_SHARED) | backend.options
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
+        passing = [repr(name) for name, row in BACKENDS.items() if row.dataloader_options]
         raise InvalidOptionError(
-            f"Option {unknown[0]!r} does not apply to backend={backend!r}. It takes: {', '.join(sorted(allowed))} "
-            "(backend='torch' passes any DataLoader option on)."
+            f"Option {unknown[0]!r} does not apply to backend={backend.name!r}. It takes: {', '.join(sorted(allowed))} "
+            f"(backend={' or '.join(passing)} passes any DataLoader option on)."
         )
     if num_workers == 0:
         from fastdata.loading.serial import SerialLoader
 
-        return SerialLoader(dataset, sampler, num_workers=0, backend=backend, padding=padding,
+        return SerialLoader(dataset, sampler, num_workers=0, backend=backend.name, padding=padding,
                             **{k: v for k, v in kwargs.items() if k in _SHARED})
-    if backend == "thread":
-        return ThreadLoader(dataset, sampler, num_workers=num_workers, padding=padding, **kwargs)
-    return ProcessLoader(dataset, sampler, num_workers=num_workers, zero_copy=zero_copy, padding=padding, **kwargs)
+    ring = {"zero_copy": zero_copy} if backend.shared_memory_ring else {}
+    return backend.loader_class()(dataset, sampler, num_workers=num_workers, padding=padding, **ring, **kwargs)
 
 
 def _map_reader_of(dataset: Any) -> str:

@@ -5,9 +5,8 @@ pixels and labels into samples or a collated batch, for map-style and iterable r
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -19,7 +18,6 @@ from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptio
 from fastdata.reader.fused import FusedPlan, split_transform
 from fastdata.images import Geometry
 from fastdata.remote.dataset import RemoteOptions
-from fastdata.remote.filesystem import Retry
 
 IMAGE_FORMATS = ("tensor", "numpy", "pil")
 
@@ -50,9 +48,13 @@ class ReaderOptions:
     ``pixels`` given to :meth:`samples`/:meth:`batch` are uint8 HWC: one (B, H, W, C) array, or
     a list of (H, W, C) arrays when sizes may differ.
 
-    ``storage_options``, ``cache_dir``, ``cache_limit`` and ``retry`` apply when the path is a
-    URL (``s3://``, ``gs://``, ``https://``, ...): see :mod:`fastdata.remote` and docs/remote.md.
+    ``remote`` says how a URL (``s3://``, ``gs://``, ``https://``, ...) is read: a
+    :class:`fastdata.remote.RemoteOptions`, or built from its options given as keywords
+    (``storage_options``, ``cache_dir``, ``cache_limit``, ``retry``; ``prefetch`` for readers that
+    stream, :attr:`streams`): see :mod:`fastdata.remote` and docs/remote.md.
     """
+
+    streams: ClassVar[bool] = False  # a reader that streams files: takes RemoteOptions' streaming options
 
     transform: Callable | None = None
     target_transform: Callable | None = None
@@ -61,16 +63,16 @@ class ReaderOptions:
     resize: Any = None
     center_crop: Any = None
     decoder: str = "pil"
-    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
-    cache_dir: str | os.PathLike | None = None
-    cache_limit: int | None = None
-    retry: Retry | None = None
+    remote: RemoteOptions | None = None  # None: RemoteOptions() (each of its options by default)
     fields: Any = None  # names of the fields to read (datasets with fields, docs/fields.md); None: all
     fuse: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.remote  # validated up front
+        if self.remote is None:
+            object.__setattr__(self, "remote", RemoteOptions())
+        elif not isinstance(self.remote, RemoteOptions):
+            raise InvalidOptionError(f"remote must be a fastdata.remote.RemoteOptions, not {type(self.remote).__name__}.")
         if self.fields is not None:
             if isinstance(self.fields, str) or not all(isinstance(name, str) for name in self.fields):
                 raise InvalidOptionError(f"fields must be a list of field names, got {self.fields!r}.")
@@ -120,26 +122,42 @@ class ReaderOptions:
     @classmethod
     def build(cls, reader: str, values: dict[str, Any]) -> "ReaderOptions":
         """The options of reader ``reader`` (a class name, for the error) from keyword arguments,
-        refusing a name it does not take."""
-        known = [field.name for field in dataclasses.fields(cls)]
+        refusing a name it does not take; :class:`RemoteOptions`' own (:meth:`keywords`) are
+        gathered into ``remote``."""
+        known = cls.keywords()
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise UnknownOptionError(
                 f"{reader}() got an unexpected keyword argument {unknown[0]!r}. "
                 f"Its options: {', '.join(map(repr, known))}."
             )
-        return cls(**values)
+        return cls(**cls._gathered(values))
+
+    @classmethod
+    def keywords(cls) -> list[str]:
+        """Every keyword a reader with these options takes: the fields, with ``remote``'s own
+        options after it."""
+        remote = RemoteOptions.keywords(streaming=cls.streams)
+        return [name for f in dataclasses.fields(cls) for name in ((f.name, *remote) if f.name == "remote" else (f.name,))]
+
+    @classmethod
+    def _gathered(cls, values: dict[str, Any], remote: RemoteOptions | None = None) -> dict[str, Any]:
+        """``values`` with the remote options among them gathered into ``remote`` (onto ``remote``
+        when given: a :meth:`replace`)."""
+        names = [name for name in RemoteOptions.keywords(streaming=cls.streams) if name in values]
+        if not names:
+            return values
+        if values.get("remote") is not None:
+            raise InvalidOptionError(f"Give remote= or its options ({', '.join(names)}), not both.")
+        rest = {key: value for key, value in values.items() if key not in names}
+        flat = {name: values[name] for name in names}
+        rest["remote"] = RemoteOptions.from_keywords(flat) if remote is None else dataclasses.replace(
+            remote, **{key: value for key, value in flat.items() if value is not None})
+        return rest
 
     def replace(self, **changes: Any) -> "ReaderOptions":
-        """A copy with ``changes`` (validated again)."""
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def remote(self) -> RemoteOptions:
-        """How a URL is read (:class:`fastdata.remote.RemoteOptions`)."""
-        return RemoteOptions(storage_options=self.storage_options, cache_dir=self.cache_dir,
-                             cache_limit=self.cache_limit, retry=self.retry if self.retry is not None else Retry.from_env(),
-                             prefetch=getattr(self, "prefetch", 2))
+        """A copy with ``changes`` (validated again); a remote option changes ``remote``."""
+        return dataclasses.replace(self, **self._gathered(changes, self.remote))
 
     @property
     def geometry(self) -> Geometry:

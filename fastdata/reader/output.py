@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from fastdata.reader.decoding import Decoder
 from fastdata.reader.options import ReaderOptions
+from fastdata.remote.dataset import RemoteOptions
 
 def _signature(cls: type) -> inspect.Signature:
     """``cls``'s constructor as users call it: its own leading parameters, then every field of
@@ -17,9 +18,11 @@ def _signature(cls: type) -> inspect.Signature:
     own = [parameter for parameter in inspect.signature(cls.__init__).parameters.values()
            if parameter.kind is not inspect.Parameter.VAR_KEYWORD][1:]  # without self
     taken = {parameter.name for parameter in own}
-    keywords = [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
-                                  annotation=field.type)
-                for field in dataclasses.fields(cls.Options) if field.name not in taken]
+    declared = {field.name: field for field in dataclasses.fields(cls.Options)}
+    declared.update({field.name: field for field in dataclasses.fields(RemoteOptions)})  # gathered into remote=
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=declared[name].type,
+                                  default=None if declared[name].default is dataclasses.MISSING else declared[name].default)
+                for name in cls.Options.keywords() if name not in taken]
     return inspect.Signature([*own, *keywords])
 
 

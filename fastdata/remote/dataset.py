@@ -13,12 +13,15 @@ nothing here knows a format.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from fastdata.errors import CorruptManifestError, InvalidOptionError, ManifestError, RemoteNotFoundError
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, is_plain_name, parse_manifest
@@ -35,13 +38,26 @@ SINGLE_FILE_MAGIC = b"fastdata hdf5 "  # how a one-file dataset (.h5) starts: it
 class RemoteOptions:
     """How a URL is read: ``storage_options`` for the fsspec filesystem (credentials, endpoint;
     never shown in a repr), ``cache_dir``/``cache_limit`` of the cache, ``retry`` for transient
-    errors, ``prefetch`` shards fetched ahead per worker, at the same time (tar)."""
+    errors, ``prefetch`` shards fetched ahead per worker, at the same time (tar).
+
+    The one declaration of these options: readers take them as keywords by these names
+    (:meth:`keywords`, :meth:`from_keywords`), ``open_dataset`` too."""
 
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
     cache_dir: str | os.PathLike | None = None
     cache_limit: int | None = None
     retry: Retry = field(default_factory=Retry.from_env)
-    prefetch: int = 2
+    prefetch: int = field(default=2, metadata={"streaming": True})  # only readers that stream files take it
+
+    @classmethod
+    def keywords(cls, *, streaming: bool = True) -> tuple[str, ...]:
+        """The option names, in declaration order (without those of streaming readers unless ``streaming``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if streaming or not f.metadata.get("streaming"))
+
+    @classmethod
+    def from_keywords(cls, values: dict[str, Any]) -> "RemoteOptions":
+        """The options named in ``values`` (other keys ignored; None: the default)."""
+        return cls(**{name: values[name] for name in cls.keywords() if values.get(name) is not None})
 
     def __post_init__(self) -> None:
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
@@ -271,6 +287,24 @@ def is_dataset_name(name: Any) -> bool:
         all(is_plain_name(part) for part in name.split("/"))
 
 
+# What the server said about each URL opened within one :func:`reusing_answers` (``open_dataset``:
+# its manifest, then the reader's open): the manifest's bytes, or a single file's ``info``.
+_ANSWERS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("fastdata_remote_answers",
+                                                                                default=None)
+
+
+@contextlib.contextmanager
+def reusing_answers() -> Iterator[None]:
+    """Within it, a dataset opened twice (``open_dataset`` reads the manifest to pick the reader,
+    then the reader opens the dataset) asks the server once: the manifest (or a single file's
+    size and version) fetched by the first :func:`open_remote` serves the next ones."""
+    token = _ANSWERS.set({})
+    try:
+        yield
+    finally:
+        _ANSWERS.reset(token)
+
+
 def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
                 check_single: Callable[[Path, str], str | None]) -> RemoteFiles:
     """The dataset at ``url``: its manifest fetched (a directory dataset), or its one file
@@ -281,24 +315,49 @@ def open_remote(url: str, options: RemoteOptions, *, reader: bool = False,
         return _open_remote(url, options, reader=reader, check_single=check_single)
 
 
+def _answer(url: str, options: RemoteOptions) -> tuple[bytes | None, dict[str, Any] | None]:
+    """(the manifest's bytes, None) of the dataset at ``url``, or (None, its ``info``) when it has
+    no manifest (a single file, or no dataset at all); one request each within :func:`reusing_answers`."""
+    answers = _ANSWERS.get()
+    if answers is not None and url in answers:
+        return answers[url]
+    fs, path = filesystem(url, options.storage_options)
+    path = path.rstrip("/")
+    try:
+        text = with_retry(lambda: fs.cat_file(f"{path}/{MANIFEST_NAME}"), f"{url}/{MANIFEST_NAME}", options.retry,
+                          options.storage_options)
+        remember_session(url, fs, options.storage_options)
+        answer = (text, None)
+    except RemoteNotFoundError:
+        answer = (None, with_retry(lambda: fs.info(path), url, options.retry, options.storage_options))
+    if answers is not None:
+        answers[url] = answer
+    return answer
+
+
+def _head(url: str, fs: Any, path: str, options: RemoteOptions) -> bytes:
+    """The first bytes of the single file at ``url`` (once within :func:`reusing_answers`)."""
+    answers, key = _ANSWERS.get(), f"{url}\0head"
+    if answers is not None and key in answers:
+        return answers[key]
+    head = with_retry(lambda: fs.cat_file(path, start=0, end=len(SINGLE_FILE_MAGIC)), url, options.retry,
+                      options.storage_options)
+    if answers is not None:
+        answers[key] = head
+    return head
+
+
 def _open_remote(url: str, options: RemoteOptions, *, reader: bool,
                  check_single: Callable[[Path, str], str | None]) -> RemoteFiles:
     fs, path = filesystem(url, options.storage_options)
     path = path.rstrip("/")
     manifest_url = f"{url}/{MANIFEST_NAME}"
-    try:
-        text = with_retry(lambda: fs.cat_file(f"{path}/{MANIFEST_NAME}"), manifest_url, options.retry,
-                          options.storage_options)
-        remember_session(url, fs, options.storage_options)
-    except RemoteNotFoundError:
-        text = None
+    text, info = _answer(url, options)
     if text is None:
-        info = with_retry(lambda: fs.info(path), url, options.retry, options.storage_options)
         if info.get("type") == "directory":
             raise RemoteNotFoundError(f"{scrub(url)!r} holds no {MANIFEST_NAME}: it is not a dataset written by "
                                       "'fastdata convert' (or its conversion did not finish).")
-        head = with_retry(lambda: fs.cat_file(path, start=0, end=len(SINGLE_FILE_MAGIC)), url, options.retry,
-                          options.storage_options)
+        head = _head(url, fs, path, options)
         if not head.startswith(SINGLE_FILE_MAGIC):  # refused before anything is downloaded
             raise ManifestError(f"{scrub(url)!r} is not a dataset written by 'fastdata convert': there is no "
                                 f"{MANIFEST_NAME} under it, and it is no fastdata .h5 file. Check the URL: it names "

@@ -30,22 +30,11 @@ from fastdata.errors import (
 )
 from fastdata.extras import EXTRAS, require
 from fastdata.remote.failures import TRANSIENT_NAMES, is_transient_status, lacks_credentials, one_line, status_of
+from fastdata.remote.schemes import find_scheme, scheme_of_url
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# scheme -> the extra whose modules (fastdata.extras.EXTRAS) its backend needs, named when missing
-BACKENDS: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
-                            "abfss": "azure", "http": "http", "https": "http"}
-_CREDENTIAL_HINTS = {
-    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
-          "storage_options={'anon': True} for a public bucket (from the CLI: FSSPEC_S3_ANON=true)",
-    "gs": "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS, or pass "
-          "storage_options={'token': 'anon'} for a public bucket (from the CLI: FSSPEC_GCS_TOKEN=anon)",
-    "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or "
-          "AZURE_STORAGE_SAS_TOKEN (or sign in with 'az login' and set AZURE_STORAGE_ACCOUNT_NAME), or pass "
-          "connection_string= or account_name= with account_key= or sas_token= in storage_options",
-}
 # environment variables whose values are secrets: never shown, whatever a backend puts in its message
 _SECRET_ENVIRONMENT = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_CONNECTION_STRING",
                        "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_SECRET")
@@ -159,7 +148,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
                 "implementations)."
             ) from None
         raise InvalidOptionError(f"{scrub(url)!r}: {scrub(str(exc), storage_options)}") from None
-    if scheme in ("s3", "s3a"):
+    if _is_botocore(scheme):
         fs.retries = 1  # s3fs's own retry loop: one attempt (a class attribute, not an option)
     return fs, path
 
@@ -167,7 +156,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
 def single_attempts(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with :data:`S3_CONFIG` under their ``config_kwargs`` for s3 (a key the user
     set wins), so that botocore makes one attempt per fastdata attempt."""
-    if scheme not in ("s3", "s3a"):
+    if not _is_botocore(scheme):
         return options
     return {**options, "config_kwargs": {**S3_CONFIG, **(options.get("config_kwargs") or {})}}
 
@@ -177,16 +166,22 @@ def remember_session(url: str, fs: Any, storage_options: dict[str, Any] | None) 
     process and its forked DataLoader workers open next: a new session loads botocore's service
     model again, ~0.2 s of CPU per worker and epoch. It holds configuration, not connections."""
     scheme = scheme_of(url)
-    if storage_options or scheme not in ("s3", "s3a") or scheme in _SESSIONS:
+    if storage_options or not _is_botocore(scheme) or scheme in _SESSIONS:
         return  # a session made from storage_options (a profile, keys) is never handed to another URL
     if getattr(fs, "session", None) is not None:
         _SESSIONS[scheme] = fs.session
 
 
+def _is_botocore(scheme: str) -> bool:
+    row = find_scheme(scheme)
+    return row is not None and row.botocore
+
+
 def _require_backend(scheme: str, url: str) -> None:
 
     require("fsspec", extra="remote", feature=f"Reading {scrub(url)!r}")
-    extra = BACKENDS.get(scheme)
+    row = find_scheme(scheme)
+    extra = row.extra if row is not None else None
     for module in EXTRAS.get(extra, ()):
         require(module, extra=extra, feature=f"Reading {scheme}:// URLs ({scrub(url)!r})")
 
@@ -210,7 +205,8 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
     shown = scrub(url)
     cause = scrub(f"{type(exc).__name__}: {one_line(str(exc))}", storage_options)
     scheme = scheme_of(url)
-    hint = _CREDENTIAL_HINTS.get({"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(scheme, scheme), "")
+    row = find_scheme(scheme)
+    hint = row.credentials if row is not None else ""
     status = status_of(exc)
     if lacks_credentials(exc):
         return RemoteAccessError(f"{shown!r}: no credentials found ({cause}). To fix: {hint or 'pass them in storage_options'}.")
@@ -229,8 +225,9 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
         return RemoteAccessError(f"{shown!r}: access denied (403: {cause}). To fix: {fix}, and that they may read "
                                  "this bucket.")
     if is_transient(exc):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL") if scheme in ("s3", "s3a") else None
-        where = f" (endpoint {scrub(endpoint)!r} from AWS_ENDPOINT_URL)" if endpoint else ""
+        variable = row.endpoint_variable if row is not None else ""
+        endpoint = os.environ.get(variable) if variable else None
+        where = f" (endpoint {scrub(endpoint)!r} from {variable})" if endpoint else ""
         what = f"the server answered {status}" if status else "the server did not answer"
         return RemoteUnavailableError(
             f"{shown!r}: {what}{where} after {attempts} attempt{'s' if attempts > 1 else ''} "
@@ -241,7 +238,8 @@ def explain(exc: BaseException, url: str, storage_options: dict[str, Any] | None
 
 def missing_bucket(url: str) -> RemoteNotFoundError:
     """The error for a URL whose bucket (Azure: container) does not exist, reading or writing."""
-    what = "container" if scheme_of(url) in ("az", "abfs", "abfss") else "bucket"
+    row = scheme_of_url(url)
+    what = row.container if row is not None and row.container else "bucket"
     shown = scrub(url)
     return RemoteNotFoundError(f"{shown!r}: the {what} {bucket_of(shown)!r} does not exist (404). Check the {what}'s "
                                f"name in the URL, or create the {what} first.")
@@ -255,7 +253,8 @@ def naming_the_bucket(url: str, storage_options: dict[str, Any] | None = None) -
     try:
         yield
     except RemoteNotFoundError as exc:
-        if scheme_of(url) in ("http", "https") or "does not exist (404)." in str(exc):
+        row = scheme_of_url(url)
+        if (row is not None and not row.container) or "does not exist (404)." in str(exc):
             raise
         try:
             fs, _ = filesystem(url, storage_options)

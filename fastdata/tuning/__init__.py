@@ -39,7 +39,7 @@ from fastdata.bench.probes import ReadyBatches, ReadyBatchesOf
 from fastdata.bench.sweep import step_options
 from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.bench.explain import tune_paragraph
-from fastdata.loading import BACKENDS
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, get_backend
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.tuning.measure import (
     PROBE_BATCHES, Measurements, ProbeResult, probe_batches, probe_loader, resolve_start_method, measure, probe,
@@ -95,12 +95,12 @@ class Recommendation:
     def loader_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "shuffle": True, "num_workers": self.num_workers,
                                   "pin_memory": self.pin_memory}
-        if self.backend != "torch":
+        if self.backend != DEFAULT_BACKEND:
             kwargs["backend"] = self.backend
         if self.num_workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
             kwargs["prefetch_factor"] = self.prefetch_factor
-            if self.multiprocessing_context and self.backend != "thread":
+            if self.multiprocessing_context and BACKENDS[self.backend].crosses_process:
                 kwargs["multiprocessing_context"] = self.multiprocessing_context
         return kwargs
 
@@ -175,9 +175,8 @@ def tune(
     if not (budget_s > 0):
         raise InvalidOptionError(f"Invalid budget_s {budget_s!r}. Use a number of seconds > 0.")
     backends = tuple(backends)
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown or not backends:
-        raise InvalidOptionError(f"Unknown backend {unknown[0] if unknown else ''!r}. Allowed: {', '.join(map(repr, BACKENDS))}.")
+    for name in backends or ("",):
+        get_backend(name)
     options = step_options(step)
     step_fn = options.get("step")
     if isinstance(step_fn, str):
@@ -208,7 +207,7 @@ def tune(
         say(f"probing backend={row['backend']} num_workers={row['num_workers']}")
         loader = probe_loader(dataset, row["backend"], row["num_workers"], batch_size, context=method)
         result = probe(loader, per_probe, step=step_fn, step_s=step_ms / 1000, memory=row["num_workers"] > 0
-                       and row["backend"] != "thread")
+                       and BACKENDS[row["backend"]].crosses_process)
         row.update(measured_samples_per_s=round(result.samples_per_s, 1), wait_fraction=round(result.wait_fraction, 4),
                    first_batch_s=round(result.first_batch_s, 4), pss_mb_per_worker=result.pss_mb_per_worker)
     measured = [r for r in confirm if "measured_samples_per_s" in r]
@@ -221,7 +220,8 @@ def tune(
         measured_samples_per_s=best.get("measured_samples_per_s"),
         predicted_wait_fraction=best["predicted_wait_fraction"], wait_fraction=best.get("wait_fraction"),
         pss_mb_per_worker=best.get("pss_mb_per_worker"), measurements=m, candidates=rows,
-        multiprocessing_context=start_method if best["backend"] != "thread" and best["num_workers"] > 0 else None,
+        multiprocessing_context=start_method if BACKENDS[best["backend"]].crosses_process and best["num_workers"] > 0
+        else None,
         budget_s=requested_budget, effective_budget_s=budget_s,
     )
     recommendation.dataloader_settings = _dataloader_settings(rows, m, batch_size)
@@ -261,7 +261,7 @@ def _effective_budget(dataset: Any, batch_size: int, step: Callable[[Any], Any] 
 
 def _dataloader_settings(rows: list[dict[str, Any]], m: Measurements, batch_size: int) -> dict[str, Any]:
     """The best plain-DataLoader (backend torch) row as DataLoader keywords."""
-    torch_rows = [r for r in rows if r["backend"] == "torch"]
+    torch_rows = [r for r in rows if BACKENDS[r["backend"]].dataloader_options]
     measured = [r for r in torch_rows if "measured_samples_per_s" in r]
     best = pick_best(measured if len(measured) > 1 else torch_rows, m)  # never a guess against a measurement
     kwargs: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "num_workers": best["num_workers"],

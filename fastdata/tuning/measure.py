@@ -20,6 +20,7 @@ import torch
 from fastdata.bench.probes import ReadyBatches
 from fastdata.bench.timing import batch_length
 from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND
 from fastdata.loading.fetch import BatchFetcher, accepts_index_arrays
 from fastdata.machine import usable_cores
 from fastdata.tuning.noise import IMPLAUSIBLE, REPEATS, Spread, below_noise, machine_noise, repeat, thread_limit
@@ -107,7 +108,7 @@ def probe_loader(dataset: Any, backend: str, workers: int, batch_size: int, *, p
     kwargs: dict[str, Any] = {}
     if workers > 0:
         kwargs.update(persistent_workers=True, prefetch_factor=prefetch_factor)
-        if context and backend != "thread":
+        if context and BACKENDS[backend].crosses_process:
             kwargs["multiprocessing_context"] = context
     return loader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers, backend=backend,
                   pin_memory=pin_memory, seed=seed, **kwargs)
@@ -268,7 +269,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     position = iter(range(10**9))
     fetch_times = _timed_calls(lambda: fetch(indices[next(position) % len(indices)]), share)
     fetch_ms = statistics.median(fetch_times) * 1000
-    serial = probe(probe_loader(dataset, "torch", 0, batch_size), share / 2, warm_batches=1, max_batches=PROBE_BATCHES)
+    serial = probe(probe_loader(dataset, DEFAULT_BACKEND, 0, batch_size), share / 2, warm_batches=1, max_batches=PROBE_BATCHES)
     loop_ms = max(fetch_ms, 1000 / (serial.samples_per_s / batch_size)) if serial.samples_per_s else fetch_ms
     standard_ms = None
     if accepts_index_arrays(dataset):
@@ -284,7 +285,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     cores = usable_cores()
     spreads = {"noise": machine_noise(), "fetch_ms": Spread(tuple(t * 1000 for t in fetch_times))}
     speedup = None
-    if cores >= 2 and "thread" in backends:  # repeated while noisy, or above what 2 threads can reach
+    if cores >= 2 and any(BACKENDS[b].shares_gil for b in backends):  # repeated while noisy, or above what 2 threads can reach
         limit = thread_limit(cores)
         spreads["thread_speedup"] = repeat(lambda: _thread_speedup(fetch, indices, share / 2 / REPEATS),
                                            plausible=lambda ratio: ratio <= IMPLAUSIBLE * limit)
@@ -295,7 +296,7 @@ def measure(dataset: Any, *, batch_size: int, step: Callable[[Any], Any] | None,
     startup: dict[str, float] = {}
     ready = ReadyBatches(template, length)
     for backend in backends:
-        if backend != "thread" and pickle_error:
+        if BACKENDS[backend].needs_picklable and pickle_error:
             continue
         starts: list[float] = []
         hand_over = repeat(lambda: _hand_over_ms(ready, backend, batch_size, start_method, share / REPEATS, starts))
@@ -319,7 +320,7 @@ def _hand_over_ms(ready: ReadyBatches, backend: str, batch_size: int, start_meth
     batch (ms): ready batches through one worker minus the same batches at num_workers=0, probed
     back to back so that both see the same load. May be negative (noise); appends the worker's
     start-up (the first batch, s) to ``starts``."""
-    base = probe(probe_loader(ready, "torch", 0, batch_size), seconds / 3, warm_batches=1, max_batches=PROBE_BATCHES)
+    base = probe(probe_loader(ready, DEFAULT_BACKEND, 0, batch_size), seconds / 3, warm_batches=1, max_batches=PROBE_BATCHES)
     result = probe(probe_loader(ready, backend, 1, batch_size, context=start_method), seconds * 2 / 3,
                    warm_batches=2, max_batches=PROBE_BATCHES)
     starts.append(result.first_batch_s)

@@ -6,10 +6,10 @@ import math
 from typing import Any
 
 from fastdata.bench.explain import TIE, outrun_by_none_simpler
+from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, preference
 from fastdata.tuning.measure import Measurements
 
 WAIT_TARGET = 0.05  # "the loop waits for data less than 5% of the time"
-_PREFERENCE = {"torch": 0, "thread": 1, "process": 2}  # in a tie: the DataLoader users know, then threads
 
 
 def predict(m: Measurements, backend: str, workers: int) -> tuple[float, float]:
@@ -23,7 +23,7 @@ def predict(m: Measurements, backend: str, workers: int) -> tuple[float, float]:
         per_batch = max(m.loop_ms, f) + s
         return m.batch_size / per_batch * 1000, max(m.loop_ms, f) / per_batch
     c = m.transfer_ms[backend] + m.overhead_ms  # the loop's side of every batch
-    if backend == "thread":
+    if BACKENDS[backend].shares_gil:
         speedup = m.thread_speedup if m.thread_speedup is not None else 1.0
         serial = min(1.0, max(0.0, 2 / max(speedup, 1e-6) - 1))  # Amdahl: the GIL-held share of a fetch
         parallel = 1 / (serial + (1 - serial) / min(workers, cores))
@@ -42,8 +42,8 @@ def candidate_rows(m: Measurements, backends: tuple[str, ...], max_workers: int)
     """One candidate per (backend, num_workers >= 1), and one for num_workers=0: every backend
     runs the same serial loop there, so it is one candidate, probed once (``same_for_backends``
     names them; ``backend`` is the default's, which ``loader_kwargs`` leave out)."""
-    serial = [b for b in ("torch", "thread", "process") if b == "torch" or b in backends]
-    rows = [{"backend": "torch", "num_workers": 0, "same_for_backends": serial}]
+    serial = [b for b in BACKENDS if b == DEFAULT_BACKEND or b in backends]
+    rows = [{"backend": DEFAULT_BACKEND, "num_workers": 0, "same_for_backends": serial}]
     for backend in backends:
         if backend not in m.transfer_ms:
             continue
@@ -55,7 +55,7 @@ def candidate_rows(m: Measurements, backends: tuple[str, ...], max_workers: int)
 
 
 def _simplest_first(row: dict[str, Any]) -> tuple:
-    return (row["num_workers"], _PREFERENCE[row["backend"]])
+    return (row["num_workers"], preference(row["backend"]))
 
 
 def rows_to_confirm(rows: list[dict[str, Any]], m: Measurements, limit: int) -> list[dict[str, Any]]:

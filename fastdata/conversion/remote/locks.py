@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterator
 from fastdata.conversion.locks import holder_record, os_error
 from fastdata.errors import OutputLockedError, RemoteNotFoundError
 from fastdata.remote.dataset import RemoteOptions
-from fastdata.remote.filesystem import filesystem, naming_the_bucket, scheme_of, scrub, with_retry
+from fastdata.remote.filesystem import filesystem, naming_the_bucket, scrub, with_retry
+from fastdata.remote.schemes import scheme_of_url
 from fastdata.conversion.remote.units import units_url
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class BucketLock:
     def __init__(self, lock_url: str, operation: str, output: str, options: RemoteOptions):
         self.url, self.operation, self.output, self.options = lock_url, operation, output, options
         self.fs, self.path = filesystem(lock_url, options.storage_options)
+        scheme = scheme_of_url(lock_url)
+        self.conditional = scheme is not None and scheme.conditional_writes  # If-Match honoured: atomic take-over
         self.token = secrets.token_hex(8)
         self.etag: str | None = None
         self.held, self.lost = False, False
@@ -125,7 +128,7 @@ class BucketLock:
 
     def _take_over(self, etag: str | None) -> bool:
         """Replace the stale lock whose ETag is ``etag`` (S3: only if it is still that one)."""
-        if scheme_of(self.url) in ("s3", "s3a") and etag:
+        if self.conditional and etag:
             return self._put(IfMatch=etag) == _WRITTEN
         try:
             self._call(lambda: self.fs.rm_file(self.path))
@@ -164,7 +167,7 @@ class BucketLock:
     def _refresh(self) -> None:
         """Rewrite the lock every REFRESH_S seconds (S3: only while it is still ours)."""
         while not self._stop.wait(REFRESH_S):
-            condition = {"IfMatch": self.etag} if scheme_of(self.url) in ("s3", "s3a") and self.etag else {}
+            condition = {"IfMatch": self.etag} if self.conditional and self.etag else {}
             try:
                 if self._put(**condition) == _REFUSED:
                     self.lost = True  # taken over as stale: check() says so before anything is committed

@@ -193,6 +193,9 @@ class HDF5Dataset(StoredDataset):
             return _Handles(file, RowReader(data))
         return _Handles(file, ChunkCache(data, self.chunk_images, self.cache_bytes))
 
+    def encoded_sizes(self) -> np.ndarray | None:
+        return np.diff(self.offsets) if self.store == "encoded" else None
+
     def _encoded(self, indices: np.ndarray) -> list[bytes]:
         data = self.handles.data
         try:

@@ -111,7 +111,7 @@ def _check_dataset(file: h5py.File, name: str, entry: dict[str, Any], origin: st
             content.update(dataset[start : start + rows])
     except H5_ERRORS as exc:
         return [f"{origin}: dataset {name!r} cannot be read ({exc}); the file is truncated or damaged."]
-    digest = content.digest.hexdigest()
+    digest = content.hexdigest()
     if content.bytes != entry["bytes"] or digest != entry[CHECKSUM_ALGORITHM]:
         return [f"{origin}: dataset {name!r}: {CHECKSUM_ALGORITHM} {digest[:16]}... ({content.bytes} bytes) does "
                 f"not match the manifest's {entry[CHECKSUM_ALGORITHM][:16]}... ({entry['bytes']} bytes): damaged."]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ import h5py
 import numpy as np
 
 from fastdata.errors import InvalidOptionError
-from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.base import Batch, Plan, RunningDigest, Writer
 from fastdata.formats.fieldfiles import FieldFileWriter
 from fastdata.formats.hdf5.layout import (
     COPY_BYTES, FORMAT, LAYOUT_VERSION, MANIFEST_ATTR, MAX_ATTRIBUTE_BYTES, USERBLOCK_BYTES, field_datasets,
@@ -24,22 +23,16 @@ from fastdata.manifest import CHECKSUM_ALGORITHM, seal_manifest
 from fastdata.files import unique_sibling
 
 
-class ContentHash:
-    """Checksum of a dataset's contents, fed in write order."""
-
-    def __init__(self) -> None:
-        self.digest = hashlib.blake2b(digest_size=32)
-        self.bytes = 0
+class ContentHash(RunningDigest):
+    """Checksum of an HDF5 dataset's contents (its arrays' bytes), fed in write order."""
 
     def update(self, array: np.ndarray) -> None:
         if array.size == 0:  # e.g. a field of (0,) arrays: nothing to hash (and no view to cast)
             return
-        data = memoryview(np.ascontiguousarray(array)).cast("B")
-        self.digest.update(data)
-        self.bytes += data.nbytes
+        super().update(memoryview(np.ascontiguousarray(array)).cast("B"))
 
     def describe(self, name: str) -> dict[str, Any]:
-        return {"dataset": name, "bytes": self.bytes, CHECKSUM_ALGORITHM: self.digest.hexdigest()}
+        return {"dataset": name, **self.entry()}
 
 
 def write_fixed_attributes(file: h5py.File, classes: list[str]) -> None:

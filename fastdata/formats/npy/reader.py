@@ -72,6 +72,9 @@ class MemmapDataset(StoredDataset):
             )
         return array.view(np.ndarray)  # the mapping stays open through the view; no memmap subclass per batch
 
+    def encoded_sizes(self) -> np.ndarray | None:
+        return np.diff(self.offsets) if self.offsets is not None else None
+
     def _encoded(self, indices: np.ndarray) -> list[bytes]:
         data, offsets = self.handles, self.offsets
         return [data[offsets[i] : offsets[i + 1]].tobytes() for i in indices.tolist()]

@@ -3,17 +3,16 @@ files as they arrive, so a checkpoint is just file sizes and ``--resume`` can tr
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastdata.formats.base import Batch, Plan, Writer
+from fastdata.formats.base import Batch, Plan, RunningDigest, Writer
 from fastdata.formats.fieldfiles import FieldFileWriter, field_files, reopen
 from fastdata.formats.npyfile import npy_header
-from fastdata.manifest import CHECKSUM_ALGORITHM, describe_file, write_manifest
+from fastdata.manifest import describe_file, write_manifest
 
 
 def stored_names(plan: Plan) -> list[tuple[str, str]]:
@@ -45,7 +44,7 @@ class MemmapWriter(Writer):
             self.data.write(self.header)
             # the data file's checksum, kept while writing (the main process waits on the
             # decoders anyway) instead of re-reading gigabytes at the end
-            self.digest = hashlib.blake2b(self.header, digest_size=32)
+            self.digest: RunningDigest | None = RunningDigest(self.header)
             self.labels = open(path / "labels.partial", "wb")
             self.offsets = None if self.raw else open(path / "offsets.partial", "wb")
             if self.offsets:
@@ -121,8 +120,7 @@ class MemmapWriter(Writer):
         manifest["files"] = {name: describe_file(self.path / name) for name in names[1:]}
         data_file = self.path / names[0]
         manifest["files"][names[0]] = (
-            {"bytes": self.position, CHECKSUM_ALGORITHM: self.digest.hexdigest()}
-            if self.digest is not None else describe_file(data_file)
+            self.digest.entry() if self.digest is not None else describe_file(data_file)
         )
         manifest["files"] = {name: manifest["files"][name] for name in names}  # data file first
         write_manifest(self.path, manifest)

@@ -163,6 +163,9 @@ class TarIndexedDataset(StoredDataset):
         """``with dataset._shard(shard) as descriptor``: the shard open (a URL's in the cache) while used."""
         return self.handles.use(self, shard)
 
+    def encoded_sizes(self) -> np.ndarray | None:
+        return np.asarray(self.index.image_size) if self.store == "encoded" else None
+
     def _encoded(self, indices: np.ndarray) -> list[bytes]:
         return [bytes(blob) for blob in self._members(indices, [(self.index.image_offset, self.index.image_size)])[0]]
 

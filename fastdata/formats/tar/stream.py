@@ -42,7 +42,11 @@ class ShardSplitWarning(UserWarning):
 
 @dataclass(frozen=True)
 class TarStreamOptions(ReaderOptions):
-    """:class:`~fastdata.reader.ReaderOptions` and the streaming ones of :class:`TarDataset`."""
+    """:class:`~fastdata.reader.ReaderOptions` and the streaming ones of :class:`TarDataset`
+    (``prefetch``, a URL's shards fetched ahead of the one being read per worker, is a
+    :class:`~fastdata.remote.RemoteOptions` option that streaming readers take)."""
+
+    streams = True
 
     shuffle: bool = True
     seed: int = 0
@@ -51,7 +55,6 @@ class TarStreamOptions(ReaderOptions):
     world_size: int | None = None
     even: bool = False
     batch_size: int | None = None
-    prefetch: int = 2  # a URL's shards fetched ahead of the one being read, per worker
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -221,7 +224,7 @@ class TarDataset(ReaderOutput, IterableDataset):
         names = self._block_fields() if self.fields_reader is not None else None
         columns = [index.fields[name] for name in names] if names is not None else []
         files = [index.files[shard] for shard, _, _ in pieces]
-        ahead = 1 + 2 * (self.options.prefetch + 1)  # enough pieces for the prefetch window (a shard may be split in pieces)
+        ahead = 1 + 2 * (self.options.remote.prefetch + 1)  # enough pieces for the prefetch window (a shard may be split in pieces)
         for position, (shard, start, stop) in enumerate(pieces):
             first = int(starts[shard])
             self.files.prefetch(list(dict.fromkeys(files[position : position + ahead])))  # this shard and the next ones

@@ -6,7 +6,6 @@ local disk holds at most two shards, the one being written and the one being upl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.formats.base import Batch, FileSink, Plan, Writer
+from fastdata.formats.base import Batch, FileSink, Plan, RunningDigest, Writer
 from fastdata.formats.npyfile import npy_header
 from fastdata.errors import InvalidOptionError
 from fastdata.fields.codecs import member_key_problem
@@ -90,9 +89,8 @@ class _ShardFile:
         self.final = directory / self.name
         self.temporary = directory / (self.name + ".partial")
         self.handle = open(self.temporary, "wb", buffering=1024 * 1024)
-        self.digest = hashlib.blake2b(digest_size=32)
+        self.digest = RunningDigest()  # the shard's checksum and size, kept as it is written
         self.first = first
-        self.position = 0
         self.columns: dict[str, list] = {k: [] for k in (
             "label", "extension", "image_offset", "image_size", *(LABEL_COLUMNS if labelled else ()),
             *field_columns(fields), *(("key",) if keyed else ()))}
@@ -101,10 +99,14 @@ class _ShardFile:
     def count(self) -> int:
         return len(self.columns["label"])
 
+    @property
+    def position(self) -> int:
+        """Bytes written to the shard so far."""
+        return self.digest.bytes
+
     def _write(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
         self.digest.update(data)
-        self.position += len(data)
 
     def _member(self, name: str, parts: list[bytes | memoryview], out: list[bytes | memoryview]) -> tuple[int, int]:
         size = sum(len(part) for part in parts)
@@ -161,10 +163,8 @@ class _ShardFile:
             os.replace(shard.final, shard.temporary)  # it was finished after the checkpoint
         shard.handle = open(shard.temporary, "r+b", buffering=1024 * 1024)
         shard.handle.truncate(state["position"])
-        shard.digest = hashlib.blake2b(digest_size=32)
-        for block in iter(lambda: shard.handle.read(1024 * 1024), b""):
-            shard.digest.update(block)
-        shard.first, shard.position, shard.columns = state["first"], state["position"], state["columns"]
+        shard.digest = RunningDigest.of_file(shard.handle)  # what came before the checkpoint: state["position"] bytes
+        shard.first, shard.columns = state["first"], state["columns"]
         return shard
 
 

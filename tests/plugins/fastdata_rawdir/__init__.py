@@ -55,6 +55,14 @@ class RawdirDataset(StoredDataset):
         check_file_sizes(self.path, self.manifest)
         self.labels = load_small_array(self.path / "labels.npy", dtype=np.int64, length=self.manifest["count"])
 
+    def encoded_sizes(self) -> np.ndarray | None:  # for `fastdata info`: from the manifest, no image read
+        if self.store != "encoded":
+            return None
+        return np.array([self.manifest["files"][_name(i, self.store)]["bytes"] for i in range(len(self.labels))])
+
+    def _encoded(self, indices: np.ndarray) -> list[bytes]:
+        return [(self.path / _name(index, self.store)).read_bytes() for index in indices.tolist()]
+
     def _read(self, indices: np.ndarray, allocate: Callable | None = None, *, pil: bool = False) -> Any:
         files = [self.path / _name(index, self.store) for index in indices.tolist()]
         if self.store == "raw":
