@@ -30,6 +30,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "http": ("fsspec", "aiohttp"),
     "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
     "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
+    "parquet": ("pyarrow",),  # Parquet files and save_to_disk folders as sources
+    "hf": ("pyarrow", "fsspec", "huggingface_hub"),  # hf://datasets/ORG/NAME URLs (huggingface_hub's file system)
 }
 
 

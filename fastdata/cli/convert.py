@@ -12,7 +12,7 @@ from fastdata.cli.common import LazyBar, add_command, disk_usage, find_manifest,
 from fastdata.errors import FastdataError
 from fastdata.urls import is_url
 
-_GROUPS = {"conversion": "conversion options", "run": "running", "source": "torchvision sources"}
+_GROUPS = {"conversion": "conversion options", "run": "running", "source": "sources (torchvision, Parquet, Hugging Face)"}
 
 
 def _flag(name: str) -> str:

@@ -56,6 +56,7 @@ from fastdata.conversion.remote.upload import (
     Destination, ShardSink, begin_upload, check_destination, check_output_url, finish_upload, staging_path, undo_upload,
 )
 from fastdata.sources import Source
+from fastdata.sources.parquet import is_remote_table
 from fastdata.urls import is_url
 
 __all__ = ["convert", "merge", "open_source", "run_conversion"]
@@ -87,7 +88,7 @@ def convert(
     (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
-    if is_url(source):  # a converted dataset in object storage: fetched into the cache, read from there
+    if is_url(source) and not is_remote_table(source):  # a converted dataset in object storage: fetched into the cache
         source = fetch_dataset(os.fspath(source), check_single=single_file_problem)
     if is_url(output):
         return _convert_to_url(source, os.fspath(output), options, progress, overrides)

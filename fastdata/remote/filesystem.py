@@ -36,7 +36,8 @@ T = TypeVar("T")
 
 # scheme -> the extra whose modules (fastdata.extras.EXTRAS) its backend needs, named when missing
 BACKENDS: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
-                            "abfss": "azure", "http": "http", "https": "http"}
+                            "abfss": "azure", "http": "http", "https": "http",
+                            "hf": "hf"}
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass "
           "storage_options={'anon': True} for a public bucket (from the CLI: FSSPEC_S3_ANON=true)",
