@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import InvalidOptionError
+from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
 from fastdata.sources.base import Protected, Source
 from fastdata.sources.columns import CellContext, Column, choose, column_of, detect_image_bytes, hf_features
@@ -85,7 +86,9 @@ class TableSource(Source):
         self.selected, self.label_column = columns, label_column
         self.class_to_idx = {name: i for i, name in enumerate(self.label.names)} if self.label and self.label.names else {}
         self.kinds = {c.name: c.kind.hint for c in self.columns if c.kind.hint is not None}
-        self.field_meta = {self.label.name: {"class_ids": True}} if self.class_to_idx else {}
+        # a label column named otherwise is a field of its own, marked as holding class ids (verify checks them)
+        self.field_meta = {self.label.name: {CLASS_IDS: True}} if self.class_to_idx and self.label.name not in (
+            "label", "cls") else {}
         self._plan_rows()
         self.keys = _RowNames(self)
         self.labels = _RowLabels(self)
@@ -232,7 +235,9 @@ class TableSource(Source):
 
     def protected(self) -> list[Protected]:
         root = self.tables.local_root()
-        return [Protected(Path(root).resolve(), f"source {self.kind} folder")] if root is not None else []
+        if root is not None:
+            return [Protected(root.resolve(), f"source {self.kind} {'folder' if root.is_dir() else 'file'}")]
+        return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
 
 
 def _why(exc: BaseException) -> str:
@@ -261,7 +266,9 @@ def is_table_source(source: Any) -> bool:
     text = os.fspath(source)
     if is_parquet_spec(text):
         return True
-    if is_url(text) or text.startswith("torchvision:"):
+    if is_url(text):
+        return is_remote_table(text)
+    if text.startswith("torchvision:"):
         return False
     path = Path(text)
     return is_saved_dataset(path) or (path.is_dir() and has_parquet(path))

@@ -204,7 +204,14 @@ class ParquetFiles:
         return digest.hexdigest()
 
     def local_root(self) -> Path | None:
-        return Path(self.root) if self.fs is None and self.root else None
+        """What the output may not be or lie in: the folder given, else the file given (an output
+        beside it is fine); None for URLs and globs (whose files are each protected)."""
+        if self.fs is not None or _GLOB.search(self.spec):
+            return None
+        return Path(self.spec)
+
+    def local_files(self) -> list[Path]:
+        return [Path(p) for p in self.paths] if self.fs is None else []
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -300,6 +307,9 @@ class ArrowFiles:
     def local_root(self) -> Path | None:
         return self.folder
 
+    def local_files(self) -> list[Path]:
+        return []
+
 
 class ObjectTable:
     """A ``datasets.Dataset`` object's Arrow table (memory-mapped where the dataset is), in groups of rows."""
@@ -344,3 +354,6 @@ class ObjectTable:
 
     def local_root(self) -> Path | None:
         return None
+
+    def local_files(self) -> list[Path]:
+        return []
