@@ -81,6 +81,7 @@ EXAMPLES = """
   fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after a crash or kill -9 (Ctrl-C removes the partial output)
   fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
   fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
+  fastdata convert hf://datasets/ORG/NAME out/train.npy --split train --resize 64x64   # Hub Parquet shards
   fastdata convert mydata:train_set out/train.h5 --store encoded   # .h5: a Python Dataset (any fields), in one HDF5 file
 """
 
@@ -88,14 +89,17 @@ EXAMPLES = """
 def add_parser(commands) -> None:
     parser = add_command(
         commands, "convert",
-        help="convert an image folder, torchvision dataset, WebDataset shards or Python dataset into a fast format",
-        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, a converted "
-        "dataset, or module:name for a Python dataset) into OUTPUT, in the format its extension names (or "
+        help="convert an image folder, torchvision dataset, WebDataset shards, Parquet / Hugging Face dataset or Python "
+        "dataset into a fast format",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, Parquet files or a "
+        "save_to_disk folder, a converted dataset, or module:name for a Python dataset) into OUTPUT, in the format "
+        "its extension names (or "
         "--format). Samples may be (image, label) or records of named fields (docs/fields.md).",
         examples=EXAMPLES,
     )
     parser.add_argument("source", metavar="SOURCE",
-                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, a converted "
+                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, Parquet files (a "
+                        "file, folder, glob or URL, hf://datasets/ORG/NAME too) or a save_to_disk folder, a converted "
                         "dataset, or module:name (a map-style Dataset, or a function returning one)")
     parser.add_argument("output", metavar="OUTPUT",
                         help="the dataset to create: a directory for npy and tar, a file for hdf5; its extension "
