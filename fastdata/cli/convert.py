@@ -81,7 +81,6 @@ EXAMPLES = """
   fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after a crash or kill -9 (Ctrl-C removes the partial output)
   fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
   fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
-  fastdata convert hf://datasets/ORG/NAME out/train.npy --split train --resize 64x64   # Hub Parquet shards
   fastdata convert mydata:train_set out/train.h5 --store encoded   # .h5: a Python Dataset (any fields), in one HDF5 file
 """
 
