@@ -272,3 +272,37 @@ def test_parquet_on_s3_converts_as_the_local_files_do(hub: Path, s3, tmp_path: P
     ours, theirs = output_contents(local), output_contents(remote)
     assert {k: v for k, v in ours.items() if k != "manifest.json"} == {k: v for k, v in theirs.items()
                                                                         if k != "manifest.json"}
+
+
+def test_two_workers_and_a_resumed_conversion_write_the_bytes_of_one_process(tmp_path: Path) -> None:
+    """Rows from several files and row groups, through the conversion's process pool (more than
+    64 samples) and in units smaller than a row group: the same bytes as in one process."""
+    from conftest import output_contents
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for shard in range(3):
+        indices = range(shard * 50, shard * 50 + 50)
+        pq.write_table(pa.table({"image": [png(i % 250) for i in indices], "label": [i % 3 for i in indices],
+                                 "text": [f"t{i}" for i in indices]}), folder / f"part-{shard}.parquet",
+                       row_group_size=16)
+    one = fastdata.convert(folder, tmp_path / "one.tar", workers=0, store="encoded")
+    two = fastdata.convert(folder, tmp_path / "two.tar", workers=2, store="encoded", unit_samples=20)
+    assert one["count"] == two["count"] == 150
+    assert output_contents(tmp_path / "one.tar") == output_contents(tmp_path / "two.tar")
+    got = records(tmp_path / "two.tar")
+    assert [s["text"] for s in got] == [f"t{i}" for i in range(150)]
+    assert all(np.array_equal(s["image"].permute(1, 2, 0).numpy(), pixels(i % 250)) for i, s in enumerate(got))
+
+
+def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(hub, tmp_path / "o.npy", split="validation", workers=0)
+    assert str(raised.value) == f"{str(hub)!r} has no split 'validation' (splits: test, train). Check --split."
+    with pytest.raises(InvalidOptionError, match="--columns and --label-column apply to Parquet files"):
+        fastdata.convert(uniform_folder, tmp_path / "o.npy", columns="image,label", workers=0)
+    with pytest.raises(InvalidOptionError, match=r"Invalid --columns 'image,,label'"):
+        fastdata.convert(hub, tmp_path / "o.npy", columns="image,,label", workers=0)
+    with pytest.raises(InvalidOptionError, match=r"--label-column 'text' is not an integer column"):
+        fastdata.convert(hub, tmp_path / "o.npy", split="test", label_column="text", workers=0)
+    assert not (tmp_path / "o.npy").exists()
