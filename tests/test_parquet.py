@@ -272,6 +272,12 @@ def test_parquet_on_s3_converts_as_the_local_files_do(hub: Path, s3, tmp_path: P
     ours, theirs = output_contents(local), output_contents(remote)
     assert {k: v for k, v in ours.items() if k != "manifest.json"} == {k: v for k, v in theirs.items()
                                                                         if k != "manifest.json"}
+    cli = tmp_path / "cli.h5"
+    done = subprocess.run([sys.executable, "-m", "fastdata", "convert", url, str(cli), "--split", "train",
+                           "--columns", "image,label"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [int(label) for _, label in fastdata.open_dataset(cli)] == [i % 3 for i in range(TRAIN)]
 
 
 def test_two_workers_and_a_resumed_conversion_write_the_bytes_of_one_process(tmp_path: Path) -> None:
