@@ -292,6 +292,13 @@ def test_two_workers_and_a_resumed_conversion_write_the_bytes_of_one_process(tmp
         pq.write_table(pa.table({"image": [png(i % 250) for i in indices], "label": [i % 3 for i in indices],
                                  "text": [f"t{i}" for i in indices]}), folder / f"part-{shard}.parquet",
                        row_group_size=16)
+    from fastdata.conversion import open_source
+    from fastdata.conversion.units import plan_units
+
+    source = open_source(folder)
+    assert source.unit_bounds() == [0, 16, 32, 48, 50, 66, 82, 98, 100, 116, 132, 148, 150]  # files x row groups
+    assert [(u.start, u.stop) for u in plan_units(150, 10, source.unit_bounds())][:4] == [(0, 10), (10, 16), (16, 26),
+                                                                                          (26, 32)]
     one = fastdata.convert(folder, tmp_path / "one.tar", workers=0, store="encoded")
     two = fastdata.convert(folder, tmp_path / "two.tar", workers=2, store="encoded", unit_samples=20)
     assert one["count"] == two["count"] == 150

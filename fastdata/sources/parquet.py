@@ -140,6 +140,11 @@ class TableSource(Source):
 
             raise EmptySourceError(f"{self.tables.spec!r}: the tables hold no rows.")
 
+    def unit_bounds(self) -> list[int]:
+        """Every row group's first row: units are files x row groups (a longer group cut every
+        ``--unit-samples`` rows), so a unit is read from one group, by one process."""
+        return [int(start) for start in self.starts]
+
     @property
     def is_classic(self) -> bool:
         """Two columns, the image and the label: samples are ``(image, label)``."""
