@@ -5,7 +5,8 @@ format (:func:`decide_options`, the only place that does), what the user gave be
 :class:`~fastdata.sources.Source` (:func:`open_source`), the first readable samples decide mode,
 shape and encoding (:func:`plan_job`), and :func:`conversion_key` names what determines the
 output's bytes. The units of work, ranges of source indices, come from the sample count alone
-(:func:`fastdata.conversion.units.plan_units`), so every engine plans the same ones.
+(:func:`fastdata.conversion.units.plan_units`; and a Parquet source's row groups,
+:meth:`~fastdata.sources.Source.unit_bounds`), so every engine plans the same ones.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Rows are samples, columns fields (:mod:`fastdata.sources.columns`). The tables a
 at a time (a Parquet row group, an Arrow record batch): each conversion process keeps the group
 its rows lie in, so memory is bounded by a group, never by a file; reading starts from the files'
 metadata only. Samples are named ``<file> row <R>`` (the row within its file), so every error
-names the file, the row and (:class:`CellError`) the column.
+names the file, the row and (:class:`CellError`) the column. Units of work are files x row
+groups (:meth:`TableSource.unit_bounds`).
 """
 
 from __future__ import annotations
