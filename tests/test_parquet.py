@@ -172,8 +172,12 @@ def test_a_save_to_disk_folder_takes_its_split_and_a_dataset_object_converts_ali
     assert [s["label"] for s in got] == [0, 1, 1]
     for index, sample in zip([3, 1, 4], got):
         check_record(sample, index)
-    with pytest.raises(InvalidOptionError, match="IterableDataset has no length"):
-        fastdata.convert(hf_dataset(range(3)).to_iterable_dataset(), tmp_path / "it.npy", workers=0)
+    streamed = hf_dataset(range(TRAIN)).to_iterable_dataset(num_shards=2)
+    fastdata.convert(streamed, tmp_path / "streamed.npy", workers=0)
+    for index, sample in enumerate(records(tmp_path / "streamed.npy")):
+        check_record(sample, index)
+    with pytest.raises(InvalidOptionError, match="IterableDataset streams rows that its files do not hold as they are"):
+        fastdata.convert(streamed.map(lambda row: row), tmp_path / "mapped.npy", workers=0)
 
 
 def test_image_paths_are_read_beside_the_file_and_never_outside_it(tmp_path: Path) -> None:
@@ -306,6 +310,15 @@ def test_two_workers_and_a_resumed_conversion_write_the_bytes_of_one_process(tmp
     got = records(tmp_path / "two.tar")
     assert [s["text"] for s in got] == [f"t{i}" for i in range(150)]
     assert all(np.array_equal(s["image"].permute(1, 2, 0).numpy(), pixels(i % 250)) for i, s in enumerate(got))
+
+
+def test_a_streaming_dataset_converts_from_the_parquet_files_it_streams(hub: Path, tmp_path: Path) -> None:
+    files = sorted(str(p) for p in (hub / "data").glob("train-*.parquet"))
+    streamed = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    manifest = fastdata.convert(streamed, tmp_path / "s.h5", workers=0)
+    assert manifest["source"]["files"] == files and manifest["classes"] == NAMES
+    for index, sample in enumerate(records(tmp_path / "s.h5")):
+        check_record(sample, index)
 
 
 def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, tmp_path: Path) -> None:

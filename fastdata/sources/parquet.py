@@ -285,7 +285,10 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
     """The :class:`TableSource` ``source`` names (see :func:`is_table_source`)."""
     options = {"columns": columns, "label_column": label_column}
     if is_hf_dataset(source):
-        return TableSource(ObjectTable(_one_dataset(source, split)), kind="datasets", **options)
+        dataset = _one_dataset(source, split)
+        if isinstance(dataset, list):  # the Parquet files a streaming dataset reads
+            return TableSource(ParquetFiles(dataset[0], paths=dataset), kind="parquet", **options)
+        return TableSource(ObjectTable(dataset), kind="datasets", **options)
     text = os.fspath(source)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -306,11 +309,30 @@ def _one_dataset(dataset: Any, split: str | None) -> Any:
         dataset = dataset[split if split is not None else splits[0]]
         name = type(dataset).__name__
     if name == "IterableDataset":
-        raise InvalidOptionError(
-            "A datasets.IterableDataset has no length, and fastdata plans a conversion by row count. Give fastdata "
-            "the Parquet files it streams (a path, a glob or an hf://datasets/ORG/NAME URL), which fastdata streams "
-            "by row groups itself, or the Dataset before .to_iterable_dataset().")
+        return _streamed(dataset)
     return dataset
+
+
+def _streamed(dataset: Any) -> Any:
+    """What an untransformed ``IterableDataset`` streams: the ``Dataset`` shards of
+    ``Dataset.to_iterable_dataset()``, or the Parquet files of ``load_dataset(..., streaming=True)``
+    (their paths, read by row groups here). One with ``map``, ``filter`` or ``shuffle`` applied
+    gives other rows than its files hold: refused."""
+    iterable = getattr(dataset, "_ex_iterable", None)
+    arguments = getattr(iterable, "kwargs", None) or {}
+    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
+        and getattr(dataset, "_formatting", None) is None
+    if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
+        import datasets
+
+        return datasets.concatenate_datasets(list(arguments["shards"]))
+    if plain and arguments.get("files") and not any(arguments.get("row_groups_list") or ()):
+        return [os.fspath(path) for path in arguments["files"]]
+    raise InvalidOptionError(
+        "This datasets.IterableDataset streams rows that its files do not hold as they are (map, filter or shuffle "
+        "applied, or a builder other than Parquet), and it has no length, which fastdata plans a conversion by. "
+        "Give fastdata the Parquet files it streams (a path, a glob or an hf://datasets/ORG/NAME URL), which "
+        "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
 
 
 def is_remote_table(url: Any) -> bool:

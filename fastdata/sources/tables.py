@@ -88,7 +88,10 @@ def is_parquet_spec(text: str) -> bool:
 class ParquetFiles:
     """Parquet files, local or behind an fsspec filesystem; opened lazily, per process."""
 
-    def __init__(self, spec: str, *, split: str | None = None, storage_options: dict[str, Any] | None = None):
+    def __init__(self, spec: str, *, split: str | None = None, storage_options: dict[str, Any] | None = None,
+                 paths: list[str] | None = None):
+        """``spec``: a file, folder, glob or URL; or, with ``paths`` (files of one file system, as
+        a streaming ``datasets.IterableDataset`` lists them), the first of them."""
         require_pyarrow(f"Reading Parquet ({spec!r})")
         self.spec = spec
         self.fs = None
@@ -96,13 +99,13 @@ class ParquetFiles:
             from fastdata.remote.filesystem import filesystem
 
             self.fs, path = filesystem(spec, storage_options)
-            root, paths = self._list_remote(path)
+            root, found = self._list_remote(path) if paths is None else ("", [filesystem(p)[1] for p in paths])
         else:
-            root, paths = self._list_local(spec)
-        if not paths:
+            root, found = self._list_local(spec) if paths is None else ("", list(paths))
+        if not found:
             raise EmptySourceError(f"{spec!r} holds no .parquet files.")
-        self.root = root
-        self.paths = pick_split(paths, root, split, spec)
+        self.root, self.listed = root, paths is not None
+        self.paths = found if self.listed else pick_split(found, root, split, spec)
         self._open: tuple[int, Any] | None = None
 
     def _list_local(self, spec: str) -> tuple[str, list[str]]:
@@ -188,6 +191,9 @@ class ParquetFiles:
             return handle.read()
 
     def describe(self) -> dict[str, Any]:
+        if self.listed:
+            return {"files": [self.name(n) if self.fs is not None else os.path.abspath(p) for n, p in
+                              enumerate(self.paths)], "count": len(self.paths)}
         return {"files": self.spec if self.fs is not None else os.path.abspath(self.spec), "count": len(self.paths)}
 
     def fingerprint(self) -> str:
@@ -206,7 +212,7 @@ class ParquetFiles:
     def local_root(self) -> Path | None:
         """What the output may not be or lie in: the folder given, else the file given (an output
         beside it is fine); None for URLs and globs (whose files are each protected)."""
-        if self.fs is not None or _GLOB.search(self.spec):
+        if self.fs is not None or self.listed or _GLOB.search(self.spec):
             return None
         return Path(self.spec)
 
