@@ -31,7 +31,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
     "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
     "parquet": ("pyarrow",),  # Parquet files and save_to_disk folders as sources
-    "hf": ("pyarrow", "fsspec", "huggingface_hub"),  # hf://datasets/ORG/NAME URLs (huggingface_hub's file system)
+    # hf://datasets/ORG/NAME URLs (huggingface_hub's file system), datasets' own objects
+    "hf": ("pyarrow", "fsspec", "huggingface_hub", "datasets"),
 }
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import InvalidOptionError
+from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
 from fastdata.sources.base import Protected, Source
@@ -323,8 +324,7 @@ def _streamed(dataset: Any) -> Any:
     plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
         and getattr(dataset, "_formatting", None) is None
     if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
-        import datasets
-
+        datasets = require("datasets", extra="hf", feature="Converting a datasets.IterableDataset")
         return datasets.concatenate_datasets(list(arguments["shards"]))
     if plain and arguments.get("files") and not any(arguments.get("row_groups_list") or ()):
         return [os.fspath(path) for path in arguments["files"]]
