@@ -284,7 +284,7 @@ def test_parquet_on_s3_converts_as_the_local_files_do(hub: Path, s3, tmp_path: P
     assert [int(label) for _, label in fastdata.open_dataset(out)] == [i % 3 for i in range(TRAIN)]
 
 
-def test_two_workers_and_a_resumed_conversion_write_the_bytes_of_one_process(tmp_path: Path) -> None:
+def test_two_workers_and_row_group_units_write_the_bytes_of_one_process(tmp_path: Path) -> None:
     """Rows from several files and row groups, through the conversion's process pool (more than
     64 samples) and in units smaller than a row group: the same bytes as in one process."""
     from conftest import output_contents
