@@ -307,6 +307,10 @@ def test_two_workers_and_row_group_units_write_the_bytes_of_one_process(tmp_path
     two = fastdata.convert(folder, tmp_path / "two.tar", workers=2, store="encoded", unit_samples=20)
     assert one["count"] == two["count"] == 150
     assert output_contents(tmp_path / "one.tar") == output_contents(tmp_path / "two.tar")
+    for part in (1, 2):  # a job array's parts plan the same row-group units; the merge writes the same bytes
+        fastdata.convert(folder, tmp_path / "parts.tar", workers=0, store="encoded", unit_samples=20, part=(part, 2))
+    fastdata.merge(tmp_path / "parts.tar")
+    assert output_contents(tmp_path / "parts.tar") == output_contents(tmp_path / "two.tar")
     got = records(tmp_path / "two.tar")
     assert [s["text"] for s in got] == [f"t{i}" for i in range(150)]
     assert all(np.array_equal(s["image"].permute(1, 2, 0).numpy(), pixels(i % 250)) for i, s in enumerate(got))
