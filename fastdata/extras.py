@@ -31,6 +31,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "coco": ("pycocotools",),  # torchvision:CocoDetection / CocoCaptions read their annotation file with it
     "sbd": ("scipy",),  # torchvision:SBD reads its .mat files with it
     "testing": ("pytest",),  # fastdata.testing: the contract suites a format package runs on itself
+    "parquet": ("pyarrow",),  # Parquet files and save_to_disk folders as sources
+    # hf://datasets/ORG/NAME URLs (huggingface_hub's file system), datasets' own objects
+    "hf": ("pyarrow", "fsspec", "huggingface_hub", "datasets"),
 }
 
 

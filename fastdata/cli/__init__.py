@@ -149,6 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 _WRITTEN_PATHS = ("output", "out")  # paths a command writes: a URL is refused, never made a local path
 
 
+def _is_remote_table(url: str) -> bool:
+    from fastdata.sources.parquet import is_remote_table
+
+    return is_remote_table(url)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     _configure_logging()
     try:
@@ -160,7 +166,8 @@ def _main(argv: Sequence[str] | None) -> int:
             if not (role == "output" and args.command in ("convert", "merge")  # these upload to a URL
                     or role == "out" and args.command == "bench"):
                 refuse_url(getattr(args, role, None), role.upper())
-        if is_url(getattr(args, "source", None)):  # bench, tune, convert: a converted dataset, fetched first
+        if is_url(getattr(args, "source", None)) and not (args.command == "convert" and _is_remote_table(args.source)):
+            # bench, tune, convert: a converted dataset, fetched first (Parquet files are read where they are)
             args.source_url = args.source  # bench reads it from the URL too, beside the local copy
             args.source = str(fetch_converted(args.source, cold=getattr(args, "cache", "warm") == "cold"))
         return args.run(args)

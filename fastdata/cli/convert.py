@@ -12,7 +12,7 @@ from fastdata.cli.common import LazyBar, add_command, disk_usage, find_manifest,
 from fastdata.errors import FastdataError
 from fastdata.urls import is_url
 
-_GROUPS = {"conversion": "conversion options", "run": "running", "source": "torchvision sources"}
+_GROUPS = {"conversion": "conversion options", "run": "running", "source": "sources (torchvision, Parquet, Hugging Face)"}
 
 
 def _flag(name: str) -> str:
@@ -88,14 +88,17 @@ EXAMPLES = """
 def add_parser(commands) -> None:
     parser = add_command(
         commands, "convert",
-        help="convert an image folder, torchvision dataset, WebDataset shards or Python dataset into a fast format",
-        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, a converted "
-        "dataset, or module:name for a Python dataset) into OUTPUT, in the format its extension names (or "
+        help="convert an image folder, torchvision dataset, WebDataset shards, Parquet / Hugging Face dataset or Python "
+        "dataset into a fast format",
+        description="Convert SOURCE (an image folder, 'torchvision:NAME', WebDataset shards, Parquet files or a "
+        "save_to_disk folder, a converted dataset, or module:name for a Python dataset) into OUTPUT, in the format "
+        "its extension names (or "
         "--format). Samples may be (image, label) or records of named fields (docs/fields.md).",
         examples=EXAMPLES,
     )
     parser.add_argument("source", metavar="SOURCE",
-                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, a converted "
+                        help="image folder (ImageFolder layout), torchvision:NAME, WebDataset shards, Parquet files (a "
+                        "file, folder, glob or URL, hf://datasets/ORG/NAME too) or a save_to_disk folder, a converted "
                         "dataset, or module:name (a map-style Dataset, or a function returning one)")
     parser.add_argument("output", metavar="OUTPUT",
                         help="the dataset to create: a directory for npy and tar, a file for hdf5; its extension "

@@ -56,6 +56,7 @@ from fastdata.conversion.remote.upload import (
     Destination, ShardSink, begin_upload, check_destination, check_output_url, finish_upload, staging_path, undo_upload,
 )
 from fastdata.sources import Source
+from fastdata.sources.parquet import is_remote_table
 from fastdata.urls import is_url
 
 __all__ = ["convert", "merge", "open_source", "run_conversion"]
@@ -87,7 +88,7 @@ def convert(
     (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
-    if is_url(source):  # a converted dataset in object storage: fetched into the cache, read from there
+    if is_url(source) and not is_remote_table(source):  # a converted dataset in object storage: fetched into the cache
         source = fetch_dataset(os.fspath(source), check_single=single_file_problem)
     if is_url(output):
         return _convert_to_url(source, os.fspath(output), options, progress, overrides)
@@ -217,7 +218,7 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
             f"Part {part}/{parts} of {scrub(url)!r} was already uploaded ({describe_part(earlier)}); each --part I/N "
             f"runs once. Check the job array's indices, or pass --overwrite to convert part {part}/{parts} again.")
     src, reopen = open_source(source, options), source_argument(source, options)
-    units = part_units(plan_units(len(src), options.unit_samples), part, parts)
+    units = part_units(plan_units(len(src), options.unit_samples, src.unit_bounds()), part, parts)
     local_units = claim_staging(staging)  # refuses a folder fastdata did not write
     already = fetch_uploaded_units(url, local_units, units, remote) if not options.overwrite else {}
     with UnitUploader(local_units, url, units, remote, already=already) as uploader:  # each unit as it is done
@@ -339,7 +340,7 @@ def _write_here(src: Source, options: ConvertOptions, target: Target, fields: di
             state = None
         job = plan_job(src, options, mode=mode or (state["mode"] if state else None))
         run = dataclasses.replace(options, unit_samples=resumed_units(state, options))
-        units = plan_units(len(src), run.unit_samples)
+        units = plan_units(len(src), run.unit_samples, src.unit_bounds())
         kept = {} if staging is None else kept_units(staging, units, staged_key(target.key, target.fingerprint),
                                                      mode=job.plan.mode, gray_guess=job.gray_guess)
         computed = run_here(job, run.workers, units_to_run(units, state, kept))

@@ -59,6 +59,17 @@ def parse_part(value: Any) -> tuple[int, int] | None:
     return int(numbers[0]), int(numbers[1])
 
 
+def parse_columns(value: Any) -> tuple[str, ...] | None:
+    """``"image,label"`` (or a list of names) as a tuple of column names."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
+    if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise InvalidOptionError(f"Invalid --columns {value!r}. Give column names, comma-separated, each once: "
+                                 "image,label.")
+    return tuple(names)
+
+
 def parse_source_option(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` of ``--source-option``. VALUE stays text: the source turns it into the type
     the dataset's constructor expects (:func:`fastdata.sources.torchvision.coerce_option`), so
@@ -137,14 +148,20 @@ class ConvertOptions:
                                 "--part must use the same)", metavar="N", group="run")
     root: str | None = _option(None, "torchvision sources: the folder holding the dataset's files",
                                metavar="DIR", group="source")
-    split: str | None = _option(None, "torchvision sources: the dataset's own split name (train/test, VOC's "
-                                "train/val/trainval, OxfordIIITPet's trainval/test, CelebA's train/valid/test/all, "
-                                "...; when not given, the one the dataset uses by itself)", metavar="NAME", group="source")
+    split: str | None = _option(None, "the split to convert: a torchvision dataset's own split name (train/test, "
+                                "VOC's train/val/trainval, OxfordIIITPet's trainval/test, CelebA's train/valid/test/all, "
+                                "...; when not given, the one the dataset uses by itself), or a Parquet / Hugging Face "
+                                "dataset's (train-*.parquet, a DatasetDict's split)", metavar="NAME", group="source")
     download: bool = _option(False, "torchvision sources: download the dataset if it is missing", kind="flag",
                              group="source")
     source_options: dict[str, Any] = _option(None, "extra keyword for the torchvision dataset, e.g. size=1000 "
                                              "(repeatable)", metavar="KEY=VALUE", group="source", kind="append",
                                              factory=dict)
+    columns: tuple[str, ...] | None = _option(None, "Parquet / Hugging Face sources: the columns to convert, in "
+                                              "order (default: all)", metavar="A,B,...", group="source")
+    label_column: str | None = _option(None, "Parquet / Hugging Face sources: the column holding the label (default: "
+                                       "the ClassLabel column, else an int column named label)", metavar="NAME",
+                                       group="source")
     format_options: Any = _option(None, "the format's own options (a dataclass of the format; see its flags)",
                                   key=True, kind="format")
 
@@ -162,6 +179,9 @@ class ConvertOptions:
         if self.split is not None and not isinstance(self.split, str):
             raise InvalidOptionError(f"Invalid split {self.split!r}. Use the dataset's split name, e.g. 'train'.")
         self._check_engine()
+        set_(self, "columns", parse_columns(self.columns))
+        if self.label_column is not None and (not isinstance(self.label_column, str) or not self.label_column):
+            raise InvalidOptionError(f"Invalid --label-column {self.label_column!r}. Give a column name.")
         set_(self, "source_options", dict(self.source_options or {}))
         if isinstance(self.format_options, dict):  # the format's own options, checked by the format once decided
             set_(self, "format_options", dict(self.format_options))

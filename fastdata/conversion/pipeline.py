@@ -23,6 +23,7 @@ from fastdata.conversion.options import ConvertOptions
 from fastdata.sources.imagefolder import printable
 from fastdata.machine import become_worker, stop_signals_held
 from fastdata.sources import ArraySource, Source
+from fastdata.sources.parquet import CellError
 
 _CHUNK_BYTES = 16 * 1024 * 1024
 
@@ -31,6 +32,8 @@ _CHUNK_BYTES = 16 * 1024 * 1024
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, CellError):  # a table's cell: its column named before the reason
+        return str(exc)
     if isinstance(exc, UnidentifiedImageError):
         return "not a recognised image file"
     if isinstance(exc, FileNotFoundError):

@@ -5,7 +5,8 @@ format (:func:`decide_options`, the only place that does), what the user gave be
 :class:`~fastdata.sources.Source` (:func:`open_source`), the first readable samples decide mode,
 shape and encoding (:func:`plan_job`), and :func:`conversion_key` names what determines the
 output's bytes. The units of work, ranges of source indices, come from the sample count alone
-(:func:`fastdata.conversion.units.plan_units`), so every engine plans the same ones.
+(:func:`fastdata.conversion.units.plan_units`; and a Parquet source's row groups,
+:meth:`~fastdata.sources.Source.unit_bounds`), so every engine plans the same ones.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from fastdata.fields.values import check_record, infer
 from fastdata.images import CHANNELS, is_grayscale, to_pil
 from PIL import Image
 from fastdata.importing import is_import_string, load_dataset
+from fastdata.sources.parquet import is_table_source, table_source
+from fastdata.urls import is_url
 from fastdata.sources import (
     ArraySource, make_dataset_source, FastdataSource, Source, WebDatasetSource, is_shard_source, resolve_source,
 )
@@ -63,6 +66,11 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
     pattern) through :class:`~fastdata.sources.WebDatasetSource`; the rest as
     :func:`~fastdata.sources.resolve_source` says."""
     options = options or ConvertOptions()
+    if is_table_source(source) and not _holds_manifest(source):  # Parquet, save_to_disk, a datasets object
+        return table_source(source, columns=options.columns, label_column=options.label_column, split=options.split)
+    if options.columns is not None or options.label_column is not None:
+        raise InvalidOptionError("--columns and --label-column apply to Parquet files, saved Hugging Face datasets "
+                                 "and datasets objects; this source has no columns. Drop them.")
     if is_import_string(source):  # module:name, a Python dataset (or a function returning one)
         dataset = load_dataset(source)
         return make_dataset_source(dataset, {"type": "dataset", "import": source,
@@ -76,6 +84,17 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
         if is_shard_source(source):
             return WebDatasetSource(source)
     return resolve_source(source, **options.source_arguments)
+
+
+def _holds_manifest(source: Any) -> bool:
+    """Whether a local path holds a dataset fastdata wrote (which is read as one, whatever else it holds)."""
+    if not isinstance(source, (str, os.PathLike)) or is_url(source):
+        return False
+    path = Path(source)
+    try:
+        return path.exists() and find_manifest(path) is not None
+    except Exception:  # noqa: BLE001 - a damaged manifest is reported where the dataset is opened
+        return True
 
 
 def conversion_key(spec: FormatSpec, src: Source, options: ConvertOptions) -> tuple[dict[str, Any], str]:

@@ -1,7 +1,8 @@
 """Resume: what a conversion keeps of an earlier run of itself, the same way for every engine.
 
 Every conversion is planned as the same deterministic units (:func:`~fastdata.conversion.units.plan_units`:
-ranges of source indices, from the sample count and ``unit_samples`` alone). A unit, once
+ranges of source indices, from the sample count and ``unit_samples`` alone, and a Parquet source's
+row groups). A unit, once
 finished, is kept in one of two places, and a resumed run computes only the units in neither:
 
 * **in the partial output**: the write loop (:func:`fastdata.conversion.write.write_units`, which

@@ -27,7 +27,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,10 +76,18 @@ def staged_key(key: str, fingerprint: dict[str, Any]) -> str:
     return hashlib.blake2b(f"{key}|{source}".encode(), digest_size=16).hexdigest()
 
 
-def plan_units(count: int, unit_samples: int = UNIT_SAMPLES) -> list[Unit]:
-    """Consecutive units of ``unit_samples`` samples (the last may be shorter) covering ``count``."""
-    return [Unit(number, start, min(start + unit_samples, count))
-            for number, start in enumerate(range(0, count, unit_samples))]
+def plan_units(count: int, unit_samples: int = UNIT_SAMPLES, bounds: Sequence[int] | None = None) -> list[Unit]:
+    """Consecutive units of ``unit_samples`` samples (the last may be shorter) covering ``count``.
+    ``bounds`` (``0, ..., count``, rising): the source's own pieces (a Parquet source's row
+    groups, :meth:`fastdata.sources.Source.unit_bounds`); no unit crosses one, and a piece longer
+    than ``unit_samples`` is cut every ``unit_samples`` from its start. Without them, or with
+    ``0, count``, the units are the plain ones."""
+    edges = [0, count] if not bounds else [int(edge) for edge in bounds]
+    if edges[0] != 0 or edges[-1] != count or any(b < a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"unit bounds must rise from 0 to {count}, got {edges[:3]}...{edges[-3:]}")
+    starts = [(start, min(start + unit_samples, stop)) for first, stop in zip(edges, edges[1:])
+              for start in range(first, stop, unit_samples)]
+    return [Unit(number, start, stop) for number, (start, stop) in enumerate(starts)]
 
 
 def part_units(units: list[Unit], part: int, parts: int) -> list[Unit]:

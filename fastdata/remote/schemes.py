@@ -57,6 +57,8 @@ SCHEMES: dict[str, Scheme] = {row.name: row for row in (
                        "AZURE_STORAGE_ACCOUNT_NAME), or pass connection_string= or account_name= with account_key= "
                        "or sas_token= in storage_options"),
     Scheme(name="http", aliases=("https",), protocol="http", extra="http", container=""),
+    # hf://datasets/ORG/NAME: huggingface_hub's file system (Parquet sources)
+    Scheme(name="hf", aliases=(), protocol="hf", extra="hf", container=""),
 )}
 _BY_NAME = {name: row for row in SCHEMES.values() for name in row.names}
 

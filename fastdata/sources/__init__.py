@@ -6,7 +6,9 @@
   fields (:mod:`fastdata.sources.torchvision_targets`),
 * any map-style dataset returning ``(image, label)`` (:class:`DatasetSource`), with a
   vectorised path for datasets exposing ``.data``/``.targets`` arrays (:class:`ArraySource`),
-* existing WebDataset shards that fastdata did not write (:class:`WebDatasetSource`).
+* existing WebDataset shards that fastdata did not write (:class:`WebDatasetSource`),
+* Parquet files, ``save_to_disk`` folders and ``datasets.Dataset`` objects, rows by row groups
+  (:class:`~fastdata.sources.parquet.TableSource`; columns -> fields: :mod:`~fastdata.sources.columns`).
 
 A dataset written by ``fastdata convert`` is a source too (:class:`FastdataSource`); deciding
 that a path holds one is the caller's job (:func:`fastdata.conversion.open_source`), so sources never

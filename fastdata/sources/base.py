@@ -78,6 +78,12 @@ class Source:
         sent to another machine; None when this source cannot be cut (it is then sent whole)."""
         return None
 
+    def unit_bounds(self) -> list[int] | None:
+        """Where the source's own pieces begin, ``[0, ..., len(self)]`` (a Parquet source's row
+        groups), so that units of work never cross one (:func:`fastdata.conversion.units.plan_units`);
+        None: no such pieces."""
+        return None
+
     def file_bytes(self, index: int) -> bytes | None:
         """The sample's original encoded bytes, or None when the source has no files."""
         return None

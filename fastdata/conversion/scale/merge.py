@@ -70,7 +70,7 @@ def merge_parts(output: Path, *, progress: Progress | None = None, source: Any =
         options = options_from_fields(first["fields"])
         spec = get_format(options.format, writable=True)
         plan = plan_from_record(first["plan"], options)
-        units = plan_units(plan.count, first["unit_samples"])
+        units = plan_units(plan.count, first["unit_samples"], first.get("unit_bounds"))
         kept = {unit.number: _finished(staging, unit, first) for unit in units}
         modes = {record["mode"] for record in kept.values()}
         if len(modes) > 1 and mode is None:

@@ -74,11 +74,11 @@ def convert_part(src: Source, output: Path, options: ConvertOptions, progress: P
         planned = plan_job(src, options)  # the plan every part makes, recorded; the units may be RGB
         job = planned if mode is None else planned.on(src, mode=mode)
         record = {"part": part, "parts": parts, "key": key, "fields": fields, "fingerprint": fingerprint,
-                  "unit_samples": options.unit_samples, "plan": plan_record(planned), "source": src.describe(),
+                  "unit_samples": options.unit_samples, "unit_bounds": src.unit_bounds(), "plan": plan_record(planned), "source": src.describe(),
                   "options": options.describe(), "reopen": source, "overwrite": options.overwrite}
         for other in earlier:
             check_agreement(output, record, other)
-        units = part_units(plan_units(len(src), options.unit_samples), part, parts)
+        units = part_units(plan_units(len(src), options.unit_samples, src.unit_bounds()), part, parts)
         total = sum(len(unit) for unit in units)
         workers = usable_cores() if options.workers is None else min(options.workers, usable_cores())
         counter = Counter(progress, total)

@@ -67,7 +67,7 @@ def convert_on_ray(ray, src: Source, output: Path, options: ConvertOptions,
         staging = claim_staging(output)  # units of an earlier run of this conversion are kept
         remove_temporaries(staging)
         job = plan_job(src, options, mode=mode)
-        units = plan_units(len(src), options.unit_samples)
+        units = plan_units(len(src), options.unit_samples, src.unit_bounds())
         counter = Counter(progress, len(src))
         try:
             unit_key = staged_key(key, fingerprint)  # units staged before the source changed are not kept

@@ -1,0 +1,266 @@
+"""Arrow columns -> fields: how a Parquet / Arrow table's columns become a sample's named values.
+
+The column's Arrow type (and, where Hugging Face ``datasets`` wrote the table, the feature the
+schema's ``huggingface`` metadata names) picks one row of :data:`COLUMN_KINDS`; the row says
+which :mod:`fastdata.fields` kind hint the column gives and how a cell becomes a value. The
+field kind itself is still decided by :mod:`fastdata.fields` from those values and hints.
+
+=====================================  ===============================================
+column                                 field
+=====================================  ===============================================
+``Image`` struct ``{bytes, path}``     image (bytes kept as they are with --store encoded)
+binary holding image bytes (by magic)  image
+other binary                           bytes
+``ClassLabel``                         int (the label; its names become ``classes``)
+ints, bools                            int (bool dtype for bools)
+floats                                 float (the column's dtype)
+strings                                text
+list of strings                        text list
+lists, fixed-size lists of numbers     array (variable first dimension unless fixed size)
+structs, maps (nested)                 JSON
+=====================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from PIL import Image
+
+from fastdata.errors import InvalidOptionError
+from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked
+
+HF_METADATA = b"huggingface"
+# the first bytes of the image files Pillow reads (a binary column holding these is an image column)
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*",
+               b"P5", b"P6", b"RIFF")
+
+
+def is_image_bytes(data: Any) -> bool:
+    """Whether ``data`` starts as an image file does (WebP: ``RIFF....WEBP``)."""
+    if not isinstance(data, (bytes, bytearray)):
+        return False
+    head = bytes(data[:16])
+    if head.startswith(b"RIFF"):
+        return head[8:12] == b"WEBP"
+    return head.startswith(IMAGE_MAGIC)
+
+
+def decode_image(data: bytes, read: ReadOptions) -> Image.Image:
+    """Encoded image bytes as a loaded PIL image (the pixel limit checked before decoding)."""
+    image = open_checked(io.BytesIO(data), read.max_pixels)
+    with image:
+        image.load()
+    check_pixels(image, read.max_pixels)
+    return exif_transpose(image) if read.exif_transpose else image
+
+
+@dataclass(frozen=True)
+class CellContext:
+    """What a cell needs beyond itself: read options, and how to read an ``Image`` path
+    (relative to the data file, never outside its folder)."""
+
+    read: ReadOptions
+    read_path: Callable[[str], bytes]
+
+
+# --- one row per kind of column -------------------------------------------------------------
+
+
+class ColumnKind:
+    """How a column's cells become values; ``hint``: the :mod:`fastdata.fields` kind hint."""
+
+    hint: str | None = None
+    image = False
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return cell
+
+    def encoded(self, cell: Any, context: CellContext) -> bytes:
+        raise NotImplementedError
+
+
+class ImageStructKind(ColumnKind):
+    """Hugging Face ``Image``: ``{"bytes": ..., "path": ...}``; bytes win, else the path is read."""
+
+    hint, image = "image", True
+
+    def encoded(self, cell: Any, context: CellContext) -> bytes:
+        if cell is None:
+            raise ValueError("no image (null)")
+        data = cell.get("bytes")
+        if data is not None:
+            return data
+        path = cell.get("path")
+        if not path:
+            raise ValueError("neither image bytes nor a path")
+        return context.read_path(path)
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return decode_image(self.encoded(cell, context), context.read)
+
+
+class ImageBytesKind(ImageStructKind):
+    """A binary column whose cells are image files."""
+
+    def encoded(self, cell: Any, context: CellContext) -> bytes:
+        if cell is None:
+            raise ValueError("no image (null)")
+        return cell
+
+
+class PlainKind(ColumnKind):
+    """Cells that are already values of their kind (ints, bools, text, bytes, JSON)."""
+
+    def __init__(self, hint: str | None = None):
+        self.hint = hint
+
+
+class FloatKind(ColumnKind):
+    """Floats kept in the column's dtype (a float32 column stays float32)."""
+
+    def __init__(self, dtype: str):
+        self.dtype = np.dtype(dtype)
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return None if cell is None else self.dtype.type(cell)
+
+
+class ArrayKind(ColumnKind):
+    """Lists of numbers as numpy arrays of the element dtype."""
+
+    def __init__(self, dtype: str, fixed: bool):
+        self.dtype = np.dtype(dtype)
+        self.hint = "array" if fixed else "array:variable"
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return None if cell is None else np.asarray(cell, dtype=self.dtype)
+
+
+def _leaf(arrow_type: Any) -> tuple[Any, bool]:
+    """The element type under nested lists, and whether every level has a fixed size."""
+    import pyarrow as pa
+
+    fixed = True
+    while pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        fixed = fixed and pa.types.is_fixed_size_list(arrow_type)
+        arrow_type = arrow_type.value_type
+    return arrow_type, fixed
+
+
+def _numeric(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type)
+
+
+def _is_list(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+
+
+def _list_kind(arrow_type: Any) -> ColumnKind:
+    import pyarrow as pa
+
+    leaf, fixed = _leaf(arrow_type)
+    if pa.types.is_string(leaf) or pa.types.is_large_string(leaf):
+        inner = arrow_type.value_type
+        return PlainKind("text_list") if pa.types.is_string(inner) or pa.types.is_large_string(inner) else PlainKind("json")
+    if _numeric(leaf):
+        return ArrayKind(leaf.to_pandas_dtype().__name__ if not pa.types.is_boolean(leaf) else "bool", fixed)
+    return PlainKind("json")
+
+
+def _is_image_struct(arrow_type: Any, feature: dict[str, Any] | None) -> bool:
+    import pyarrow as pa
+
+    if not pa.types.is_struct(arrow_type):
+        return False
+    names = {arrow_type.field(i).name for i in range(arrow_type.num_fields)}
+    return (feature or {}).get("_type") == "Image" or names == {"bytes", "path"}
+
+
+# (test on the Arrow type and the HF feature, the kind it makes); the first that matches decides
+def _rows() -> list[tuple[Callable[[Any, dict | None], bool], Callable[[Any], ColumnKind]]]:
+    import pyarrow as pa
+
+    return [
+        (_is_image_struct, lambda t: ImageStructKind()),
+        (lambda t, f: pa.types.is_boolean(t), lambda t: PlainKind()),
+        (lambda t, f: pa.types.is_integer(t), lambda t: PlainKind()),
+        (lambda t, f: pa.types.is_floating(t), lambda t: FloatKind(t.to_pandas_dtype().__name__)),
+        (lambda t, f: pa.types.is_string(t) or pa.types.is_large_string(t), lambda t: PlainKind("text")),
+        (lambda t, f: pa.types.is_binary(t) or pa.types.is_large_binary(t), lambda t: PlainKind("bytes")),
+        (lambda t, f: _is_list(t), _list_kind),
+        (lambda t, f: pa.types.is_struct(t) or pa.types.is_map(t), lambda t: PlainKind("json")),
+    ]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column as a field: ``name`` (the field), its ``kind``, and ClassLabel ``names``."""
+
+    name: str
+    kind: ColumnKind
+    names: tuple[str, ...] | None = None
+
+
+def hf_features(schema: Any) -> dict[str, dict[str, Any]]:
+    """The Hugging Face features the schema's metadata records (``{}`` when none)."""
+    metadata = schema.metadata or {}
+    if HF_METADATA not in metadata:
+        return {}
+    try:
+        document = json.loads(metadata[HF_METADATA])
+    except ValueError:
+        return {}
+    features = (document.get("info") or {}).get("features") if isinstance(document, dict) else None
+    return features if isinstance(features, dict) else {}
+
+
+def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where: str) -> Column:
+    """The :class:`Column` a column of ``arrow_type`` (and HF ``feature``) makes."""
+    for test, make in _rows():
+        if test(arrow_type, feature):
+            kind = make(arrow_type)
+            names = tuple(feature["names"]) if (feature or {}).get("_type") == "ClassLabel" else None
+            return Column(name, kind, names)
+    raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
+                             "Leave it out with --columns.")
+
+
+def detect_image_bytes(columns: list[Column], first_cells: dict[str, Any]) -> list[Column]:
+    """Binary columns whose first non-null cell is an image file become image columns (by magic,
+    not by name)."""
+    return [Column(c.name, ImageBytesKind(), c.names) if c.kind.hint == "bytes" and is_image_bytes(first_cells.get(c.name))
+            else c for c in columns]
+
+
+def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column: str | None,
+           where: str) -> tuple[list[Column], Column | None]:
+    """The columns to convert, in order (``selected``: ``--columns``), and the label column
+    (``label_column``, else the one ClassLabel column, else an int column named ``label``)."""
+    by_name = {c.name: c for c in columns}
+    available = ", ".join(by_name)
+    for name in list(selected or ()) + ([label_column] if label_column else []):
+        if name not in by_name:
+            raise InvalidOptionError(f"{where}: has no column {name!r} (columns: {available}). Check --columns and "
+                                     "--label-column.")
+    chosen = [by_name[n] for n in selected] if selected else list(columns)
+    if label_column is not None:
+        label = by_name[label_column]
+        if not isinstance(label.kind, PlainKind) or label.kind.hint is not None:
+            raise InvalidOptionError(f"{where}: --label-column {label_column!r} is not an integer column.")
+        if label not in chosen:
+            chosen.append(label)
+        return chosen, label
+    class_labels = [c for c in chosen if c.names is not None]
+    if len(class_labels) == 1:
+        return chosen, class_labels[0]
+    return chosen, next((c for c in chosen if c.name == "label" and c.kind.hint is None
+                         and not isinstance(c.kind, FloatKind)), None)

@@ -1,0 +1,352 @@
+"""Parquet files, ``save_to_disk`` folders and ``datasets.Dataset`` objects as conversion sources
+(docs/converting.md, "Parquet and Hugging Face datasets").
+
+Rows are samples, columns fields (:mod:`fastdata.sources.columns`). The tables are read one group
+at a time (a Parquet row group, an Arrow record batch): each conversion process keeps the group
+its rows lie in, so memory is bounded by a group, never by a file; reading starts from the files'
+metadata only. Samples are named ``<file> row <R>`` (the row within its file), so every error
+names the file, the row and (:class:`CellError`) the column. Units of work are files x row
+groups (:meth:`TableSource.unit_bounds`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from fastdata.errors import InvalidOptionError
+from fastdata.extras import require
+from fastdata.fields import CLASS_IDS
+from fastdata.images import ReadOptions
+from fastdata.sources.base import Protected, Source
+from fastdata.sources.columns import CellContext, Column, choose, column_of, detect_image_bytes, hf_features
+from fastdata.sources.tables import ArrowFiles, ObjectTable, ParquetFiles, has_parquet, is_parquet_spec, is_saved_dataset
+from fastdata.urls import is_url
+
+
+class CellError(ValueError):
+    """A cell that cannot become its field's value: the message names the column."""
+
+    def __init__(self, column: str, reason: str):
+        super().__init__(f"column {column!r}: {reason}")
+        self.column = column
+
+
+class _RowNames:
+    """``keys``: every sample's name, computed when asked (no list of millions of strings)."""
+
+    def __init__(self, source: "TableSource"):
+        self.source = source
+
+    def __len__(self) -> int:
+        return int(self.source.starts[-1])
+
+    def __getitem__(self, index: int) -> str:
+        return self.source.sample_name(index)
+
+
+class _RowLabels:
+    """``labels``: each sample's label, read with its row's group."""
+
+    def __init__(self, source: "TableSource"):
+        self.source = source
+
+    def __len__(self) -> int:
+        return int(self.source.starts[-1])
+
+    def __getitem__(self, index: int) -> int:
+        return self.source.label_of(index)
+
+
+class TableSource(Source):
+    """Rows of Arrow tables (see the module docstring); ``columns`` chooses and orders the
+    columns, ``label_column`` names the label (default: the one ``ClassLabel`` column)."""
+
+    layout = "dict"  # records by column name (the classic (image, label) when those are the two columns)
+    has_files = True  # the image column's encoded bytes are kept as they are with --store encoded
+
+    def __init__(self, tables: Any, *, columns: tuple[str, ...] | None = None, label_column: str | None = None,
+                 kind: str = "parquet"):
+        self.tables, self.kind = tables, kind
+        first = tables.schema(0)
+        features = hf_features(first)
+        where = tables.name(0)
+        every = [column_of(f.name, f.type, features.get(f.name), where) for f in first]
+        chosen, label = choose(every, columns, label_column, where)
+        self._check_shards(first, [c.name for c in chosen])
+        self.columns = detect_image_bytes(chosen, self._first_cells([c.name for c in chosen]))
+        self.label = next((c for c in self.columns if label is not None and c.name == label.name), None)
+        self.image = next((c for c in self.columns if c.kind.image), None)
+        if self.image is None:
+            raise InvalidOptionError(f"{where}: no column holds images (columns: {', '.join(c.name for c in every)}); "
+                                     "fastdata stores samples with at least one image (an Image feature, or binary "
+                                     "image files).")
+        self.selected, self.label_column = columns, label_column
+        self.class_to_idx = {name: i for i, name in enumerate(self.label.names)} if self.label and self.label.names else {}
+        self.kinds = {c.name: c.kind.hint for c in self.columns if c.kind.hint is not None}
+        # a label column named otherwise is a field of its own, marked as holding class ids (verify checks them)
+        self.field_meta = {self.label.name: {CLASS_IDS: True}} if self.class_to_idx and self.label.name not in (
+            "label", "cls") else {}
+        self._plan_rows()
+        self.keys = _RowNames(self)
+        self.labels = _RowLabels(self)
+        self._group: tuple[int, Any] | None = None
+
+    # --- planning (metadata only) -------------------------------------------------------
+
+    def _check_shards(self, first: Any, names: list[str]) -> None:
+        """Every file has the chosen columns, with the first file's types."""
+        for number in range(1, len(self.tables)):
+            schema = self.tables.schema(number)
+            for name in names:
+                index = schema.get_field_index(name)
+                if index < 0:
+                    raise InvalidOptionError(f"{self.tables.name(number)}: has no column {name!r}, which "
+                                             f"{self.tables.name(0)} has. Every file needs the same columns (or leave "
+                                             "it out with --columns).")
+                if schema.field(index).type != first.field(name).type:
+                    raise InvalidOptionError(
+                        f"{self.tables.name(number)}: column {name!r} is {schema.field(index).type}, but it is "
+                        f"{first.field(name).type} in {self.tables.name(0)}. Every file needs the same column types.")
+
+    def _first_cells(self, names: list[str]) -> dict[str, Any]:
+        """The first row's cells (binary columns are told images by them)."""
+        for number in range(len(self.tables)):
+            if any(self.tables.groups(number)):
+                group = next(g for g, rows in enumerate(self.tables.groups(number)) if rows)
+                table = self.tables.read(number, group, names)
+                return {name: table.column(name)[0].as_py() for name in names}
+        return {}
+
+    def _plan_rows(self) -> None:
+        """Group boundaries: which file and group each row lies in."""
+        files, groups, firsts, counts = [], [], [], []
+        for number in range(len(self.tables)):
+            first = 0
+            for group, rows in enumerate(self.tables.groups(number)):
+                files.append(number)
+                groups.append(group)
+                firsts.append(first)
+                counts.append(rows)
+                first += rows
+        self.group_files = np.asarray(files, dtype=np.int32)
+        self.group_numbers = np.asarray(groups, dtype=np.int32)
+        self.group_firsts = np.asarray(firsts, dtype=np.int64)  # the group's first row within its file
+        self.starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
+        if self.starts[-1] == 0:
+            from fastdata.errors import EmptySourceError
+
+            raise EmptySourceError(f"{self.tables.spec!r}: the tables hold no rows.")
+
+    def unit_bounds(self) -> list[int]:
+        """Every row group's first row: units are files x row groups (a longer group cut every
+        ``--unit-samples`` rows), so a unit is read from one group, by one process."""
+        return [int(start) for start in self.starts]
+
+    @property
+    def is_classic(self) -> bool:
+        """Two columns, the image and the label: samples are ``(image, label)``."""
+        return self.label is not None and len(self.columns) == 2
+
+    # --- rows -------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__, _group=None)
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < self.starts[-1]:
+            raise IndexError(index)
+        group = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return group, index - int(self.starts[group])
+
+    def sample_name(self, index: int) -> str:
+        group, row = self._locate(index)
+        return f"{self.tables.name(int(self.group_files[group]))} row {int(self.group_firsts[group]) + row}"
+
+    def _cells(self, index: int) -> tuple[dict[str, list[Any]], int, int]:
+        """The columns (as Python lists) of the group row ``index`` lies in, the row in the group
+        and the file; one group is kept per process, the last read."""
+        group, row = self._locate(index)
+        if self._group is None or self._group[0] != group:
+            number = int(self.group_files[group])
+            try:
+                table = self.tables.read(number, int(self.group_numbers[group]), [c.name for c in self.columns])
+                cells: Any = {c.name: table.column(c.name).to_pylist() for c in self.columns}
+            except InvalidOptionError as exc:  # the file itself cannot be opened: every row of it fails
+                cells = exc
+            except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
+                cells = ValueError(f"row group {int(self.group_numbers[group])} cannot be read "
+                                   f"({type(exc).__name__}: {str(exc)[:120]})")
+            self._group = (group, cells)
+        cells = self._group[1]
+        if isinstance(cells, Exception):
+            raise cells
+        return cells, row, int(self.group_files[group])
+
+    def _context(self, number: int, read: ReadOptions) -> CellContext:
+        return CellContext(read, lambda path: self.tables.read_relative(number, path))
+
+    def _value(self, column: Column, cells: dict[str, list[Any]], row: int, context: CellContext) -> Any:
+        try:
+            return column.kind.value(cells[column.name][row], context)
+        except Exception as exc:  # noqa: BLE001 - Pillow and numpy raise many types for a bad cell
+            raise CellError(column.name, _why(exc)) from exc
+
+    def load_record(self, index: int, read: ReadOptions | None = None) -> dict[str, Any]:
+        read = read or ReadOptions()
+        cells, row, number = self._cells(index)
+        context = self._context(number, read)
+        return {c.name: self._value(c, cells, row, context) for c in self.columns}
+
+    def load(self, index: int, read: ReadOptions | None = None) -> tuple[Image.Image, int]:
+        read = read or ReadOptions()
+        cells, row, number = self._cells(index)
+        return self._value(self.image, cells, row, self._context(number, read)), self.label_of(index)
+
+    def label_of(self, index: int) -> int:
+        cells, row, _ = self._cells(index)
+        label = cells[self.label.name][row]
+        if isinstance(label, bool) or not isinstance(label, int):
+            raise CellError(self.label.name, f"the label is {label!r}, not an integer")
+        return label
+
+    def _encoded(self, column: Column, index: int) -> bytes:
+        cells, row, number = self._cells(index)
+        try:
+            return column.kind.encoded(cells[column.name][row], self._context(number, ReadOptions()))
+        except Exception as exc:  # noqa: BLE001 - a missing path, a null cell
+            raise CellError(column.name, _why(exc)) from exc
+
+    def file_bytes(self, index: int) -> bytes:
+        return self._encoded(self.image, index)
+
+    @property
+    def field_files(self) -> frozenset[str]:
+        return frozenset(c.name for c in self.columns if c.kind.image and c is not self.image)
+
+    def field_bytes(self, index: int, name: str) -> bytes:
+        return self._encoded(next(c for c in self.columns if c.name == name), index)
+
+    # --- what the conversion records ----------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind, **self.tables.describe(), "columns": [c.name for c in self.columns],
+                "label_column": self.label.name if self.label else None, "length": int(self.starts[-1])}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, "count": int(self.starts[-1]), "digest": self.tables.fingerprint()}
+
+    def protected(self) -> list[Protected]:
+        root = self.tables.local_root()
+        if root is not None:
+            return [Protected(root.resolve(), f"source {self.kind} {'folder' if root.is_dir() else 'file'}")]
+        return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
+
+
+def _why(exc: BaseException) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, UnidentifiedImageError):
+        return "not a recognised image file"
+    if isinstance(exc, FileNotFoundError):
+        return f"image file not found ({exc.filename or exc})"
+    return (str(exc) or type(exc).__name__)[:200]
+
+
+def is_hf_dataset(value: Any) -> bool:
+    """Whether ``value`` is a ``datasets.Dataset`` / ``IterableDataset`` / ``DatasetDict``."""
+    return type(value).__module__.startswith("datasets.") and type(value).__name__ in (
+        "Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
+
+
+def is_table_source(source: Any) -> bool:
+    """Whether ``source`` is a Parquet file / folder / glob / URL, a ``save_to_disk`` folder or a
+    ``datasets`` object (checked after a converted dataset, before an image folder)."""
+    if is_hf_dataset(source):
+        return True
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    text = os.fspath(source)
+    if is_parquet_spec(text):
+        return True
+    if is_url(text):
+        return is_remote_table(text)
+    if text.startswith("torchvision:"):
+        return False
+    path = Path(text)
+    return is_saved_dataset(path) or (path.is_dir() and has_parquet(path))
+
+
+def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_column: str | None = None,
+                 split: str | None = None, storage_options: dict[str, Any] | None = None) -> TableSource:
+    """The :class:`TableSource` ``source`` names (see :func:`is_table_source`)."""
+    options = {"columns": columns, "label_column": label_column}
+    if is_hf_dataset(source):
+        dataset = _one_dataset(source, split)
+        if isinstance(dataset, list):  # the Parquet files a streaming dataset reads
+            return TableSource(ParquetFiles(dataset[0], paths=dataset), kind="parquet", **options)
+        return TableSource(ObjectTable(dataset), kind="datasets", **options)
+    text = os.fspath(source)
+    if not is_url(text) and is_saved_dataset(Path(text)):
+        return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
+    return TableSource(ParquetFiles(text, split=split, storage_options=storage_options), kind="parquet", **options)
+
+
+def _one_dataset(dataset: Any, split: str | None) -> Any:
+    """A ``datasets.Dataset`` (a ``DatasetDict``'s ``split``); an ``IterableDataset`` streams
+    from files whose Parquet fastdata reads itself."""
+    name = type(dataset).__name__
+    if name in ("DatasetDict", "IterableDatasetDict"):
+        splits = list(dataset)
+        if split is None and len(splits) != 1:
+            raise InvalidOptionError(f"The {name} holds the splits {', '.join(splits)}; convert one at a time: "
+                                     f"split={splits[0]!r} (or another).")
+        if split is not None and split not in splits:
+            raise InvalidOptionError(f"The {name} has no split {split!r} (splits: {', '.join(splits)}).")
+        dataset = dataset[split if split is not None else splits[0]]
+        name = type(dataset).__name__
+    if name == "IterableDataset":
+        return _streamed(dataset)
+    return dataset
+
+
+def _streamed(dataset: Any) -> Any:
+    """What an untransformed ``IterableDataset`` streams: the ``Dataset`` shards of
+    ``Dataset.to_iterable_dataset()``, or the Parquet files of ``load_dataset(..., streaming=True)``
+    (their paths, read by row groups here). One with ``map``, ``filter`` or ``shuffle`` applied
+    gives other rows than its files hold: refused."""
+    iterable = getattr(dataset, "_ex_iterable", None)
+    arguments = getattr(iterable, "kwargs", None) or {}
+    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
+        and getattr(dataset, "_formatting", None) is None
+    if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
+        datasets = require("datasets", extra="hf", feature="Converting a datasets.IterableDataset")
+        return datasets.concatenate_datasets(list(arguments["shards"]))
+    if plain and arguments.get("files") and not any(arguments.get("row_groups_list") or ()):
+        return [os.fspath(path) for path in arguments["files"]]
+    raise InvalidOptionError(
+        "This datasets.IterableDataset streams rows that its files do not hold as they are (map, filter or shuffle "
+        "applied, or a builder other than Parquet), and it has no length, which fastdata plans a conversion by. "
+        "Give fastdata the Parquet files it streams (a path, a glob or an hf://datasets/ORG/NAME URL), which "
+        "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
+
+
+def is_remote_table(url: Any) -> bool:
+    """Whether URL ``url`` names Parquet files: a ``.parquet`` object or glob, an ``hf://`` URL,
+    or a folder holding ``.parquet`` files and no fastdata manifest."""
+    text = os.fspath(url)
+    if is_parquet_spec(text) or any(c in text for c in "*?["):
+        return True
+    from fastdata.remote.filesystem import filesystem
+
+    try:
+        fs, path = filesystem(text)
+        found = fs.find(path, maxdepth=3)
+    except Exception:  # noqa: BLE001 - then it is read as a converted dataset, which says what is wrong
+        return False
+    top = path.rstrip("/") + "/"
+    return any(p.endswith(".parquet") for p in found) and f"{top}manifest.json" not in found

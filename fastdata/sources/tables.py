@@ -1,0 +1,365 @@
+"""Where Arrow tables come from: Parquet files (local or through fsspec, ``hf://`` included), a
+``save_to_disk`` folder's Arrow files, or a ``datasets.Dataset`` object. Each is a list of
+tables cut into groups (a Parquet file's row groups, an Arrow file's record batches), read one
+group at a time, so memory is bounded by a group, not by a file.
+
+:func:`find_parquet` lists what a path, folder, glob or URL names, one split of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata.extras import require
+from fastdata.urls import is_url
+
+PARQUET = ".parquet"
+OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
+_SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
+_GLOB = re.compile(r"[*?\[]")
+_DEPTH = 3  # how deep a folder is searched for Parquet files (data/train/x.parquet)
+
+
+def require_pyarrow(what: str) -> Any:
+    return require("pyarrow", extra="parquet", feature=what)
+
+
+def split_of(relative: str) -> str | None:
+    """The split a shard belongs to: ``train`` for ``data/train-00000-of-00042.parquet`` (the
+    name datasets writes) or ``default/train/0000.parquet`` (its folder); None at the top level."""
+    name = posixpath.basename(relative)
+    found = _SHARD_NAME.match(name)
+    if found:
+        return found["split"]
+    parent = posixpath.dirname(relative)
+    return posixpath.basename(parent) if parent else None
+
+
+def pick_split(paths: list[str], root: str, split: str | None, spec: str) -> list[str]:
+    """The files of ``split`` (all when the files hold one split and none is asked for)."""
+    by_split: dict[str | None, list[str]] = {}
+    for path in paths:
+        by_split.setdefault(split_of(posixpath.relpath(path, root) if root else posixpath.basename(path)), []).append(path)
+    names = sorted(str(s) for s in by_split if s is not None)
+    if split is not None:
+        if split not in by_split:
+            raise InvalidOptionError(f"{spec!r} has no split {split!r} (splits: {', '.join(names) or 'none named'}). "
+                                     "Check --split.")
+        return by_split[split]
+    if len(by_split) > 1:
+        raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add --split "
+                                 f"{names[0]} (or another).")
+    return paths
+
+
+def _walk_local(root: Path, depth: int = _DEPTH) -> list[str]:
+    found = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_file() and entry.name.endswith(PARQUET):
+            found.append(entry.path)
+        elif entry.is_dir() and depth > 1:
+            found.extend(_walk_local(Path(entry.path), depth - 1))
+    return found
+
+
+def has_parquet(path: Path) -> bool:
+    """Whether a local folder holds Parquet files (at most three folders deep)."""
+    try:
+        return bool(_walk_local(path))
+    except OSError:
+        return False
+
+
+def is_parquet_spec(text: str) -> bool:
+    """Whether ``text`` names Parquet files without listing anything: a ``.parquet`` file or glob,
+    or an ``hf://`` URL (a Hub dataset's files)."""
+    return text.endswith(PARQUET) or text.startswith("hf://")
+
+
+class ParquetFiles:
+    """Parquet files, local or behind an fsspec filesystem; opened lazily, per process."""
+
+    def __init__(self, spec: str, *, split: str | None = None, storage_options: dict[str, Any] | None = None,
+                 paths: list[str] | None = None):
+        """``spec``: a file, folder, glob or URL; or, with ``paths`` (files of one file system, as
+        a streaming ``datasets.IterableDataset`` lists them), the first of them."""
+        require_pyarrow(f"Reading Parquet ({spec!r})")
+        self.spec = spec
+        self.fs = None
+        if is_url(spec):
+            from fastdata.remote.filesystem import filesystem
+
+            self.fs, path = filesystem(spec, storage_options)
+            root, found = self._list_remote(path) if paths is None else ("", [filesystem(p)[1] for p in paths])
+        else:
+            root, found = self._list_local(spec) if paths is None else ("", list(paths))
+        if not found:
+            raise EmptySourceError(f"{spec!r} holds no .parquet files.")
+        self.root, self.listed = root, paths is not None
+        self.paths = found if self.listed else pick_split(found, root, split, spec)
+        self._open: tuple[int, Any] | None = None
+
+    def _list_local(self, spec: str) -> tuple[str, list[str]]:
+        if _GLOB.search(spec):
+            import glob
+
+            paths = sorted(p for p in glob.glob(spec, recursive=True) if p.endswith(PARQUET))
+            return (os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""), paths
+        path = Path(spec)
+        if path.is_file():
+            return str(path.parent), [str(path)]
+        if path.is_dir():
+            return str(path), _walk_local(path)
+        raise SourceNotFoundError(f"Source {spec!r} does not exist.")
+
+    def _list_remote(self, path: str) -> tuple[str, list[str]]:
+        from fastdata.remote.filesystem import explain
+
+        try:
+            if _GLOB.search(path):
+                paths = sorted(p for p in self.fs.glob(path) if p.endswith(PARQUET))
+                return (posixpath.commonpath([posixpath.dirname(p) for p in paths]) if paths else ""), paths
+            if path.endswith(PARQUET):
+                return posixpath.dirname(path), [path]
+            found = self.fs.find(path, maxdepth=_DEPTH)
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"Source {self.spec!r} does not exist.") from None
+        except Exception as exc:  # noqa: BLE001 - the backend's errors, explained with the URL
+            raise explain(exc, self.spec) from exc
+        return path.rstrip("/"), sorted(p for p in found if p.endswith(PARQUET))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__, _open=None)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def name(self, number: int) -> str:
+        """How messages name file ``number``: its URL, or its path."""
+        path = self.paths[number]
+        if self.fs is None:
+            return path
+        scheme = self.spec.split("://", 1)[0]
+        return f"{scheme}://{path}"
+
+    def file(self, number: int) -> Any:
+        """The open ``pyarrow.parquet.ParquetFile`` (one kept open per process)."""
+        if self._open is None or self._open[0] != number:
+            import pyarrow.parquet as pq
+
+            if self._open is not None:
+                self._open[1].close()
+            source = self.fs.open(self.paths[number], "rb") if self.fs is not None else self.paths[number]
+            try:
+                self._open = (number, pq.ParquetFile(source))
+            except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid / OSError for a damaged file
+                raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({str(exc)[:160]}).") from exc
+        return self._open[1]
+
+    def schema(self, number: int) -> Any:
+        return self.file(number).schema_arrow
+
+    def groups(self, number: int) -> list[int]:
+        metadata = self.file(number).metadata
+        return [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+
+    def read(self, number: int, group: int, columns: list[str]) -> Any:
+        return self.file(number).read_row_group(group, columns=columns)
+
+    def read_relative(self, number: int, relative: str) -> bytes:
+        """The file at ``relative`` to data file ``number``'s folder; never outside that folder."""
+        folder = posixpath.dirname(self.paths[number]) if self.fs is not None else os.path.dirname(self.paths[number])
+        joined = posixpath.normpath(posixpath.join(folder, relative)) if self.fs is not None else \
+            os.path.normpath(os.path.join(folder, relative))
+        inside = joined.startswith(folder.rstrip("/") + "/") if folder else not joined.startswith((".", "/"))
+        if os.path.isabs(relative) or not inside:
+            raise ValueError(f"image path {relative!r} lies outside the folder of the Parquet file; only paths inside "
+                             "it are read")
+        if self.fs is not None:
+            with self.fs.open(joined, "rb") as handle:
+                return handle.read()
+        with open(joined, "rb") as handle:
+            return handle.read()
+
+    def describe(self) -> dict[str, Any]:
+        if self.listed:
+            return {"files": [self.name(n) if self.fs is not None else os.path.abspath(p) for n, p in
+                              enumerate(self.paths)], "count": len(self.paths)}
+        return {"files": self.spec if self.fs is not None else os.path.abspath(self.spec), "count": len(self.paths)}
+
+    def fingerprint(self) -> str:
+        """A digest of every file's name, size and modification time (or ETag)."""
+        digest = hashlib.sha256()
+        for path in self.paths:
+            if self.fs is None:
+                stat = os.stat(path)
+                line = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+            else:
+                info = self.fs.info(path)
+                line = f"{path}\0{info.get('size')}\0{info.get('ETag') or info.get('mtime') or info.get('last_commit')}\n"
+            digest.update(line.encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+    def local_root(self) -> Path | None:
+        """What the output may not be or lie in: the folder given, else the file given (an output
+        beside it is fine); None for URLs and globs (whose files are each protected)."""
+        if self.fs is not None or self.listed or _GLOB.search(self.spec):
+            return None
+        return Path(self.spec)
+
+    def local_files(self) -> list[Path]:
+        return [Path(p) for p in self.paths] if self.fs is None else []
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder ``datasets``' ``save_to_disk`` wrote (one dataset or a DatasetDict)."""
+    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
+
+
+class ArrowFiles:
+    """A ``save_to_disk`` folder: its Arrow stream files, memory-mapped; groups are record batches."""
+
+    def __init__(self, folder: Path, *, split: str | None = None):
+        require_pyarrow(f"Reading the saved dataset {str(folder)!r}")
+        self.spec = str(folder)
+        if (folder / "dataset_dict.json").is_file():
+            folder = self._split_folder(folder, split)
+        try:
+            state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+            self.paths = [str(folder / entry["filename"]) for entry in state["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidOptionError(f"{str(folder)!r}: its state.json does not list the dataset's Arrow files "
+                                     f"({exc}); was it written by datasets' save_to_disk?") from exc
+        self.folder = folder
+        self._open: tuple[int, Any] | None = None
+
+    def _split_folder(self, folder: Path, split: str | None) -> Path:
+        try:
+            splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({exc}).") from exc
+        if split is None:
+            if len(splits) == 1:
+                return folder / splits[0]
+            raise InvalidOptionError(f"{str(folder)!r} holds the splits {', '.join(splits)}; convert one at a time: "
+                                     f"add --split {splits[0]} (or another).")
+        if split not in splits:
+            raise InvalidOptionError(f"{str(folder)!r} has no split {split!r} (splits: {', '.join(splits)}). Check --split.")
+        return folder / split
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__, _open=None)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def name(self, number: int) -> str:
+        return self.paths[number]
+
+    def batches(self, number: int) -> list[Any]:
+        if self._open is None or self._open[0] != number:
+            import pyarrow as pa
+
+            try:
+                reader = pa.ipc.open_stream(pa.memory_map(self.paths[number], "r"))
+                self._open = (number, (reader.schema, list(reader)))
+            except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged or missing file
+                raise InvalidOptionError(f"{self.paths[number]}: not a readable Arrow file ({str(exc)[:160]}).") from exc
+        return self._open[1][1]
+
+    def schema(self, number: int) -> Any:
+        self.batches(number)
+        schema = self._open[1][0]
+        if not schema.metadata:  # the features in dataset_info.json, where the file has none
+            info = self.folder / "dataset_info.json"
+            try:
+                features = json.loads(info.read_text(encoding="utf-8")).get("features")
+            except (OSError, ValueError):
+                features = None
+            if features:
+                schema = schema.with_metadata({b"huggingface": json.dumps({"info": {"features": features}}).encode()})
+        return schema
+
+    def groups(self, number: int) -> list[int]:
+        return [batch.num_rows for batch in self.batches(number)]
+
+    def read(self, number: int, group: int, columns: list[str]) -> Any:
+        import pyarrow as pa
+
+        return pa.Table.from_batches([self.batches(number)[group]]).select(columns)
+
+    def read_relative(self, number: int, relative: str) -> bytes:
+        raise ValueError(f"image path {relative!r} without bytes: a saved dataset keeps its images' bytes")
+
+    def describe(self) -> dict[str, Any]:
+        return {"saved": os.path.abspath(self.spec), "split": self.folder.name, "count": len(self.paths)}
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for path in self.paths:
+            stat = os.stat(path)
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+    def local_root(self) -> Path | None:
+        return self.folder
+
+    def local_files(self) -> list[Path]:
+        return []
+
+
+class ObjectTable:
+    """A ``datasets.Dataset`` object's Arrow table (memory-mapped where the dataset is), in groups of rows."""
+
+    def __init__(self, dataset: Any):
+        if getattr(dataset, "_indices", None) is not None:  # a shuffled or selected view: its rows in order
+            dataset = dataset.flatten_indices()
+        self.dataset = dataset
+        self.spec = f"datasets.Dataset({getattr(dataset, 'info', None) and dataset.info.dataset_name or ''})"
+        self.paths = ["dataset"]
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, number: int) -> str:
+        return "dataset"
+
+    def _table(self) -> Any:
+        table = self.dataset.data.table
+        features = self.dataset.features.to_dict()
+        return table.replace_schema_metadata({b"huggingface": json.dumps({"info": {"features": features}}).encode()})
+
+    def schema(self, number: int) -> Any:
+        return self._table().schema
+
+    def groups(self, number: int) -> list[int]:
+        rows = self.dataset.num_rows
+        return [min(OBJECT_GROUP_ROWS, rows - start) for start in range(0, rows, OBJECT_GROUP_ROWS)]
+
+    def read(self, number: int, group: int, columns: list[str]) -> Any:
+        return self.dataset.data.table.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS).select(columns)
+
+    def read_relative(self, number: int, relative: str) -> bytes:
+        with open(relative, "rb") as handle:  # datasets' own Image feature reads such paths as they are
+            return handle.read()
+
+    def describe(self) -> dict[str, Any]:
+        return {"dataset": self.spec, "fingerprint": getattr(self.dataset, "_fingerprint", None)}
+
+    def fingerprint(self) -> str:
+        return str(getattr(self.dataset, "_fingerprint", "")) + f"\0{self.dataset.num_rows}"
+
+    def local_root(self) -> Path | None:
+        return None
+
+    def local_files(self) -> list[Path]:
+        return []
