@@ -51,16 +51,16 @@ def folder(tmp_path_factory) -> Path:
 def _threads_started(work: Callable[[], None]) -> int:
     """How many OS threads ``work`` left running, run in a fresh thread under 8 torch threads
     (an intra-op region starts 7; they live as long as that thread)."""
-    counts: list[int] = []
+    seen: list[set] = []
     errors: list[BaseException] = []
     done = threading.Event()
     finish = threading.Event()
 
     def run() -> None:
         try:
-            counts.append(len(os.listdir("/proc/self/task")))
+            seen.append(set(os.listdir("/proc/self/task")))
             work()
-            counts.append(len(os.listdir("/proc/self/task")))
+            seen.append(set(os.listdir("/proc/self/task")))
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         done.set()
@@ -78,7 +78,7 @@ def _threads_started(work: Callable[[], None]) -> int:
         torch.set_num_threads(previous)
     if errors:
         raise errors[0]
-    return counts[1] - counts[0]
+    return len(seen[1] - seen[0])  # new thread ids (a thread of another test ending is not counted)
 
 
 needs_probe = pytest.mark.skipif(not _PROBE, reason="counts threads through /proc with torch's OpenMP backend")

@@ -100,10 +100,14 @@ def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "b
 
 def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
     """``pixels`` (HWC), mirrored left-right when ``flip``, copied into ``out`` (a row of a
-    batch) when given, else into a new contiguous array: numpy's copy, one thread."""
-    source = pixels[:, ::-1] if flip else pixels
+    batch) when given, else into a new contiguous array: numpy's copy, one thread. A mirrored
+    copy goes channel by channel: numpy copies a (H, W) plane with a negative column stride
+    several times faster than the (H, W, 3) view, whose innermost loop is 3 bytes long."""
     if out is None:
-        made = np.ascontiguousarray(source)
-        return made if made.flags.writeable else made.copy()  # Pillow's arrays are read-only
-    out[...] = source
+        out = np.empty(pixels.shape, dtype=pixels.dtype)
+    if not flip:
+        out[...] = pixels
+        return out
+    for channel in range(pixels.shape[2]):
+        out[:, :, channel] = pixels[:, ::-1, channel]
     return out
