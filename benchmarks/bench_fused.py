@@ -3,14 +3,21 @@ pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution 
 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
     python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
-        [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--json rows.json]
+        [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--sets imagenet,large]
+        [--step-ms 30] [--threads N] [--json rows.json]
+
+Torch runs with its default intra-op threads (as a training script does) unless ``--threads``
+says otherwise. ``--step-ms``: a busy training step after every batch, in the benchmark's own
+process (a fixed count of float32 matmuls on torch's threads, calibrated once to take that long
+on its own), so the loader competes for the cores as in training. CPU ms per image: this
+process's CPU time plus that of its reaped children (worker processes that end with their
+epoch), per sample.
 
 Sets (seeded, generated in memory, JPEG quality 90, photo-like multi-scale noise):
 ``imagenet``: shorter side 300-500 px, aspect 3:4..4:3; ``large``: longer side 1500-2500 px.
 Every path decodes the same bytes to a 224x224 uint8 CHW tensor on the same boxes and flips
 (sample i draws from ``fastdata.reader.fused.generator_for(0, 0, i)``; torchvision's pipeline gets the
-same state through ``torch.manual_seed``). One process, one thread: per-core throughput,
-median of ``repeats`` passes in rotating order after a warm-up, all in one run (ratios side by
+same state through ``torch.manual_seed``). One process: median of ``repeats`` passes in rotating order after a warm-up, all in one run (ratios side by
 side). PSNR: each path against decode-then-crop-then-resize on the same box (Pillow decode,
 torch's antialiased bilinear), mean and minimum over the set.
 
@@ -45,8 +52,8 @@ per configuration in a shuffled order per round (interleaved, so load from other
 all alike, and no configuration always runs right after the same one); before each epoch the
 script waits until no thread of its process uses CPU (DALI's iterator prefetches the next
 epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next)
-and sets torch back to one intra-op thread (FFCV's Loader sets torch's thread count, for the
-whole process, to its own num_workers, and leaves it so).
+and sets torch's thread count back to the run's (FFCV's Loader sets it, for the whole process,
+to its own num_workers, and leaves it so).
 The median epoch of each, each path at its best configuration, and the ratios; also samples per
 CPU-second of this process for the configurations that work in it (num_workers=0, the thread
 backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
@@ -116,8 +123,8 @@ def full_crop_path(plan: fused.FusedPlan):
     def run(data: bytes, index: int) -> torch.Tensor:
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
         draw = plan.draw(*pixels.shape[:2], fused.generator_for(0, 0, index))
-        region = torch.from_numpy(pixels[draw.top:draw.top + draw.height, draw.left:draw.left + draw.width])
-        return fused._finish(region.permute(2, 0, 1).contiguous(), plan, plan.size, draw.flip)
+        region = pixels[draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
+        return fused._finish(region, plan, plan.size, draw.flip)
 
     return run
 
@@ -145,8 +152,7 @@ def turbojpeg_path(plan: fused.FusedPlan):
                              flags=turbojpeg.TJFLAG_FASTDCT | turbojpeg.TJFLAG_FASTUPSAMPLE)
         local = fused.Draw(draw.top - y, draw.left - x, draw.height, draw.width, draw.flip)
         top, left, bottom, right = fused._scaled_region(local, scale, *pixels.shape[:2])
-        region = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).permute(2, 0, 1)
-        return fused._finish(region, plan, plan.size, draw.flip)
+        return fused._finish(pixels[top:bottom, left:right], plan, plan.size, draw.flip)
 
     return run
 
@@ -185,12 +191,45 @@ def write_folder(images: list[bytes], root: str, classes: int = 10) -> None:
             handle.write(data)
 
 
+STEP: list = []  # the busy training step run after each batch (set by --step-ms)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished (reaped) children: worker processes
+    that end with their epoch (no persistent workers) are counted too."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def _epoch(batches) -> tuple[float, int, float]:
-    """(seconds, samples, CPU seconds of this process) of one pass over ``batches``."""
-    start, cpu_start, count = time.perf_counter(), time.process_time(), 0
+    """(seconds, samples, CPU seconds of this process and its reaped workers) of one pass over
+    ``batches``, the training step (if any) run after each batch."""
+    start, cpu_start, count = time.perf_counter(), _cpu_s(), 0
     for images, _ in batches:
         count += len(images)
-    return time.perf_counter() - start, count, time.process_time() - cpu_start
+        for step in STEP:
+            step()
+    return time.perf_counter() - start, count, _cpu_s() - cpu_start
+
+
+def training_step(step_ms: float):
+    """A CPU-bound stand-in for a training step: a fixed number of 384x384 float32 matmuls on
+    torch's default threads, that number calibrated once (before any loader runs) to take
+    ``step_ms`` in this process. It releases the GIL, like a real step's torch ops."""
+    weights = torch.randn(384, 384)
+    activations = torch.randn(384, 384)
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            torch.mm(activations, weights)
+
+    run(20)
+    start = time.perf_counter()
+    run(200)
+    count = max(1, round(200 * step_ms / 1000 / (time.perf_counter() - start)))
+    return lambda: run(count)
 
 
 def _quiesce(limit_s: float = 10.0) -> None:
@@ -339,7 +378,8 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
 
     workers = [int(part) for part in args.workers.split(",")]
     rows = []
-    for kind, count, seed in (("imagenet", args.count, 1), ("large", args.large_count, 2)):
+    sets = (("imagenet", args.count, 1), ("large", args.large_count, 2))
+    for kind, count, seed in [entry for entry in sets if entry[0] in args.sets.split(",")]:
         root = os.path.join(args.out, kind)
         paths = {"source": os.path.join(root, "source"), "fused": os.path.join(root, "fused.npy")}
         if not os.path.isdir(paths["source"]):
@@ -363,10 +403,10 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             for name in _order(names, round_):
                 _quiesce()
                 # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
-                # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: without this,
-                # every later in-process configuration ran torch on 2 spinning intra-op threads
-                # (measured: fused num_workers=0 6x slower per CPU-second after an FFCV epoch)
-                torch.set_num_threads(1)
+                # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: every
+                # epoch starts at the thread count chosen for the run (torch's default unless
+                # --threads 1), as a training script would have it
+                torch.set_num_threads(args.threads)
                 try:
                     elapsed, samples, cpu_s = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
@@ -382,35 +422,37 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             if rates[name]:
                 rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
                              "samples_per_s": statistics.median(rates[name]), "epoch_rates": rates[name],
-                             "samples_per_cpu_s": statistics.median(cpu_rates[name]) if _in_process(name) else None,
+                             "samples_per_cpu_s": statistics.median(cpu_rates[name]),
+                             "cpu_ms_per_image": 1000 / statistics.median(cpu_rates[name]),
+                             "torch_threads": args.threads, "step_ms": args.step_ms,
                              "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
     return rows
 
 
-def _in_process(name: str) -> bool:
-    """The configuration does all its work in this process (its CPU time is all counted)."""
-    return name.endswith("nw=0") or " thread " in name or name.startswith(("ffcv", "dali"))
-
-
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
-    print(f"os.cpu_count() = {os.cpu_count()}, batch {args.batch_size}, median of {args.rounds} epochs each, "
-          "interleaved")
-    print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'per CPU-s':>10}")
+    print(f"os.cpu_count() = {os.cpu_count()}, torch threads {args.threads}, training step {args.step_ms} ms per "
+          f"batch, batch {args.batch_size}, median of {args.rounds} epochs each, interleaved")
+    print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'CPU ms/image':>13}")
     for row in rows:
-        per_cpu = "" if row["samples_per_cpu_s"] is None else f"{row['samples_per_cpu_s']:10.1f}"
-        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {per_cpu}")
-    print("best of each path, ratio to torchvision's best:")
+        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {row['cpu_ms_per_image']:13.2f}")
+    print("best of each path (by samples/s), ratios to torchvision's, FFCV's and DALI's best:")
     for kind in dict.fromkeys(row["set"] for row in rows):
         best = {}
         for row in rows:
             if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
                 best[row["path"]] = row
         base = best["torchvision"]["samples_per_s"]
-        ffcv = best.get("ffcv", {}).get("samples_per_s")
+        peers = {peer: best[peer]["samples_per_s"] for peer in ("ffcv", "dali") if peer in best}
         for path, row in best.items():
-            versus_ffcv = f"  {row['samples_per_s'] / ffcv:5.2f}x FFCV" if ffcv else ""
-            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f}  "
-                  f"{row['samples_per_s'] / base:5.2f}x{versus_ffcv}")
+            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer}" for peer, rate in peers.items())
+            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f} "
+                  f"{row['cpu_ms_per_image']:6.2f} ms  {row['samples_per_s'] / base:5.2f}x tv{versus}")
+        one_core = {row["config"]: row for row in rows if row["set"] == kind and row["config"] in (
+            "fused torch nw=0", "ffcv threads=1", "dali threads=1")}
+        if "fused torch nw=0" in one_core:
+            ours = one_core.pop("fused torch nw=0")["samples_per_s"]
+            print(f"  {kind:9} one core: fused nw=0 {ours:.1f}/s" + "".join(
+                f", {ours / row['samples_per_s']:.2f}x {name}" for name, row in one_core.items()))
 
 
 def main() -> None:
@@ -426,8 +468,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-side", type=int, default=0, help="--loader: also read a --max-side N --reencode "
                         "jpeg:90 conversion")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch intra-op threads (default: torch's default, as a training script has it)")
+    parser.add_argument("--sets", default="imagenet,large", help="--loader: which sets to read")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="--loader: a busy training step of this "
+                        "length (calibrated once) after every batch, in this process")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    if args.step_ms:
+        STEP.append(training_step(args.step_ms))
     if args.loader:
         print(f"load average at the start: {os.getloadavg()}", flush=True)
         rows = run_loader(args)
@@ -450,9 +499,9 @@ def main() -> None:
         results = measure(paths, images, args.repeats, plan)
         base = results["torchvision"]["samples_per_s"]
         for name, result in results.items():
-            rows.append({"set": kind, "count": count, "path": name, "cpu_count": os.cpu_count(), "threads": 1,
+            rows.append({"set": kind, "count": count, "path": name, "cpu_count": os.cpu_count(), "threads": args.threads,
                          **result, "ratio_vs_torchvision": result["samples_per_s"] / base})
-    print(f"os.cpu_count() = {os.cpu_count()}, one process, torch threads 1, median of {args.repeats}")
+    print(f"os.cpu_count() = {os.cpu_count()}, one process, torch threads {args.threads}, median of {args.repeats}")
     print(f"{'set':9} {'path':17} {'samples/s':>10} {'x tv':>6} {'PSNR mean':>10} {'PSNR min':>9}")
     for row in rows:
         print(f"{row['set']:9} {row['path']:17} {row['samples_per_s']:10.1f} {row['ratio_vs_torchvision']:6.2f} "

@@ -185,7 +185,7 @@ def test_jpegs_libjpeg_only_warns_about_read_with_every_decoder(warned_jpegs: Pa
 def test_a_broken_jpeg_is_one_corrupt_data_error_with_every_decoder(damage: str) -> None:
     pytest.importorskip("simplejpeg")
     from fastdata.errors import CorruptDataError
-    from fastdata.reader.fused import FusedPlan
+    from fastdata.reader.fused import Fusion, FusedPlan
 
     buffer = io.BytesIO()
     demo_image(np.random.default_rng(2), 40, 48, 0).save(buffer, format="JPEG", quality=90)
@@ -193,7 +193,7 @@ def test_a_broken_jpeg_is_one_corrupt_data_error_with_every_decoder(damage: str)
     broken = data[: len(data) // 2] if damage == "truncated" else data[:200] + b"\xff\x00" * 50 + data[300:]
     pillow_says = {"truncated": r"image file is truncated \(\d+ bytes not processed\)",
                    "garbled": "broken data stream when reading image file"}[damage]
-    fused = Decoder("RGB", plan=FusedPlan("random_resized_crop", (24, 24)))
+    fused = Decoder("RGB", fusion=Fusion(FusedPlan("random_resized_crop", (24, 24))))
     for decoder, options in ((Decoder.make("RGB", decoder="fast"), {}), (fused, {"indices": [7], "epoch": 0})):
         with pytest.raises(CorruptDataError) as caught:
             decoder.decode_all([broken], lambda row: "'d.npy' sample 7", Path("d.npy"), **options)

@@ -117,7 +117,7 @@ def test_the_rest_of_the_transform_runs_once_after_the_fused_crop(tmp_path: Path
     transform = v2.Compose([v2.RandomResizedCrop(20), v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(p=1.0),
                             v2.ToDtype(torch.float32, scale=True)])
     ds = fastdata.open_dataset(out, transform=transform, seed=SEED)
-    assert ds.options.fused[1] is not None
+    assert ds.decoder.fusion.rest is not None
     ds.set_epoch(EPOCH)
     for index in (0, 3, 5):
         _assert_same(ds[index], _expected(out, transform, index), exact_image=True)

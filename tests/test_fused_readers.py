@@ -221,7 +221,7 @@ def test_a_new_transform_after_construction_gets_a_new_plan(datasets) -> None:
 @pytest.mark.parametrize("options", [{"image_format": "pil"}, {"resize": 64}])
 def test_not_fused_where_the_output_is_not_a_decoded_tensor(datasets, options: dict) -> None:
     ds = _open(datasets, "npy", transform=_train(), **options)
-    assert ds.decoder.plan is None and ds.options.fused is None
+    assert ds.decoder.plan is None and ds.options.fusion() is None
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -7,10 +7,10 @@ same ``--resize``/``--center-crop`` semantics as conversion, i.e. torchvision's 
   ``Image.open(...).convert(...)`` and ``resize(...)``.
 * ``decoder="fast"`` (opt-in, ``pip install "torch-fastdata[jpeg]"``): JPEGs are decoded by
   libjpeg-turbo through ``simplejpeg`` with its fast integer IDCT and upsampling, scaled in the
-  DCT domain (1/2, 1/4, 1/8) when the requested size allows, then resized with torch's
-  vectorised uint8 bilinear antialiasing (``torch.nn.functional.interpolate``, the kernel
-  torchvision's ``resize`` calls for uint8 tensors: the same pixels, without needing
-  torchvision). Pixels differ slightly from Pillow's (measured in
+  DCT domain (1/2, 1/4, 1/8) when the requested size allows, then resized with antialiased
+  bilinear in the calling thread (:func:`fastdata.reader.kernels.resize`: torch's vectorised
+  uint8 kernel, what torchvision's ``resize`` calls for uint8 tensors, where it runs without
+  torch's thread pool, else Pillow's). Pixels differ slightly from Pillow's (measured in
   docs/reading.md); other image types take the Pillow path, as do JPEGs that libjpeg-turbo
   decodes only with a warning (:func:`fastdata.reader.fused.strict_simplejpeg`).
 
@@ -38,7 +38,8 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
-from fastdata.reader.fused import FusedPlan, fused_decode, generator_for, strict_simplejpeg
+from fastdata.reader import kernels
+from fastdata.reader.fused import Fusion, FusedPlan, fused_decode, generator_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -74,15 +75,18 @@ class Decoder:
     mode: str
     geometry: Geometry = Geometry()
     fast: bool = False
-    plan: FusedPlan | None = None  # the transform's fused leading crop (None: decode, then transform)
-    seed: int = 0  # with ``plan``: the seed of its per-(epoch, sample) randomness
+    fusion: Fusion | None = None  # the transform's fused leading crop (None: decode, then transform)
     encoded: bool = True  # False: the dataset stores decoded pixels (never fused)
 
     def with_options(self, options: Any) -> "Decoder":
-        """This decoder with the fused plan and seed of reader options ``options``
-        (:class:`fastdata.reader.ReaderOptions`); no plan for stored pixels."""
-        fused = options.fused if self.encoded else None
-        return dataclasses.replace(self, plan=fused[0] if fused else None, seed=options.seed)
+        """This decoder with the fusion reader options ``options`` ask for
+        (:meth:`fastdata.reader.ReaderOptions.fusion`); none for stored pixels."""
+        return dataclasses.replace(self, fusion=options.fusion() if self.encoded else None)
+
+    @property
+    def plan(self) -> FusedPlan | None:
+        """The fused plan (None: not fused)."""
+        return None if self.fusion is None else self.fusion.plan
 
     @classmethod
     def make(cls, mode: str, *, resize: Any = None, center_crop: Any = None, decoder: str = "pil") -> "Decoder":
@@ -113,7 +117,7 @@ class Decoder:
         """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
         global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give),
         written into ``out`` (a row of the batch) when given."""
-        generator = None if epoch is None else generator_for(self.seed, epoch, index)
+        generator = None if epoch is None else generator_for(self.fusion.seed, epoch, index)
         image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
                              on_draw=on_draw, out=out)
         return image.permute(1, 2, 0).numpy()
@@ -121,8 +125,6 @@ class Decoder:
     def _decode_fast(self, data: bytes) -> np.ndarray | None:
         """A JPEG through simplejpeg, or None where its strict mode refuses the file (Pillow,
         the conversion's decoder, then decides: :func:`fastdata.reader.fused.strict_simplejpeg`)."""
-        import torch
-
         _simplejpeg()  # the install command when it is missing
         header = strict_simplejpeg("decode_jpeg_header", data)
         if header is None:
@@ -138,11 +140,7 @@ class Decoder:
             return None
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]
-        if pixels.shape[:2] != (out_height, out_width):
-            tensor = torch.from_numpy(pixels).permute(2, 0, 1)[None]
-            resized = torch.nn.functional.interpolate(tensor, size=(out_height, out_width), mode="bilinear",
-                                                      antialias=True, align_corners=False)
-            pixels = resized[0].permute(1, 2, 0).numpy()
+        pixels = kernels.resize(pixels, (out_height, out_width))  # the calling thread only: no torch pool
         if self.geometry.center_crop is not None:
             pixels = center_crop_array(pixels, *self.geometry.center_crop)
         return pixels

@@ -16,9 +16,11 @@ Three steps, each usable on its own:
   from (seed, epoch, index), so the draw is the same in every process, backend and num_workers.
 * :func:`fused_decode` decodes a JPEG at the smallest DCT scale (1/8, 1/4, 1/2, 1) whose image
   of the box still covers the output size, cuts the box out of the scaled image, resizes it once
-  with torchvision's tensor resize (for uint8 bilinear + antialias that is torch's native uint8
-  kernel, ``torch.nn.functional.interpolate``) and flips. Other images (PNG, ...) are decoded
-  in full, then cropped on the same box: pixel-equal to torchvision on a uint8 tensor.
+  and flips it while writing it into its row of the batch, with :mod:`fastdata.reader.kernels`
+  (the calling thread only, never torch's intra-op pool; for bilinear + antialias, torch's
+  vectorised uint8 kernel, what torchvision's tensor ``resize`` calls, where it has it). Other
+  images (PNG, ...) are decoded in full, then cropped on the same box: pixel-equal to
+  torchvision on a uint8 tensor.
 
 The decoder is chosen by measurement (``benchmarks/bench_fused.py``, numbers in
 docs/reading.md): simplejpeg (the ``jpeg`` extra; without it ``decoder="simplejpeg"`` raises
@@ -42,6 +44,8 @@ import torch
 
 from fastdata.errors import InvalidOptionError
 from fastdata.extras import require
+from fastdata.images import center_crop_array
+from fastdata.reader import kernels
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +105,18 @@ class FusedPlan:
         empty = torch.empty((0, height, width), dtype=torch.uint8)
         resized = functional.resize(empty, list(self.resize) if self.resize else None, max_size=self.max_size)
         return int(resized.shape[-2]), int(resized.shape[-1])
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """A reader's fused decode: ``plan`` done inside the decode, ``rest`` (the rest of the
+    transform, None: nothing) run on what it gives, the crops drawn from ``(seed, epoch,
+    index)``. Decided by :meth:`fastdata.reader.ReaderOptions.fusion` and held by the reader's
+    :class:`~fastdata.reader.decoding.Decoder` alone (``decoder.fusion``)."""
+
+    plan: FusedPlan
+    rest: Callable | None = None
+    seed: int = 0
 
 
 def random_resized_crop_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
@@ -330,22 +346,16 @@ def _decode_scaled(data: bytes, scale: int, height: int, width: int, mode: str, 
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-def _finish(pixels: torch.Tensor, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
+def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
             out: np.ndarray | None = None) -> torch.Tensor:
-    """Resize CHW ``pixels`` to ``out_size``, centre-crop (a resize + centre crop plan) and flip;
-    with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result is written there,
-    flipped while copying (no flipped tensor made first), and a CHW view of ``out`` returned."""
-    _, _, functional = _torchvision()
-    if tuple(pixels.shape[-2:]) != out_size:
-        pixels = functional.resize(pixels, list(out_size), interpolation=functional.InterpolationMode(plan.interpolation),
-                                   antialias=plan.antialias)
+    """Resize HWC ``pixels`` to ``out_size``, centre-crop (a resize + centre crop plan) and flip,
+    with the read path's kernels (:mod:`fastdata.reader.kernels`: the calling thread only, never
+    torch's intra-op pool); with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result
+    is written there, flipped while copying. A CHW tensor view of the result."""
+    pixels = kernels.resize(pixels, out_size, interpolation=plan.interpolation, antialias=plan.antialias)
     if plan.kind == "resize_center_crop":
-        pixels = functional.center_crop(pixels, list(plan.size))
-    if out is None:
-        return pixels.flip(-1) if flip else pixels
-    target = torch.from_numpy(out).permute(2, 0, 1)
-    target.copy_(pixels.flip(-1) if flip else pixels)
-    return target
+        pixels = center_crop_array(pixels, *plan.size)
+    return torch.from_numpy(kernels.place(pixels, out, flip=flip)).permute(2, 0, 1)
 
 
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
@@ -362,12 +372,7 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
         raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS[:2]))}.")
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
-        image = fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw)
-        if out is None:
-            return image
-        target = torch.from_numpy(out).permute(2, 0, 1)
-        target.copy_(image)
-        return target
+        return fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw, out=out)
     height, width = jpeg_size(data, decoder)
     draw = plan.draw(height, width, generator)
     if on_draw is not None:
@@ -377,31 +382,27 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     pixels = _decode_scaled(data, scale, height, width, mode, decoder)
     scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
     top, left, bottom, right = _scaled_region(draw, scale, *pixels.shape[:2])
-    # a contiguous HWC copy of the box: channels-last, the memory layout torch's uint8 resize
-    # kernel is fastest on (measured: faster than resizing the strided view of the whole image)
-    region = torch.from_numpy(np.ascontiguousarray(pixels[top:bottom, left:right])).permute(2, 0, 1)
-    return _finish(region, plan, out_size, draw.flip, out)
+    return _finish(pixels[top:bottom, left:right], plan, out_size, draw.flip, out)
 
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
-                    mode: str = "RGB", on_draw: Callable[[int, int, Draw], None] | None = None) -> torch.Tensor:
+                    mode: str = "RGB", on_draw: Callable[[int, int, Draw], None] | None = None,
+                    out: np.ndarray | None = None) -> torch.Tensor:
     """Decode in full (Pillow, fastdata's mode rules), then crop on the plan's box, resize and
-    flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator."""
+    flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator
+    (where torch's vectorised kernel runs, :mod:`fastdata.reader.kernels`; within 1 grey level
+    elsewhere)."""
     from fastdata.images import decode
 
-    pixels = torch.from_numpy(decode(data, mode)).permute(2, 0, 1)
-    height, width = pixels.shape[-2:]
+    pixels = decode(data, mode)
+    height, width = pixels.shape[:2]
     draw = plan.draw(height, width, generator)
     if on_draw is not None:
         on_draw(int(height), int(width), draw)
-    region = pixels[:, draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
     if plan.kind == "resize_center_crop":
-        _, _, functional = _torchvision()
-        resized = functional.resize(pixels, list(plan.resize) if plan.resize else None,
-                                    interpolation=functional.InterpolationMode(plan.interpolation),
-                                    max_size=plan.max_size, antialias=plan.antialias)
-        return functional.center_crop(resized, list(plan.size))
-    return _finish(region.contiguous(), plan, plan.size, draw.flip)
+        return _finish(pixels, plan, plan.resized_size(height, width), False, out)
+    region = pixels[draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
+    return _finish(region, plan, plan.size, draw.flip, out)
 
 
 def transform_like(value: Any, plan: FusedPlan, draw: Draw) -> Any:

@@ -15,7 +15,7 @@ from torch.utils.data import default_collate
 
 from fastdata.reader.decoding import check_decoder, geometry_of
 from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptionError
-from fastdata.reader.fused import FusedPlan, split_transform
+from fastdata.reader.fused import Fusion, split_transform
 from fastdata.images import Geometry
 from fastdata.remote.dataset import RemoteOptions
 
@@ -39,8 +39,8 @@ class ReaderOptions:
 
     ``fuse`` (default True): a torchvision ``transform`` that starts with ``RandomResizedCrop``
     (+ ``RandomHorizontalFlip``), or ``Resize`` + ``CenterCrop``, has that part done inside the
-    decode of encoded images (:mod:`fastdata.reader.fused`) and the rest of it run after (``fused``:
-    ``(plan, rest)``, or None); ``fuse=False`` decodes, then runs the whole transform. Only with
+    decode of encoded images (:mod:`fastdata.reader.fused`) and the rest of it run after
+    (:meth:`fusion`); ``fuse=False`` decodes, then runs the whole transform. Only with
     ``image_format="tensor"`` and no read-time ``resize``/``center_crop``. The crops are drawn
     from ``(seed, epoch, sample index)``; a dataset with fields moves its masks, boxes and
     further images with the same crop and flip (:mod:`fastdata.reader.records`).
@@ -95,29 +95,22 @@ class ReaderOptions:
                                      "into the decode) or False (decode, then transform).")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise InvalidOptionError(f"Invalid seed {self.seed!r}. Use an integer.")
-        object.__setattr__(self, "fused", self._split())
-        # what runs on each decoded image: ``transform``, or the rest of it after a fused crop (an
-        # attribute, not a property: it is read for every sample)
-        object.__setattr__(self, "decoded_transform", self.fused[1] if self.fused is not None else self.transform)
 
-    def _split(self) -> tuple[FusedPlan, Callable | None] | None:
-        """``(plan, rest)`` of a fusable ``transform`` (see the class docstring), else None."""
+    def fusion(self) -> Fusion | None:
+        """The fused decode these options ask for (see the class docstring), or None: the one
+        place that decides it. A reader of encoded images hands it to its decoder, which holds
+        it (``decoder.fusion``); :meth:`after_fusion` gives the options the rest runs with."""
         if not self.fuse or self.transform is None or self.image_format != "tensor" or not self.geometry.is_identity:
             return None
         if not type(self.transform).__module__.startswith("torchvision."):
             return None  # only torchvision's own transforms are read (and torchvision stays optional)
-        return split_transform(self.transform)
+        split = split_transform(self.transform)
+        return None if split is None else Fusion(split[0], split[1], self.seed)
 
-    @property
-    def unfused(self) -> "ReaderOptions":
-        """These options with ``fuse=False`` (what a reader whose images are not fused uses)."""
-        if self.fused is None:
-            return self
-        cached = self.__dict__.get("_unfused")
-        if cached is None:
-            cached = self.replace(fuse=False)
-            object.__setattr__(self, "_unfused", cached)
-        return cached
+    def after_fusion(self, fusion: Fusion | None) -> "ReaderOptions":
+        """These options as they apply to images decoded through ``fusion``: its rest as the
+        transform (nothing fused again); themselves when ``fusion`` is None."""
+        return self if fusion is None else self.replace(transform=fusion.rest, fuse=False)
 
     @classmethod
     def build(cls, reader: str, values: dict[str, Any]) -> "ReaderOptions":
@@ -166,7 +159,7 @@ class ReaderOptions:
     @property
     def per_sample(self) -> bool:
         """Whether a batch must be built sample by sample (a transform, or PIL images)."""
-        return (self.decoded_transform is not None or self.target_transform is not None
+        return (self.transform is not None or self.target_transform is not None
                 or self.image_format == "pil")
 
     def samples(self, pixels: np.ndarray | list[np.ndarray], labels: np.ndarray, *,
@@ -184,7 +177,7 @@ class ReaderOptions:
             images = [p if isinstance(p, Image.Image) else Image.fromarray(p[:, :, 0] if p.shape[2] == 1 else p)
                       for p in pixels]
         targets = labels.tolist()
-        transform = self.decoded_transform
+        transform = self.transform
         if transform is not None:
             images = [transform(image) for image in images]
         if self.target_transform is not None:

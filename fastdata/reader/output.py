@@ -37,7 +37,7 @@ def _option(name: str) -> property:
         self.options = self.options.replace(**{name: value})
         decoder = getattr(self, "decoder", None)
         if isinstance(decoder, Decoder):
-            self.decoder = decoder.with_options(self.options)  # a new transform: a new fused plan
+            self.decoder = decoder.with_options(self.options)  # a new transform: a new fusion, held there
 
     return property(get, set_, doc=f"``{name}`` (see :class:`ReaderOptions`).")
 
@@ -72,12 +72,17 @@ class ReaderOutput:
 
     @property
     def output(self) -> ReaderOptions:
-        """The output contract with this reader's current options (without fusion where its
-        decoder does not fuse: decoded pixels are stored)."""
+        """The output contract with this reader's current options, as they apply to what its
+        decoder gives: after a fused decode (``decoder.fusion``), the rest of the transform."""
         decoder = getattr(self, "decoder", None)
-        if self.options.fused is not None and (decoder is None or decoder.plan is None):
-            return self.options.unfused
-        return self.options
+        fusion = decoder.fusion if isinstance(decoder, Decoder) else None
+        if fusion is None:
+            return self.options
+        cached = self.__dict__.get("_output")  # built once per (options, fusion): read for every batch
+        if cached is None or cached[0] is not self.options or cached[1] is not fusion:
+            cached = (self.options, fusion, self.options.after_fusion(fusion))
+            self._output = cached
+        return cached[2]
 
     @property
     def targets(self) -> list[int]:

@@ -143,7 +143,7 @@ class Records:
         """Each sample of ``indices`` as the source returned it (``transform`` applied to the whole sample)."""
         columns, canvas, draws = self._read(indices, None)
         # a fused decode did the transform's leading crop (+ flip) on the image: the rest runs after
-        transform = self.ds.options.transform if draws is None else self.ds.output.decoded_transform
+        transform = self.ds.options.transform if draws is None else self.ds.output.transform
         out = []
         for row in range(len(indices)):
             values = {f.name: self._value(f, columns[f.name], row, canvas) for f in self.wanted}

@@ -1,0 +1,113 @@
+"""The per-image pixel kernels of the read path (the fused crop-resize-flip, ``decoder="fast"``,
+read-time resize and centre crop): each does its work in the calling thread and never enters
+torch's intra-op thread pool, whatever ``torch.get_num_threads()`` is.
+
+Why: a loader runs one kernel per image, thousands per second. Any torch op that goes through
+``at::parallel_for`` (an elementwise copy, a flip, the generic resize) wakes ``get_num_threads()``
+threads around a ~0.2 ms job, and every thread that calls into torch (the thread backend's
+workers, the training loop) brings its own team: measured 3.5-4.8x the CPU per image under
+torch's default threads against one thread (docs/reading.md). So copies and flips here are
+numpy, and a resize runs one of, by interpolation (:data:`KERNELS`):
+
+* ``bilinear`` / ``bicubic``: torch's vectorised uint8 kernel (what torchvision's tensor
+  ``resize`` calls) fed a channels-last view, on x86 CPUs where torch has it (AVX2/AVX512): that
+  kernel loops over the batch in the calling thread and has no parallel region (asserted by
+  tests/test_kernels.py, which counts the threads an intra-op region starts). Elsewhere
+  Pillow's ``Image.resize`` (the same antialiased filter, within 1 grey level; it runs in the
+  calling thread and releases the GIL).
+* ``nearest`` / ``nearest-exact``: numpy row and column indices, torch's index rule.
+
+Every function takes and returns uint8 HWC numpy arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+_PILLOW_FILTERS = {"bilinear": 2, "bicubic": 3}  # PIL.Image.Resampling.BILINEAR / BICUBIC
+
+
+@functools.lru_cache(maxsize=None)
+def torch_resizes_serially() -> bool:
+    """Whether torch's uint8 bilinear/bicubic kernel here is the vectorised one that runs in the
+    calling thread (x86 with AVX2 or AVX512; torch compiles it only for those)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+    import torch
+
+    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
+    resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
+                                              align_corners=False)
+    return resized[0].permute(1, 2, 0).numpy()
+
+
+def _smooth_pillow(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+    from PIL import Image
+
+    image = Image.fromarray(np.ascontiguousarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels))
+    resized = np.asarray(image.resize((size[1], size[0]), _PILLOW_FILTERS[interpolation]))
+    return resized[:, :, None] if resized.ndim == 2 else resized
+
+
+def _smooth(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+    if torch_resizes_serially() and pixels.shape[2] in (1, 3):
+        return _smooth_torch(pixels, size, interpolation, antialias)
+    return _smooth_pillow(pixels, size, interpolation, antialias)
+
+
+def _source_indices(in_size: int, out_size: int, offset: float) -> np.ndarray:
+    """torch's nearest index rule: ``min(floor((dst + offset) * scale), in - 1)``, float32 scale."""
+    scale = np.float32(in_size) / np.float32(out_size)
+    positions = (np.arange(out_size, dtype=np.float32) + np.float32(offset)) * scale
+    return np.minimum(np.floor(positions).astype(np.int64), in_size - 1)
+
+
+def _nearest(offset: float) -> Callable[..., np.ndarray]:
+    def kernel(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+        rows = _source_indices(pixels.shape[0], size[0], offset)
+        columns = _source_indices(pixels.shape[1], size[1], offset)
+        return pixels[rows[:, None], columns[None, :]]
+
+    return kernel
+
+
+# interpolation (torchvision's InterpolationMode value) -> kernel(pixels, (height, width), interpolation, antialias)
+KERNELS: dict[str, Callable[..., np.ndarray]] = {
+    "bilinear": _smooth,
+    "bicubic": _smooth,
+    "nearest": _nearest(0.0),
+    "nearest-exact": _nearest(0.5),
+}
+
+
+def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "bilinear",
+           antialias: bool | None = True) -> np.ndarray:
+    """``pixels`` (uint8 HWC, any strides) resized to ``size`` (height, width) as torchvision's
+    tensor ``resize`` does (``antialias`` None means True, as in torchvision's v2); the array
+    itself when it already has that size."""
+    if tuple(pixels.shape[:2]) == tuple(size):
+        return pixels
+    return KERNELS[interpolation](pixels, tuple(size), interpolation, antialias is not False)
+
+
+def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
+    """``pixels`` (HWC), mirrored left-right when ``flip``, copied into ``out`` (a row of a
+    batch) when given, else into a new contiguous array: numpy's copy, one thread. A mirrored
+    copy goes channel by channel: numpy copies a (H, W) plane with a negative column stride
+    several times faster than the (H, W, 3) view, whose innermost loop is 3 bytes long."""
+    if out is None:
+        out = np.empty(pixels.shape, dtype=pixels.dtype)
+    if not flip:
+        out[...] = pixels
+        return out
+    for channel in range(pixels.shape[2]):
+        out[:, :, channel] = pixels[:, ::-1, channel]
+    return out

@@ -1,0 +1,163 @@
+"""The read path's per-image kernels never enter torch's intra-op thread pool
+(:mod:`fastdata.reader.kernels`): asserted structurally, by the threads an intra-op region
+starts, not by timing. With torch's OpenMP backend, the first parallel region a thread enters
+starts that thread's team (``get_num_threads() - 1`` new OS threads, alive while it lives); so
+the read path runs in a fresh thread under ``torch.set_num_threads(8)``, and the process's
+thread count before and after tells whether it entered one. A control run of a kernel that
+does parallelise shows the probe can fail."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("torchvision")
+from torchvision.transforms import v2  # noqa: E402
+from torchvision.transforms.v2 import functional as F  # noqa: E402
+
+import fastdata  # noqa: E402
+from fastdata.reader import fused, kernels  # noqa: E402
+
+SIZE = 48
+_PROBE = os.path.isdir("/proc/self/task") and "OpenMP" in torch.__config__.parallel_info()
+
+
+def _photo(height: int, width: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(height // 10, 2), max(width // 10, 2), 3), dtype=np.uint8)
+    return np.array(Image.fromarray(small).resize((width, height), Image.BICUBIC))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """6 JPEGs (large enough for a DCT-scaled decode) and a PNG, in 2 classes."""
+    root = tmp_path_factory.mktemp("kernels")
+    for index in range(7):
+        height, width = 300 + 20 * index, 420 - 15 * index
+        target = root / ("a" if index % 2 else "b")
+        target.mkdir(exist_ok=True)
+        image = Image.fromarray(_photo(height, width, index))
+        image.save(target / f"{index}.png") if index == 3 else image.save(target / f"{index}.jpg", quality=90)
+    return root
+
+
+def _threads_started(work: Callable[[], None]) -> int:
+    """How many OS threads ``work`` left running, run in a fresh thread under 8 torch threads
+    (an intra-op region starts 7; they live as long as that thread)."""
+    seen: list[set] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+    finish = threading.Event()
+
+    def run() -> None:
+        try:
+            seen.append(set(os.listdir("/proc/self/task")))
+            work()
+            seen.append(set(os.listdir("/proc/self/task")))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        done.set()
+        finish.wait(30)  # alive until counted: its team, if any, lives as long
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(8)
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        assert done.wait(120), "the read path hung"
+    finally:
+        finish.set()
+        thread.join(30)
+        torch.set_num_threads(previous)
+    if errors:
+        raise errors[0]
+    return len(seen[1] - seen[0])  # new thread ids (a thread of another test ending is not counted)
+
+
+needs_probe = pytest.mark.skipif(not _PROBE, reason="counts threads through /proc with torch's OpenMP backend")
+
+
+@needs_probe
+def test_the_probe_sees_an_intra_op_region() -> None:
+    pixels = torch.zeros((3, 300, 300), dtype=torch.uint8)
+    assert _threads_started(lambda: pixels.flip(-1)) > 0  # an elementwise kernel over 270,000 values
+
+
+TRAIN = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(p=0.5)])
+EVAL = v2.Compose([v2.Resize(SIZE + 8), v2.CenterCrop(SIZE)])
+NEAREST = v2.Compose([v2.RandomResizedCrop(SIZE, interpolation=v2.InterpolationMode.NEAREST_EXACT),
+                      v2.RandomHorizontalFlip(p=1.0)])
+
+
+@needs_probe
+@pytest.mark.parametrize("serial_torch", [True, False], ids=["torch-kernel", "pillow-kernel"])
+@pytest.mark.parametrize("options", [
+    {"transform": TRAIN}, {"transform": EVAL}, {"transform": NEAREST},
+    {"decoder": "fast", "resize": SIZE + 8, "center_crop": SIZE}, {"resize": SIZE + 8, "center_crop": SIZE},
+], ids=["fused-train", "fused-eval", "fused-nearest", "fast-resize", "pil-resize"])
+def test_the_read_path_starts_no_intra_op_region(folder: Path, options: dict, serial_torch: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("simplejpeg")
+    if serial_torch and not kernels.torch_resizes_serially():
+        pytest.skip("torch has no vectorised uint8 resize on this CPU")
+    monkeypatch.setattr(kernels, "torch_resizes_serially", lambda: serial_torch)
+    ds = fastdata.FolderDataset(folder, **options)
+    assert (ds.decoder.plan is not None) == ("transform" in options)
+    ds.set_epoch(1)
+    batches = []
+    assert _threads_started(lambda: batches.append(ds[np.arange(len(ds))])) == 0
+    images, labels = batches[0]
+    assert images.shape == (len(ds), 3, SIZE, SIZE) and images.dtype == torch.uint8
+    assert labels.tolist() == ds.labels.tolist()
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_the_pillow_kernel_is_within_one_grey_level_of_torchs(mode: str) -> None:
+    pixels = _photo(173, 251, 5)
+    expected = F.resize(torch.from_numpy(pixels).permute(2, 0, 1), [61, 89], antialias=True,
+                        interpolation=v2.InterpolationMode(mode))
+    got = kernels._smooth_pillow(pixels, (61, 89), mode, True)
+    assert got.shape == (61, 89, 3)
+    assert np.abs(got.astype(int) - expected.permute(1, 2, 0).numpy().astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("shape", [(173, 251, 3), (40, 33, 1), (7, 300, 3)])
+@pytest.mark.parametrize("size", [(61, 89), (224, 224), (5, 3)])
+def test_the_nearest_kernels_equal_torchs(mode: str, shape: tuple, size: tuple) -> None:
+    pixels = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    expected = torch.nn.functional.interpolate(torch.from_numpy(pixels).permute(2, 0, 1)[None], size=size, mode=mode)
+    assert np.array_equal(kernels.resize(pixels, size, interpolation=mode), expected[0].permute(1, 2, 0).numpy())
+
+
+def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel changes pixels by at most a grey level, never the box or the flip."""
+    data = next(folder.glob("a/*.jpg")).read_bytes()
+    plan = fused.split_transform(TRAIN)[0]
+    images = []
+    for serial in (True, False):
+        monkeypatch.setattr(kernels, "torch_resizes_serially", lambda serial=serial: serial)
+        images.append(fused.fused_decode(data, plan, generator=fused.generator_for(3, 1, 4)).numpy().astype(int))
+    assert np.abs(images[0] - images[1]).max() <= 1
+
+
+def test_process_workers_run_with_one_intra_op_thread(folder: Path) -> None:
+    """As DataLoader workers do: a transform in a process worker sees one torch thread."""
+    ds = fastdata.FolderDataset(folder, transform=_ThreadCount(), fuse=False)
+    loader = fastdata.loader(ds, batch_size=7, num_workers=1, backend="process")
+    (counts, _), = list(loader)
+    assert counts.tolist() == [1] * 7
+
+
+class _ThreadCount:
+    """A picklable transform whose output is torch's intra-op thread count where it runs."""
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(torch.get_num_threads())
