@@ -1,0 +1,300 @@
+"""The search behind ``num_workers="auto"``: pure functions from measured windows to decisions.
+
+The loader (:mod:`fastdata.loading.autoloader`) measures the loop in *windows* of a few batches
+(how long the loop waited in ``next()``, its own step between ``next()`` calls, the producers'
+time per batch, the CPU busy of the process tree, the workers' memory) and hands each finished
+:class:`Window` to :func:`decide`, with the :class:`Search` so far and the :class:`Budget`. The
+answer is the next search state and, when the setting should change, a :class:`Decision`. The
+loader applies it between two batches; nothing here touches a thread, a process or a clock, so
+the search is tested on simulated windows for any number of cores.
+
+The search is a hill climb on samples/s with back-off and hysteresis:
+
+* Start where the loader starts (``num_workers=0`` unless told otherwise: the first batch is never
+  delayed). A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
+  to gain: stay (or, with workers, try fewer: a worker costs memory and the CPU a step may need).
+* Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
+  on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
+  busy, or the budget is reached. A step that gains less is undone, then half of it is tried.
+* Threads may go beyond the cores only while the process tree leaves cores idle (the work waits on
+  I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
+  loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
+* Settled, each window is compared with the one it settled on: when the step, the rate or the wait
+  moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
+  climb starts again from the current setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+WAIT_TARGET = 0.05  # the loop waits for data less than this share of its time: enough workers
+GAIN = 0.05  # a change that adds workers must gain this much to be kept
+KEEP = 0.03  # a change that removes workers is kept if it loses less than this
+RECHECK = 0.3  # settled: a step, rate or wait that moves this much (relative) starts a new climb
+RECHECK_WINDOWS = 2  # ... for this many windows in a row
+BUSY = 0.85  # the process tree uses this share of the cores: no more workers
+GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
+PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
+THREADS_PER_CORE = 4  # threads may go this far beyond the cores while the cores stay idle
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the loader runs: a backend, its workers, and batches in flight per worker."""
+
+    backend: str
+    num_workers: int
+    prefetch: int = 2
+
+    def with_workers(self, num_workers: int) -> "Setting":
+        return dataclasses.replace(self, num_workers=num_workers)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the loop measured over a few consecutive batches at one setting (durations in s).
+
+    ``wait_s``: the loop inside ``next()``; ``step_s``: between ``next()`` calls (the training
+    step); ``produce_s``: the producers' time per batch summed (None where not seen);
+    ``busy_cores``: CPU seconds of the process tree per second of the window."""
+
+    batches: int
+    samples: int
+    wall_s: float
+    wait_s: float
+    step_s: float
+    produce_s: float | None = None
+    busy_cores: float | None = None
+    worker_bytes: int | None = None  # memory of one worker (RSS of a process, None for threads)
+    available_bytes: int | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else math.inf
+
+    @property
+    def wait_fraction(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def step_per_batch_s(self) -> float:
+        return self.step_s / max(1, self.batches)
+
+    @property
+    def produce_per_batch_s(self) -> float | None:
+        return None if self.produce_s is None else self.produce_s / max(1, self.batches)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the search may use: ``cores`` (affinity and cgroup quota), ``memory_bytes`` for all
+    workers together, ``max_workers`` (the user's bound) and the backends it may choose."""
+
+    cores: int
+    memory_bytes: int
+    max_workers: int | None = None
+    backends: tuple[str, ...] = ("thread", "process")
+
+    def limit(self, backend: str, window: Window | None = None) -> int:
+        """The most workers of ``backend``: the cores for processes (they compute), a few per core
+        for threads (they may wait on I/O); the user's bound; what the memory budget holds."""
+        most = self.cores if backend != "thread" else max(8, THREADS_PER_CORE * self.cores)
+        if self.max_workers is not None:
+            most = min(most, self.max_workers)
+        if window is not None and window.worker_bytes:
+            most = min(most, max(0, self.memory_bytes // window.worker_bytes))
+        return max(0, most)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A change of setting and why (the loader logs it and keeps it in ``tuning_log``)."""
+
+    setting: Setting
+    reason: str
+
+
+@dataclass(frozen=True)
+class Search:
+    """Where the climb is. ``best`` is the setting kept so far and ``best_window`` what it measured;
+    ``trial`` the setting being measured, if any; ``step`` the next change in workers;
+    ``direction`` +1 (adding) or -1 (removing); ``settled`` the window it settled on."""
+
+    best: Setting
+    best_window: Window | None = None
+    trial: Setting | None = None
+    step: int = 1
+    direction: int = 1
+    settled: Window | None = None
+    moved: int = 0  # settled windows in a row that moved by more than RECHECK
+    tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
+
+    @property
+    def current(self) -> Setting:
+        return self.trial or self.best
+
+
+def start(setting: Setting) -> Search:
+    """The search at the loader's first batch."""
+    return Search(best=setting, tried=frozenset({setting.backend}))
+
+
+def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """The next search state and the change to make (None: keep the setting), from the window just
+    measured at ``search.current``. Pure: same arguments, same answer."""
+    if search.settled is not None:
+        return _watch(search, window, budget)
+    if search.trial is None:
+        return _first(dataclasses.replace(search, best_window=window), window, budget)
+    return _judge(search, window, budget)
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"
+
+
+def _first(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """The first window of a climb: go up if the loop waits, down if it does not and has workers."""
+    best = search.best
+    if window.wait_fraction < WAIT_TARGET:
+        if best.num_workers > 0:
+            return _try(search, best.with_workers(best.num_workers - 1), -1, 1,
+                        f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
+        return _settle(search, window, f"wait in next() {_pct(window.wait_fraction)} of the loop: no workers needed")
+    return _grow(search, window, budget, step=1)
+
+
+def _grow(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[Search, Decision | None]:
+    """Try ``step`` more workers than ``best`` (fewer if the budget says so), or settle."""
+    best = search.best
+    most = budget.limit(best.backend, window)
+    if best.backend == "thread" and best.num_workers >= budget.cores and _cores_busy(window, budget):
+        most = min(most, best.num_workers)  # beyond the cores only while cores are idle
+    if best.backend != "thread" and best.num_workers > 0 and _cores_busy(window, budget):
+        most = min(most, best.num_workers)
+    target = min(best.num_workers + step, most)
+    if target <= best.num_workers:
+        other = _other_backend(search, window, budget)
+        if other is not None:
+            return other
+        return _settle(search, window, f"at the budget ({most} {best.backend} workers, {budget.cores} cores)")
+    return _try(search, best.with_workers(target), +1, step,
+                f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers")
+
+
+def _cores_busy(window: Window, budget: Budget) -> bool:
+    return window.busy_cores is not None and window.busy_cores >= BUSY * budget.cores
+
+
+def _try(search: Search, setting: Setting, direction: int, step: int, reason: str) -> tuple[Search, Decision]:
+    return dataclasses.replace(search, trial=setting, direction=direction, step=step), Decision(setting, reason)
+
+
+def _settle(search: Search, window: Window, reason: str) -> tuple[Search, Decision | None]:
+    """Stop at ``best``; a decision only when the trial under way must be undone."""
+    settled = dataclasses.replace(search, trial=None, settled=search.best_window or window, moved=0)
+    if search.trial is not None and search.trial != search.best:
+        return settled, Decision(search.best, f"back to the best: {reason}; settled")
+    return settled, Decision(search.best, f"settled: {reason}")
+
+
+def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """A trial's window against the best one's: keep the trial or undo it."""
+    best_window, trial = search.best_window, search.trial
+    assert best_window is not None and trial is not None  # a trial follows a measured best
+    ratio = window.samples_per_s / best_window.samples_per_s if best_window.samples_per_s > 0 else math.inf
+    change = (f"{search.best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}")
+    if search.direction < 0:
+        if ratio >= 1 - KEEP:
+            kept = dataclasses.replace(search, best=trial, best_window=window, trial=None)
+            if trial.num_workers > 0 and window.wait_fraction < WAIT_TARGET:
+                return _try(kept, trial.with_workers(trial.num_workers - 1), -1, 1, f"kept {change}; trying fewer")
+            return _settle(kept, window, f"kept {change}")
+        return _settle(search, window, f"undone {change}")
+    if ratio >= 1 + GAIN or (trial.backend != search.best.backend and ratio >= 1):
+        kept = dataclasses.replace(search, best=trial, best_window=window, trial=None,
+                                   tried=search.tried | {trial.backend})
+        if window.wait_fraction < WAIT_TARGET:
+            return _settle(kept, window, f"kept {change}")
+        return _grow(kept, window, budget, step=search.step * 2) if _more(kept, window, budget) \
+            else _settle(kept, window, f"kept {change}; at the budget")
+    undone = dataclasses.replace(search, trial=None, tried=search.tried | {trial.backend})
+    if trial.backend == search.best.backend and search.step > 1:
+        half = search.step // 2
+        return _try(undone, search.best.with_workers(search.best.num_workers + half), +1, 1,
+                    f"undone {change}; trying {half} more")
+    other = _other_backend(undone, best_window, budget)
+    if other is not None:
+        return other
+    return _settle(undone, window, f"undone {change}")
+
+
+def _more(search: Search, window: Window, budget: Budget) -> bool:
+    return search.best.num_workers < budget.limit(search.best.backend, window)
+
+
+def _rate_words(before: Window, after: Window) -> str:
+    return (f"{before.samples_per_s:.0f} -> {after.samples_per_s:.0f} samples/s, wait in next() "
+            f"{_pct(before.wait_fraction)} -> {_pct(after.wait_fraction)} of the loop")
+
+
+def _other_backend(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision] | None:
+    """The process backend, with the best thread count, where threads stall with cores idle
+    while the loop still waits and a batch takes long enough to make a process pay."""
+    best = search.best
+    if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
+        return None
+    workers = min(max(1, best.num_workers), budget.limit("process"))
+    produce = window.produce_per_batch_s
+    if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
+        return None
+    if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, best.num_workers + 1):
+        return None
+    setting = Setting("process", workers, best.prefetch)
+    return _try(dataclasses.replace(search, tried=search.tried | {"process"}), setting, +1, 1,
+                f"{best.num_workers} threads keep {window.busy_cores or 0:.1f} cores busy (the GIL): trying processes")
+
+
+def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows."""
+    moved = _moved(search.settled, window)
+    if moved is None:
+        return dataclasses.replace(search, moved=0), None
+    if search.moved + 1 < RECHECK_WINDOWS:
+        return dataclasses.replace(search, moved=search.moved + 1), None
+    fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}))
+    climbed, decision = _first(fresh, window, budget)
+    reason = f"re-check: {moved}"
+    if decision is None or climbed.settled is not None:
+        return climbed, Decision(search.best, f"{reason}; {decision.reason if decision else 'kept'}")
+    return climbed, Decision(decision.setting, f"{reason}; {decision.reason}")
+
+
+def _moved(before: Window | None, now: Window) -> str | None:
+    """What moved by more than :data:`RECHECK` between the settled window and ``now`` (None: nothing)."""
+    if before is None:
+        return None
+    period = before.wall_s / max(1, before.batches)  # the loop's time per batch when it settled
+    old, new = before.step_per_batch_s, now.step_per_batch_s
+    if abs(new - old) > RECHECK * period:  # a step change that matters to the loop's period
+        return f"step {1000 * old:.1f} -> {1000 * new:.1f} ms per batch"
+    old, new = before.samples_per_s, now.samples_per_s
+    if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK):
+        return f"rate {old:.0f} -> {new:.0f} samples/s"
+    if (before.wait_fraction < WAIT_TARGET) != (now.wait_fraction < WAIT_TARGET) and \
+            abs(now.wait_fraction - before.wait_fraction) > RECHECK:
+        return f"wait in next() {_pct(before.wait_fraction)} -> {_pct(now.wait_fraction)} of the loop"
+    return None
+
+
+def log_entry(batch: int, setting: Setting, window: Window | None, reason: str) -> dict[str, Any]:
+    """One row of ``loader.tuning_log``."""
+    return {"batch": batch, "backend": setting.backend, "num_workers": setting.num_workers,
+            "prefetch": setting.prefetch,
+            "samples_per_s": None if window is None else round(window.samples_per_s, 1),
+            "wait_fraction": None if window is None else round(window.wait_fraction, 3),
+            "reason": reason}
