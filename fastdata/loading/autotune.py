@@ -19,8 +19,8 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * Threads may go beyond the cores only while the process tree leaves cores idle (the work waits on
   I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
   loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
-* Settled, each window is compared with the one it settled on: when the step, the rate or the wait
-  moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
+* Settled, each window is compared with the one it settled on: when the step, the rate, the time
+  to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
   climb starts again from the current setting.
 """
 
@@ -40,6 +40,7 @@ BUSY = 0.85  # the process tree uses this share of the cores: no more workers
 GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
 THREADS_PER_CORE = 4  # threads may go this far beyond the cores while the cores stay idle
+MIN_THREADS = 16  # ... and to this many on a machine of few cores (I/O waits per sample)
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,14 @@ class Budget:
     max_workers: int | None = None
     backends: tuple[str, ...] = ("thread", "process")
 
-    def limit(self, backend: str, window: Window | None = None) -> int:
+    def limit(self, backend: str, worker_bytes: int | None = None) -> int:
         """The most workers of ``backend``: the cores for processes (they compute), a few per core
         for threads (they may wait on I/O); the user's bound; what the memory budget holds."""
-        most = self.cores if backend != "thread" else max(8, THREADS_PER_CORE * self.cores)
+        most = self.cores if backend != "thread" else max(MIN_THREADS, THREADS_PER_CORE * self.cores)
         if self.max_workers is not None:
             most = min(most, self.max_workers)
-        if window is not None and window.worker_bytes:
-            most = min(most, max(0, self.memory_bytes // window.worker_bytes))
+        if worker_bytes and backend != "thread":
+            most = min(most, max(0, self.memory_bytes // worker_bytes))
         return max(0, most)
 
 
@@ -121,17 +122,22 @@ class Decision:
 @dataclass(frozen=True)
 class Search:
     """Where the climb is. ``best`` is the setting kept so far and ``best_window`` what it measured;
-    ``trial`` the setting being measured, if any; ``step`` the next change in workers;
-    ``direction`` +1 (adding) or -1 (removing); ``settled`` the window it settled on."""
+    ``trial`` the setting being measured, if any, ``direction`` +1 (adding) or -1 (removing) and
+    ``step`` its distance from ``best``. ``floor``/``ceiling``: worker counts of this backend found
+    worse than ``best`` (the climb bisects between them). ``settled``: the window it settled on."""
 
     best: Setting
     best_window: Window | None = None
     trial: Setting | None = None
     step: int = 1
     direction: int = 1
+    floor: int = -1
+    ceiling: int | None = None
     settled: Window | None = None
     moved: int = 0  # settled windows in a row that moved by more than RECHECK
     tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
+    went_down: bool = False  # removing workers was tried in this search
+    worker_bytes: int | None = None  # the memory of one worker process, once one was measured
 
     @property
     def current(self) -> Setting:
@@ -145,11 +151,21 @@ def start(setting: Setting) -> Search:
 
 def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
     """The next search state and the change to make (None: keep the setting), from the window just
-    measured at ``search.current``. Pure: same arguments, same answer."""
+    measured at ``search.current``. Pure: same arguments, same answer. Invariant: after a decision,
+    ``search.current`` is the decision's setting."""
+    if window.worker_bytes:
+        search = dataclasses.replace(search, worker_bytes=window.worker_bytes)
+    current = search.current
+    most = budget.limit(current.backend, search.worker_bytes)
+    if current.num_workers > most:  # over the memory budget (or a bound that came with a resumed state)
+        fewer = current.with_workers(most)
+        return Search(best=fewer, tried=search.tried, worker_bytes=search.worker_bytes, ceiling=most + 1), Decision(
+            fewer, f"over the budget: {current.num_workers} workers of "
+                   f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
     if search.settled is not None:
         return _watch(search, window, budget)
-    if search.trial is None:
-        return _first(dataclasses.replace(search, best_window=window), window, budget)
+    if search.trial is None or search.best_window is None:
+        return _first(dataclasses.replace(search, best_window=window, trial=None), window, budget)
     return _judge(search, window, budget)
 
 
@@ -159,31 +175,63 @@ def _pct(fraction: float) -> str:
 
 def _first(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
     """The first window of a climb: go up if the loop waits, down if it does not and has workers."""
-    best = search.best
     if window.wait_fraction < WAIT_TARGET:
-        if best.num_workers > 0:
-            return _try(search, best.with_workers(best.num_workers - 1), -1, 1,
-                        f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
+        if search.best.num_workers > 0:
+            return _down(search, f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
         return _settle(search, window, f"wait in next() {_pct(window.wait_fraction)} of the loop: no workers needed")
-    return _grow(search, window, budget, step=1)
+    return _up(search, window, budget, step=_first_step(search.best, window))
 
 
-def _grow(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[Search, Decision | None]:
-    """Try ``step`` more workers than ``best`` (fewer if the budget says so), or settle."""
+def _first_step(best: Setting, window: Window) -> int:
+    """Workers to add first. From ``num_workers=0`` one worker only overlaps the fetch with the
+    step, so where the step is a small share of the loop (under 10%) one cannot gain: try two."""
+    return 2 if best.num_workers == 0 and window.wait_fraction > 0.9 else 1
+
+
+def _limit(search: Search, window: Window, budget: Budget) -> int:
+    """The most workers the climb may try from ``best`` (budget, cores, what was found worse)."""
     best = search.best
-    most = budget.limit(best.backend, window)
-    if best.backend == "thread" and best.num_workers >= budget.cores and _cores_busy(window, budget):
-        most = min(most, best.num_workers)  # beyond the cores only while cores are idle
-    if best.backend != "thread" and best.num_workers > 0 and _cores_busy(window, budget):
-        most = min(most, best.num_workers)
+    most = budget.limit(best.backend, search.worker_bytes)
+    if best.num_workers > 0 and _cores_busy(window, budget) and (best.backend != "thread" or
+                                                                 best.num_workers >= budget.cores):
+        most = min(most, best.num_workers)  # threads beyond the cores only while cores are idle
+    if search.ceiling is not None:
+        most = min(most, search.ceiling - 1)
+    return most
+
+
+def _up(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[Search, Decision | None]:
+    """Try ``step`` more workers than ``best`` (fewer if the limit says so), else what is left."""
+    best = search.best
+    most = _limit(search, window, budget)
     target = min(best.num_workers + step, most)
     if target <= best.num_workers:
-        other = _other_backend(search, window, budget)
-        if other is not None:
-            return other
-        return _settle(search, window, f"at the budget ({most} {best.backend} workers, {budget.cores} cores)")
-    return _try(search, best.with_workers(target), +1, step,
+        return _exhausted(search, window, budget, f"no more {best.backend} workers to try ({most} at most, "
+                                                   f"{budget.cores} cores)")
+    return _try(search, best.with_workers(target), +1, target - best.num_workers,
                 f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers")
+
+
+def _down(search: Search, reason: str) -> tuple[Search, Decision | None]:
+    """Try half-way between ``best`` and the largest count found too few."""
+    best = search.best.num_workers
+    target = best - max(1, (best - search.floor) // 2)
+    if target == 1 and search.floor < 0:  # the serial loop first: one worker is a regime of its own
+        target = 0
+    return _try(dataclasses.replace(search, went_down=True), search.best.with_workers(target), -1, best - target,
+                reason)
+
+
+def _exhausted(search: Search, window: Window, budget: Budget, reason: str, *,
+               stalled: int | None = None) -> tuple[Search, Decision | None]:
+    """Nothing more upwards: the other backend where ``stalled`` threads (measured in ``window``)
+    gained nothing, else fewer workers (once per climb), else settle."""
+    other = None if stalled is None else _other_backend(search, window, budget, stalled)
+    if other is not None:
+        return other
+    if search.best.num_workers > search.floor + 1 and not search.went_down:
+        return _down(search, f"{reason}: trying fewer")
+    return _settle(search, window, reason)
 
 
 def _cores_busy(window: Window, budget: Budget) -> bool:
@@ -195,46 +243,51 @@ def _try(search: Search, setting: Setting, direction: int, step: int, reason: st
 
 
 def _settle(search: Search, window: Window, reason: str) -> tuple[Search, Decision | None]:
-    """Stop at ``best``; a decision only when the trial under way must be undone."""
+    """Stop at ``best`` (the decision undoes a trial under way)."""
     settled = dataclasses.replace(search, trial=None, settled=search.best_window or window, moved=0)
-    if search.trial is not None and search.trial != search.best:
-        return settled, Decision(search.best, f"back to the best: {reason}; settled")
     return settled, Decision(search.best, f"settled: {reason}")
 
 
 def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
     """A trial's window against the best one's: keep the trial or undo it."""
-    best_window, trial = search.best_window, search.trial
-    assert best_window is not None and trial is not None  # a trial follows a measured best
+    best_window, trial, best = search.best_window, search.trial, search.best
     ratio = window.samples_per_s / best_window.samples_per_s if best_window.samples_per_s > 0 else math.inf
-    change = (f"{search.best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}")
+    change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
+    if trial.backend != best.backend:  # another backend: kept if it is faster at all
+        if ratio > 1:
+            kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
+                          worker_bytes=search.worker_bytes)
+            return _more_or_settle(kept, window, budget, f"kept {change}")
+        return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
         if ratio >= 1 - KEEP:
-            kept = dataclasses.replace(search, best=trial, best_window=window, trial=None)
-            if trial.num_workers > 0 and window.wait_fraction < WAIT_TARGET:
-                return _try(kept, trial.with_workers(trial.num_workers - 1), -1, 1, f"kept {change}; trying fewer")
+            kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, ceiling=best.num_workers)
+            if trial.num_workers > kept.floor + 1:
+                return _down(kept, f"kept {change}; trying fewer")
             return _settle(kept, window, f"kept {change}")
-        return _settle(search, window, f"undone {change}")
-    if ratio >= 1 + GAIN or (trial.backend != search.best.backend and ratio >= 1):
-        kept = dataclasses.replace(search, best=trial, best_window=window, trial=None,
-                                   tried=search.tried | {trial.backend})
-        if window.wait_fraction < WAIT_TARGET:
-            return _settle(kept, window, f"kept {change}")
-        return _grow(kept, window, budget, step=search.step * 2) if _more(kept, window, budget) \
-            else _settle(kept, window, f"kept {change}; at the budget")
-    undone = dataclasses.replace(search, trial=None, tried=search.tried | {trial.backend})
-    if trial.backend == search.best.backend and search.step > 1:
-        half = search.step // 2
-        return _try(undone, search.best.with_workers(search.best.num_workers + half), +1, 1,
+        lower = dataclasses.replace(search, trial=None, floor=trial.num_workers)
+        if best.num_workers - lower.floor > 1:
+            return _down(lower, f"undone {change}; trying fewer than that")
+        return _settle(lower, window, f"undone {change}")
+    if ratio >= 1 + GAIN:
+        kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, floor=best.num_workers)
+        return _more_or_settle(kept, window, budget, f"kept {change}", step=search.step * 2)
+    higher = dataclasses.replace(search, trial=None, ceiling=trial.num_workers)
+    if trial.num_workers - best.num_workers > 1 and best.num_workers > 0:  # from 0, a loss says: no workers
+        half = (trial.num_workers - best.num_workers) // 2
+        return _try(higher, best.with_workers(best.num_workers + half), +1, half,
                     f"undone {change}; trying {half} more")
-    other = _other_backend(undone, best_window, budget)
-    if other is not None:
-        return other
-    return _settle(undone, window, f"undone {change}")
+    return _exhausted(higher, window, budget, f"undone {change}", stalled=trial.num_workers)
 
 
-def _more(search: Search, window: Window, budget: Budget) -> bool:
-    return search.best.num_workers < budget.limit(search.best.backend, window)
+def _more_or_settle(search: Search, window: Window, budget: Budget, reason: str, *,
+                    step: int = 1) -> tuple[Search, Decision | None]:
+    """After a kept change: on up while the loop still waits, else settle."""
+    if window.wait_fraction < WAIT_TARGET:
+        return _settle(search, window, f"{reason}; wait under {_pct(WAIT_TARGET)}")
+    if _limit(search, window, budget) <= search.best.num_workers:
+        return _settle(search, window, f"{reason}; at the limit")
+    return _up(search, window, budget, step=step)
 
 
 def _rate_words(before: Window, after: Window) -> str:
@@ -242,21 +295,23 @@ def _rate_words(before: Window, after: Window) -> str:
             f"{_pct(before.wait_fraction)} -> {_pct(after.wait_fraction)} of the loop")
 
 
-def _other_backend(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision] | None:
-    """The process backend, with the best thread count, where threads stall with cores idle
-    while the loop still waits and a batch takes long enough to make a process pay."""
+def _other_backend(search: Search, window: Window, budget: Budget, threads: int) -> tuple[Search, Decision] | None:
+    """The process backend, with as many workers as ``threads``, where ``threads`` threads (measured
+    in ``window``) left cores idle while the loop still waited, and a batch takes long enough to
+    make a process pay."""
     best = search.best
     if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
         return None
-    workers = min(max(1, best.num_workers), budget.limit("process"))
+    workers = min(max(1, threads), budget.limit("process", search.worker_bytes))
     produce = window.produce_per_batch_s
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
         return None
-    if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, best.num_workers + 1):
+    if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, threads + 1):
         return None
     setting = Setting("process", workers, best.prefetch)
-    return _try(dataclasses.replace(search, tried=search.tried | {"process"}), setting, +1, 1,
-                f"{best.num_workers} threads keep {window.busy_cores or 0:.1f} cores busy (the GIL): trying processes")
+    searched = dataclasses.replace(search, tried=search.tried | {"process"})
+    return _try(searched, setting, +1, 0, f"{threads} threads keep {window.busy_cores or 0:.1f} cores "
+                                          f"busy (the GIL): trying processes")
 
 
 def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
@@ -266,12 +321,10 @@ def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         return dataclasses.replace(search, moved=0), None
     if search.moved + 1 < RECHECK_WINDOWS:
         return dataclasses.replace(search, moved=search.moved + 1), None
-    fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}))
+    fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
+                   worker_bytes=search.worker_bytes)
     climbed, decision = _first(fresh, window, budget)
-    reason = f"re-check: {moved}"
-    if decision is None or climbed.settled is not None:
-        return climbed, Decision(search.best, f"{reason}; {decision.reason if decision else 'kept'}")
-    return climbed, Decision(decision.setting, f"{reason}; {decision.reason}")
+    return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
 
 
 def _moved(before: Window | None, now: Window) -> str | None:
@@ -285,6 +338,9 @@ def _moved(before: Window | None, now: Window) -> str | None:
     old, new = before.samples_per_s, now.samples_per_s
     if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK):
         return f"rate {old:.0f} -> {new:.0f} samples/s"
+    old, new = before.produce_per_batch_s, now.produce_per_batch_s
+    if old and new and abs(math.log(new / old)) > math.log(1 + 2 * RECHECK):  # a warm cache, a heavier transform
+        return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms to produce"
     if (before.wait_fraction < WAIT_TARGET) != (now.wait_fraction < WAIT_TARGET) and \
             abs(now.wait_fraction - before.wait_fraction) > RECHECK:
         return f"wait in next() {_pct(before.wait_fraction)} -> {_pct(now.wait_fraction)} of the loop"
