@@ -166,6 +166,7 @@ class AutoLoader(Resumable):
         self._inner: Any = None
         self._inner_setting: Setting | None = None
         self._batches = 0  # batches handed out in this loader's life
+        self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
         self._restart(Setting(budget.backends[0], 0))
 
@@ -196,6 +197,8 @@ class AutoLoader(Resumable):
     def epoch_iter(self) -> Iterator[Any]:
         batches = list(self.sampler)
         epoch = self.sampler.epoch - 1
+        if self._began is None:
+            self._began = time.perf_counter()
         done = 0
         while done < len(batches):
             setting = self._setting
@@ -232,9 +235,10 @@ class AutoLoader(Resumable):
             fetch = getattr(self._inner, "fetch", None)
             if fetch is not None and setting.backend != "process":
                 self._inner.fetch = TimedFetch(fetch, self._meter)
+            # a window goes on across epochs while the setting stays (an epoch may be shorter than a window)
+            self._meter.reset(skip=1 + setting.num_workers, timed=isinstance(self._inner.fetch, TimedFetch)
+                              if hasattr(self._inner, "fetch") else False)
         self._segment.batches, self._segment.epoch = batches, epoch
-        self._meter.reset(skip=1 + setting.num_workers,
-                          timed=getattr(self._inner, "fetch", None).__class__ is TimedFetch)
         return self._inner
 
     def _measured(self) -> None:
@@ -251,11 +255,11 @@ class AutoLoader(Resumable):
         if decision.setting != before:
             message = f"num_workers {before.num_workers} -> {decision.setting.num_workers} " \
                       f"({decision.setting.backend}): {decision.reason}"
-            self._meter.reset(skip=1 + decision.setting.num_workers, timed=False)
         else:
             message = f"num_workers {before.num_workers} ({before.backend}): {decision.reason}"
         logger.info(message)
-        self.tuning_log.append(log_entry(self._batches, decision.setting, window, message))
+        self.tuning_log.append(log_entry(self._batches, decision.setting, window, message,
+                                         elapsed_s=time.perf_counter() - (self._began or 0.0)))
 
     def _close_inner(self) -> None:
         inner, self._inner, self._inner_setting = self._inner, None, None

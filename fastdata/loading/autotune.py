@@ -273,7 +273,7 @@ def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, floor=best.num_workers)
         return _more_or_settle(kept, window, budget, f"kept {change}", step=search.step * 2)
     higher = dataclasses.replace(search, trial=None, ceiling=trial.num_workers)
-    if trial.num_workers - best.num_workers > 1 and best.num_workers > 0:  # from 0, a loss says: no workers
+    if trial.num_workers - best.num_workers > 1:
         half = (trial.num_workers - best.num_workers) // 2
         return _try(higher, best.with_workers(best.num_workers + half), +1, half,
                     f"undone {change}; trying {half} more")
@@ -302,7 +302,7 @@ def _other_backend(search: Search, window: Window, budget: Budget, threads: int)
     best = search.best
     if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
         return None
-    workers = min(max(1, threads), budget.limit("process", search.worker_bytes))
+    workers = min(max(2, threads), budget.limit("process", search.worker_bytes))  # one only overlaps
     produce = window.produce_per_batch_s
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
         return None
@@ -347,10 +347,12 @@ def _moved(before: Window | None, now: Window) -> str | None:
     return None
 
 
-def log_entry(batch: int, setting: Setting, window: Window | None, reason: str) -> dict[str, Any]:
-    """One row of ``loader.tuning_log``."""
-    return {"batch": batch, "backend": setting.backend, "num_workers": setting.num_workers,
-            "prefetch": setting.prefetch,
+def log_entry(batch: int, setting: Setting, window: Window | None, reason: str, *,
+              elapsed_s: float | None = None) -> dict[str, Any]:
+    """One row of ``loader.tuning_log``: after ``batch`` batches (``elapsed_s`` after the first
+    ``next()``), the setting decided and why, with the window that decided it."""
+    return {"batch": batch, "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
+            "backend": setting.backend, "num_workers": setting.num_workers, "prefetch": setting.prefetch,
             "samples_per_s": None if window is None else round(window.samples_per_s, 1),
             "wait_fraction": None if window is None else round(window.wait_fraction, 3),
             "reason": reason}
