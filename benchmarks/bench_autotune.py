@@ -4,14 +4,14 @@
     python benchmarks/bench_autotune.py                       # every workload (~10 min on 2 cores)
     python benchmarks/bench_autotune.py --only raw,decode --epochs 3
 
-Epochs per run: raw 20, cold_url 10, the others 4.
+Epochs per run: raw 60, cold_url 30, the others 4.
 
 Workloads (seeded, generated once under benchmarks/data/autotune/):
   raw        20,000 32x32 RGB images, raw npy, batch 256: serial wins (workers must stay parked)
-  decode     600 JPEGs of 350-450 px, encoded npy, read at 224x224, batch 32: every core
+  decode     400 JPEGs of 160-200 px, encoded npy, read at 128x128, batch 16: every core
   io_wait    a Python dataset whose every sample waits 2 ms on I/O (a sleep) and is collated by
              torch, batch 32: threads beyond the cores
-  cpu_step   decode, and a step of 256x256 matmuls on torch's default threads (~40 ms a batch)
+  cpu_step   decode, and a step of 256x256 matmuls on torch's default threads (12 a batch)
   slow_step  decode; the step is nothing for the first half of the epochs, then 40 ms of waiting a
              batch (a bigger model on an accelerator)
   cold_url   raw32 behind a cache: every sample of the first epoch waits 0.2 ms (a cold cache
@@ -58,10 +58,10 @@ def raw32() -> Any:
 
 
 def jpegs() -> Any:
-    folder = demo_folder(DATA / "jpeg-600", small=0, large=600, large_sides=(350, 450), seed=2)
+    folder = demo_folder(DATA / "jpeg-400", small=0, large=400, large_sides=(160, 200), seed=2)
     path = DATA / "jpeg.npy"
     fastdata.convert(folder, path, store="encoded", resume=True)
-    return fastdata.open_dataset(path, resize=224, center_crop=224)
+    return fastdata.open_dataset(path, resize=128, center_crop=128)
 
 
 class WaitsOnIO(torch.utils.data.Dataset):
@@ -117,12 +117,12 @@ def slow_later(epoch: int, epochs: int) -> None:
 
 
 WORKLOADS: dict[str, tuple[Callable[[], Any], int, Callable[[int, int], None], int]] = {  # make, batch, step, epochs
-    "raw": (raw32, 256, no_step, 20),
-    "decode": (jpegs, 32, no_step, 4),
+    "raw": (raw32, 256, no_step, 60),
+    "decode": (jpegs, 16, no_step, 4),
     "io_wait": (WaitsOnIO, 32, no_step, 4),
-    "cpu_step": (jpegs, 32, cpu_step, 4),
-    "slow_step": (jpegs, 32, slow_later, 4),
-    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step, 10),
+    "cpu_step": (jpegs, 16, cpu_step, 4),
+    "slow_step": (jpegs, 16, slow_later, 4),
+    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step, 30),
 }
 
 

@@ -34,8 +34,9 @@ from typing import Any
 WAIT_TARGET = 0.05  # the loop waits for data less than this share of its time: enough workers
 GAIN = 0.05  # a change that adds workers must gain this much to be kept
 KEEP = 0.03  # a change that removes workers is kept if it loses less than this
-RECHECK = 0.3  # settled: a step, rate or wait that moves this much (relative) starts a new climb
-RECHECK_WINDOWS = 2  # ... for this many windows in a row
+RECHECK = 0.3  # settled: a step, time to produce or wait that moves this much (relative) starts a new climb
+RECHECK_RATE = 1.0  # ... or a rate that moves this much (a shared machine's rate is noisy: only a doubling)
+RECHECK_WINDOWS = 3  # ... for this many windows in a row
 BUSY = 0.85  # the process tree uses this share of the cores: no more workers
 GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
@@ -336,7 +337,7 @@ def _moved(before: Window | None, now: Window) -> str | None:
     if abs(new - old) > RECHECK * period:  # a step change that matters to the loop's period
         return f"step {1000 * old:.1f} -> {1000 * new:.1f} ms per batch"
     old, new = before.samples_per_s, now.samples_per_s
-    if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK):
+    if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK_RATE):
         return f"rate {old:.0f} -> {new:.0f} samples/s"
     old, new = before.produce_per_batch_s, now.produce_per_batch_s
     if old and new and abs(math.log(new / old)) > math.log(1 + 2 * RECHECK):  # a warm cache, a heavier transform
