@@ -59,7 +59,7 @@ def raw32() -> Any:
 
 def jpegs() -> Any:
     folder = demo_folder(DATA / "jpeg-400", small=0, large=400, large_sides=(160, 200), seed=2)
-    path = DATA / "jpeg.npy"
+    path = DATA / "jpeg-400.npy"
     fastdata.convert(folder, path, store="encoded", resume=True)
     return fastdata.open_dataset(path, resize=128, center_crop=128)
 

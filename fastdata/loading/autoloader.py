@@ -13,6 +13,7 @@ the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -25,7 +26,8 @@ from fastdata.loading.samplers import BatchIndexSampler
 
 logger = logging.getLogger("fastdata")
 
-WINDOW_BATCHES = 8  # a window holds at least this many batches (and two per worker) ...
+WINDOW_BATCHES = 8  # a window holds at least this many batches (and three chunks) ...
+CHUNKS = 3  # a window's chunks: the medians of their time, wait and step per batch are the window's
 WINDOW_S = 0.25  # ... and lasts at least this long
 MEMORY_SHARE = 0.5  # the default memory budget: this share of the RAM available at the start
 
@@ -80,7 +82,10 @@ class Meter:
         self.skip, self.timed = skip, timed
         self.batches = self.samples = 0
         self.wait_s = self.step_s = self.produce_s = 0.0
-        self.begun = self.cpu_begun = None
+        self.begun = self.cpu_begun = self.idle_begun = None
+        self.stamps: list[float] = []  # when each batch was handed out
+        self.waits: list[float] = []
+        self.steps: list[float] = []
 
     def produced(self, seconds: float) -> None:
         with self._lock:
@@ -108,23 +113,36 @@ class Meter:
         if self.skip > 0:  # warm-up after a change: not counted
             self.skip -= 1
             if self.skip == 0:
-                self.begun, self.cpu_begun = time.perf_counter(), self.tree_cpu_s()
+                self._begin(time.perf_counter())
                 with self._lock:
                     self.produce_s = 0.0
             return
+        now = time.perf_counter()
         if self.begun is None:
-            self.begun, self.cpu_begun = time.perf_counter() - wait_s, self.tree_cpu_s()
+            self._begin(now - wait_s)
+        self.stamps.append(now)
         self.batches += 1
         self.samples += samples
         self.wait_s += wait_s
+        self.waits.append(wait_s)
+
+    def _begin(self, now: float) -> None:
+        import psutil
+
+        self.begun = now
+        self.stamps = [now]
+        self.cpu_begun = self.tree_cpu_s()
+        self.idle_begun = psutil.cpu_times().idle
 
     def step(self, seconds: float) -> None:
-        if self.begun is not None and self.batches:
+        if self.begun is not None:
             self.step_s += seconds
+            self.steps.append(seconds)
 
-    def window(self, num_workers: int) -> Window | None:
+    def window(self, num_workers: int, prefetch: int = 2) -> Window | None:
         """The finished window, or None while it is too short."""
-        if self.begun is None or self.batches < max(WINDOW_BATCHES, 2 * num_workers):
+        chunk = max(2, num_workers * prefetch + 1)  # longer than the batches in flight
+        if self.begun is None or self.batches < max(WINDOW_BATCHES, CHUNKS * chunk):
             return None
         wall = time.perf_counter() - self.begun
         if wall < WINDOW_S:
@@ -144,7 +162,21 @@ class Meter:
                       step_s=self.step_s, produce_s=produce,
                       busy_cores=(self.tree_cpu_s() - self.cpu_begun) / wall,
                       worker_bytes=int(sum(rss) / len(rss)) if rss else None,
-                      available_bytes=psutil.virtual_memory().available)
+                      available_bytes=psutil.virtual_memory().available,
+                      idle_cores=max(0.0, psutil.cpu_times().idle - self.idle_begun) / wall,
+                      **self._medians(chunk))
+
+    def _medians(self, chunk: int) -> dict[str, float]:
+        """Per batch, the median over the window's chunks of ``chunk`` batches: time, wait, step."""
+        periods, waits, steps = [], [], []
+        for start in range(0, self.batches - chunk + 1, chunk):
+            periods.append((self.stamps[start + chunk] - self.stamps[start]) / chunk)
+            waits.append(sum(self.waits[start:start + chunk]) / chunk)
+            steps.append(sum(self.steps[start:start + chunk]) / chunk)
+        if not periods:
+            return {}
+        return {"period_s": statistics.median(periods), "wait_per_batch_s": statistics.median(waits),
+                "step_median_s": statistics.median(steps)}
 
 
 class AutoLoader(Resumable):
@@ -243,7 +275,7 @@ class AutoLoader(Resumable):
 
     def _measured(self) -> None:
         """Between two batches: when a window is complete, decide (and log)."""
-        window = self._meter.window(self._setting.num_workers)
+        window = self._meter.window(self._setting.num_workers, self._setting.prefetch)
         if window is None:
             return
         self._meter.reset(skip=0, timed=self._meter.timed)

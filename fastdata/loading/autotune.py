@@ -37,6 +37,7 @@ KEEP = 0.03  # a change that removes workers is kept if it loses less than this
 RECHECK = 0.3  # settled: a step, time to produce or wait that moves this much (relative) starts a new climb
 RECHECK_RATE = 1.0  # ... or a rate that moves this much (a shared machine's rate is noisy: only a doubling)
 RECHECK_WINDOWS = 3  # ... for this many windows in a row
+STEP_FLOOR_S = 0.001  # a step that moves by less than this per batch is the machine's noise
 BUSY = 0.85  # the process tree uses this share of the cores: no more workers
 GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
@@ -62,7 +63,14 @@ class Window:
 
     ``wait_s``: the loop inside ``next()``; ``step_s``: between ``next()`` calls (the training
     step); ``produce_s``: the producers' time per batch summed (None where not seen);
-    ``busy_cores``: CPU seconds of the process tree per second of the window."""
+    ``busy_cores``: CPU seconds of the process tree per second of the window; ``idle_cores``: the
+    machine's idle CPU seconds per second (other programs' work counts as busy).
+
+    ``period_s``, ``wait_per_batch_s``, ``step_median_s``: per batch, the medians over the window's
+    chunks (runs of consecutive batches longer than the batches in flight, so that a chunk's time is
+    what its batches cost), where the loop gave them. The rates are read from them: on a shared
+    machine a few batches that waited for a core (another program's) move a mean far more than the
+    median."""
 
     batches: int
     samples: int
@@ -73,18 +81,26 @@ class Window:
     busy_cores: float | None = None
     worker_bytes: int | None = None  # memory of one worker (RSS of a process, None for threads)
     available_bytes: int | None = None
+    idle_cores: float | None = None
+    period_s: float | None = None
+    wait_per_batch_s: float | None = None
+    step_median_s: float | None = None
 
     @property
     def samples_per_s(self) -> float:
+        if self.period_s:
+            return self.samples / self.batches / self.period_s
         return self.samples / self.wall_s if self.wall_s > 0 else math.inf
 
     @property
     def wait_fraction(self) -> float:
+        if self.period_s and self.wait_per_batch_s is not None:
+            return min(1.0, self.wait_per_batch_s / self.period_s)
         return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def step_per_batch_s(self) -> float:
-        return self.step_s / max(1, self.batches)
+        return self.step_median_s if self.step_median_s is not None else self.step_s / max(1, self.batches)
 
     @property
     def produce_per_batch_s(self) -> float | None:
@@ -309,6 +325,8 @@ def _other_backend(search: Search, window: Window, budget: Budget, threads: int)
         return None
     if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, threads + 1):
         return None
+    if window.idle_cores is not None and window.idle_cores < 1 - GIL_BUSY:  # no core idle: the machine is busy
+        return None
     setting = Setting("process", workers, best.prefetch)
     searched = dataclasses.replace(search, tried=search.tried | {"process"})
     return _try(searched, setting, +1, 0, f"{threads} threads keep {window.busy_cores or 0:.1f} cores "
@@ -332,9 +350,9 @@ def _moved(before: Window | None, now: Window) -> str | None:
     """What moved by more than :data:`RECHECK` between the settled window and ``now`` (None: nothing)."""
     if before is None:
         return None
-    period = before.wall_s / max(1, before.batches)  # the loop's time per batch when it settled
+    period = before.period_s or before.wall_s / max(1, before.batches)  # the loop's time per batch when it settled
     old, new = before.step_per_batch_s, now.step_per_batch_s
-    if abs(new - old) > RECHECK * period:  # a step change that matters to the loop's period
+    if abs(new - old) > max(RECHECK * period, STEP_FLOOR_S):  # a step change that matters to the loop's period
         return f"step {1000 * old:.1f} -> {1000 * new:.1f} ms per batch"
     old, new = before.samples_per_s, now.samples_per_s
     if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK_RATE):
