@@ -4,7 +4,7 @@
     python benchmarks/bench_autotune.py                       # every workload (~10 min on 2 cores)
     python benchmarks/bench_autotune.py --only raw,decode --epochs 3
 
-Epochs per run: raw 60, cold_url 30, the others 4.
+Epochs per run: raw 20, cold_url 10, the others 4.
 
 Workloads (seeded, generated once under benchmarks/data/autotune/):
   raw        20,000 32x32 RGB images, raw npy, batch 256: serial wins (workers must stay parked)
@@ -117,12 +117,12 @@ def slow_later(epoch: int, epochs: int) -> None:
 
 
 WORKLOADS: dict[str, tuple[Callable[[], Any], int, Callable[[int, int], None], int]] = {  # make, batch, step, epochs
-    "raw": (raw32, 256, no_step, 60),
+    "raw": (raw32, 256, no_step, 20),
     "decode": (jpegs, 16, no_step, 4),
     "io_wait": (WaitsOnIO, 32, no_step, 4),
     "cpu_step": (jpegs, 16, cpu_step, 4),
     "slow_step": (jpegs, 16, slow_later, 4),
-    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step, 30),
+    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step, 10),
 }
 
 
