@@ -76,7 +76,13 @@ class Meter:
 
         self._process = psutil.Process()
         self._lock = threading.Lock()
+        self.processes = False  # whether the running setting has worker processes
+        self._kids: list[Any] | None = None
         self.reset(skip=0, timed=False)
+
+    def watch(self, *, processes: bool) -> None:
+        """A new setting: its worker processes (if any) are found again, once."""
+        self.processes, self._kids = processes, None
 
     def reset(self, *, skip: int, timed: bool) -> None:
         self.skip, self.timed = skip, timed
@@ -103,10 +109,16 @@ class Meter:
         return total
 
     def _children(self) -> list[Any]:
-        try:
-            return self._process.children(recursive=True)
-        except Exception:
+        """The running setting's worker processes: none for the serial loop and threads; for
+        processes, listed once per setting (a scan of /proc is slow on a busy machine)."""
+        if not self.processes:
             return []
+        if not self._kids:
+            try:
+                self._kids = self._process.children(recursive=True)
+            except Exception:
+                self._kids = []
+        return self._kids
 
     def batch(self, samples: int, wait_s: float) -> None:
         """A batch reached the loop after ``wait_s`` in ``next()``."""
@@ -264,6 +276,7 @@ class AutoLoader(Resumable):
             self._close_inner()
             self._inner = self._build(setting, self._segment)
             self._inner_setting = setting
+            self._meter.watch(processes=setting.num_workers > 0 and setting.backend != "thread")
             fetch = getattr(self._inner, "fetch", None)
             if fetch is not None and setting.backend != "process":
                 self._inner.fetch = TimedFetch(fetch, self._meter)
