@@ -227,6 +227,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the workload's)")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"the rows (JSON; default {OUT})")
     args = parser.parse_args()
     cores = usable_cores()
     rows, summaries = [], []
@@ -234,8 +235,8 @@ def main() -> None:
         found = workload(name, args.epochs, cores)
         rows += found
         summaries.append(summary(found))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"machine": machine_info(), "torch_threads": torch.get_num_threads(),
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine_info(), "torch_threads": torch.get_num_threads(),
                                "rows": rows, "summaries": summaries}, indent=1))
     print(f"os.cpu_count()={machine_info()['cpu_count']}, usable cores={cores}, torch threads={torch.get_num_threads()}")
     print(table(summaries))
