@@ -398,7 +398,7 @@ def test_options_are_checked() -> None:
          "Option 'multiprocessing_context' does not apply to backend='thread'."),
         (dict(backend="thread", zero_copy=1), "zero_copy applies to backend='process' only (got backend='thread')."),
         (dict(backend="process", zero_copy=-1), "Invalid zero_copy -1."),
-        (dict(num_workers=-2), "Invalid num_workers -2. Use 0 or a positive integer."),
+        (dict(num_workers=-2), "Invalid num_workers -2. Use 0, a positive integer or 'auto'."),
         (dict(backend="process", num_workers=2, prefetch_factor=0),
          "Invalid prefetch_factor 0. Use a number of batches per worker >= 1 (or None for 2)."),
         (dict(backend="thread", num_workers=2, prefetch_factor=1.5),

@@ -59,6 +59,10 @@ def test_rows_files_and_plot(uniform_folder: Path, tmp_path: Path) -> None:
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["machine"]["cpu_count"] == os.cpu_count() and len(data["rows"]) == len(rows)
     assert data["baseline"] == "folder" and data["verdicts"] == result.verdicts
+    auto = data["auto"]  # num_workers="auto" on the fast path of the fastest dataset, after the grid, apart from rows
+    assert auto["format"] == "npy" and [r["epoch"] for r in auto["rows"]] == [0, 1, 2]
+    assert all(r["status"] == "ok" and r["backend"] == "auto" and r["read_path"] == "fast" for r in auto["rows"])
+    assert result.auto == auto["text"] and auto["text"].startswith(f"npy {auto['store']} num_workers='auto': ")
     assert data["summary"] == json.loads(json.dumps(result.summary)) and data == json.loads(json.dumps(result.document))
     summary_rows = {(r["format"], r["store"], r["read_path"], r["backend"]): r for r in data["summary"]["rows"]}
     assert set(summary_rows) == {(r["format"], r["store"], r["read_path"], r["backend"]) for r in measured}

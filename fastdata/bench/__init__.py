@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastdata.bench.advice import how_to_use
+from fastdata.bench.autorow import AUTO, auto_dataset, auto_summary
 from fastdata.bench.config import BenchConfig, Case, auto_workers, parse_workers
 from fastdata.bench.plot import plot
 from fastdata.bench.report import table, verdicts, write_results
@@ -76,6 +77,13 @@ class BenchResult:
         """One line: how reading from the URL shifted the best num_workers against the local copy
         (``summary["remote"]``; None where the source was not a URL)."""
         effect = self.summary.get("remote")
+        return effect["text"] if effect else None
+
+    @property
+    def auto(self) -> str | None:
+        """One line: ``num_workers="auto"`` against the best fixed setting, what it chose and when it
+        settled (``results.json``'s ``auto``; None where it was not measured)."""
+        effect = self.document.get("auto")
         return effect["text"] if effect else None
 
     @property
@@ -214,12 +222,14 @@ def run_bench(
                     cases.append((case, item))
     cases += [(case, None) for case in _probe_case(prepared, config)]
     rows = list(failed_rows)
+    total = len(cases) + bool(config.auto)
     for number, (case, item) in enumerate(cases):
         if on_case:
-            on_case(case, number, len(cases))
+            on_case(case, number, total)
         image_size = parse_resize(config.resize) or (item.image_size if item else None)
         for result in run_isolated(case, config, image_size):
             rows.append(make_row(case, item, result, config))
+    auto = _auto_row(prepared, rows, config, on_case, total) if config.auto else None
     meta = {
         "machine": machine_info(),
         "config": config.to_dict(),
@@ -231,8 +241,27 @@ def run_bench(
              "conversion_s": p.conversion_s, "cached": p.cached, "error": p.error}
             for p in prepared
         ],
+        **({"auto": auto} if auto else {}),
     }
     return _report(rows, reference, meta, out, config, root=(source_options or {}).get("root"))
+
+
+def _auto_row(prepared: list[Prepared], rows: list[dict[str, Any]], config: BenchConfig,
+              on_case: Callable[[Case, int, int], None] | None, total: int) -> dict[str, Any] | None:
+    """``num_workers="auto"`` on the fast path of the grid's fastest dataset, in a fresh process:
+    its rows and how it compares (:func:`~fastdata.bench.autorow.auto_summary`)."""
+    dataset = auto_dataset(rows)
+    item = next((p for p in prepared if (p.format, p.store) == dataset and not p.remote), None)
+    if item is None:
+        return None
+    case = Case(item.format, item.store, "fast", 0, item.path, item.dataset_kwargs,
+                item.files() if config.cache == "cold" else (), AUTO)
+    if on_case:
+        on_case(case, total - 1, total)
+    auto_rows = [make_row(case, item, result, config)
+                 for result in run_isolated(case, config, parse_resize(config.resize) or item.image_size)]
+    summary = auto_summary(auto_rows, rows)
+    return None if summary is None else dict(summary, rows=auto_rows)
 
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,

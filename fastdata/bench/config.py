@@ -66,6 +66,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     backends: tuple[str, ...] = backend_names()  # thread and process apply to the fast path of map-style formats
     step: Any = None  # the training step run on each batch: a callable or 'module:function' (else --step-ms)
+    auto: bool = True  # also measure num_workers="auto" on the fastest dataset's fast path (fastdata.bench.autorow)
 
     def __post_init__(self) -> None:
         from fastdata.importing import is_import_string

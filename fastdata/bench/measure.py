@@ -185,7 +185,10 @@ def make_loader(dataset: Dataset, case: Case, config: BenchConfig) -> DataLoader
     from fastdata.loading import loader
 
     kwargs: dict[str, Any] = {"num_workers": case.num_workers, "pin_memory": config.pin_memory}
-    if case.num_workers > 0:
+    if case.backend == "auto":  # the auto row (fastdata.bench.autorow): the loader picks its workers
+        kwargs.update(num_workers="auto", **({"multiprocessing_context": config.start_method}
+                                             if config.start_method else {}))
+    elif case.num_workers > 0:
         kwargs["persistent_workers"] = config.persistent_workers
         kwargs["prefetch_factor"] = config.prefetch_factor
         if config.start_method:
@@ -257,6 +260,11 @@ def run_case(case: Case, config: BenchConfig, image_size: tuple[int, int] | None
         row = run_epoch(loader, config, case)
         rows.append({"epoch": epoch, "warmup": epoch < config.warmup, **row,
                      "fused_decode": plan.kind if plan is not None else None})
+    from fastdata.bench.autorow import tuning_fields
+
+    tuned = tuning_fields(loader)  # the auto row: what it chose in the timed epochs
+    for row in rows:
+        row.update(tuned)
     # peak memory comes from more, untimed epochs: sampling smaps costs ~10 ms per process
     sampled = sample_memory(loader, config, case)
     getattr(loader, "close", lambda: None)()

@@ -76,6 +76,8 @@ def add_parser(commands) -> None:
     parser.add_argument("--backends", "--backend", dest="backend", metavar="LIST",
                         help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
                         "formats (default: every backend; at num_workers=0 they are one serial loop)")
+    parser.add_argument("--no-auto", dest="auto", action="store_false",
+                        help="leave out the num_workers='auto' row (measured after the grid on its fastest dataset)")
     parser.add_argument("--out", default="bench-out", metavar="DIR",
                         help="results and cached conversions (default: ./bench-out); a URL (s3://...) gets "
                         "results.json, results.csv and throughput.png, the conversions stay cached under the "
@@ -232,6 +234,7 @@ def config_of(args: argparse.Namespace, resize: str | None):
         persistent_workers=args.persistent_workers or (args.demo and DEMO["persistent_workers"]),
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
         backends=backend_list(args.backend), step=args.step,
+        auto=args.auto and not args.demo,
     )
 
 
@@ -282,6 +285,8 @@ def report_text(result, source: str, config, written: list[str] | None = None, *
         lines.append("backends: " + result.backends)
     if result.remote:
         lines.append("remote: " + result.remote)
+    if getattr(result, "auto", None):
+        lines.append("auto: " + result.auto)
     fused = fused_line(result.rows)
     if fused:
         lines.append(fused)

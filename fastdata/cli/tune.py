@@ -230,6 +230,8 @@ def render(rec: Any, source: str) -> str:
     measured = f"{rec.measured_samples_per_s:,.0f}" if rec.measured_samples_per_s is not None else "not probed"
     lines.append(f"  predicted {rec.predicted_samples_per_s:,.0f} samples/s, measured {measured} samples/s"
                  + (f", data wait {rec.wait_fraction:.0%} of the loop" if rec.wait_fraction is not None and m.step_ms else ""))
+    if getattr(rec, "use_auto", None):
+        lines.append(f"  or {rec.use_auto}")
     if rec.backend != "torch":
         dl = ", ".join(f"{key}={value!r}" for key, value in rec.dataloader_kwargs.items())
         lines.append(f"  with a plain DataLoader instead: DataLoader(dataset, {dl})")

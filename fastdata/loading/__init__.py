@@ -45,16 +45,18 @@ def loader(
     dataset: Any,
     batch_size: int = 256,
     shuffle: bool = True,
-    num_workers: int = 0,
+    num_workers: int | str = 0,
     drop_last: bool = False,
     seed: int | None = None,
     *,
-    backend: str = DEFAULT_BACKEND,
+    backend: str | None = None,
     zero_copy: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
     even: bool = True,
     pad: Any = None,
+    max_workers: int | None = None,
+    memory_budget: int | str | None = None,
     **dataloader_kwargs: Any,
 ) -> Any:
     """Batches of ``dataset``, each read with one ``dataset[indices]`` call.
@@ -87,6 +89,13 @@ def loader(
     each sample's length beside them as ``<key>_length`` (int64 ``(B,)``; a field at a tuple position
     becomes ``(padded, lengths)``). ``pad=True`` pads every such field with 0, a list of names
     those, a dict ``{"boxes": 0.0, "labels": -1}`` each with its fill value (of the field's dtype).
+
+    ``num_workers="auto"`` (backend ``"auto"`` by default: threads or processes; or a backend named)
+    starts at once at ``num_workers=0`` and changes workers between batches while the loop runs,
+    within the usable cores, ``memory_budget`` (bytes or ``"8GB"``; default half the available RAM)
+    and ``max_workers``; the batches are those of any fixed setting. Its decisions are logged on
+    the ``fastdata`` logger and kept in ``loader.tuning_log``; ``loader.tuned`` is the setting to pin
+    (:mod:`fastdata.loading.autoloader`).
     """
     from torch.utils.data import IterableDataset
 
@@ -99,9 +108,14 @@ def loader(
     for name in _DATALOADER_ONLY:
         if name in dataloader_kwargs:
             raise InvalidOptionError(f"loader() sets {name!r} itself; pass batch_size/shuffle/drop_last directly.")
+    if num_workers == "auto" or backend == "auto" or max_workers is not None or memory_budget is not None:
+        return _auto_loader(dataset, batch_size, shuffle, num_workers, drop_last, seed, backend=backend,
+                            zero_copy=zero_copy, sampling=dict(rank=rank, world_size=world_size, even=even), pad=pad,
+                            max_workers=max_workers, memory_budget=memory_budget, kwargs=dataloader_kwargs)
+    backend = DEFAULT_BACKEND if backend is None else backend
     row = get_backend(backend)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise InvalidOptionError(f"Invalid num_workers {num_workers!r}. Use 0 or a positive integer.")
+        raise InvalidOptionError(f"Invalid num_workers {num_workers!r}. Use 0, a positive integer or 'auto'.")
     if isinstance(zero_copy, bool) or not isinstance(zero_copy, int) or zero_copy < 0:
         raise InvalidOptionError(f"Invalid zero_copy {zero_copy!r}. Use 0 (copy batches out) or a number of batches >= 1.")
     if zero_copy and not row.shared_memory_ring:
@@ -238,3 +252,67 @@ def _map_reader_of(dataset: Any) -> str:
         return ""
     path = getattr(dataset, "path", "PATH")
     return f" Use fastdata.{reader.__name__}({str(path)!r}) for the same data, map-style."
+
+
+# --- num_workers="auto" (fastdata.loading.autoloader: the loader; fastdata.loading.autotune: the search) ---
+
+
+def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any, drop_last: bool, seed: int | None, *,
+                 backend: str | None, zero_copy: int, sampling: dict[str, Any], pad: Any, max_workers: Any,
+                 memory_budget: Any, kwargs: dict[str, Any]) -> Any:
+    """The self-tuning loader: the options checked once, then an AutoLoader that builds the fixed
+    loader of each setting it tries with :func:`_torch_loader` or :func:`_own_loader`."""
+    import psutil
+
+    from fastdata.loading.autoloader import MEMORY_SHARE, AutoLoader
+    from fastdata.loading.autotune import Budget
+    from fastdata.machine import usable_cores
+    from fastdata.quantities import parse_bytes, parse_count
+
+    if num_workers != "auto":
+        raise InvalidOptionError(f"backend='auto', max_workers and memory_budget go with num_workers='auto' "
+                                 f"(got num_workers={num_workers!r}).")
+    backends = ("thread", "process") if backend in (None, "auto") else (backend,)
+    if backends[0] not in BACKENDS:
+        raise InvalidOptionError(f"Unknown backend {backend!r}. Allowed: 'auto', {', '.join(map(repr, BACKENDS))}.")
+    for name in _DATALOADER_ONLY:
+        if name in kwargs:
+            raise InvalidOptionError(f"loader() sets {name!r} itself; pass batch_size/shuffle/drop_last directly.")
+    if zero_copy:
+        raise InvalidOptionError("zero_copy does not go with num_workers='auto' (batches are copied or lent).")
+    if len(backends) > 1:
+        allowed = set(_SHARED) | {"multiprocessing_context"}
+        unknown = sorted(set(kwargs) - allowed)
+        if unknown:
+            raise InvalidOptionError(f"Option {unknown[0]!r} does not apply to backend='auto'. It takes: "
+                                     f"{', '.join(sorted(allowed))}.")
+    limit = parse_count(max_workers, flag="max_workers", minimum=0, allow_none=True)
+    memory = parse_bytes(memory_budget, flag="memory_budget") if memory_budget is not None \
+        else int(MEMORY_SHARE * psutil.virtual_memory().available)
+    padding = _padding(dataset, pad, kwargs) if pad is not None and pad is not False else None
+    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, **sampling)
+    budget = Budget(cores=usable_cores(), memory_bytes=memory, max_workers=limit, backends=backends)
+    return AutoLoader(dataset, sampler, build=_FixedBuilder(dataset, kwargs, padding), backend=backend or "auto",
+                      budget=budget)
+
+
+class _FixedBuilder:
+    """``build(setting, sampler)`` -> the fixed loader of one setting over ``sampler`` (workers kept
+    across epochs while the setting runs)."""
+
+    def __init__(self, dataset: Any, kwargs: dict[str, Any], padding: Any):
+        self.dataset, self.kwargs, self.padding = dataset, kwargs, padding
+
+    def __call__(self, setting: Any, sampler: Any) -> Any:
+        options = dict(self.kwargs)
+        if setting.backend != "process":
+            options.pop("multiprocessing_context", None)
+        if setting.num_workers:
+            options.setdefault("prefetch_factor", setting.prefetch)
+            options["persistent_workers"] = True
+        else:
+            options.pop("prefetch_factor", None)
+            options.pop("persistent_workers", None)
+        if setting.backend == "torch":
+            return _torch_loader(self.dataset, sampler, setting.num_workers, options, self.padding)
+        return _own_loader(self.dataset, sampler, setting.num_workers, setting.backend, 0, options, self.padding)

@@ -86,6 +86,7 @@ class Recommendation:
     budget_s: float = 0.0
     effective_budget_s: float = 0.0  # less than budget_s for a small dataset (see _effective_budget)
     dataloader_settings: dict[str, Any] = field(default_factory=dict)
+    use_auto: str | None = None  # why num_workers="auto" fits better than any one setting (fastdata.tuning.phases)
 
     @property
     def step_ms_effective(self) -> float:
@@ -140,7 +141,7 @@ class Recommendation:
             "measurements": m, "candidates": self.candidates, "conversion": self.conversion,
             "explanation": self.explain(), "doubts": self.doubts(),
             "elapsed_s": round(self.elapsed_s, 2), "budget_s": self.budget_s,
-            "effective_budget_s": round(self.effective_budget_s, 2),
+            "effective_budget_s": round(self.effective_budget_s, 2), "use_auto": self.use_auto,
         }
 
 
@@ -225,6 +226,9 @@ def tune(
         budget_s=requested_budget, effective_budget_s=budget_s,
     )
     recommendation.dataloader_settings = _dataloader_settings(rows, m, batch_size)
+    from fastdata.tuning.phases import phase_advice
+
+    recommendation.use_auto = phase_advice(m, dataset, backends, limit_workers)
     if convert_source is not None:  # always, whatever is left of the budget: it is bounded by its work
         say("probe conversion of a sample")
         recommendation.conversion = predict_conversion(dataset, m, recommendation, backends, limit_workers)

@@ -1,0 +1,352 @@
+"""``num_workers="auto"``: a loader that measures the training loop while it runs and changes its
+backend's workers between batches (the search: :mod:`fastdata.loading.autotune`).
+
+The epoch's batches come from the one :class:`~fastdata.loading.samplers.BatchIndexSampler`, drawn
+before any parallelism, exactly as for a fixed setting; the running setting only decides who
+computes the next batches. A change closes the fixed loader of the old setting at a batch
+boundary and opens one of the new setting on the batches not yet handed out (batches the old
+workers had computed ahead are computed again), so the batches and their order never depend on
+the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept in
+:attr:`AutoLoader.tuning_log`; :attr:`AutoLoader.tuned` gives the setting to pin.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from fastdata.loading.autotune import Budget, Search, Setting, Window, decide, log_entry, start
+from fastdata.loading.base import Resumable
+from fastdata.loading.samplers import BatchIndexSampler
+
+logger = logging.getLogger("fastdata")
+
+WINDOW_BATCHES = 8  # a window holds at least this many batches (and three chunks) ...
+CHUNKS = 3  # a window's chunks: the medians of their time, wait and step per batch are the window's
+WINDOW_S = 0.25  # ... and lasts at least this long
+MEMORY_SHARE = 0.5  # the default memory budget: this share of the RAM available at the start
+
+
+class Segment:
+    """What a fixed loader of the running setting iterates: the batches of the epoch not yet handed
+    out (the sampler's index arrays, unchanged), as a sampler would yield them."""
+
+    def __init__(self, sampler: BatchIndexSampler):
+        self.batch_size = sampler.batch_size
+        self.batches: list[np.ndarray] = []
+        self.epoch = 0
+        self.resume_at = 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(list(self.batches))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class TimedFetch:
+    """A fixed loader's ``fetch`` that adds the time of each call to ``meter`` (serial loop and
+    threads: the producers' time per batch)."""
+
+    def __init__(self, fetch: Callable[..., Any], meter: "Meter"):
+        self.fetch, self.meter = fetch, meter
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        begun = time.perf_counter()
+        try:
+            return self.fetch(*args, **kwargs)
+        finally:
+            self.meter.produced(time.perf_counter() - begun)
+
+
+class Meter:
+    """The running window: batches, samples, the loop's wait and step, the producers' time; CPU
+    and memory of the process tree at its ends (psutil)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self._lock = threading.Lock()
+        self.processes = False  # whether the running setting has worker processes
+        self._kids: list[Any] | None = None
+        self.reset(skip=0, timed=False)
+
+    def watch(self, *, processes: bool) -> None:
+        """A new setting: its worker processes (if any) are found again, once."""
+        self.processes, self._kids = processes, None
+
+    def reset(self, *, skip: int, timed: bool) -> None:
+        self.skip, self.timed = skip, timed
+        self.batches = self.samples = 0
+        self.wait_s = self.step_s = self.produce_s = 0.0
+        self.begun = self.cpu_begun = self.idle_begun = None
+        self.stamps: list[float] = []  # when each batch was handed out
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+
+    def produced(self, seconds: float) -> None:
+        with self._lock:
+            self.produce_s += seconds
+
+    def tree_cpu_s(self) -> float:
+        """CPU seconds of this process and its children (user + system)."""
+        total = 0.0
+        for process in [self._process, *self._children()]:
+            try:
+                times = process.cpu_times()
+            except Exception:  # a child that just ended
+                continue
+            total += times.user + times.system
+        return total
+
+    def _children(self) -> list[Any]:
+        """The running setting's worker processes: none for the serial loop and threads; for
+        processes, listed once per setting (a scan of /proc is slow on a busy machine)."""
+        if not self.processes:
+            return []
+        if not self._kids:
+            try:
+                self._kids = self._process.children(recursive=True)
+            except Exception:
+                self._kids = []
+        return self._kids
+
+    def batch(self, samples: int, wait_s: float) -> None:
+        """A batch reached the loop after ``wait_s`` in ``next()``."""
+        if self.skip > 0:  # warm-up after a change: not counted
+            self.skip -= 1
+            if self.skip == 0:
+                self._begin(time.perf_counter())
+                with self._lock:
+                    self.produce_s = 0.0
+            return
+        now = time.perf_counter()
+        if self.begun is None:
+            self._begin(now - wait_s)
+        self.stamps.append(now)
+        self.batches += 1
+        self.samples += samples
+        self.wait_s += wait_s
+        self.waits.append(wait_s)
+
+    def _begin(self, now: float) -> None:
+        import psutil
+
+        self.begun = now
+        self.stamps = [now]
+        self.cpu_begun = self.tree_cpu_s()
+        self.idle_begun = psutil.cpu_times().idle
+
+    def step(self, seconds: float) -> None:
+        if self.begun is not None:
+            self.step_s += seconds
+            self.steps.append(seconds)
+
+    def window(self, num_workers: int, prefetch: int = 2) -> Window | None:
+        """The finished window, or None while it is too short."""
+        chunk = max(2, num_workers * prefetch + 1)  # longer than the batches in flight
+        if self.begun is None or self.batches < max(WINDOW_BATCHES, CHUNKS * chunk):
+            return None
+        wall = time.perf_counter() - self.begun
+        if wall < WINDOW_S:
+            return None
+        import psutil
+
+        children = self._children()
+        rss = []
+        for child in children:
+            try:
+                rss.append(child.memory_info().rss)
+            except Exception:
+                pass
+        with self._lock:
+            produce = self.produce_s if self.timed else None
+        return Window(batches=self.batches, samples=self.samples, wall_s=wall, wait_s=self.wait_s,
+                      step_s=self.step_s, produce_s=produce,
+                      busy_cores=(self.tree_cpu_s() - self.cpu_begun) / wall,
+                      worker_bytes=int(sum(rss) / len(rss)) if rss else None,
+                      available_bytes=psutil.virtual_memory().available,
+                      idle_cores=max(0.0, psutil.cpu_times().idle - self.idle_begun) / wall,
+                      **self._medians(chunk))
+
+    def _medians(self, chunk: int) -> dict[str, float]:
+        """Per batch, the median over the window's chunks of ``chunk`` batches: time, wait, step."""
+        periods, waits, steps = [], [], []
+        for start in range(0, self.batches - chunk + 1, chunk):
+            periods.append((self.stamps[start + chunk] - self.stamps[start]) / chunk)
+            waits.append(sum(self.waits[start:start + chunk]) / chunk)
+            steps.append(sum(self.steps[start:start + chunk]) / chunk)
+        if not periods:
+            return {}
+        return {"period_s": statistics.median(periods), "wait_per_batch_s": statistics.median(waits),
+                "step_median_s": statistics.median(steps)}
+
+
+class AutoLoader(Resumable):
+    """``fastdata.loader(..., num_workers="auto")`` (module docstring). ``build(setting, segment)``
+    makes the fixed loader of a setting over a :class:`Segment`."""
+
+    num_workers = "auto"
+
+    def __init__(self, dataset: Any, sampler: BatchIndexSampler, *, build: Callable[[Setting, Segment], Any],
+                 backend: str, budget: Budget):
+        self.dataset = dataset
+        self.sampler = self.index_sampler = self.batch_sampler = sampler
+        self.batch_size = sampler.batch_size
+        self.backend = backend
+        self.budget = budget
+        self._build = build
+        self._segment = Segment(sampler)
+        self._meter = Meter()
+        self._inner: Any = None
+        self._inner_setting: Setting | None = None
+        self._batches = 0  # batches handed out in this loader's life
+        self._began: float | None = None  # when the first epoch started
+        self.tuning_log: list[dict[str, Any]] = []
+        self._restart(Setting(budget.backends[0], 0))
+
+    def _restart(self, setting: Setting) -> None:
+        self._search: Search = start(setting)
+        self._setting = setting
+
+    @property
+    def setting(self) -> Setting:
+        """The setting running now."""
+        return self._setting
+
+    @property
+    def tuned(self) -> dict[str, Any]:
+        """The best setting found so far as ``fastdata.loader`` keywords (paste them to pin it)."""
+        best = self._search.best
+        kwargs: dict[str, Any] = {"backend": best.backend, "num_workers": best.num_workers}
+        if best.num_workers:
+            kwargs.update(prefetch_factor=best.prefetch, persistent_workers=True)
+        return kwargs
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.tracked(self.epoch_iter)
+
+    def epoch_iter(self) -> Iterator[Any]:
+        batches = list(self.sampler)
+        epoch = self.sampler.epoch - 1
+        if self._began is None:
+            self._began = time.perf_counter()
+        done = 0
+        while done < len(batches):
+            setting = self._setting
+            inner = self._open(setting, batches[done:], epoch)
+            iterator = iter(inner)
+            try:
+                while True:
+                    begun = time.perf_counter()
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        break
+                    handed = time.perf_counter()
+                    self._meter.batch(len(batches[done]), handed - begun)
+                    done += 1
+                    self._batches += 1
+                    yield batch
+                    del batch
+                    self._meter.step(time.perf_counter() - handed)
+                    self._measured()
+                    if self._setting != setting:
+                        break
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+
+    def _open(self, setting: Setting, batches: list[np.ndarray], epoch: int) -> Any:
+        """The fixed loader of ``setting`` over ``batches`` (kept while the setting stays)."""
+        if self._inner_setting != setting:
+            self._close_inner()
+            self._inner = self._build(setting, self._segment)
+            self._inner_setting = setting
+            self._meter.watch(processes=setting.num_workers > 0 and setting.backend != "thread")
+            fetch = getattr(self._inner, "fetch", None)
+            if fetch is not None and setting.backend != "process":
+                self._inner.fetch = TimedFetch(fetch, self._meter)
+            # a window goes on across epochs while the setting stays (an epoch may be shorter than a window)
+            self._meter.reset(skip=1 + setting.num_workers, timed=isinstance(self._inner.fetch, TimedFetch)
+                              if hasattr(self._inner, "fetch") else False)
+        self._segment.batches, self._segment.epoch = batches, epoch
+        return self._inner
+
+    def _measured(self) -> None:
+        """Between two batches: when a window is complete, decide (and log)."""
+        window = self._meter.window(self._setting.num_workers, self._setting.prefetch)
+        if window is None:
+            return
+        self._meter.reset(skip=0, timed=self._meter.timed)
+        before = self._setting
+        self._search, decision = decide(self._search, window, self.budget)
+        if decision is None:
+            return
+        self._setting = decision.setting
+        if decision.setting != before:
+            message = f"num_workers {before.num_workers} -> {decision.setting.num_workers} " \
+                      f"({decision.setting.backend}): {decision.reason}"
+        else:
+            message = f"num_workers {before.num_workers} ({before.backend}): {decision.reason}"
+        logger.info(message)
+        self.tuning_log.append(log_entry(self._batches, decision.setting, window, message,
+                                         elapsed_s=time.perf_counter() - (self._began or 0.0)))
+
+    def _close_inner(self) -> None:
+        inner, self._inner, self._inner_setting = self._inner, None, None
+        if inner is None:
+            return
+        for name in ("close", "shutdown"):
+            method = getattr(inner, name, None)
+            if method is not None:
+                method()
+                return
+        iterator = getattr(inner, "_iterator", None)  # a DataLoader with persistent workers
+        if iterator is not None:
+            inner._iterator = None
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+    def close(self) -> None:
+        """Stop the workers of the running setting."""
+        self._close_inner()
+
+    def __del__(self) -> None:
+        try:
+            self._close_inner()
+        except Exception:
+            pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (:meth:`Resumable.state_dict`) and ``tuned``: the best setting so far, which a
+        loader that loads this state starts from."""
+        state = super().state_dict()
+        best = self._search.best
+        state["tuned"] = {"backend": best.backend, "num_workers": best.num_workers, "prefetch": best.prefetch}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        tuned = state.get("tuned")
+        if isinstance(tuned, dict) and tuned.get("backend") in self.budget.backends:
+            workers = min(int(tuned.get("num_workers", 0)), self.budget.limit(tuned["backend"]))
+            self._restart(Setting(tuned["backend"], max(0, workers), int(tuned.get("prefetch", 2))))
+
+    def __repr__(self) -> str:
+        return (f"AutoLoader(backend={self.backend!r}, running={self._setting.backend!r} x "
+                f"{self._setting.num_workers}, batch_size={self.batch_size}, batches={len(self)})")

@@ -1,0 +1,377 @@
+"""The search behind ``num_workers="auto"``: pure functions from measured windows to decisions.
+
+The loader (:mod:`fastdata.loading.autoloader`) measures the loop in *windows* of a few batches
+(how long the loop waited in ``next()``, its own step between ``next()`` calls, the producers'
+time per batch, the CPU busy of the process tree, the workers' memory) and hands each finished
+:class:`Window` to :func:`decide`, with the :class:`Search` so far and the :class:`Budget`. The
+answer is the next search state and, when the setting should change, a :class:`Decision`. The
+loader applies it between two batches; nothing here touches a thread, a process or a clock, so
+the search is tested on simulated windows for any number of cores.
+
+The search is a hill climb on samples/s with back-off and hysteresis:
+
+* Start where the loader starts (``num_workers=0`` unless told otherwise: the first batch is never
+  delayed). A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
+  to gain: stay (or, with workers, try fewer: a worker costs memory and the CPU a step may need).
+* Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
+  on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
+  busy, or the budget is reached. A step that gains less is undone, then half of it is tried.
+* Threads may go beyond the cores only while the process tree leaves cores idle (the work waits on
+  I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
+  loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
+* Settled, each window is compared with the one it settled on: when the step, the rate, the time
+  to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
+  climb starts again from the current setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+WAIT_TARGET = 0.05  # the loop waits for data less than this share of its time: enough workers
+GAIN = 0.05  # a change that adds workers must gain this much to be kept
+KEEP = 0.03  # a change that removes workers is kept if it loses less than this
+RECHECK = 0.3  # settled: a step, time to produce or wait that moves this much (relative) starts a new climb
+RECHECK_RATE = 1.0  # ... or a rate that moves this much (a shared machine's rate is noisy: only a doubling)
+RECHECK_WINDOWS = 3  # ... for this many windows in a row
+STEP_FLOOR_S = 0.001  # a step that moves by less than this per batch is the machine's noise
+BUSY = 0.85  # the process tree uses this share of the cores: no more workers
+GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
+PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
+THREADS_PER_CORE = 4  # threads may go this far beyond the cores while the cores stay idle
+MIN_THREADS = 16  # ... and to this many on a machine of few cores (I/O waits per sample)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the loader runs: a backend, its workers, and batches in flight per worker."""
+
+    backend: str
+    num_workers: int
+    prefetch: int = 2
+
+    def with_workers(self, num_workers: int) -> "Setting":
+        return dataclasses.replace(self, num_workers=num_workers)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the loop measured over a few consecutive batches at one setting (durations in s).
+
+    ``wait_s``: the loop inside ``next()``; ``step_s``: between ``next()`` calls (the training
+    step); ``produce_s``: the producers' time per batch summed (None where not seen);
+    ``busy_cores``: CPU seconds of the process tree per second of the window; ``idle_cores``: the
+    machine's idle CPU seconds per second (other programs' work counts as busy).
+
+    ``period_s``, ``wait_per_batch_s``, ``step_median_s``: per batch, the medians over the window's
+    chunks (runs of consecutive batches longer than the batches in flight, so that a chunk's time is
+    what its batches cost), where the loop gave them. The rates are read from them: on a shared
+    machine a few batches that waited for a core (another program's) move a mean far more than the
+    median."""
+
+    batches: int
+    samples: int
+    wall_s: float
+    wait_s: float
+    step_s: float
+    produce_s: float | None = None
+    busy_cores: float | None = None
+    worker_bytes: int | None = None  # memory of one worker (RSS of a process, None for threads)
+    available_bytes: int | None = None
+    idle_cores: float | None = None
+    period_s: float | None = None
+    wait_per_batch_s: float | None = None
+    step_median_s: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        if self.period_s:
+            return self.samples / self.batches / self.period_s
+        return self.samples / self.wall_s if self.wall_s > 0 else math.inf
+
+    @property
+    def wait_fraction(self) -> float:
+        if self.period_s and self.wait_per_batch_s is not None:
+            return min(1.0, self.wait_per_batch_s / self.period_s)
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def step_per_batch_s(self) -> float:
+        return self.step_median_s if self.step_median_s is not None else self.step_s / max(1, self.batches)
+
+    @property
+    def produce_per_batch_s(self) -> float | None:
+        return None if self.produce_s is None else self.produce_s / max(1, self.batches)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the search may use: ``cores`` (affinity and cgroup quota), ``memory_bytes`` for all
+    workers together, ``max_workers`` (the user's bound) and the backends it may choose."""
+
+    cores: int
+    memory_bytes: int
+    max_workers: int | None = None
+    backends: tuple[str, ...] = ("thread", "process")
+
+    def limit(self, backend: str, worker_bytes: int | None = None) -> int:
+        """The most workers of ``backend``: the cores for processes (they compute), a few per core
+        for threads (they may wait on I/O); the user's bound; what the memory budget holds."""
+        most = self.cores if backend != "thread" else max(MIN_THREADS, THREADS_PER_CORE * self.cores)
+        if self.max_workers is not None:
+            most = min(most, self.max_workers)
+        if worker_bytes and backend != "thread":
+            most = min(most, max(0, self.memory_bytes // worker_bytes))
+        return max(0, most)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A change of setting and why (the loader logs it and keeps it in ``tuning_log``)."""
+
+    setting: Setting
+    reason: str
+
+
+@dataclass(frozen=True)
+class Search:
+    """Where the climb is. ``best`` is the setting kept so far and ``best_window`` what it measured;
+    ``trial`` the setting being measured, if any, ``direction`` +1 (adding) or -1 (removing) and
+    ``step`` its distance from ``best``. ``floor``/``ceiling``: worker counts of this backend found
+    worse than ``best`` (the climb bisects between them). ``settled``: the window it settled on."""
+
+    best: Setting
+    best_window: Window | None = None
+    trial: Setting | None = None
+    step: int = 1
+    direction: int = 1
+    floor: int = -1
+    ceiling: int | None = None
+    settled: Window | None = None
+    moved: int = 0  # settled windows in a row that moved by more than RECHECK
+    tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
+    went_down: bool = False  # removing workers was tried in this search
+    worker_bytes: int | None = None  # the memory of one worker process, once one was measured
+
+    @property
+    def current(self) -> Setting:
+        return self.trial or self.best
+
+
+def start(setting: Setting) -> Search:
+    """The search at the loader's first batch."""
+    return Search(best=setting, tried=frozenset({setting.backend}))
+
+
+def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """The next search state and the change to make (None: keep the setting), from the window just
+    measured at ``search.current``. Pure: same arguments, same answer. Invariant: after a decision,
+    ``search.current`` is the decision's setting."""
+    if window.worker_bytes:
+        search = dataclasses.replace(search, worker_bytes=window.worker_bytes)
+    current = search.current
+    most = budget.limit(current.backend, search.worker_bytes)
+    if current.num_workers > most:  # over the memory budget (or a bound that came with a resumed state)
+        fewer = current.with_workers(most)
+        return Search(best=fewer, tried=search.tried, worker_bytes=search.worker_bytes, ceiling=most + 1), Decision(
+            fewer, f"over the budget: {current.num_workers} workers of "
+                   f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
+    if search.settled is not None:
+        return _watch(search, window, budget)
+    if search.trial is None or search.best_window is None:
+        return _first(dataclasses.replace(search, best_window=window, trial=None), window, budget)
+    return _judge(search, window, budget)
+
+
+def _pct(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"
+
+
+def _first(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """The first window of a climb: go up if the loop waits, down if it does not and has workers."""
+    if window.wait_fraction < WAIT_TARGET:
+        if search.best.num_workers > 0:
+            return _down(search, f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
+        return _settle(search, window, f"wait in next() {_pct(window.wait_fraction)} of the loop: no workers needed")
+    return _up(search, window, budget, step=_first_step(search.best, window))
+
+
+def _first_step(best: Setting, window: Window) -> int:
+    """Workers to add first. From ``num_workers=0`` one worker only overlaps the fetch with the
+    step, so where the step is a small share of the loop (under 10%) one cannot gain: try two."""
+    return 2 if best.num_workers == 0 and window.wait_fraction > 0.9 else 1
+
+
+def _limit(search: Search, window: Window, budget: Budget) -> int:
+    """The most workers the climb may try from ``best`` (budget, cores, what was found worse)."""
+    best = search.best
+    most = budget.limit(best.backend, search.worker_bytes)
+    if best.num_workers > 0 and _cores_busy(window, budget) and (best.backend != "thread" or
+                                                                 best.num_workers >= budget.cores):
+        most = min(most, best.num_workers)  # threads beyond the cores only while cores are idle
+    if search.ceiling is not None:
+        most = min(most, search.ceiling - 1)
+    return most
+
+
+def _up(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[Search, Decision | None]:
+    """Try ``step`` more workers than ``best`` (fewer if the limit says so), else what is left."""
+    best = search.best
+    most = _limit(search, window, budget)
+    target = min(best.num_workers + step, most)
+    if target <= best.num_workers:
+        return _exhausted(search, window, budget, f"no more {best.backend} workers to try ({most} at most, "
+                                                   f"{budget.cores} cores)")
+    return _try(search, best.with_workers(target), +1, target - best.num_workers,
+                f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers")
+
+
+def _down(search: Search, reason: str) -> tuple[Search, Decision | None]:
+    """Try half-way between ``best`` and the largest count found too few."""
+    best = search.best.num_workers
+    target = best - max(1, (best - search.floor) // 2)
+    if target == 1 and search.floor < 0:  # the serial loop first: one worker is a regime of its own
+        target = 0
+    return _try(dataclasses.replace(search, went_down=True), search.best.with_workers(target), -1, best - target,
+                reason)
+
+
+def _exhausted(search: Search, window: Window, budget: Budget, reason: str, *,
+               stalled: int | None = None) -> tuple[Search, Decision | None]:
+    """Nothing more upwards: the other backend where ``stalled`` threads (measured in ``window``)
+    gained nothing, else fewer workers (once per climb), else settle."""
+    other = None if stalled is None else _other_backend(search, window, budget, stalled)
+    if other is not None:
+        return other
+    if search.best.num_workers > search.floor + 1 and not search.went_down:
+        return _down(search, f"{reason}: trying fewer")
+    return _settle(search, window, reason)
+
+
+def _cores_busy(window: Window, budget: Budget) -> bool:
+    return window.busy_cores is not None and window.busy_cores >= BUSY * budget.cores
+
+
+def _try(search: Search, setting: Setting, direction: int, step: int, reason: str) -> tuple[Search, Decision]:
+    return dataclasses.replace(search, trial=setting, direction=direction, step=step), Decision(setting, reason)
+
+
+def _settle(search: Search, window: Window, reason: str) -> tuple[Search, Decision | None]:
+    """Stop at ``best`` (the decision undoes a trial under way)."""
+    settled = dataclasses.replace(search, trial=None, settled=search.best_window or window, moved=0)
+    return settled, Decision(search.best, f"settled: {reason}")
+
+
+def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """A trial's window against the best one's: keep the trial or undo it."""
+    best_window, trial, best = search.best_window, search.trial, search.best
+    ratio = window.samples_per_s / best_window.samples_per_s if best_window.samples_per_s > 0 else math.inf
+    change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
+    if trial.backend != best.backend:  # another backend: kept if it is faster at all
+        if ratio > 1:
+            kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
+                          worker_bytes=search.worker_bytes)
+            return _more_or_settle(kept, window, budget, f"kept {change}")
+        return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
+    if search.direction < 0:
+        if ratio >= 1 - KEEP:
+            kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, ceiling=best.num_workers)
+            if trial.num_workers > kept.floor + 1:
+                return _down(kept, f"kept {change}; trying fewer")
+            return _settle(kept, window, f"kept {change}")
+        lower = dataclasses.replace(search, trial=None, floor=trial.num_workers)
+        if best.num_workers - lower.floor > 1:
+            return _down(lower, f"undone {change}; trying fewer than that")
+        return _settle(lower, window, f"undone {change}")
+    if ratio >= 1 + GAIN:
+        kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, floor=best.num_workers)
+        return _more_or_settle(kept, window, budget, f"kept {change}", step=search.step * 2)
+    higher = dataclasses.replace(search, trial=None, ceiling=trial.num_workers)
+    if trial.num_workers - best.num_workers > 1:
+        half = (trial.num_workers - best.num_workers) // 2
+        return _try(higher, best.with_workers(best.num_workers + half), +1, half,
+                    f"undone {change}; trying {half} more")
+    return _exhausted(higher, window, budget, f"undone {change}", stalled=trial.num_workers)
+
+
+def _more_or_settle(search: Search, window: Window, budget: Budget, reason: str, *,
+                    step: int = 1) -> tuple[Search, Decision | None]:
+    """After a kept change: on up while the loop still waits, else settle."""
+    if window.wait_fraction < WAIT_TARGET:
+        return _settle(search, window, f"{reason}; wait under {_pct(WAIT_TARGET)}")
+    if _limit(search, window, budget) <= search.best.num_workers:
+        return _settle(search, window, f"{reason}; at the limit")
+    return _up(search, window, budget, step=step)
+
+
+def _rate_words(before: Window, after: Window) -> str:
+    return (f"{before.samples_per_s:.0f} -> {after.samples_per_s:.0f} samples/s, wait in next() "
+            f"{_pct(before.wait_fraction)} -> {_pct(after.wait_fraction)} of the loop")
+
+
+def _other_backend(search: Search, window: Window, budget: Budget, threads: int) -> tuple[Search, Decision] | None:
+    """The process backend, with as many workers as ``threads``, where ``threads`` threads (measured
+    in ``window``) left cores idle while the loop still waited, and a batch takes long enough to
+    make a process pay."""
+    best = search.best
+    if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
+        return None
+    workers = min(max(2, threads), budget.limit("process", search.worker_bytes))  # one only overlaps
+    produce = window.produce_per_batch_s
+    if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
+        return None
+    if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, threads + 1):
+        return None
+    if window.idle_cores is not None and window.idle_cores < 1 - GIL_BUSY:  # no core idle: the machine is busy
+        return None
+    setting = Setting("process", workers, best.prefetch)
+    searched = dataclasses.replace(search, tried=search.tried | {"process"})
+    return _try(searched, setting, +1, 0, f"{threads} threads keep {window.busy_cores or 0:.1f} cores "
+                                          f"busy (the GIL): trying processes")
+
+
+def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
+    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows."""
+    moved = _moved(search.settled, window)
+    if moved is None:
+        return dataclasses.replace(search, moved=0), None
+    if search.moved + 1 < RECHECK_WINDOWS:
+        return dataclasses.replace(search, moved=search.moved + 1), None
+    fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
+                   worker_bytes=search.worker_bytes)
+    climbed, decision = _first(fresh, window, budget)
+    return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
+
+
+def _moved(before: Window | None, now: Window) -> str | None:
+    """What moved by more than :data:`RECHECK` between the settled window and ``now`` (None: nothing)."""
+    if before is None:
+        return None
+    period = before.period_s or before.wall_s / max(1, before.batches)  # the loop's time per batch when it settled
+    old, new = before.step_per_batch_s, now.step_per_batch_s
+    if abs(new - old) > max(RECHECK * period, STEP_FLOOR_S):  # a step change that matters to the loop's period
+        return f"step {1000 * old:.1f} -> {1000 * new:.1f} ms per batch"
+    old, new = before.samples_per_s, now.samples_per_s
+    if old > 0 and new > 0 and abs(math.log(new / old)) > math.log(1 + RECHECK_RATE):
+        return f"rate {old:.0f} -> {new:.0f} samples/s"
+    old, new = before.produce_per_batch_s, now.produce_per_batch_s
+    if old and new and abs(math.log(new / old)) > math.log(1 + 2 * RECHECK):  # a warm cache, a heavier transform
+        return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms to produce"
+    if (before.wait_fraction < WAIT_TARGET) != (now.wait_fraction < WAIT_TARGET) and \
+            abs(now.wait_fraction - before.wait_fraction) > RECHECK:
+        return f"wait in next() {_pct(before.wait_fraction)} -> {_pct(now.wait_fraction)} of the loop"
+    return None
+
+
+def log_entry(batch: int, setting: Setting, window: Window | None, reason: str, *,
+              elapsed_s: float | None = None) -> dict[str, Any]:
+    """One row of ``loader.tuning_log``: after ``batch`` batches (``elapsed_s`` after the first
+    ``next()``), the setting decided and why, with the window that decided it."""
+    return {"batch": batch, "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
+            "backend": setting.backend, "num_workers": setting.num_workers, "prefetch": setting.prefetch,
+            "samples_per_s": None if window is None else round(window.samples_per_s, 1),
+            "wait_fraction": None if window is None else round(window.wait_fraction, 3),
+            "reason": reason}

@@ -1,0 +1,228 @@
+"""The search behind ``num_workers="auto"`` (fastdata.loading.autotune), on simulated windows.
+
+A workload model gives the window each setting would measure on a machine of 2, 8 or 64 cores
+(per batch: the producer's CPU, its I/O wait, the GIL-held share of it, the hand-over per
+backend, the consumer's step and the cores the step itself keeps busy); the search runs on it as
+the loader runs it, and the tests assert its decisions for each workload kind: where it settles,
+that it stays within the budgets at every trial, and that the settled setting is within 0.9x of
+the best of the whole grid (backends x num_workers 0..2*cores, in the same model) and never
+below 0.95x num_workers=0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+
+from fastdata.loading.autotune import (
+    Budget, Decision, Search, Setting, Window, decide, log_entry, start,
+)
+
+BATCH = 64
+WINDOW_BATCHES = 16
+GB = 2**30
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Seconds per batch: ``fetch`` on a CPU, ``io`` waiting (no CPU), ``gil`` the share of the
+    fetch that holds the GIL (threads serialise on it), ``step`` the consumer's step, of which it
+    keeps ``step_cores`` cores busy (0: a GPU step); ``handover`` per backend, on the loop's side
+    (a process pays it again in the worker); ``worker_bytes`` the memory of one worker process."""
+
+    fetch: float
+    io: float = 0.0
+    gil: float = 0.1
+    step: float = 0.0
+    step_cores: float = 0.0
+    handover: dict = field(default_factory=lambda: {"thread": 0.0001, "process": 0.0008, "torch": 0.002})
+    worker_bytes: int = 200 * 2**20
+
+
+def simulate(work: Workload, setting: Setting, cores: int) -> Window:
+    """The window ``setting`` measures on ``work`` with ``cores`` cores (steady state)."""
+    n = setting.num_workers
+    if n == 0:
+        period = work.fetch + work.io + work.step
+        busy = (work.fetch + work.step_cores * work.step) / period
+        return _window(period, work.fetch + work.io, busy, work.fetch + work.io, None)
+    hand = work.handover[setting.backend]
+    running = min(n, cores)
+    # a CPU-heavy step shares the cores with the busy workers
+    step = work.step * max(1.0, (running + work.step_cores) / cores) if work.step_cores else work.step
+    rates = [n / (work.fetch + work.io + hand),  # the producers
+             1 / (hand + step) if hand + step > 0 else float("inf")]  # the consumer
+    cpu = work.fetch + hand * (2 if setting.backend != "thread" else 1) + work.step_cores * step
+    rates.append(cores / cpu)
+    if setting.backend == "thread":
+        rates.append(1 / (work.gil * work.fetch + hand))
+        rates[0] = min(n, cores * (work.fetch + work.io) / max(work.fetch, 1e-9)) / (work.fetch + work.io + hand)
+    rate = min(rates)
+    period = 1 / rate
+    busy = min(cores, rate * cpu)
+    produce = work.fetch + work.io if setting.backend == "thread" else None
+    memory = work.worker_bytes if setting.backend != "thread" else None
+    return _window(period, max(0.0, period - step), busy, produce, memory)
+
+
+def _window(period: float, wait: float, busy: float, produce: float | None, memory: int | None) -> Window:
+    return Window(batches=WINDOW_BATCHES, samples=BATCH * WINDOW_BATCHES, wall_s=period * WINDOW_BATCHES,
+                  wait_s=wait * WINDOW_BATCHES, step_s=(period - wait) * WINDOW_BATCHES,
+                  produce_s=None if produce is None else produce * WINDOW_BATCHES, busy_cores=busy,
+                  worker_bytes=memory, available_bytes=64 * GB)
+
+
+def run(phases: list[tuple[Workload, int]], cores: int, budget: Budget | None = None,
+        first: Setting | None = None) -> tuple[Search, list[tuple[int, Decision]]]:
+    """The search over ``phases`` (a workload for so many windows each), as the loader runs it."""
+    budget = budget or Budget(cores=cores, memory_bytes=64 * GB)
+    search = start(first or Setting(budget.backends[0], 0))
+    decisions = []
+    number = 0
+    for work, windows in phases:
+        for _ in range(windows):
+            search, decision = decide(search, simulate(work, search.current, cores), budget)
+            if decision is not None:
+                assert search.current == decision.setting
+                decisions.append((number, decision))
+            number += 1
+    return search, decisions
+
+
+def grid(work: Workload, cores: int, backends=("thread", "process")) -> dict[Setting, float]:
+    rows = {Setting(backends[0], 0): simulate(work, Setting(backends[0], 0), cores).samples_per_s}
+    for backend in backends:
+        for n in range(1, 2 * cores + 1):
+            rows[Setting(backend, n)] = simulate(work, Setting(backend, n), cores).samples_per_s
+    return rows
+
+
+def assert_near_best(search: Search, work: Workload, cores: int, backends=("thread", "process")) -> None:
+    rows = grid(work, cores, backends)
+    chosen = simulate(work, search.best, cores).samples_per_s
+    assert chosen >= 0.9 * max(rows.values()), (search.best, chosen, max(rows, key=rows.get), max(rows.values()))
+    assert chosen >= 0.95 * rows[Setting(backends[0], 0)]
+
+
+RAW = Workload(fetch=0.0003, gil=0.9)  # a gather of raw pixels: quick, mostly under the GIL
+DECODE = Workload(fetch=0.04, gil=0.01)  # JPEG decode: long, the GIL released
+IO_WAIT = Workload(fetch=0.001, io=0.08, gil=0.5)  # a Python dataset that waits on I/O per sample
+PYTHON = Workload(fetch=0.02, gil=1.0)  # a pure-Python transform: holds the GIL throughout
+CORES = [2, 8, 64]
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_raw_pixels_park_at_zero_after_two_trials(cores):
+    search, decisions = run([(RAW, 30)], cores)
+    assert search.settled is not None and search.best == Setting("thread", 0)
+    assert [d.setting.num_workers for _, d in decisions] == [2, 1, 0]  # two trials, parked
+    assert_near_best(search, RAW, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_decode_bound_uses_every_core(cores):
+    search, decisions = run([(DECODE, 40)], cores)
+    assert search.settled is not None
+    assert 0.9 * cores <= search.best.num_workers <= 2 * cores
+    assert_near_best(search, DECODE, cores)
+    # the climb doubles its step: a 64-core machine is reached in a few decisions, not 64
+    assert len(decisions) <= 4 + 2 * cores.bit_length()
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_io_wait_takes_threads_beyond_the_cores(cores):
+    search, _ = run([(IO_WAIT, 60)], cores)
+    assert search.best.backend == "thread" and search.best.num_workers > cores
+    assert_near_best(search, IO_WAIT, cores)
+
+
+@pytest.mark.parametrize("cores", [8, 64])
+def test_gil_bound_threads_move_to_processes(cores):
+    search, decisions = run([(PYTHON, 40)], cores)
+    assert search.best.backend == "process" and search.best.num_workers > 2
+    assert any("the GIL" in d.reason for _, d in decisions)
+    assert_near_best(search, PYTHON, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_cpu_heavy_step_takes_fewer_workers(cores):
+    heavy = dataclasses.replace(DECODE, fetch=0.01, step=0.05, step_cores=cores)
+    search, _ = run([(heavy, 40)], cores)
+    alone, _ = run([(dataclasses.replace(heavy, step_cores=0, step=0.0), 40)], cores)
+    assert search.best.num_workers < alone.best.num_workers
+    assert_near_best(search, heavy, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_a_step_that_slows_mid_run_is_rechecked(cores):
+    slow = dataclasses.replace(DECODE, step=0.4)  # the model grew: a longer GPU step per batch
+    search, decisions = run([(DECODE, 40), (slow, 40)], cores)
+    before = [d for n, d in decisions if n < 40][-1].setting
+    after = [d for n, d in decisions if n >= 40]
+    assert after and after[0].reason.startswith("re-check: step")
+    assert search.best.num_workers < before.num_workers and search.settled is not None
+    assert_near_best(search, slow, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_a_cold_url_cache_then_a_warm_one_changes_the_setting(cores):
+    cold = dataclasses.replace(RAW, io=0.05)  # first epoch: every batch fetched from a URL
+    search, decisions = run([(cold, 40), (RAW, 60)], cores)
+    during_cold = [d for n, d in decisions if n < 40][-1].setting
+    assert during_cold.num_workers > cores  # waiting on the network: threads beyond the cores
+    assert any(d.reason.startswith("re-check") for n, d in decisions if n >= 40)
+    assert search.best.num_workers < during_cold.num_workers
+    assert_near_best(search, RAW, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_never_beyond_the_budgets(cores):
+    budget = Budget(cores=cores, memory_bytes=3 * 200 * 2**20, max_workers=max(2, cores // 2))
+    _, decisions = run([(PYTHON, 40), (DECODE, 40), (IO_WAIT, 40)], cores, budget=budget)
+    assert decisions
+    for _, decision in decisions:
+        setting = decision.setting
+        assert setting.num_workers <= budget.max_workers
+        if setting.backend == "process":
+            assert setting.num_workers <= min(cores, 3)  # three workers' memory
+
+
+def test_processes_never_exceed_the_cores():
+    for cores in CORES:
+        budget = Budget(cores=cores, memory_bytes=64 * GB, backends=("process",))
+        _, decisions = run([(IO_WAIT, 60)], cores, budget=budget)
+        assert max(d.setting.num_workers for _, d in decisions) <= cores
+
+
+def test_a_loop_that_does_not_wait_keeps_no_workers():
+    gpu_bound = dataclasses.replace(DECODE, fetch=0.002, step=0.5)
+    search, decisions = run([(gpu_bound, 10)], 8)
+    assert search.best.num_workers == 0 and [d.setting.num_workers for _, d in decisions] == [0]
+    assert decisions[0][1].reason.startswith("settled: wait in next()")
+    # resumed from a tuned setting with too many workers: it removes them
+    search, decisions = run([(gpu_bound, 20)], 8, first=Setting("thread", 8))
+    assert search.best.num_workers <= 1
+
+
+def test_settled_search_stays_put_on_steady_rates():
+    search, decisions = run([(DECODE, 40)], 8)
+    settled_at = decisions[-1][0]
+    again, more = run([(DECODE, 80)], 8)
+    assert [d for n, d in more if n > settled_at] == []  # nothing after settling: no oscillation
+    assert again.best == search.best
+
+
+def test_decisions_are_pure():
+    window = simulate(DECODE, Setting("thread", 0), 8)
+    budget = Budget(cores=8, memory_bytes=GB)
+    assert decide(start(Setting("thread", 0)), window, budget) == decide(start(Setting("thread", 0)), window, budget)
+
+
+def test_log_entry_has_the_documented_keys():
+    window = simulate(DECODE, Setting("thread", 2), 8)
+    entry = log_entry(12, Setting("thread", 2), window, "why")
+    assert {"batch", "backend", "num_workers", "prefetch", "samples_per_s", "reason"} <= set(entry)
+    assert entry["batch"] == 12 and entry["num_workers"] == 2 and entry["reason"] == "why"
+    assert entry["samples_per_s"] == round(window.samples_per_s, 1)
