@@ -198,7 +198,9 @@ class _ListBatches:
         self.sampler = sampler
 
     def __iter__(self):
-        return (batch.tolist() for batch in self.sampler)
+        from fastdata.loading.samplers import epoch_list
+
+        return (epoch_list(batch, batch.epoch) for batch in self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)

@@ -72,6 +72,21 @@ def epoch_indices(indices: np.ndarray, epoch: int) -> EpochIndices:
     return tagged
 
 
+class EpochList(list):
+    """A batch's indices as a list (what a DataLoader's ``batch_sampler`` yields, and
+    ``__getitems__`` receives) that knows its epoch (``.epoch``), like :class:`EpochIndices`."""
+
+    epoch: int = 0
+
+
+def epoch_list(indices: Any, epoch: int | None) -> list[int]:
+    """``indices`` as a list of ints, tagged with ``epoch`` when there is one."""
+    rows = EpochList(np.asarray(indices).tolist())
+    if epoch is not None:
+        rows.epoch = int(epoch)
+    return rows
+
+
 class EpochSampler(Sampler):
     """Base of fastdata's samplers: one permutation per epoch from :meth:`order`, this rank's
     share of it, yielded as ints, or (with ``batch_size``) as sorted index arrays, one per batch.

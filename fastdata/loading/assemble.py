@@ -1,0 +1,80 @@
+"""One batch from parts read separately (a mix's sources): each part's rows placed back where they
+belong, one copy per part, into memory the caller may provide (a shared-memory slot)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from fastdata.errors import InvalidOptionError
+
+
+def assemble(parts: Sequence[Any], places: Sequence[np.ndarray], total: int, *,
+             allocate: Callable | None = None, names: Sequence[str] = ()) -> Any:
+    """The batch of ``total`` rows whose rows ``places[k]`` are ``parts[k]`` (collated batches of
+    one structure: tuples and dicts of tensors, arrays and per-sample lists). ``allocate(shape,
+    dtype)`` may give the memory of an array or tensor (None: a new one)."""
+    first = parts[0]
+    if isinstance(first, tuple):
+        _same(parts, len(first), names, "tuple of")
+        fields = [assemble([p[i] for p in parts], places, total, allocate=allocate, names=names)
+                  for i in range(len(first))]
+        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
+    if isinstance(first, dict):
+        _same(parts, set(first), names, "keys")
+        return {key: assemble([p[key] for p in parts], places, total, allocate=allocate, names=names) for key in first}
+    if isinstance(first, list):
+        out: list[Any] = [None] * total
+        for part, where in zip(parts, places):
+            for place, item in zip(where.tolist(), part):
+                out[place] = item
+        return out
+    if isinstance(first, torch.Tensor):
+        return _tensor(parts, places, total, allocate, names)
+    if isinstance(first, np.ndarray):
+        out_array = _empty((total, *first.shape[1:]), first.dtype, allocate)
+        for part, where in zip(_checked_shapes(parts, names), places):
+            out_array[where] = part
+        return out_array
+    raise InvalidOptionError(f"Cannot put together batches holding {type(first).__name__}: a mix's sources must "
+                             "return tuples, dicts, lists, tensors or arrays.")
+
+
+def _tensor(parts: Sequence[torch.Tensor], places: Sequence[np.ndarray], total: int, allocate: Callable | None,
+            names: Sequence[str]) -> torch.Tensor:
+    first = parts[0]
+    _checked_shapes(parts, names)
+    numpy_dtype = torch.empty(0, dtype=first.dtype).numpy().dtype if first.dtype != torch.bfloat16 else None
+    memory = _empty((total, *first.shape[1:]), numpy_dtype, allocate) if numpy_dtype is not None and allocate else None
+    out = torch.from_numpy(memory) if memory is not None else torch.empty((total, *first.shape[1:]), dtype=first.dtype)
+    for part, where in zip(parts, places):
+        out[torch.from_numpy(where)] = part.as_subclass(torch.Tensor)
+    return out if type(first) is torch.Tensor else out.as_subclass(type(first))
+
+
+def _empty(shape: tuple[int, ...], dtype: Any, allocate: Callable | None) -> np.ndarray:
+    memory = allocate(shape, dtype) if allocate is not None else None
+    return memory if memory is not None else np.empty(shape, dtype)
+
+
+def _checked_shapes(parts: Sequence[Any], names: Sequence[str]) -> Sequence[Any]:
+    shapes = [tuple(p.shape[1:]) for p in parts]
+    dtypes = [p.dtype for p in parts]
+    if len(set(shapes)) > 1 or len(set(dtypes)) > 1:
+        shown = ", ".join(f"{'x'.join(map(str, s)) or 'scalar'} {d} from {n}" for s, d, n in
+                          zip(shapes, dtypes, names or map(str, range(len(parts)))))
+        raise InvalidOptionError(f"A mix's sources give samples of different shapes or types ({shown}), which "
+                                 "cannot share a batch. Convert them to one size (fastdata convert --resize) or "
+                                 "give each a transform that makes them alike.")
+    return parts
+
+
+def _same(parts: Sequence[Any], expected: Any, names: Sequence[str], what: str) -> None:
+    for part, name in zip(parts, names or map(str, range(len(parts)))):
+        got = len(part) if isinstance(expected, int) else set(part)
+        if not isinstance(part, type(parts[0])) or got != expected:
+            raise InvalidOptionError(f"A mix's sources give batches of different structures ({name} gives "
+                                     f"{type(part).__name__} {got!r}, not {what} {expected!r}), which cannot share "
+                                     "a batch. Make their samples alike (the same fields, in the same order).")
