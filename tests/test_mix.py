@@ -1,0 +1,241 @@
+"""fastdata.mix: exact counts per epoch in the proportions of the weights, each source without
+replacement until exhausted, deterministic in (seed, epoch); batched reads grouped per source; every
+format and backend, ranks, state_dict and elastic resume; a plain DataLoader with set_epoch."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+import fastdata
+from fastdata.errors import InvalidOptionError
+from fastdata.formats.tar import TarIndexedDataset
+from fastdata.loading.mix import largest_remainder
+
+from conftest import WRITABLE, WRITABLE_IDS, convert_to, pattern, save
+
+
+class Codes(torch.utils.data.Dataset):
+    """A cheap source: sample ``i`` is the int ``base + i``; reads by index array, counted."""
+
+    supports_index_arrays = True
+
+    def __init__(self, size: int, base: int):
+        self.size, self.base, self.reads = size, base, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return self.base + int(index)
+        self.reads += 1
+        return torch.as_tensor(np.asarray(index) + self.base)
+
+
+class PerSample(torch.utils.data.Dataset):
+    """A source read per index only (like torchvision's datasets): ``(base + i, base)``."""
+
+    def __init__(self, size: int, base: int):
+        self.size, self.base = size, base
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        return torch.tensor(self.base + int(index)), self.base
+
+
+def sources_of(mix, epoch):
+    codes = mix[fastdata_epoch(np.arange(len(mix)), epoch)]
+    return (codes // 100_000).numpy()
+
+
+def fastdata_epoch(indices, epoch):
+    from fastdata.loading.samplers import epoch_indices
+
+    return epoch_indices(np.asarray(indices), epoch)
+
+
+@settings(max_examples=30, deadline=None)
+@given(weights=st.lists(st.floats(0.01, 50), min_size=2, max_size=4), length=st.integers(10_000, 30_000),
+       epoch=st.integers(0, 5), seed=st.integers(0, 2**32))
+def test_each_epoch_holds_the_weights_proportions_within_one_percent(weights, length, epoch, seed):
+    sizes = [97, 5000, 13, 40_000][: len(weights)]
+    mix = fastdata.mix([Codes(n, 100_000 * k) for k, n in enumerate(sizes)], weights, length=length, seed=seed)
+    counts = np.bincount(sources_of(mix, epoch), minlength=len(weights))
+    assert counts.tolist() == largest_remainder(length, weights).tolist() and counts.sum() == length
+    shares = np.array(weights) / sum(weights)
+    assert np.abs(counts / length - shares).max() < 0.01
+    assert np.abs(counts - length * shares).max() < 1  # exact counts: within one sample
+
+
+def test_a_source_is_read_without_replacement_until_exhausted_then_anew():
+    big, small = Codes(1000, 0), Codes(7, 100_000)
+    mix = fastdata.mix([big, small], [3, 1], length=400, seed=4)
+    drawn = {0: [], 1: []}
+    for epoch in range(6):
+        sources, inner = mix.plan(epoch)
+        for source in (0, 1):
+            drawn[source] += inner[sources == source].tolist()  # in draw order
+    assert len(drawn[0]) == 1800 and sorted(drawn[0][:1000]) == list(range(1000))  # each once, then ...
+    assert len(set(drawn[0][1000:1800])) == 800 and drawn[0][1000:1800] != drawn[0][:800]  # ... a new permutation
+    for cycle in range(len(drawn[1]) // 7):  # the small source, up-sampled: every cycle a permutation of it
+        assert sorted(drawn[1][cycle * 7:(cycle + 1) * 7]) == list(range(7))
+    assert len({tuple(drawn[1][c * 7:(c + 1) * 7]) for c in range(10)}) > 1
+
+
+def test_the_order_is_a_function_of_seed_and_epoch():
+    make = lambda seed: fastdata.mix([Codes(50, 0), Codes(30, 100_000)], [1, 2], seed=seed)  # noqa: E731
+    a, b = make(1), pickle.loads(pickle.dumps(make(1)))
+    assert all((a.plan(e)[1] == b.plan(e)[1]).all() for e in range(3))
+    assert not (a.plan(0)[1] == a.plan(1)[1]).all()
+    assert not (make(1).plan(0)[1] == make(2).plan(0)[1]).all()
+
+
+def test_a_batch_reads_each_source_once_in_the_order_of_its_indices():
+    big, small = Codes(100, 0), Codes(10, 100_000)
+    mix = fastdata.mix([big, small], [1, 1], length=60, seed=0, with_source=True)
+    indices = np.array([5, 3, 40, 1, 59, 22, 7])
+    codes, sources = mix[indices]
+    assert big.reads == 1 and small.reads == 1
+    assert codes.tolist() == [mix[int(i)][0] for i in indices]
+    assert sources.tolist() == [mix.source_of(int(i)) for i in indices] == (codes // 100_000).tolist()
+    assert mix.source_of(indices).tolist() == sources.tolist()
+
+
+def test_per_sample_sources_under_a_plain_dataloader_follow_set_epoch():
+    mix = fastdata.mix([PerSample(20, 0), PerSample(5, 1000)], [1, 1], length=24, seed=3)
+    assert not mix.supports_index_arrays
+    per_epoch = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        values = [int(v) for batch, _ in DataLoader(mix, batch_size=5) for v in batch]
+        sources, inner = mix.plan(epoch)
+        assert values == (inner + 1000 * sources.astype(np.int64)).tolist()
+        per_epoch.append(values)
+    assert per_epoch[0] != per_epoch[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "thread", "process"])
+def test_the_loader_carries_the_epoch_to_per_sample_sources(backend):
+    """fastdata.loader's workers read epoch 1's draws in epoch 1 without any set_epoch."""
+    mix = fastdata.mix([PerSample(20, 0), PerSample(5, 1000)], [1, 1], length=24, seed=3)
+    loader = fastdata.loader(mix, batch_size=5, seed=1, backend=backend, num_workers=2)
+    for epoch in range(2):
+        values = sorted(int(v) for batch, _ in loader for v in batch)
+        sources, inner = mix.plan(epoch)
+        assert values == sorted((inner + 1000 * sources.astype(np.int64)).tolist())
+
+
+@pytest.fixture
+def two_converted(tmp_path: Path):
+    """Two image folders of one size (7 and 3 images), distinct pixels per image."""
+    folders = []
+    for number, count in enumerate((7, 3)):
+        root = tmp_path / f"folder{number}"
+        for i in range(count):
+            save(Image.fromarray(pattern(8, 6, seed=200 * number + i)), root / f"c{i % 2}" / f"{i}.png")
+        folders.append(root)
+    return folders
+
+
+def map_style(path):
+    ds = fastdata.open_dataset(path)
+    return TarIndexedDataset(path) if isinstance(ds, torch.utils.data.IterableDataset) else ds
+
+
+@pytest.mark.parametrize(("name", "store"), WRITABLE, ids=WRITABLE_IDS)
+def test_every_format_mixes_with_npy_on_every_backend(two_converted, tmp_path, name, store):
+    first = map_style(convert_to(two_converted[0], tmp_path, name, store))
+    second = map_style(convert_to(two_converted[1], tmp_path / "b", "npy", "raw"))
+    mix = fastdata.mix([first, second], [1, 2], length=12, seed=5, with_source=True)
+    expected = {}
+    for epoch in range(2):
+        sources, inner = mix.plan(epoch)
+        expected[epoch] = Counter((int(s), fastdata_pixels([first, second][s][int(i)][0])) for s, i in zip(sources, inner))
+    for backend in ("torch", "thread", "process"):
+        loader = fastdata.loader(mix, batch_size=5, seed=0, backend=backend, num_workers=2 if backend != "torch" else 0)
+        for epoch in range(2):
+            got = Counter()
+            for images, _, sources in loader:
+                got.update((int(s), fastdata_pixels(image)) for s, image in zip(sources, images))
+            assert got == expected[epoch], (backend, epoch)
+
+
+def fastdata_pixels(image) -> bytes:
+    return np.ascontiguousarray(np.asarray(image)).tobytes()
+
+
+@pytest.mark.parametrize("backend", ["torch", "thread", "process"])
+def test_a_mix_resumes_on_another_world_size_exactly_once(backend):
+    mix = fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], length=41, seed=9)
+    state, seen = None, []
+    for rank in range(3):
+        loader = fastdata.loader(mix, batch_size=3, seed=2, rank=rank, world_size=3, even=False, backend=backend,
+                                 num_workers=2)
+        for number, batch in enumerate(loader):
+            seen += batch.tolist()
+            if number == 1:
+                state = loader.state_dict()
+                break
+    assert len(json.dumps(state)) < 1024
+    rest = []
+    for rank in range(2):
+        loader = fastdata.loader(mix, batch_size=4, seed=2, rank=rank, world_size=2, even=False, backend=backend)
+        loader.load_state_dict(state)
+        rest += [v for batch in loader for v in batch.tolist()]
+    sources, inner = mix.plan(0)
+    assert Counter(seen + rest) == Counter((inner + 100_000 * sources.astype(np.int64)).tolist())
+
+
+def test_a_state_of_another_mix_is_refused():
+    mix = fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], seed=9)
+    state = fastdata.loader(mix, batch_size=4, seed=0).state_dict()
+    other = fastdata.loader(fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [1, 1], seed=9), batch_size=4, seed=0)
+    with pytest.raises(InvalidOptionError, match=r"^Cannot resume: the saved state is of another mix \(its length, "
+                                                 r"weights or datasets' lengths differ from this one's: length=38, "
+                                                 r"weights=\[1.0, 1.0\], lengths=\[30, 8\]\)"):
+        other.load_state_dict(state)
+    reseeded = fastdata.loader(fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], seed=1), batch_size=4, seed=0)
+    with pytest.raises(InvalidOptionError, match=r"^Cannot resume: the saved state is of a mix with seed=9 but this "
+                                                 r"mix has seed=1. Build the mix with seed=9.$"):
+        reseeded.load_state_dict(state)
+
+
+@pytest.mark.parametrize(("datasets", "weights", "options", "message"), [
+    ([], [], {}, r"^Invalid datasets \[\]. Give a non-empty list of map-style datasets.$"),
+    (["codes"], [1, 2], {}, r"^Invalid weights \[1, 2\]. Give 1 finite numbers >= 0, one per dataset, not all 0"),
+    (["codes"], [0], {}, r"^Invalid weights \[0\]"),
+    (["codes"], [float("nan")], {}, r"^Invalid weights \[nan\]"),
+    (["codes"], [1], {"length": -1}, r"^Invalid length -1. Use a number of samples per epoch >= 0"),
+    (["empty"], [1], {}, r"^Dataset 0 \(Codes\) is empty: a mix cannot draw from it. Leave it out.$"),
+])
+def test_bad_mix_options_are_refused(datasets, weights, options, message):
+    made = {"codes": Codes(3, 0), "empty": Codes(0, 0)}
+    with pytest.raises(InvalidOptionError, match=message):
+        fastdata.mix([made[d] for d in datasets], weights, **options)
+
+
+def test_an_iterable_source_is_refused_naming_its_map_style_reader(two_converted, tmp_path):
+    path = convert_to(two_converted[0], tmp_path, "tar", "encoded")
+    with pytest.raises(InvalidOptionError, match=r"^mix needs map-style datasets \(random access by index\), but "
+                                                 r"dataset 1 is the iterable TarDataset. Use fastdata.TarIndexedDataset"):
+        fastdata.mix([Codes(3, 0), fastdata.open_dataset(path)], [1, 1])
+
+
+def test_sources_of_different_shapes_are_refused_when_they_meet_in_a_batch():
+    mix = fastdata.mix([TensorDataset(torch.zeros(4, 3, 8, 8)), TensorDataset(torch.zeros(4, 3, 4, 4))], [1, 1])
+    with pytest.raises(InvalidOptionError, match=r"^A mix's sources give samples of different shapes or types "
+                                                 r"\(3x8x8 torch.float32 from source 0 \(TensorDataset\), 3x4x4 "
+                                                 r"torch.float32 from source 1 \(TensorDataset\)\)"):
+        mix[np.arange(8)]
