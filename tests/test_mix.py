@@ -239,3 +239,44 @@ def test_sources_of_different_shapes_are_refused_when_they_meet_in_a_batch():
                                                  r"\(3x8x8 torch.float32 from source 0 \(TensorDataset\), 3x4x4 "
                                                  r"torch.float32 from source 1 \(TensorDataset\)\)"):
         mix[np.arange(8)]
+
+
+# --- the command line: --mix ------------------------------------------------------------------
+
+
+def test_bench_and_tune_take_a_mix_of_converted_datasets(two_converted, tmp_path, capsys):
+    from fastdata.cli import main
+
+    npy = convert_to(two_converted[0], tmp_path, "npy", "raw")
+    tar = convert_to(two_converted[1], tmp_path / "b", "tar", "raw")
+    assert main(["bench", "--mix", f"{npy}:3,{tar}:1", "--num-workers", "0", "--backends", "thread", "--epochs", "1",
+                 "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "bo"), "--json", "--quiet"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["source"] == f"--mix {npy}:3,{tar}:1"
+    assert {row["num_workers"] for row in document["rows"]} == {0} and all(row["samples_per_s"] > 0
+                                                                            for row in document["rows"])
+    assert main(["tune", "--mix", f"{npy}:3,{tar}:1", "--batch-size", "4", "--budget-s", "5", "--backends", "thread",
+                 "--json"]) == 0
+    recommendation = json.loads(capsys.readouterr().out)
+    assert recommendation["conversion"] == {"skipped": "the source is a mix of converted datasets"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bench", "--mix", "a.npy"], "Invalid --mix entry 'a.npy' in 'a.npy'. Use PATH:WEIGHT pairs, comma-separated, "
+                                  "with weights >= 0, e.g. --mix a.npy:3,b-shards:1."),
+    (["tune", "--mix", "a.npy:1"], "Invalid --mix 'a.npy:1': it names one dataset. Give two or more PATH:WEIGHT pairs "
+                                   "(or benchmark the one dataset as SOURCE)."),
+    (["tune", "--mix", "a.npy:x,b:1"], "Invalid --mix entry 'a.npy:x' in 'a.npy:x,b:1'. Use PATH:WEIGHT pairs, "
+                                       "comma-separated, with weights >= 0, e.g. --mix a.npy:3,b-shards:1."),
+    (["tune", "--mix", "nowhere:1,b:1"], "--mix: 'nowhere' is not a converted dataset. Convert it first (fastdata "
+                                         "convert nowhere OUT --format npy), then mix the output."),
+    (["tune", "x", "--mix", "a:1,b:1"], "Give a SOURCE to tune (image folder, torchvision:NAME, converted dataset, "
+                                        "module:name) or --mix PATH:WEIGHT,..., not both."),
+    (["bench", "x", "--mix", "a:1,b:1"], "Give a SOURCE or --mix PATH:WEIGHT,..., not both."),
+])
+def test_a_bad_mix_on_the_command_line_is_one_line(args, message, capsys, tmp_path, monkeypatch):
+    from fastdata.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(args) != 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"fastdata: error: {message}"
