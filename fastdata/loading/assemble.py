@@ -44,13 +44,24 @@ def assemble(parts: Sequence[Any], places: Sequence[np.ndarray], total: int, *,
 
 def _tensor(parts: Sequence[torch.Tensor], places: Sequence[np.ndarray], total: int, allocate: Callable | None,
             names: Sequence[str]) -> torch.Tensor:
+    """The parts' rows placed in one tensor laid out in memory as the first part is (a reader's
+    CHW images are views of HWC memory: rows are copied whole, never element by element)."""
     first = parts[0]
     _checked_shapes(parts, names)
-    numpy_dtype = torch.empty(0, dtype=first.dtype).numpy().dtype if first.dtype != torch.bfloat16 else None
-    memory = _empty((total, *first.shape[1:]), numpy_dtype, allocate) if numpy_dtype is not None and allocate else None
-    out = torch.from_numpy(memory) if memory is not None else torch.empty((total, *first.shape[1:]), dtype=first.dtype)
-    for part, where in zip(parts, places):
-        out[torch.from_numpy(where)] = part.as_subclass(torch.Tensor)
+    order = sorted(range(first.ndim), key=lambda d: (-first.stride(d), d))
+    if first.ndim == 0 or order[0] != 0:
+        order = list(range(first.ndim))
+    shape = (total, *(first.shape[d] for d in order[1:]))
+    if first.dtype == torch.bfloat16:  # no numpy twin: torch places the rows
+        base = torch.empty(shape, dtype=first.dtype)
+        for part, where in zip(parts, places):
+            base[torch.from_numpy(where)] = part.as_subclass(torch.Tensor).permute(order)
+    else:  # numpy copies whole rows (torch's index_put goes element by element)
+        memory = _empty(shape, torch.empty(0, dtype=first.dtype).numpy().dtype, allocate)
+        for part, where in zip(parts, places):
+            memory[where] = part.as_subclass(torch.Tensor).permute(order).numpy()
+        base = torch.from_numpy(memory)
+    out = base.permute([order.index(d) for d in range(first.ndim)])
     return out if type(first) is torch.Tensor else out.as_subclass(type(first))
 
 
