@@ -74,9 +74,10 @@ def loader(
     each rank reads its own block of every epoch's permutation (``even=True``: the same number
     of samples on every rank, like ``DistributedSampler``; ``even=False``: every sample exactly
     once). Without ``seed``, rank 0 draws one and shares it. ``loader.state_dict()`` says where
-    the loader is (epoch, batches consumed); ``load_state_dict(state)`` on a loader built the
-    same way (same dataset, batch size, rank and world size) continues with the first batch not
-    consumed, whatever the backend or ``num_workers``.
+    the loader is (epoch, batches consumed, the layout that cut them: a few hundred bytes);
+    ``load_state_dict(state)`` continues with the first batch not consumed, whatever the backend
+    or ``num_workers``, and in another ``world_size`` or ``batch_size`` reads the samples of that
+    epoch no rank had read, once each (:mod:`fastdata.loading.order`).
 
     ``pad`` (datasets with fields, docs/fields.md): variable-first-dimension arrays (boxes,
     keypoints) come padded to each batch's longest instead of as lists, as
