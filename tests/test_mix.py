@@ -162,13 +162,16 @@ def test_every_format_mixes_with_npy_on_every_backend(two_converted, tmp_path, n
     expected = {}
     for epoch in range(2):
         sources, inner = mix.plan(epoch)
-        expected[epoch] = Counter((int(s), fastdata_pixels([first, second][s][int(i)][0])) for s, i in zip(sources, inner))
+        samples = [[first, second][s][int(i)] for s, i in zip(sources, inner)]
+        expected[epoch] = Counter((int(s), fastdata_pixels(image), int(label))
+                                  for s, (image, label) in zip(sources, samples))
     for backend in ("torch", "thread", "process"):
         loader = fastdata.loader(mix, batch_size=5, seed=0, backend=backend, num_workers=2 if backend != "torch" else 0)
         for epoch in range(2):
             got = Counter()
-            for images, _, sources in loader:
-                got.update((int(s), fastdata_pixels(image)) for s, image in zip(sources, images))
+            for images, labels, sources in loader:  # grouped per source, each read into its rows
+                got.update((int(s), fastdata_pixels(image), int(label))
+                           for s, image, label in zip(sources, images, labels))
             assert got == expected[epoch], (backend, epoch)
 
 

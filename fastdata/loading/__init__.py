@@ -108,6 +108,7 @@ def loader(
     padding = _padding(dataset, pad, dataloader_kwargs) if pad is not None and pad is not False else None
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                                 rank=rank, world_size=world_size, even=even)
+    sampler.arrange = getattr(dataset, "arrange_batch", None)  # a mix groups each batch per source
     if backend == "torch":
         return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs, padding)
     return _own_loader(dataset, sampler, num_workers, backend, zero_copy, dataloader_kwargs, padding)

@@ -165,7 +165,9 @@ class Mix(torch.utils.data.Dataset):
         sources, inner = self.locate(indices, epoch)
         present = np.unique(sources)
         if len(present) == 1:
-            batch = self._read(int(present[0]), inner, epoch)
+            batch = self._read(int(present[0]), inner, epoch, allocate)
+        elif (np.diff(sources) >= 0).all():  # grouped per source (arrange_batch): each read into its rows
+            batch = self._read_runs(sources, inner, epoch, allocate, present)
         else:
             parts, places = [], []
             for source in present.tolist():
@@ -178,8 +180,34 @@ class Mix(torch.utils.data.Dataset):
             batch = self._tagged(batch, torch.from_numpy(sources.astype(np.int64)))
         return batch
 
-    def _read(self, source: int, inner: np.ndarray, epoch: int) -> Any:
-        return self.datasets[source][epoch_indices(inner, epoch)]
+    def _read(self, source: int, inner: np.ndarray, epoch: int, allocate: Any = None) -> Any:
+        dataset = self.datasets[source]
+        get_batch = getattr(dataset, "get_batch", None)
+        if allocate is not None and get_batch is not None:
+            return get_batch(epoch_indices(inner, epoch), allocate=allocate)
+        return dataset[epoch_indices(inner, epoch)]
+
+    def _read_runs(self, sources: np.ndarray, inner: np.ndarray, epoch: int, allocate: Any,
+                   present: np.ndarray) -> Any:
+        """The batch of indices grouped per source: each source's run read straight into its rows
+        of shared buffers where it can (no copy afterwards), else placed."""
+        from fastdata.loading.assemble import SharedRows, assemble
+
+        starts = [0, *(np.flatnonzero(sources[1:] != sources[:-1]) + 1).tolist()]
+        runs = list(zip(starts, [*starts[1:], len(sources)]))
+        shared = SharedRows(len(sources), allocate)
+        parts = [self._read(int(sources[start]), inner[start:stop], epoch, shared.rows(start, stop))
+                 for start, stop in runs]
+        places = [np.arange(start, stop) for start, stop in runs]
+        return assemble(parts, places, len(sources), allocate=allocate, names=self._names(present),
+                        buffers=shared.buffers)
+
+    def arrange_batch(self, indices: np.ndarray, epoch: int) -> np.ndarray:
+        """A batch's indices grouped per source, ascending within each (``fastdata.loader`` orders
+        each batch so: the same samples, one contiguous run of rows per source, each read straight
+        into its place)."""
+        sources, inner = self.locate(indices, epoch)
+        return indices[np.lexsort((inner, sources))]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         """The samples of ``indices`` (torch's batched fetch), each source read through its own

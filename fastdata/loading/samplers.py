@@ -175,7 +175,8 @@ class EpochSampler(Sampler):
         if self.batch_size is None:
             items: Iterator[Any] = iter(order[first:].tolist())
         else:
-            items = (epoch_indices(np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size]), epoch)
+            arrange = self.arrange or (lambda indices, _: np.sort(indices))
+            items = (epoch_indices(arrange(order[batch * self.batch_size : (batch + 1) * self.batch_size], epoch), epoch)
                      for batch in range(first, self.layout.batches(len(order))))
         for item in items:
             self._pass[1] += 1
@@ -183,6 +184,9 @@ class EpochSampler(Sampler):
         self._pass = None
 
     _pass: list[Any] | None = None  # [epoch, items yielded, stages] while a pass is under way
+    # how a batch's indices are put in order (default: ascending, for sequential reads); a dataset
+    # with an order of its own (a mix: grouped per source) gives ``arrange_batch(indices, epoch)``
+    arrange: Any = None
 
     def state_dict(self) -> dict[str, Any]:
         """What a restart needs to continue this sampler's order: the epoch and how many of its
