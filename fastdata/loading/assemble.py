@@ -97,7 +97,7 @@ def _tensor(parts: Sequence[torch.Tensor], places: Sequence[np.ndarray], total: 
     shape = (total, *(first.shape[d] for d in order[1:]))
     inverse = [order.index(d) for d in range(first.ndim)]
     if first.dtype != torch.bfloat16 and buffers:  # read straight into a shared buffer: nothing to copy
-        held = _in_place([p.as_subclass(torch.Tensor).permute(order).numpy() for p in parts], places, buffers)
+        held = _in_place([_plain(p).permute(order).numpy() for p in parts], places, buffers)
         if held is not None:
             out = torch.from_numpy(held).permute(inverse)
             return out if type(first) is torch.Tensor else out.as_subclass(type(first))
@@ -108,10 +108,15 @@ def _tensor(parts: Sequence[torch.Tensor], places: Sequence[np.ndarray], total: 
     else:  # numpy copies whole rows (torch's index_put goes element by element)
         memory = _empty(shape, torch.empty(0, dtype=first.dtype).numpy().dtype, allocate)
         for part, where in zip(parts, places):
-            memory[where] = part.as_subclass(torch.Tensor).permute(order).numpy()
+            memory[where] = _plain(part).permute(order).numpy()
         base = torch.from_numpy(memory)
     out = base.permute(inverse)
     return out if type(first) is torch.Tensor else out.as_subclass(type(first))
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a plain Tensor (a tv_tensor's subclass dispatch left out)."""
+    return tensor if type(tensor) is torch.Tensor else tensor.as_subclass(torch.Tensor)
 
 
 def _empty(shape: tuple[int, ...], dtype: Any, allocate: Callable | None) -> np.ndarray:

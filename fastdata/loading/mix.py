@@ -71,6 +71,8 @@ class Mix(torch.utils.data.Dataset):
         self.counts = largest_remainder(total, self.weights)
         self.epoch = 0
         self._plan: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._batched = all(accepts_index_arrays(dataset) for dataset in self.datasets)
+        self._labels = [f"source {k} ({type(d).__name__})" for k, d in enumerate(self.datasets)]
 
     # --- the order -----------------------------------------------------------------------
 
@@ -132,8 +134,12 @@ class Mix(torch.utils.data.Dataset):
         positions = np.asarray(indices.numpy() if isinstance(indices, torch.Tensor) else indices)
         if positions.ndim != 1 or not (positions.dtype.kind in "iu" or positions.size == 0):
             raise TypeError(f"indices must be an int or a 1-D sequence of ints, got {type(indices).__name__}")
-        positions = positions.astype(np.int64, copy=False)
-        if positions.size and (positions.min() < -self.length or positions.max() >= self.length):
+        if not positions.size:
+            return positions.astype(np.int64)
+        low, high = positions.min(), positions.max()
+        if low >= 0 and high < self.length:  # the common case (the loader's batches): nothing to wrap
+            return positions
+        if low < -self.length or high >= self.length:
             bad = positions[(positions < -self.length) | (positions >= self.length)][0]
             raise IndexError(f"index {bad} is out of range for a mix of {self.length} samples")
         return np.where(positions < 0, positions + self.length, positions)
@@ -143,7 +149,7 @@ class Mix(torch.utils.data.Dataset):
     @property
     def supports_index_arrays(self) -> bool:
         """Whether ``mix[indices]`` returns a collated batch: when every source does."""
-        return all(accepts_index_arrays(dataset) for dataset in self.datasets)
+        return self._batched
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, (int, np.integer)) or (isinstance(index, torch.Tensor) and index.ndim == 0):
@@ -163,13 +169,15 @@ class Mix(torch.utils.data.Dataset):
 
         epoch = self.epoch_of(indices)
         sources, inner = self.locate(indices, epoch)
-        present = np.unique(sources)
-        if len(present) == 1:
-            batch = self._read(int(present[0]), inner, epoch, allocate)
-        elif (np.diff(sources) >= 0).all():  # grouped per source (arrange_batch): each read into its rows
-            batch = self._read_runs(sources, inner, epoch, allocate, present)
+        steps = np.diff(sources)
+        if not steps.any():  # one source
+            batch = self._read(int(sources[0]), inner, epoch, allocate) if len(sources) else \
+                self._read(0, inner, epoch, allocate)
+        elif (steps >= 0).all():  # grouped per source (arrange_batch): each read into its rows
+            batch = self._read_runs(sources, inner, epoch, allocate)
         else:
             parts, places = [], []
+            present = np.unique(sources)
             for source in present.tolist():
                 where = np.flatnonzero(sources == source)
                 where = where[np.argsort(inner[where], kind="stable")]  # each source read in ascending order
@@ -187,8 +195,7 @@ class Mix(torch.utils.data.Dataset):
             return get_batch(epoch_indices(inner, epoch), allocate=allocate)
         return dataset[epoch_indices(inner, epoch)]
 
-    def _read_runs(self, sources: np.ndarray, inner: np.ndarray, epoch: int, allocate: Any,
-                   present: np.ndarray) -> Any:
+    def _read_runs(self, sources: np.ndarray, inner: np.ndarray, epoch: int, allocate: Any) -> Any:
         """The batch of indices grouped per source: each source's run read straight into its rows
         of shared buffers where it can (no copy afterwards), else placed."""
         from fastdata.loading.assemble import SharedRows, assemble
@@ -199,8 +206,8 @@ class Mix(torch.utils.data.Dataset):
         parts = [self._read(int(sources[start]), inner[start:stop], epoch, shared.rows(start, stop))
                  for start, stop in runs]
         places = [np.arange(start, stop) for start, stop in runs]
-        return assemble(parts, places, len(sources), allocate=allocate, names=self._names(present),
-                        buffers=shared.buffers)
+        return assemble(parts, places, len(sources), allocate=allocate,
+                        names=[self._labels[int(sources[start])] for start, _ in runs], buffers=shared.buffers)
 
     def arrange_batch(self, indices: np.ndarray, epoch: int) -> np.ndarray:
         """A batch's indices grouped per source, ascending within each (``fastdata.loader`` orders
@@ -233,7 +240,7 @@ class Mix(torch.utils.data.Dataset):
         return sample, source
 
     def _names(self, present: np.ndarray) -> list[str]:
-        return [f"source {k} ({type(self.datasets[k]).__name__})" for k in present.tolist()]
+        return [self._labels[k] for k in present.tolist()]
 
     def _describe_per_sample(self) -> str:
         names = [type(d).__name__ for d in self.datasets if not accepts_index_arrays(d)]
