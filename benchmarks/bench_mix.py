@@ -7,7 +7,8 @@ at the same setting; the size of a loader's state; the proportions of a mix per 
 speed: seeded random 64x64 RGB images, converted once under benchmarks/data/mix/ (raw): ``a`` as npy
   (``--count`` images), ``b`` as npy and as hdf5 (half as many). Cells, per setting (backend,
   num_workers): each source alone, and ``fastdata.mix([a, b], [1, 1])`` (one epoch: the sum of the
-  lengths). Whole epochs, start-up included, timed round-robin with the cells' order rotated every
+  lengths). Whole epochs (with workers, persistent ones: the epochs differ in length, so a
+  start-up per epoch would favour the longest), after one warm-up epoch, timed round-robin with the cells' order rotated every
   round; the median per cell; samples/s and CPU seconds per 1,000 samples (this process and its
   reaped workers, getrusage). The result is the mix's rate over its slower source's.
 state: ``len(json.dumps(state))`` and ``len(pickle.dumps(state))`` of a mix loader's state after a
@@ -95,8 +96,9 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
         b = fastdata.open_dataset(converted(f"b-{b_format}", b_format, args.count // 2, 2))
         cells = {"a (npy) alone": a, f"b ({b_format}) alone": b, f"mix(a, b {b_format}, [1, 1])": fastdata.mix([a, b], [1, 1])}
         for backend, workers in args.settings:
+            persistent = {"persistent_workers": True} if workers else {}  # start-up paid once, in the warm-up epoch
             loaders = {name: fastdata.loader(ds, batch_size=args.batch_size, seed=0, backend=backend,
-                                             num_workers=workers) for name, ds in cells.items()}
+                                             num_workers=workers, **persistent) for name, ds in cells.items()}
             for loader in loaders.values():  # warm-up: page cache, imports
                 timed_epoch(loader)
             times: dict[str, list[tuple[float, float, int]]] = {name: [] for name in loaders}
