@@ -26,6 +26,7 @@ _EXPORTS = {
     "convert": "fastdata.conversion",
     "loader": "fastdata.loading",
     "merge": "fastdata.conversion.driver",
+    "mix": "fastdata.loading.mix",
     "open_dataset": "fastdata.api",
     "Recommendation": "fastdata.tuning",
     "sweep": "fastdata.bench.sweep",

@@ -265,16 +265,17 @@ def _auto_row(prepared: list[Prepared], rows: list[dict[str, Any]], config: Benc
 
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
-                  on_case: Callable[[Case, int, int], None] | None = None) -> BenchResult:
+                  on_case: Callable[[Case, int, int], None] | None = None, *, dataset: Any = None) -> BenchResult:
     """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset (``source``
     is ``"module:name"``, naming a map-style Dataset or a zero-argument function returning one),
     with ``config``'s workers, backends and loader options (its formats and stores do not apply:
     nothing is converted). Writes the same files and returns the same :class:`BenchResult` as
-    :func:`run_bench`; there is no baseline, so the recommendation has no speed-up."""
+    :func:`run_bench`; there is no baseline, so the recommendation has no speed-up. ``dataset``:
+    the Dataset itself (``source`` then only names it: ``fastdata bench --mix``)."""
     from fastdata.bench.sweep import sweep
     from fastdata.importing import load_dataset
 
-    dataset = load_dataset(source)
+    dataset = load_dataset(source) if dataset is None else dataset
     refuse_pil_samples(dataset, source)
     step = config.step if config.step is not None else (config.step_ms or None)
     rows = sweep(dataset, batch_size=config.batch_size, workers=config.workers, backends=config.backends, step=step,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from fastdata.cli.common import DeprecatedAlias, add_command, backend_list, human_bytes
+from fastdata.cli.mixing import HELP as MIX_HELP
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.options import parse_source_option
 from fastdata.extras import install_command
@@ -18,6 +19,7 @@ EXAMPLES = """
   fastdata bench torchvision:CIFAR10 --root ~/data --resize 32x32 --step-ms 20
   fastdata bench mydata:train_set --batch-size 64        # any map-style Dataset (module:name)
   fastdata bench ./photos --resize 224 --transform augment --stores encoded   # training crops, fused decode
+  fastdata bench --mix out/a.npy:3,out/b-shards:1        # a weighted mix of converted datasets
 """
 
 
@@ -38,6 +40,7 @@ def add_parser(commands) -> None:
                         help="image folder, torchvision:NAME, a converted dataset, or module:name (any map-style "
                         "Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
+    parser.add_argument("--mix", metavar="PATH:W,PATH:W", help=MIX_HELP)
     parser.add_argument("--formats", "--format", dest="formats", default=None, metavar="LIST",
                         help=f"comma-separated formats (default: all: {','.join(available_formats())}; "
                         f"{','.join(DEMO['formats'])} with --demo)")
@@ -146,8 +149,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
         source = str(demo_folder(out / "demo-images", small=DEMO["small"], large=DEMO["large"]))
         resize = resize or DEMO["resize"]
+    elif args.mix is not None:
+        if source is not None:
+            raise InvalidOptionError("Give a SOURCE or --mix PATH:WEIGHT,..., not both.")
     elif source is None:
-        raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), or --demo.")
+        raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), "
+                                 "--mix PATH:WEIGHT,... or --demo.")
     config = config_of(args, resize)
     source_options = {"root": args.root, "split": args.split, "download": args.download}
     if args.source_option:
@@ -168,7 +175,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from fastdata.importing import is_import_string
 
     try:
-        if is_import_string(source):
+        if args.mix is not None:
+            from fastdata.cli.mixing import open_mix
+
+            source = f"--mix {args.mix}"
+            result = bench_dataset(source, config, out, on_case, dataset=open_mix(args.mix))
+        elif is_import_string(source):
             result = bench_dataset(source, config, out, on_case)
         else:
             result = run_bench(source, config, out, source_options=source_options, progress=progress, on_case=on_case,

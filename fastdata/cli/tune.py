@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.cli.common import add_command, backend_list
+from fastdata.cli.mixing import HELP
 from fastdata.errors import InvalidOptionError
 from fastdata.conversion.options import parse_source_option
 
@@ -19,6 +20,7 @@ EXAMPLES = """
                                                  # zero-argument function returning one)
   fastdata tune torchvision:MNIST --root ~/data --step mytrain:step --json
   fastdata tune out/train.npy --transform augment --resize 224   # RandomResizedCrop + flip, fused decode
+  fastdata tune --mix out/a.npy:3,out/b-shards:1  # a weighted mix of converted datasets
 """
 
 
@@ -31,9 +33,10 @@ def add_parser(commands) -> None:
         "short probes within --budget-s; print the recommendation, what was measured, and why.",
         examples=EXAMPLES,
     )
-    parser.add_argument("source", metavar="SOURCE",
+    parser.add_argument("source", nargs="?", metavar="SOURCE",
                         help="module:name (a Dataset or a function returning one), an image folder, "
                         "torchvision:NAME, or a converted dataset")
+    parser.add_argument("--mix", metavar="PATH:W,PATH:W", help=HELP)
     parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="batch size (default: 256)")
     step = parser.add_mutually_exclusive_group()
     step.add_argument("--step-ms", type=float, default=0.0, metavar="MS",
@@ -68,6 +71,13 @@ def open_source(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 
     source = args.source
     augment = _augment(args)
+    if (source is None) == (args.mix is None):
+        raise InvalidOptionError("Give a SOURCE to tune (image folder, torchvision:NAME, converted dataset, module:name) "
+                                 f"or --mix PATH:WEIGHT,...{', not both' if source else ''}.")
+    if args.mix is not None:
+        from fastdata.cli.mixing import open_mix
+
+        return open_mix(args.mix, transform=augment), None, "the source is a mix of converted datasets"
     if is_import_string(source):
         if augment is not None:
             raise InvalidOptionError("--transform augment applies to image folders, converted datasets and torchvision "
@@ -170,7 +180,8 @@ def run_tune(args: argparse.Namespace) -> int:
         print(json.dumps(dict(recommendation.to_dict(), fused_decode=plan.kind if plan else None), indent=2,
                          default=str))
         return 0
-    print(render(recommendation, args.source) + (f"\n{note}" if note else ""))
+    label = args.source if args.source is not None else f"--mix {args.mix}"
+    print(render(recommendation, label) + (f"\n{note}" if note else ""))
     return 0
 
 

@@ -79,9 +79,10 @@ def loader(
     each rank reads its own block of every epoch's permutation (``even=True``: the same number
     of samples on every rank, like ``DistributedSampler``; ``even=False``: every sample exactly
     once). Without ``seed``, rank 0 draws one and shares it. ``loader.state_dict()`` says where
-    the loader is (epoch, batches consumed); ``load_state_dict(state)`` on a loader built the
-    same way (same dataset, batch size, rank and world size) continues with the first batch not
-    consumed, whatever the backend or ``num_workers``.
+    the loader is (epoch, batches consumed, the layout that cut them: a few hundred bytes);
+    ``load_state_dict(state)`` continues with the first batch not consumed, whatever the backend
+    or ``num_workers``, and in another ``world_size`` or ``batch_size`` reads the samples of that
+    epoch no rank had read, once each (:mod:`fastdata.loading.order`).
 
     ``pad`` (datasets with fields, docs/fields.md): variable-first-dimension arrays (boxes,
     keypoints) come padded to each batch's longest instead of as lists, as
@@ -125,6 +126,7 @@ def loader(
     padding = _padding(dataset, pad, dataloader_kwargs) if pad is not None and pad is not False else None
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
                                 rank=rank, world_size=world_size, even=even)
+    sampler.arrange = getattr(dataset, "arrange_batch", None)  # a mix groups each batch per source
     if row.dataloader_options:
         return _torch_loader(dataset, sampler, num_workers, dataloader_kwargs, padding)
     return _own_loader(dataset, sampler, num_workers, row, zero_copy, dataloader_kwargs, padding)
@@ -216,7 +218,9 @@ class _ListBatches:
         self.sampler = sampler
 
     def __iter__(self):
-        return (batch.tolist() for batch in self.sampler)
+        from fastdata.loading.samplers import epoch_list
+
+        return (epoch_list(batch, batch.epoch) for batch in self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -291,6 +295,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
         else int(MEMORY_SHARE * psutil.virtual_memory().available)
     padding = _padding(dataset, pad, kwargs) if pad is not None and pad is not False else None
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, **sampling)
+    sampler.arrange = getattr(dataset, "arrange_batch", None)  # a mix groups each batch per source
     budget = Budget(cores=usable_cores(), memory_bytes=memory, max_workers=limit, backends=backends)
     return AutoLoader(dataset, sampler, build=_FixedBuilder(dataset, kwargs, padding), backend=backend or "auto",
                       budget=budget)

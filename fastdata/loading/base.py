@@ -31,14 +31,14 @@ class Resumable:
     prefetched but not used."""
 
     index_sampler: BatchIndexSampler
-    _position: list[int] | None = None  # [epoch, batches handed out] while an epoch is under way
+    _position: list[Any] | None = None  # [epoch, batches handed out, earlier layouts] while an epoch is under way
 
     def tracked(self, start: Any) -> Iterator[Any]:
         """The batches of one epoch, from ``start()``, counted as they are handed out. The
         position is read before ``start`` runs: a DataLoader draws from the sampler (and moves
         its epoch on) as soon as its iterator exists."""
         sampler = self.index_sampler
-        self._position = position = [sampler.epoch, sampler.resume_at]
+        self._position = position = [sampler.epoch, sampler.resume_at, sampler.stages]
         return self._counted(position, start())
 
     def _counted(self, position: list[int], batches: Iterator[Any]) -> Iterator[Any]:
@@ -59,18 +59,27 @@ class Resumable:
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch under way and how many of its batches were handed out
         (or, between epochs, the next epoch and 0), with the seed and the layout that cut the
-        batches. Save it with the model's checkpoint; see :meth:`load_state_dict`."""
-        state = self.index_sampler.state_dict()
-        if self._position is not None:
-            state["epoch"], state["consumed"] = self._position
+        batches. Save it with the model's checkpoint; see :meth:`load_state_dict`. A dataset that
+        has an order of its own (a :func:`fastdata.mix`) adds what identifies it (``"dataset"``)."""
+        sampler = self.index_sampler
+        state = sampler.state_at(*self._position) if self._position is not None else sampler.state_dict()
         state["backend"] = self.backend
+        identity = getattr(self.dataset, "order_identity", None)
+        if identity is not None:
+            state["dataset"] = identity()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields the batches of ``state["epoch"]``
-        not yet handed out when it was saved, then epochs go on as usual. The loader must be
-        built as the saved one was (dataset length, batch_size, drop_last, rank, world_size);
-        backend and ``num_workers`` may differ. Its seed comes from the state."""
+        """Continue from ``state`` (saved by any rank): the next iteration yields the batches of
+        ``state["epoch"]`` not yet handed out when it was saved, then epochs go on as usual. The
+        same layout continues at the saved batch; another ``world_size``, ``batch_size``,
+        ``even`` or ``drop_last`` reads what the saved job had not read of that epoch, split across
+        the new ranks (every rank of the saved job is taken to have handed out as many batches as
+        the one that saved, or all of its own). Backend and ``num_workers`` may differ. Its seed
+        comes from the state; another dataset (length, mix) or explicit seed is refused."""
+        check = getattr(self.dataset, "check_order_identity", None)
+        if check is not None and isinstance(state, dict):
+            check(state.get("dataset"))
         self.index_sampler.load_state_dict(state)
         self._position = None
 

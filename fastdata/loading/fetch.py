@@ -14,6 +14,8 @@ from typing import Any, Callable
 import numpy as np
 from torch.utils.data import TensorDataset, default_collate
 
+from fastdata.loading.samplers import epoch_list
+
 
 def accepts_index_arrays(dataset: Any) -> bool:
     """Whether ``dataset[indices]`` returns a collated batch for an index array."""
@@ -39,7 +41,7 @@ def batch_reader(dataset: Any) -> Callable[[np.ndarray], Any]:
 def read_samples(dataset: Any, indices: np.ndarray) -> list[Any]:
     """The samples of ``indices`` one by one, as a DataLoader's fetcher reads them: through the
     dataset's batched ``__getitems__`` when it has one, else ``dataset[i]`` for each."""
-    rows = indices.tolist()
+    rows = epoch_list(indices, getattr(indices, "epoch", None))  # the epoch goes on with the list
     getitems = getattr(dataset, "__getitems__", None)
     return getitems(rows) if getitems is not None else [dataset[row] for row in rows]
 

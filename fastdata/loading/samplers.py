@@ -10,6 +10,8 @@ import torch
 from torch.utils.data import Sampler
 
 from fastdata.errors import InvalidOptionError
+from fastdata.loading.order import (MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items,
+                                    state_version)
 
 
 def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -70,6 +72,21 @@ def epoch_indices(indices: np.ndarray, epoch: int) -> EpochIndices:
     return tagged
 
 
+class EpochList(list):
+    """A batch's indices as a list (what a DataLoader's ``batch_sampler`` yields, and
+    ``__getitems__`` receives) that knows its epoch (``.epoch``), like :class:`EpochIndices`."""
+
+    epoch: int = 0
+
+
+def epoch_list(indices: Any, epoch: int | None) -> list[int]:
+    """``indices`` as a list of ints, tagged with ``epoch`` when there is one."""
+    rows = EpochList(np.asarray(indices).tolist())
+    if epoch is not None:
+        rows.epoch = int(epoch)
+    return rows
+
+
 class EpochSampler(Sampler):
     """Base of fastdata's samplers: one permutation per epoch from :meth:`order`, this rank's
     share of it, yielded as ints, or (with ``batch_size``) as sorted index arrays, one per batch.
@@ -88,8 +105,10 @@ class EpochSampler(Sampler):
     different few each epoch). ``even=False`` reads every sample exactly once and lets the ranks'
     shares differ by one sample (evaluation; DDP training needs equal batch counts on every rank).
 
-    :meth:`state_dict`/:meth:`load_state_dict` hold the epoch and the batches of it already
-    consumed; the next pass after loading starts at the first batch not consumed.
+    :meth:`state_dict`/:meth:`load_state_dict` hold the epoch, the batches of it already
+    consumed and the layout that cut them; the next pass after loading starts at the first batch
+    not consumed, or, in another layout (world size, batch size, ``even``, ``drop_last``), reads
+    the samples of that epoch the saved job had not read (:mod:`fastdata.loading.order`).
     """
 
     def __init__(self, length: int, *, batch_size: int | None, drop_last: bool, seed: int | None,
@@ -103,15 +122,27 @@ class EpochSampler(Sampler):
         self.drop_last = drop_last
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.even = bool(even)
+        self.seed_given = seed is not None
         self.seed = shared_seed(seed, self.world_size)
         self.epoch = 0
         self.resume_at = 0  # batches (or samples, without batch_size) of the next pass already consumed
+        self.stages: list[tuple[Layout, int]] = []  # earlier layouts of the next pass's epoch (elastic resume)
+
+    @property
+    def layout(self) -> Layout:
+        """What cuts this sampler's epochs (every rank's alike)."""
+        return Layout(self.world_size, self.batch_size, self.even, self.drop_last)
+
+    def order_kind(self) -> str:
+        """A short name for how :meth:`order` orders an epoch (a resume checks that it is the same)."""
+        return type(self).__name__
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the next pass's epoch. A resumed position (:meth:`load_state_dict`) is kept when
         it is for this epoch (the usual loop calls ``set_epoch`` after loading) and dropped otherwise."""
         if epoch != self.epoch:
             self.resume_at = 0
+            self.stages = []
         self.epoch = epoch
 
     def order(self, epoch: int) -> np.ndarray:
@@ -120,20 +151,12 @@ class EpochSampler(Sampler):
 
     def share(self) -> tuple[int, int]:
         """``(start, stop)`` of this rank's block, in the padded (or truncated) epoch order."""
-        if self.world_size == 1:
-            return 0, self.length
-        if not self.even:
-            return self.length * self.rank // self.world_size, self.length * (self.rank + 1) // self.world_size
-        quota = self.length // self.world_size if self.drop_last else -(-self.length // self.world_size)
-        return self.rank * quota, (self.rank + 1) * quota
+        return self.layout.bounds(self.length, self.rank)
 
-    def rank_order(self, epoch: int) -> np.ndarray:
-        """This rank's samples of one epoch, in order."""
-        order = self.order(epoch)
-        start, stop = self.share()
-        if stop > len(order) and len(order):  # padding, as DistributedSampler does: the epoch's first samples again
-            order = np.concatenate([order, np.resize(order, stop - len(order))])
-        return order[start:stop]
+    def rank_order(self, epoch: int, stages: list[tuple[Layout, int]] | None = None) -> np.ndarray:
+        """This rank's samples of one epoch, in order: its block of the epoch's order (of what is
+        left of it after ``stages``, the layouts the epoch ran in before a resume)."""
+        return self.layout.block(epoch_sequence(self.order(epoch), stages or []), self.rank)
 
     def samples(self) -> int:
         """Samples this rank reads per epoch."""
@@ -141,28 +164,29 @@ class EpochSampler(Sampler):
         return stop - start
 
     def __len__(self) -> int:
-        samples = self.samples()
-        if self.batch_size is None:
-            return samples
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+        return self.layout.batches(self.samples())
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self.epoch
-        order = self.rank_order(epoch)
+        epoch, stages = self.epoch, self.stages
+        order = self.rank_order(epoch, stages)
         self.epoch += 1
-        first, self.resume_at = self.resume_at, 0
-        self._pass = [epoch, first]
+        first, self.resume_at, self.stages = self.resume_at, 0, []
+        self._pass = [epoch, first, stages]
         if self.batch_size is None:
             items: Iterator[Any] = iter(order[first:].tolist())
         else:
-            items = (epoch_indices(np.sort(order[batch * self.batch_size : (batch + 1) * self.batch_size]), epoch)
-                     for batch in range(first, len(self)))
+            arrange = self.arrange or (lambda indices, _: np.sort(indices))
+            items = (epoch_indices(arrange(order[batch * self.batch_size : (batch + 1) * self.batch_size], epoch), epoch)
+                     for batch in range(first, self.layout.batches(len(order))))
         for item in items:
             self._pass[1] += 1
             yield item
         self._pass = None
 
-    _pass: list[int] | None = None  # [epoch, items yielded] while a pass is under way
+    _pass: list[Any] | None = None  # [epoch, items yielded, stages] while a pass is under way
+    # how a batch's indices are put in order (default: ascending, for sequential reads); a dataset
+    # with an order of its own (a mix: grouped per source) gives ``arrange_batch(indices, epoch)``
+    arrange: Any = None
 
     def state_dict(self) -> dict[str, Any]:
         """What a restart needs to continue this sampler's order: the epoch and how many of its
@@ -170,24 +194,50 @@ class EpochSampler(Sampler):
         :meth:`load_state_dict`). Under a DataLoader with workers, items are drawn ahead of use
         (``prefetch_factor``): ``fastdata.loader(...).state_dict()`` counts the batches that reached
         the training loop instead."""
-        epoch, consumed = self._pass if self._pass is not None else (self.epoch, self.resume_at)
-        return {"seed": self.seed, "epoch": epoch, "consumed": consumed, "length": self.length,
-                "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
-                "world_size": self.world_size, "even": self.even}
+        epoch, consumed, stages = self._pass if self._pass is not None else (self.epoch, self.resume_at, self.stages)
+        return self.state_at(epoch, consumed, stages)
+
+    def state_at(self, epoch: int, consumed: int, stages: list[tuple[Layout, int]]) -> dict[str, Any]:
+        """The state of a position: ``consumed`` items of ``epoch`` in this layout, after ``stages``."""
+        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "consumed": consumed,
+                "length": self.length, "order": self.order_kind(), "batch_size": self.batch_size,
+                "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size, "even": self.even,
+                "earlier": [layout.as_list(done) for layout, done in stages]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict` of the same sampler on the same rank): the
-        next pass is epoch ``state["epoch"]`` from its item ``state["consumed"]``. The seed comes
-        from the state; a different dataset length, batch size or rank layout is an error."""
-        check_state(state, self.state_dict(), kind=type(self).__name__)
+        """Continue from ``state`` (from :meth:`state_dict` or the loader's, of any rank): the
+        next pass is what is left of epoch ``state["epoch"]``. In the saved layout (world size,
+        batch size, ``even``, ``drop_last``) it starts at item ``state["consumed"]``; in another
+        one it reads the samples the saved job had not read, each once, cut by this layout
+        (:mod:`fastdata.loading.order`). Every rank of the saved job is taken to have consumed
+        ``state["consumed"]`` items (or all of its own, if it had fewer). The seed comes from the
+        state; a different dataset length, order or explicit seed is an error.
+
+        ``state`` may also be a list of every rank's states: the earliest is used (ranks out of
+        step re-read what the faster ones read past it; none is lost)."""
+        state = earliest(state, kind=type(self).__name__)
+        check_state(state, self, kind=type(self).__name__)
+        saved = Layout(int(state.get("world_size", 1)), state.get("batch_size"), bool(state.get("even", True)),
+                       bool(state.get("drop_last", False)))
+        stages = [layout_of(entry) for entry in state.get("earlier", [])]
+        consumed = int(state["consumed"])
+        total = len(epoch_sequence(np.empty(self.length), stages))
+        if not 0 <= consumed <= most_items(total, saved):
+            raise InvalidOptionError(f"Invalid state: consumed={consumed} of an epoch of {most_items(total, saved)}.")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self._pass = None
-        consumed = int(state["consumed"])
-        if not 0 <= consumed <= len(self):
-            raise InvalidOptionError(f"Invalid state: consumed={consumed} of an epoch of {len(self)}.")
-        self.resume_at = consumed
-
+        if saved == self.layout:
+            self.stages, self.resume_at = stages, consumed
+        elif consumed == 0:
+            self.stages, self.resume_at = stages, 0
+        else:
+            if len(stages) >= MAX_STAGES:
+                raise InvalidOptionError(
+                    f"Cannot resume: the state already records {len(stages)} changes of layout within epoch "
+                    f"{self.epoch}, the most a state keeps. Resume in its layout (world_size={saved.world_size}, "
+                    f"batch_size={saved.batch_size}) until the epoch ends.")
+            self.stages, self.resume_at = [*stages, (saved, consumed)], 0
 
 class BatchIndexSampler(EpochSampler):
     """Yields batches of indices: slices of one seeded permutation per epoch, each sorted
@@ -214,6 +264,9 @@ class BatchIndexSampler(EpochSampler):
         super().__init__(length, batch_size=batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size, even=even)
         self.shuffle = shuffle
+
+    def order_kind(self) -> str:
+        return "permutation" if self.shuffle else "sequential"
 
     def order(self, epoch: int) -> np.ndarray:
         if self.shuffle:
@@ -258,6 +311,9 @@ class ChunkShuffleSampler(EpochSampler):
         self.chunk_images = chunk_images
         self.window_chunks = window_chunks
 
+    def order_kind(self) -> str:
+        return f"chunks:{self.chunk_images}x{self.window_chunks}"
+
     def order(self, epoch: int) -> np.ndarray:
         """The permutation of one epoch."""
         rng = np.random.default_rng([self.seed, epoch])
@@ -272,19 +328,32 @@ class ChunkShuffleSampler(EpochSampler):
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
 
 
-_LAYOUT = ("length", "batch_size", "drop_last", "world_size", "rank", "even")
+def earliest(states: Any, *, kind: str) -> Any:
+    """``states`` itself, or of a list of states (every rank's), the earliest position."""
+    if not isinstance(states, (list, tuple)) or not states:
+        return states
+    for state in states:
+        if not isinstance(state, dict) or not {"epoch", "consumed"} <= set(state):
+            raise InvalidOptionError(f"Not a {kind} state: expected a dict from state_dict(), got {state!r:.200}.")
+    return min(states, key=lambda state: (state["epoch"], len(state.get("earlier", [])), state["consumed"]))
 
 
-def check_state(state: Any, current: dict[str, Any], *, kind: str) -> None:
-    """Refuse a saved position that would not continue this order: another dataset length,
-    batch size or rank layout cuts different batches."""
+def check_state(state: Any, sampler: EpochSampler, *, kind: str) -> None:
+    """Refuse a saved position that cannot continue this sampler's order: not a state, a newer
+    state version, another dataset length, another order, another explicit seed."""
     if not isinstance(state, dict) or not {"seed", "epoch", "consumed"} <= set(state):
         raise InvalidOptionError(f"Not a {kind} state: expected a dict from state_dict(), got {state!r:.200}.")
-    for key in _LAYOUT:
-        if key in state and state[key] != current[key]:
-            what = "dataset length" if key == "length" else key
-            raise InvalidOptionError(
-                f"Cannot resume: the saved state has {what}={state[key]!r} but this loader has {current[key]!r}. "
-                "Rebuild the loader as it was when the state was saved (same dataset, batch_size, drop_last, "
-                "rank and world_size)."
-            )
+    state_version(state)
+    if state.get("length", sampler.length) != sampler.length:
+        raise InvalidOptionError(
+            f"Cannot resume: the saved state has dataset length={state['length']!r} but this loader has "
+            f"{sampler.length!r}. An epoch's order depends on the length: resume over the dataset the state was "
+            "saved with, or start the next epoch without the state (loader.set_epoch(state['epoch'] + 1)).")
+    if state.get("order", sampler.order_kind()) != sampler.order_kind():
+        raise InvalidOptionError(
+            f"Cannot resume: the saved state has order={state['order']!r} but this loader has "
+            f"{sampler.order_kind()!r}. Build the loader with the saved one's shuffle (and chunk options).")
+    if sampler.seed_given and state["seed"] != sampler.seed:
+        raise InvalidOptionError(
+            f"Cannot resume: the saved state has seed={state['seed']!r} but this loader was built with "
+            f"seed={sampler.seed!r}. Build it with seed={state['seed']!r}, or without seed= (it then takes the state's).")

@@ -1,0 +1,285 @@
+"""fastdata.mix: exact counts per epoch in the proportions of the weights, each source without
+replacement until exhausted, deterministic in (seed, epoch); batched reads grouped per source; every
+format and backend, ranks, state_dict and elastic resume; a plain DataLoader with set_epoch."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+import fastdata
+from fastdata.errors import InvalidOptionError
+from fastdata.formats.tar import TarIndexedDataset
+from fastdata.loading.mix import largest_remainder
+
+from conftest import WRITABLE, WRITABLE_IDS, convert_to, pattern, save
+
+
+class Codes(torch.utils.data.Dataset):
+    """A cheap source: sample ``i`` is the int ``base + i``; reads by index array, counted."""
+
+    supports_index_arrays = True
+
+    def __init__(self, size: int, base: int):
+        self.size, self.base, self.reads = size, base, 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return self.base + int(index)
+        self.reads += 1
+        return torch.as_tensor(np.asarray(index) + self.base)
+
+
+class PerSample(torch.utils.data.Dataset):
+    """A source read per index only (like torchvision's datasets): ``(base + i, base)``."""
+
+    def __init__(self, size: int, base: int):
+        self.size, self.base = size, base
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        return torch.tensor(self.base + int(index)), self.base
+
+
+def sources_of(mix, epoch):
+    codes = mix[fastdata_epoch(np.arange(len(mix)), epoch)]
+    return (codes // 100_000).numpy()
+
+
+def fastdata_epoch(indices, epoch):
+    from fastdata.loading.samplers import epoch_indices
+
+    return epoch_indices(np.asarray(indices), epoch)
+
+
+@settings(max_examples=30, deadline=None)
+@given(weights=st.lists(st.floats(0.01, 50), min_size=2, max_size=4), length=st.integers(10_000, 30_000),
+       epoch=st.integers(0, 5), seed=st.integers(0, 2**32))
+def test_each_epoch_holds_the_weights_proportions_within_one_percent(weights, length, epoch, seed):
+    sizes = [97, 5000, 13, 40_000][: len(weights)]
+    mix = fastdata.mix([Codes(n, 100_000 * k) for k, n in enumerate(sizes)], weights, length=length, seed=seed)
+    counts = np.bincount(sources_of(mix, epoch), minlength=len(weights))
+    assert counts.tolist() == largest_remainder(length, weights).tolist() and counts.sum() == length
+    shares = np.array(weights) / sum(weights)
+    assert np.abs(counts / length - shares).max() < 0.01
+    assert np.abs(counts - length * shares).max() < 1  # exact counts: within one sample
+
+
+def test_a_source_is_read_without_replacement_until_exhausted_then_anew():
+    big, small = Codes(1000, 0), Codes(7, 100_000)
+    mix = fastdata.mix([big, small], [3, 1], length=400, seed=4)
+    drawn = {0: [], 1: []}
+    for epoch in range(6):
+        sources, inner = mix.plan(epoch)
+        for source in (0, 1):
+            drawn[source] += inner[sources == source].tolist()  # in draw order
+    assert len(drawn[0]) == 1800 and sorted(drawn[0][:1000]) == list(range(1000))  # each once, then ...
+    assert len(set(drawn[0][1000:1800])) == 800 and drawn[0][1000:1800] != drawn[0][:800]  # ... a new permutation
+    for cycle in range(len(drawn[1]) // 7):  # the small source, up-sampled: every cycle a permutation of it
+        assert sorted(drawn[1][cycle * 7:(cycle + 1) * 7]) == list(range(7))
+    assert len({tuple(drawn[1][c * 7:(c + 1) * 7]) for c in range(10)}) > 1
+
+
+def test_the_order_is_a_function_of_seed_and_epoch():
+    make = lambda seed: fastdata.mix([Codes(50, 0), Codes(30, 100_000)], [1, 2], seed=seed)  # noqa: E731
+    a, b = make(1), pickle.loads(pickle.dumps(make(1)))
+    assert all((a.plan(e)[1] == b.plan(e)[1]).all() for e in range(3))
+    assert not (a.plan(0)[1] == a.plan(1)[1]).all()
+    assert not (make(1).plan(0)[1] == make(2).plan(0)[1]).all()
+
+
+def test_a_batch_reads_each_source_once_in_the_order_of_its_indices():
+    big, small = Codes(100, 0), Codes(10, 100_000)
+    mix = fastdata.mix([big, small], [1, 1], length=60, seed=0, with_source=True)
+    indices = np.array([5, 3, 40, 1, 59, 22, 7])
+    codes, sources = mix[indices]
+    assert big.reads == 1 and small.reads == 1
+    assert codes.tolist() == [mix[int(i)][0] for i in indices]
+    assert sources.tolist() == [mix.source_of(int(i)) for i in indices] == (codes // 100_000).tolist()
+    assert mix.source_of(indices).tolist() == sources.tolist()
+
+
+def test_per_sample_sources_under_a_plain_dataloader_follow_set_epoch():
+    mix = fastdata.mix([PerSample(20, 0), PerSample(5, 1000)], [1, 1], length=24, seed=3)
+    assert not mix.supports_index_arrays
+    per_epoch = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        values = [int(v) for batch, _ in DataLoader(mix, batch_size=5) for v in batch]
+        sources, inner = mix.plan(epoch)
+        assert values == (inner + 1000 * sources.astype(np.int64)).tolist()
+        per_epoch.append(values)
+    assert per_epoch[0] != per_epoch[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "thread", "process"])
+def test_the_loader_carries_the_epoch_to_per_sample_sources(backend):
+    """fastdata.loader's workers read epoch 1's draws in epoch 1 without any set_epoch."""
+    mix = fastdata.mix([PerSample(20, 0), PerSample(5, 1000)], [1, 1], length=24, seed=3)
+    loader = fastdata.loader(mix, batch_size=5, seed=1, backend=backend, num_workers=2)
+    for epoch in range(2):
+        values = sorted(int(v) for batch, _ in loader for v in batch)
+        sources, inner = mix.plan(epoch)
+        assert values == sorted((inner + 1000 * sources.astype(np.int64)).tolist())
+
+
+@pytest.fixture
+def two_converted(tmp_path: Path):
+    """Two image folders of one size (7 and 3 images), distinct pixels per image."""
+    folders = []
+    for number, count in enumerate((7, 3)):
+        root = tmp_path / f"folder{number}"
+        for i in range(count):
+            save(Image.fromarray(pattern(8, 6, seed=200 * number + i)), root / f"c{i % 2}" / f"{i}.png")
+        folders.append(root)
+    return folders
+
+
+def map_style(path):
+    ds = fastdata.open_dataset(path)
+    return TarIndexedDataset(path) if isinstance(ds, torch.utils.data.IterableDataset) else ds
+
+
+@pytest.mark.parametrize(("name", "store"), WRITABLE, ids=WRITABLE_IDS)
+def test_every_format_mixes_with_npy_on_every_backend(two_converted, tmp_path, name, store):
+    first = map_style(convert_to(two_converted[0], tmp_path, name, store))
+    second = map_style(convert_to(two_converted[1], tmp_path / "b", "npy", "raw"))
+    mix = fastdata.mix([first, second], [1, 2], length=12, seed=5, with_source=True)
+    expected = {}
+    for epoch in range(2):
+        sources, inner = mix.plan(epoch)
+        samples = [[first, second][s][int(i)] for s, i in zip(sources, inner)]
+        expected[epoch] = Counter((int(s), fastdata_pixels(image), int(label))
+                                  for s, (image, label) in zip(sources, samples))
+    for backend in ("torch", "thread", "process"):
+        loader = fastdata.loader(mix, batch_size=5, seed=0, backend=backend, num_workers=2 if backend != "torch" else 0)
+        for epoch in range(2):
+            got = Counter()
+            for images, labels, sources in loader:  # grouped per source, each read into its rows
+                got.update((int(s), fastdata_pixels(image), int(label))
+                           for s, image, label in zip(sources, images, labels))
+            assert got == expected[epoch], (backend, epoch)
+
+
+def fastdata_pixels(image) -> bytes:
+    return np.ascontiguousarray(np.asarray(image)).tobytes()
+
+
+@pytest.mark.parametrize("backend", ["torch", "thread", "process"])
+def test_a_mix_resumes_on_another_world_size_exactly_once(backend):
+    mix = fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], length=41, seed=9)
+    state, seen = None, []
+    for rank in range(3):
+        loader = fastdata.loader(mix, batch_size=3, seed=2, rank=rank, world_size=3, even=False, backend=backend,
+                                 num_workers=2)
+        for number, batch in enumerate(loader):
+            seen += batch.tolist()
+            if number == 1:
+                state = loader.state_dict()
+                break
+    assert len(json.dumps(state)) < 1024
+    rest = []
+    for rank in range(2):
+        loader = fastdata.loader(mix, batch_size=4, seed=2, rank=rank, world_size=2, even=False, backend=backend)
+        loader.load_state_dict(state)
+        rest += [v for batch in loader for v in batch.tolist()]
+    sources, inner = mix.plan(0)
+    assert Counter(seen + rest) == Counter((inner + 100_000 * sources.astype(np.int64)).tolist())
+
+
+def test_a_state_of_another_mix_is_refused():
+    mix = fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], seed=9)
+    state = fastdata.loader(mix, batch_size=4, seed=0).state_dict()
+    other = fastdata.loader(fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [1, 1], seed=9), batch_size=4, seed=0)
+    with pytest.raises(InvalidOptionError, match=r"^Cannot resume: the saved state is of another mix \(its length, "
+                                                 r"weights or datasets' lengths differ from this one's: length=38, "
+                                                 r"weights=\[1.0, 1.0\], lengths=\[30, 8\]\)"):
+        other.load_state_dict(state)
+    reseeded = fastdata.loader(fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], seed=1), batch_size=4, seed=0)
+    with pytest.raises(InvalidOptionError, match=r"^Cannot resume: the saved state is of a mix with seed=9 but this "
+                                                 r"mix has seed=1. Build the mix with seed=9.$"):
+        reseeded.load_state_dict(state)
+
+
+@pytest.mark.parametrize(("datasets", "weights", "options", "message"), [
+    ([], [], {}, r"^Invalid datasets \[\]. Give a non-empty list of map-style datasets.$"),
+    (["codes"], [1, 2], {}, r"^Invalid weights \[1, 2\]. Give 1 finite numbers >= 0, one per dataset, not all 0"),
+    (["codes"], [0], {}, r"^Invalid weights \[0\]"),
+    (["codes"], [float("nan")], {}, r"^Invalid weights \[nan\]"),
+    (["codes"], [1], {"length": -1}, r"^Invalid length -1. Use a number of samples per epoch >= 0"),
+    (["empty"], [1], {}, r"^Dataset 0 \(Codes\) is empty: a mix cannot draw from it. Leave it out.$"),
+])
+def test_bad_mix_options_are_refused(datasets, weights, options, message):
+    made = {"codes": Codes(3, 0), "empty": Codes(0, 0)}
+    with pytest.raises(InvalidOptionError, match=message):
+        fastdata.mix([made[d] for d in datasets], weights, **options)
+
+
+def test_an_iterable_source_is_refused_naming_its_map_style_reader(two_converted, tmp_path):
+    path = convert_to(two_converted[0], tmp_path, "tar", "encoded")
+    with pytest.raises(InvalidOptionError, match=r"^mix needs map-style datasets \(random access by index\), but "
+                                                 r"dataset 1 is the iterable TarDataset. Use fastdata.TarIndexedDataset"):
+        fastdata.mix([Codes(3, 0), fastdata.open_dataset(path)], [1, 1])
+
+
+def test_sources_of_different_shapes_are_refused_when_they_meet_in_a_batch():
+    mix = fastdata.mix([TensorDataset(torch.zeros(4, 3, 8, 8)), TensorDataset(torch.zeros(4, 3, 4, 4))], [1, 1])
+    with pytest.raises(InvalidOptionError, match=r"^A mix's sources give samples of different shapes or types "
+                                                 r"\(3x8x8 torch.float32 from source 0 \(TensorDataset\), 3x4x4 "
+                                                 r"torch.float32 from source 1 \(TensorDataset\)\)"):
+        mix[np.arange(8)]
+
+
+# --- the command line: --mix ------------------------------------------------------------------
+
+
+def test_bench_and_tune_take_a_mix_of_converted_datasets(two_converted, tmp_path, capsys):
+    from fastdata.cli import main
+
+    npy = convert_to(two_converted[0], tmp_path, "npy", "raw")
+    tar = convert_to(two_converted[1], tmp_path / "b", "tar", "raw")
+    assert main(["bench", "--mix", f"{npy}:3,{tar}:1", "--num-workers", "0", "--backends", "thread", "--epochs", "1",
+                 "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "bo"), "--json", "--quiet"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["source"] == f"--mix {npy}:3,{tar}:1"
+    assert {row["num_workers"] for row in document["rows"]} == {0} and all(row["samples_per_s"] > 0
+                                                                            for row in document["rows"])
+    assert main(["tune", "--mix", f"{npy}:3,{tar}:1", "--batch-size", "4", "--budget-s", "5", "--backends", "thread",
+                 "--json"]) == 0
+    recommendation = json.loads(capsys.readouterr().out)
+    assert recommendation["conversion"] == {"skipped": "the source is a mix of converted datasets"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bench", "--mix", "a.npy"], "Invalid --mix entry 'a.npy' in 'a.npy'. Use PATH:WEIGHT pairs, comma-separated, "
+                                  "with weights >= 0, e.g. --mix a.npy:3,b-shards:1."),
+    (["tune", "--mix", "a.npy:1"], "Invalid --mix 'a.npy:1': it names one dataset. Give two or more PATH:WEIGHT pairs "
+                                   "(or benchmark the one dataset as SOURCE)."),
+    (["tune", "--mix", "a.npy:x,b:1"], "Invalid --mix entry 'a.npy:x' in 'a.npy:x,b:1'. Use PATH:WEIGHT pairs, "
+                                       "comma-separated, with weights >= 0, e.g. --mix a.npy:3,b-shards:1."),
+    (["tune", "--mix", "nowhere:1,b:1"], "--mix: 'nowhere' is not a converted dataset. Convert it first (fastdata "
+                                         "convert nowhere OUT --format npy), then mix the output."),
+    (["tune", "x", "--mix", "a:1,b:1"], "Give a SOURCE to tune (image folder, torchvision:NAME, converted dataset, "
+                                        "module:name) or --mix PATH:WEIGHT,..., not both."),
+    (["bench", "x", "--mix", "a:1,b:1"], "Give a SOURCE or --mix PATH:WEIGHT,..., not both."),
+])
+def test_a_bad_mix_on_the_command_line_is_one_line(args, message, capsys, tmp_path, monkeypatch):
+    from fastdata.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(args) != 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"fastdata: error: {message}"
