@@ -309,8 +309,9 @@ class _FixedBuilder:
         self.dataset, self.kwargs, self.padding = dataset, kwargs, padding
 
     def __call__(self, setting: Any, sampler: Any) -> Any:
+        row = get_backend(setting.backend)
         options = dict(self.kwargs)
-        if setting.backend != "process":
+        if not (row.dataloader_options or "multiprocessing_context" in row.options):
             options.pop("multiprocessing_context", None)
         if setting.num_workers:
             options.setdefault("prefetch_factor", setting.prefetch)
@@ -318,6 +319,6 @@ class _FixedBuilder:
         else:
             options.pop("prefetch_factor", None)
             options.pop("persistent_workers", None)
-        if setting.backend == "torch":
+        if row.dataloader_options:
             return _torch_loader(self.dataset, sampler, setting.num_workers, options, self.padding)
-        return _own_loader(self.dataset, sampler, setting.num_workers, setting.backend, 0, options, self.padding)
+        return _own_loader(self.dataset, sampler, setting.num_workers, row, 0, options, self.padding)

@@ -41,6 +41,7 @@ class Segment:
         self.batches: list[np.ndarray] = []
         self.epoch = 0
         self.resume_at = 0
+        self.stages: list = []  # the position a fixed loader reads (the auto loader keeps its own state)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter(list(self.batches))
