@@ -461,6 +461,9 @@ NO_CHECKPOINT = {"FASTDATA_CHECKPOINT_INTERVAL_S": "1e9"}
 def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path: Path, delay_s: float) -> None:
     out = tmp_path / "c.npy"
     process = start_fastdata("convert", *FAKE, out, "--quiet", env=NO_CHECKPOINT, start_new_session=True)
+    # counted from the first extension module loaded: a signal while the interpreter itself still starts
+    # (importing site) is Python's fatal error, not fastdata's, and a loaded machine can stretch that start
+    wait_until(lambda: _maps_site_packages(process.pid), "the interpreter's start", process=process)
     time.sleep(delay_s)  # the moment of the signal: during the imports, the source scan, or the conversion
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = finish(process, timeout=60)
@@ -471,6 +474,14 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path: Path, delay_s: f
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["fastdata: interrupted"], stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _maps_site_packages(pid: int) -> bool:
+    """Whether process ``pid`` has mapped a compiled module from site-packages (its start is over)."""
+    try:
+        return "site-packages" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
