@@ -6,14 +6,14 @@ at the same setting; the size of a loader's state; the proportions of a mix per 
 
 speed: seeded 64x64 RGB images, converted once under benchmarks/data/mix/, per ``--stores``: raw
   (noise; memcpy-bound, the worst case for per-batch overhead) and encoded (smooth images as JPEG
-  quality 90; decode-bound, the realistic case): ``a`` as npy (``--count`` images), ``b`` as npy
-  and as hdf5 (half as many). Cells, per setting (backend,
-  num_workers): each source alone, and ``fastdata.mix([a, b], [1, 1])`` (one epoch: the sum of the
-  lengths). Whole epochs (with workers, persistent ones: the epochs differ in length, so a
-  start-up per epoch would favour the longest), after one warm-up epoch, timed round-robin with the cells' order rotated every
-  round; the median per cell; samples/s and CPU seconds per 1,000 samples (this process and its
-  reaped workers, getrusage). The result is the mix's rate over its slower source's: of the medians,
-  and the median of the per-round ratios (robust to a loaded machine's drift).
+  quality 90; decode-bound, the realistic case): ``a`` as npy (``--count`` images), ``b`` as npy and
+  as hdf5 (half as many). Cells, per setting (backend, num_workers): each source alone, and
+  ``fastdata.mix([a, b], [1, 1])`` (one epoch: the sum of the lengths). Whole epochs (with workers,
+  persistent ones: the epochs differ in length, so a start-up per epoch would favour the longest),
+  after one warm-up epoch, timed round-robin with the cells' order rotated every round; the median
+  per cell; samples/s and CPU seconds per 1,000 samples (this process and its workers: getrusage,
+  and psutil for the live persistent ones). The result is the mix's rate over its slower source's:
+  of the medians, and the median of the per-round ratios (robust to a loaded machine's drift).
 state: ``len(json.dumps(state))`` and ``len(pickle.dumps(state))`` of a mix loader's state after a
   resume into another layout (one earlier layout recorded), for a mix of 10**9 samples.
 proportions: a mix of three cheap sources (weights 0.7/0.2/0.1, ``--length`` samples per epoch):
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 import fastdata
@@ -100,9 +101,17 @@ def timed_epoch(loader: Any) -> tuple[float, float, int]:
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process (all its threads) and of its reaped child processes (workers)."""
+    """CPU seconds of this process (all its threads), of its reaped child processes and of its live
+    ones (persistent workers, which are reaped only at the end)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    live = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # gone meanwhile: counted as reaped next time
+            continue
+        live += times.user + times.system
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + live
 
 
 def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -142,7 +151,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["mix_over_slower_source"] = mixed / slower
                 r["mix_over_slower_per_round"] = per_round
             print(f"{pair} {backend} nw={workers}: " + ", ".join(
-                f"{r['cell']} {r['samples_per_s']:.0f}/s ({r['cpu_s_per_1000']:.3f} CPU s/1000)" for r in mine)
+                f"{r['cell']} {r['samples_per_s']:.0f}/s ({r['cpu_s_per_1000']:.4g} CPU s/1000)" for r in mine)
                   + f"; mix / slower source = {mixed / slower:.3f} (of medians), {statistics.median(per_round):.3f} "
                   f"(median of per-round ratios)", flush=True)
     return rows
