@@ -4,13 +4,16 @@ at the same setting; the size of a loader's state; the proportions of a mix per 
     python benchmarks/bench_mix.py                       # ~3 min on 2 cores
     python benchmarks/bench_mix.py --rounds 3 --count 4000
 
-speed: seeded random 64x64 RGB images, converted once under benchmarks/data/mix/ (raw): ``a`` as npy
-  (``--count`` images), ``b`` as npy and as hdf5 (half as many). Cells, per setting (backend,
-  num_workers): each source alone, and ``fastdata.mix([a, b], [1, 1])`` (one epoch: the sum of the
-  lengths). Whole epochs (with workers, persistent ones: the epochs differ in length, so a
-  start-up per epoch would favour the longest), after one warm-up epoch, timed round-robin with the cells' order rotated every
-  round; the median per cell; samples/s and CPU seconds per 1,000 samples (this process and its
-  reaped workers, getrusage). The result is the mix's rate over its slower source's.
+speed: seeded 64x64 RGB images, converted once under benchmarks/data/mix/, per ``--stores``: raw
+  (noise; memcpy-bound, the worst case for per-batch overhead) and encoded (smooth images as JPEG
+  quality 90; decode-bound, the realistic case): ``a`` as npy (``--count`` images), ``b`` as npy and
+  as hdf5 (half as many). Cells, per setting (backend, num_workers): each source alone, and
+  ``fastdata.mix([a, b], [1, 1])`` (one epoch: the sum of the lengths). Whole epochs (with workers,
+  persistent ones: the epochs differ in length, so a start-up per epoch would favour the longest),
+  after one warm-up epoch, timed round-robin with the cells' order rotated every round; the median
+  per cell; samples/s and CPU seconds per 1,000 samples (this process and its workers: getrusage,
+  and psutil for the live persistent ones). The result is the mix's rate over its slower source's:
+  of the medians, and the median of the per-round ratios (robust to a loaded machine's drift).
 state: ``len(json.dumps(state))`` and ``len(pickle.dumps(state))`` of a mix loader's state after a
   resume into another layout (one earlier layout recorded), for a mix of 10**9 samples.
 proportions: a mix of three cheap sources (weights 0.7/0.2/0.1, ``--length`` samples per epoch):
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 import fastdata
@@ -41,10 +45,19 @@ DATA = HERE / "data" / "mix"
 
 
 class RandomImages(torch.utils.data.Dataset):
-    """``count`` seeded random 64x64 RGB images (uint8 HWC) with labels 0..9."""
+    """``count`` seeded 64x64 RGB images (uint8 HWC) with labels 0..9: uniform noise, or
+    (``smooth``) a random colour gradient with mild noise, which encodes as a photo-sized JPEG."""
 
-    def __init__(self, count: int, seed: int):
-        self.images = np.random.default_rng(seed).integers(0, 256, (count, 64, 64, 3), dtype=np.uint8)
+    def __init__(self, count: int, seed: int, smooth: bool = False):
+        rng = np.random.default_rng(seed)
+        if smooth:
+            ramp = np.linspace(0, 1, 64, dtype=np.float32)
+            corners = rng.uniform(0, 255, (count, 1, 1, 3, 2)).astype(np.float32)
+            base = corners[..., 0] + (corners[..., 1] - corners[..., 0]) * (ramp[:, None, None] + ramp[None, :, None]) / 2
+            noise = rng.normal(0, 12, (count, 64, 64, 3)).astype(np.float32)
+            self.images = np.clip(base + noise, 0, 255).astype(np.uint8)
+        else:
+            self.images = rng.integers(0, 256, (count, 64, 64, 3), dtype=np.uint8)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -53,11 +66,15 @@ class RandomImages(torch.utils.data.Dataset):
         return self.images[index], index % 10
 
 
-def converted(name: str, fmt: str, count: int, seed: int) -> Path:
-    path = DATA / f"{name}-{count}{'.h5' if fmt == 'hdf5' else '.npy'}"
+def converted(name: str, fmt: str, count: int, seed: int, store: str = "raw") -> Path:
+    """The converted dataset (raw pixels of noise, or JPEG quality 90 of smooth images: ``encoded``)."""
+    suffix = "" if store == "raw" else "-jpeg"
+    path = DATA / f"{name}-{count}{suffix}{'.h5' if fmt == 'hdf5' else '.npy'}"
     if not path.exists():
         DATA.mkdir(parents=True, exist_ok=True)
-        fastdata.convert(RandomImages(count, seed), path, format=fmt, store="raw", workers=0)
+        encoded = {"reencode": "jpeg:90"} if store == "encoded" else {}
+        fastdata.convert(RandomImages(count, seed, smooth=store == "encoded"), path, format=fmt, store=store,
+                         workers=0, **encoded)
     return path
 
 
@@ -84,16 +101,25 @@ def timed_epoch(loader: Any) -> tuple[float, float, int]:
 
 
 def _cpu_s() -> float:
-    """CPU seconds of this process (all its threads) and of its reaped child processes (workers)."""
+    """CPU seconds of this process (all its threads), of its reaped child processes and of its live
+    ones (persistent workers, which are reaped only at the end)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    live = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # gone meanwhile: counted as reaped next time
+            continue
+        live += times.user + times.system
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + live
 
 
 def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
-    a = fastdata.open_dataset(converted("a", "npy", args.count, 1))
     rows = []
-    for b_format in ("npy", "hdf5"):
-        b = fastdata.open_dataset(converted(f"b-{b_format}", b_format, args.count // 2, 2))
+    for store, b_format in [(store, b_format) for store in args.stores for b_format in ("npy", "hdf5")]:
+        pair = f"npy+{b_format} {store}"
+        a = fastdata.open_dataset(converted("a", "npy", args.count, 1, store))
+        b = fastdata.open_dataset(converted(f"b-{b_format}", b_format, args.count // 2, 2, store))
         cells = {"a (npy) alone": a, f"b ({b_format}) alone": b, f"mix(a, b {b_format}, [1, 1])": fastdata.mix([a, b], [1, 1])}
         for backend, workers in args.settings:
             persistent = {"persistent_workers": True} if workers else {}  # start-up paid once, in the warm-up epoch
@@ -109,19 +135,25 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
             for name, runs in times.items():
                 seconds = statistics.median(t for t, _, _ in runs)
                 samples = runs[0][2]
-                rows.append({"pair": f"npy+{b_format}", "cell": name, "backend": backend, "num_workers": workers,
+                rows.append({"pair": pair, "store": store, "cell": name, "backend": backend, "num_workers": workers,
                              "batch_size": args.batch_size, "samples": samples, "epochs": len(runs),
                              "samples_per_s": samples / seconds,
                              "cpu_s_per_1000": 1000 * statistics.median(c for _, c, _ in runs) / samples})
-            mine = [r for r in rows if r["pair"] == f"npy+{b_format}" and r["backend"] == backend
+            mine = [r for r in rows if r["pair"] == pair and r["backend"] == backend
                     and r["num_workers"] == workers]
             slower = min(r["samples_per_s"] for r in mine if "alone" in r["cell"])
             mixed = next(r["samples_per_s"] for r in mine if r["cell"].startswith("mix"))
+            rates = {name: [samples / t for t, _, samples in runs] for name, runs in times.items()}
+            mix_name = next(name for name in rates if name.startswith("mix"))
+            per_round = [rates[mix_name][i] / min(rates[name][i] for name in rates if "alone" in name)
+                         for i in range(args.rounds)]
             for r in mine:
                 r["mix_over_slower_source"] = mixed / slower
-            print(f"npy+{b_format} {backend} nw={workers}: " + ", ".join(
-                f"{r['cell']} {r['samples_per_s']:.0f}/s ({r['cpu_s_per_1000']:.3f} CPU s/1000)" for r in mine)
-                  + f"; mix / slower source = {mixed / slower:.3f}", flush=True)
+                r["mix_over_slower_per_round"] = per_round
+            print(f"{pair} {backend} nw={workers}: " + ", ".join(
+                f"{r['cell']} {r['samples_per_s']:.0f}/s ({r['cpu_s_per_1000']:.4g} CPU s/1000)" for r in mine)
+                  + f"; mix / slower source = {mixed / slower:.3f} (of medians), {statistics.median(per_round):.3f} "
+                  f"(median of per-round ratios)", flush=True)
     return rows
 
 
@@ -162,8 +194,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--length", type=int, default=100_000, help="samples per epoch of the proportions mix")
+    parser.add_argument("--stores", default="raw,encoded", help="raw (memcpy-bound), encoded (JPEG, decode-bound)")
     parser.add_argument("--settings", default="torch:0,thread:2,process:2", help="backend:num_workers,...")
     args = parser.parse_args()
+    args.stores = args.stores.split(",")
     args.settings = [(s.split(":")[0], int(s.split(":")[1])) for s in args.settings.split(",")]
     document = {"machine": machine_info(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                 "args": {k: v for k, v in vars(args).items()}, "speed": speed(args), "state": state_size(),

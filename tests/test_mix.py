@@ -283,3 +283,36 @@ def test_a_bad_mix_on_the_command_line_is_one_line(args, message, capsys, tmp_pa
     monkeypatch.chdir(tmp_path)
     assert main(args) != 0
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"fastdata: error: {message}"
+
+
+def test_a_mix_file_gives_paths_weights_length_and_seed(two_converted, tmp_path):
+    from fastdata.cli.mixing import open_mix
+
+    npy = convert_to(two_converted[0], tmp_path / "data", "npy", "raw")
+    tar = convert_to(two_converted[1], tmp_path / "data" / "b", "tar", "raw")
+    spec = tmp_path / "data" / "mix.json"
+    spec.write_text(json.dumps({"datasets": [{"path": Path(npy).relative_to(spec.parent).as_posix(), "weight": 3},
+                                             {"path": str(tar), "weight": 1}], "length": 20, "seed": 5}))
+    mixed = open_mix(str(spec))
+    assert (len(mixed), mixed.seed, mixed.weights.tolist(), mixed.lengths.tolist()) == (20, 5, [3.0, 1.0], [7, 3])
+    assert [type(d).__name__ for d in mixed.datasets] == ["MemmapDataset", "TarIndexedDataset"]
+    assert mixed.counts.tolist() == [15, 5]
+
+
+@pytest.mark.parametrize(("document", "problem"), [
+    ('{"datasets": [{"path": "a.npy"}]}', "'datasets' names fewer than two datasets"),
+    ('{"datasets": [{"path": "a.npy"}, {"path": "b", "weight": -1}]}',
+     'dataset 1 ({"path": "b", "weight": -1}) is not {"path": STRING, "weight": NUMBER >= 0}'),
+    ('{"datasets": [{"path": "a"}, {"path": "b"}], "length": 2.5}', "'length' is 2.5, not an integer >= 0"),
+    ('{"datasets": [{"path": "a"}, {"path": "b"}], "epochs": 2}', "unknown key 'epochs'"),
+    ('[1, 2]', "it is not a JSON object with a 'datasets' list"),
+])
+def test_a_bad_mix_file_is_one_line(document, problem, tmp_path, capsys, monkeypatch):
+    from fastdata.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("mix.json").write_text(document)
+    assert main(["tune", "--mix", "mix.json"]) != 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fastdata: error: --mix: invalid mix file 'mix.json': {problem}. Write {{\"datasets\": [{{\"path\": \"a.npy\", "
+        '"weight": 3}, {"path": "b-shards", "weight": 1}], "length": 100000, "seed": 0} (length and seed optional).')

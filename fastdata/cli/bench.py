@@ -40,7 +40,7 @@ def add_parser(commands) -> None:
                         help="image folder, torchvision:NAME, a converted dataset, or module:name (any map-style "
                         "Dataset, or a zero-argument function returning one)")
     parser.add_argument("--demo", action="store_true", help="generate a demo image folder and benchmark it")
-    parser.add_argument("--mix", metavar="PATH:W,PATH:W", help=MIX_HELP)
+    parser.add_argument("--mix", metavar="PATH:W,PATH:W|MIX.json", help=MIX_HELP)
     parser.add_argument("--formats", "--format", dest="formats", default=None, metavar="LIST",
                         help=f"comma-separated formats (default: all: {','.join(available_formats())}; "
                         f"{','.join(DEMO['formats'])} with --demo)")

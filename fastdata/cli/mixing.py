@@ -1,9 +1,16 @@
-"""``--mix PATH:WEIGHT,PATH:WEIGHT,...`` for ``fastdata bench`` and ``fastdata tune``: a
-:func:`fastdata.mix` of converted datasets, each read map-style (a tar dataset through its
-indexed reader, ``TarIndexedDataset``: a mix needs random access)."""
+"""``--mix PATH:WEIGHT,PATH:WEIGHT,...`` (or ``--mix mix.json``) for ``fastdata bench`` and
+``fastdata tune``: a :func:`fastdata.mix` of converted datasets, each read map-style (a tar dataset
+through its indexed reader, ``TarIndexedDataset``: a mix needs random access).
+
+The file form, for a mix with its own length and seed (paths relative to the file's folder)::
+
+    {"datasets": [{"path": "a.npy", "weight": 3}, {"path": "b-shards", "weight": 1}],
+     "length": 100000, "seed": 0}
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,7 +19,51 @@ from fastdata.errors import InvalidOptionError
 
 HELP = ("a weighted mix of converted datasets instead of SOURCE: PATH:WEIGHT,PATH:WEIGHT,... (e.g. "
         "a.npy:3,b-shards:1; tar datasets are read map-style, as TarIndexedDataset); each epoch draws the sum of "
-        "their lengths in those proportions (fastdata.mix, docs/reading.md)")
+        "their lengths in those proportions (fastdata.mix, docs/reading.md). Or a .json file: "
+        '{"datasets": [{"path": ..., "weight": ...}, ...], "length": N, "seed": S} (length and seed optional)')
+
+_KEYS = {"datasets", "length", "seed"}
+
+
+def mix_spec(text: str) -> tuple[list[tuple[str, float]], int | None, int]:
+    """``([(path, weight), ...], length, seed)`` that ``--mix`` names: PATH:WEIGHT pairs (length
+    None: the sum of the lengths; seed 0), or a ``.json`` file."""
+    if Path(text).suffix.lower() != ".json":
+        return parse_mix(text), None, 0
+    return read_mix_file(Path(text))
+
+
+def read_mix_file(path: Path) -> tuple[list[tuple[str, float]], int | None, int]:
+    """The mix a JSON file describes; one line naming the file and what is wrong otherwise."""
+    usage = ('Write {"datasets": [{"path": "a.npy", "weight": 3}, {"path": "b-shards", "weight": 1}], '
+             '"length": 100000, "seed": 0} (length and seed optional).')
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidOptionError(f"--mix: {str(path)!r} does not exist. {usage}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidOptionError(f"--mix: cannot read {str(path)!r} as JSON ({error}). {usage}") from None
+    unknown = sorted(set(document) - _KEYS) if isinstance(document, dict) else []
+    entries = document.get("datasets") if isinstance(document, dict) else None
+    problem = ("it is not a JSON object with a 'datasets' list" if not isinstance(entries, list) else
+               f"unknown key {unknown[0]!r}" if unknown else
+               "'datasets' names fewer than two datasets" if len(entries) < 2 else None)
+    if problem is None:
+        for number, entry in enumerate(entries):
+            weight = entry.get("weight", 1) if isinstance(entry, dict) else None
+            if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and set(entry) <= {"path", "weight"}
+                    and isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight)
+                    and weight >= 0):
+                problem = f"dataset {number} ({json.dumps(entry)[:80]}) is not {{\"path\": STRING, \"weight\": NUMBER >= 0}}"
+                break
+    length, seed = (document.get("length"), document.get("seed", 0)) if isinstance(document, dict) else (None, 0)
+    for key, value, least in (("length", length, 0), ("seed", seed, None)):
+        if problem is None and value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                                      or (least is not None and value < least)):
+            problem = f"{key!r} is {json.dumps(value)[:40]}, not an integer{' >= 0' if least is not None else ''}"
+    if problem is not None:
+        raise InvalidOptionError(f"--mix: invalid mix file {str(path)!r}: {problem}. {usage}")
+    return [(str(path.parent / entry["path"]), float(entry.get("weight", 1))) for entry in entries], length, seed
 
 
 def parse_mix(text: str) -> list[tuple[str, float]]:
@@ -35,12 +86,14 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
 
 
 def open_mix(text: str, *, transform: Any = None) -> Any:
-    """The :func:`fastdata.mix` that ``--mix`` names (seed 0, one epoch = the sum of the lengths)."""
+    """The :func:`fastdata.mix` that ``--mix`` names (PATH:WEIGHT pairs: seed 0, one epoch = the
+    sum of the lengths; a JSON file: its length and seed)."""
     from fastdata.formats import find_manifest, get_format
     from fastdata.loading.mix import mix
 
+    entries, length, seed = mix_spec(text)
     datasets, weights = [], []
-    for path, weight in parse_mix(text):
+    for path, weight in entries:
         manifest = find_manifest(Path(path)) if Path(path).exists() else None
         if not manifest:
             raise InvalidOptionError(f"--mix: {path!r} is not a converted dataset. Convert it first (fastdata convert "
@@ -48,4 +101,4 @@ def open_mix(text: str, *, transform: Any = None) -> Any:
         spec = get_format(manifest["format"])
         datasets.append((spec.map_dataset or spec.dataset)(path, transform=transform))
         weights.append(weight)
-    return mix(datasets, weights)
+    return mix(datasets, weights, length=length, seed=seed)

@@ -36,7 +36,7 @@ def add_parser(commands) -> None:
     parser.add_argument("source", nargs="?", metavar="SOURCE",
                         help="module:name (a Dataset or a function returning one), an image folder, "
                         "torchvision:NAME, or a converted dataset")
-    parser.add_argument("--mix", metavar="PATH:W,PATH:W", help=HELP)
+    parser.add_argument("--mix", metavar="PATH:W,PATH:W|MIX.json", help=HELP)
     parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="batch size (default: 256)")
     step = parser.add_mutually_exclusive_group()
     step.add_argument("--step-ms", type=float, default=0.0, metavar="MS",

@@ -85,6 +85,62 @@ def assemble(parts: Sequence[Any], places: Sequence[np.ndarray], total: int, *,
                              "return tuples, dicts, lists, tensors or arrays.")
 
 
+def concatenate_runs(parts: Sequence[Any], runs: Sequence[tuple[int, int]], total: int, *,
+                     allocate: Callable | None = None, names: Sequence[str] = (),
+                     buffers: Sequence[np.ndarray] = ()) -> Any:
+    """The batch of ``total`` rows whose rows ``runs[k] = (start, stop)`` are ``parts[k]``, the runs
+    in order and covering the batch (a mix's batch grouped per source). A tensor every part read
+    straight into its rows of one of ``buffers`` costs one view; other tensors of one dimension
+    (labels) are concatenated; anything else is placed by :func:`assemble`."""
+    first = parts[0]
+    if isinstance(first, tuple):
+        _same(parts, len(first), names, "tuple of")
+        fields = [concatenate_runs([p[i] for p in parts], runs, total, allocate=allocate, names=names, buffers=buffers)
+                  for i in range(len(first))]
+        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
+    if isinstance(first, dict):
+        _same(parts, set(first), names, "keys")
+        return {key: concatenate_runs([p[key] for p in parts], runs, total, allocate=allocate, names=names,
+                                      buffers=buffers) for key in first}
+    if isinstance(first, list):
+        return [item for part in parts for item in part]
+    if isinstance(first, torch.Tensor):
+        held = _held(parts, runs, total, buffers)
+        if held is not None:
+            return held
+        if first.ndim == 1 and allocate is None:
+            _checked_shapes(parts, names)
+            out = torch.cat([_plain(p) for p in parts])
+            return out if type(first) is torch.Tensor else out.as_subclass(type(first))
+    return assemble(parts, [np.arange(start, stop) for start, stop in runs], total, allocate=allocate, names=names,
+                    buffers=buffers)
+
+
+def _held(parts: Sequence[torch.Tensor], runs: Sequence[tuple[int, int]], total: int,
+          buffers: Sequence[np.ndarray]) -> torch.Tensor | None:
+    """The batch as one view of the buffer every part was read into at its rows (all parts alike in
+    shape, strides and type), else None."""
+    first = parts[0]
+    origin = first.data_ptr()
+    for buffer in buffers:
+        if buffer.__array_interface__["data"][0] != origin or len(buffer) != total or not buffer.flags.c_contiguous:
+            continue
+        row = buffer.strides[0]
+        if buffer.itemsize != first.element_size() or first.ndim == 0 or first.stride(0) * first.element_size() != row:
+            return None
+        shape, strides = first.shape[1:], first.stride()
+        for part, (start, stop) in zip(parts, runs):
+            if (part.data_ptr() != origin + start * row or part.shape[0] != stop - start or part.shape[1:] != shape
+                    or part.stride() != strides or part.dtype != first.dtype or type(part) is not type(first)):
+                return None
+        out = torch.from_numpy(buffer)
+        if out.dtype != first.dtype:
+            return None
+        out = out.as_strided((total, *shape), strides)
+        return out if type(first) is torch.Tensor else out.as_subclass(type(first))
+    return None
+
+
 def _tensor(parts: Sequence[torch.Tensor], places: Sequence[np.ndarray], total: int, allocate: Callable | None,
             names: Sequence[str], buffers: Sequence[np.ndarray] = ()) -> torch.Tensor:
     """The parts' rows placed in one tensor laid out in memory as the first part is (a reader's

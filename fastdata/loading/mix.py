@@ -198,16 +198,15 @@ class Mix(torch.utils.data.Dataset):
     def _read_runs(self, sources: np.ndarray, inner: np.ndarray, epoch: int, allocate: Any) -> Any:
         """The batch of indices grouped per source: each source's run read straight into its rows
         of shared buffers where it can (no copy afterwards), else placed."""
-        from fastdata.loading.assemble import SharedRows, assemble
+        from fastdata.loading.assemble import SharedRows, concatenate_runs
 
         starts = [0, *(np.flatnonzero(sources[1:] != sources[:-1]) + 1).tolist()]
         runs = list(zip(starts, [*starts[1:], len(sources)]))
         shared = SharedRows(len(sources), allocate)
         parts = [self._read(int(sources[start]), inner[start:stop], epoch, shared.rows(start, stop))
                  for start, stop in runs]
-        places = [np.arange(start, stop) for start, stop in runs]
-        return assemble(parts, places, len(sources), allocate=allocate,
-                        names=[self._labels[int(sources[start])] for start, _ in runs], buffers=shared.buffers)
+        return concatenate_runs(parts, runs, len(sources), allocate=allocate,
+                                names=[self._labels[int(sources[start])] for start, _ in runs], buffers=shared.buffers)
 
     def arrange_batch(self, indices: np.ndarray, epoch: int) -> np.ndarray:
         """A batch's indices grouped per source, ascending within each (``fastdata.loader`` orders
