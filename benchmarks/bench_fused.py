@@ -336,11 +336,13 @@ def dali_available() -> bool:
 
 
 def dali_loader(source: str, threads: int, batch_size: int):
-    """A function giving one epoch of a CPU-only DALI pipeline (built, one epoch run, on first use)."""
+    """A function giving one epoch of a CPU-only DALI pipeline, built inside the timed epoch (its
+    start-up counted, as a fresh loader's workers are); one untimed epoch on first use loads
+    DALI's libraries. A pipeline kept across epochs cannot be timed per epoch: it runs ahead into
+    the next epoch (its prefetch queue), so a later epoch's first batches, on a set of two
+    batches all of it, would be computed while the script waits between configurations."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    made = []
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)
     def pipe():
@@ -351,26 +353,23 @@ def dali_loader(source: str, threads: int, batch_size: int):
         images = fn.flip(images, horizontal=fn.random.coin_flip())
         return fn.transpose(images, perm=[2, 0, 1]), labels
 
+    def batches():
+        built = pipe()
+        built.build()
+        iterator = DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=False,
+                                       last_batch_policy=LastBatchPolicy.PARTIAL)
+        for batch in iterator:
+            yield batch[0]["image"], batch[0]["label"]
+
+    warmed = []
+
     def epoch():
-        if not made:
-            built = pipe()
-            built.build()
-            made.append(DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=False,
-                                            last_batch_policy=LastBatchPolicy.PARTIAL))
-            _epoch(_dali_batches(made[0]))
-        return _dali_batches(made[0], reset=True)
+        if not warmed:
+            _epoch(batches())
+            warmed.append(True)
+        return batches()
 
     return epoch
-
-
-def _dali_batches(iterator, reset: bool = False):
-    """One epoch's batches; with ``reset``, the iterator is reset (and starts prefetching) inside
-    the timed epoch, not when the previous one ended (auto_reset would prefetch the next epoch
-    while the script waits between configurations: untimed work)."""
-    if reset:
-        iterator.reset()
-    for batch in iterator:
-        yield batch[0]["image"], batch[0]["label"]
 
 
 def run_loader(args: argparse.Namespace) -> list[dict]:

@@ -137,6 +137,21 @@ def test_the_nearest_kernels_equal_torchs(mode: str, shape: tuple, size: tuple) 
     assert np.array_equal(kernels.resize(pixels, size, interpolation=mode), expected[0].permute(1, 2, 0).numpy())
 
 
+@pytest.mark.parametrize("flip", [False, True], ids=["copy", "mirror"])
+@pytest.mark.parametrize("layout", ["hwc", "planar", "cropped"])
+def test_place_copies_any_layout_exactly(layout: str, flip: bool) -> None:
+    rng = np.random.default_rng(5)
+    planar = rng.integers(0, 256, (3, 20, 30), dtype=np.uint8)
+    pixels = {"hwc": np.ascontiguousarray(planar.transpose(1, 2, 0)), "planar": planar.transpose(1, 2, 0),
+              "cropped": np.ascontiguousarray(planar.transpose(1, 2, 0))[2:17, 3:29]}[layout]
+    expected = pixels[:, ::-1] if flip else pixels
+    batch = np.zeros((2, *pixels.shape), dtype=np.uint8)
+    kernels.place(pixels, batch[1], flip=flip)
+    assert np.array_equal(batch[1], expected) and not batch[0].any()
+    copied = kernels.place(pixels, None, flip=flip)
+    assert copied.flags.c_contiguous and np.array_equal(copied, expected)
+
+
 def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel changes pixels by at most a grey level, never the box or the flip."""
     data = next(folder.glob("a/*.jpg")).read_bytes()

@@ -99,15 +99,18 @@ def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "b
 
 
 def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
-    """``pixels`` (HWC), mirrored left-right when ``flip``, copied into ``out`` (a row of a
-    batch) when given, else into a new contiguous array: numpy's copy, one thread. A mirrored
-    copy goes channel by channel: numpy copies a (H, W) plane with a negative column stride
-    several times faster than the (H, W, 3) view, whose innermost loop is 3 bytes long."""
+    """``pixels`` (HWC, any strides), mirrored left-right when ``flip``, copied into ``out`` (a
+    row of a batch) when given, else into a new contiguous array: numpy's copy, one thread.
+    Unless it is a plain copy of contiguous HWC memory, the copy goes channel by channel: numpy
+    copies an (H, W) plane several times faster than an (H, W, 3) view whose innermost loop is 3
+    bytes long, and both a mirrored view and the resize kernel's planar (C, H, W) result are
+    such views."""
     if out is None:
         out = np.empty(pixels.shape, dtype=pixels.dtype)
-    if not flip:
+    if not flip and pixels.flags.c_contiguous:
         out[...] = pixels
         return out
+    columns = slice(None, None, -1) if flip else slice(None)
     for channel in range(pixels.shape[2]):
-        out[:, :, channel] = pixels[:, ::-1, channel]
+        out[:, :, channel] = pixels[:, columns, channel]
     return out
