@@ -11,7 +11,7 @@ the search is tested on simulated windows for any number of cores.
 The search is a hill climb on samples/s with back-off and hysteresis:
 
 * Start where the loader starts (``num_workers=0`` unless told otherwise: the first batch is never
-  delayed). A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
+  delayed), and measure it for two windows. A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
   to gain: stay (or, with workers, try fewer: a worker costs memory and the CPU a step may need).
 * Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
   on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
@@ -185,8 +185,11 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
                    f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
     if search.settled is not None:
         return _watch(search, window, budget)
-    if search.trial is None or search.best_window is None:
-        return _first(dataclasses.replace(search, best_window=window, trial=None), window, budget)
+    if search.best_window is None:  # the start is measured twice, as a kept trial is
+        return dataclasses.replace(search, best_window=window, trial=None), None
+    if search.trial is None:
+        both = pooled(search.best_window, window)
+        return _first(dataclasses.replace(search, best_window=both), both, budget)
     return _judge(search, window, budget)
 
 
