@@ -231,13 +231,14 @@ def main() -> None:
     args = parser.parse_args()
     cores = usable_cores()
     rows, summaries = [], []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.only.split(","):
         found = workload(name, args.epochs, cores)
         rows += found
         summaries.append(summary(found))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine_info(), "torch_threads": torch.get_num_threads(),
-                               "rows": rows, "summaries": summaries}, indent=1))
+        print(table(summaries[-1:]).splitlines()[-1], file=sys.stderr)
+        args.out.write_text(json.dumps({"machine": machine_info(), "torch_threads": torch.get_num_threads(),
+                                        "rows": rows, "summaries": summaries}, indent=1))  # after each workload
     print(f"os.cpu_count()={machine_info()['cpu_count']}, usable cores={cores}, torch threads={torch.get_num_threads()}")
     print(table(summaries))
 

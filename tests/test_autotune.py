@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fastdata.loading.autotune import (
-    Budget, Decision, Search, Setting, Window, decide, log_entry, start,
+    Budget, Decision, Search, Setting, Window, decide, log_entry, pooled, start,
 )
 
 BATCH = 64
@@ -226,3 +226,71 @@ def test_log_entry_has_the_documented_keys():
     assert {"batch", "backend", "num_workers", "prefetch", "samples_per_s", "reason"} <= set(entry)
     assert entry["batch"] == 12 and entry["num_workers"] == 2 and entry["reason"] == "why"
     assert entry["samples_per_s"] == round(window.samples_per_s, 1)
+
+
+def noisy(seed: int, spread: float = 0.1):
+    """A shared machine: each window's rate is off by up to ``spread`` either way (seeded)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def measure(work: Workload, setting: Setting, cores: int) -> Window:
+        window = simulate(work, setting, cores)
+        factor = 1 + rng.uniform(-spread, spread)
+        return dataclasses.replace(window, wall_s=window.wall_s * factor, wait_s=window.wait_s * factor)
+    return measure
+
+
+def run_noisy(work: Workload, cores: int, windows: int, seed: int) -> tuple[Search, list[Decision]]:
+    budget = Budget(cores=cores, memory_bytes=64 * GB)
+    search, decisions, measure = start(Setting("thread", 0)), [], noisy(seed)
+    for _ in range(windows):
+        search, decision = decide(search, measure(work, search.current, cores), budget)
+        if decision is not None:
+            decisions.append(decision)
+    return search, decisions
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_noisy_windows_still_settle_near_the_best(cores):
+    """Each window's rate off by up to 10% either way: confirmed trials still settle near the best.
+    (Not a guarantee at any noise: at 20-30% a few seeds in a hundred see two lucky windows in a
+    row and keep 2 threads on raw pixels, at 0.81x nw=0; half as many as without confirmation.)"""
+    for seed in range(10):
+        for work in (RAW, DECODE, IO_WAIT):
+            search, _ = run_noisy(work, cores, 60, seed)
+            assert search.settled is not None, (work, seed)
+            assert_near_best(search, work, cores)
+
+
+def test_one_lucky_window_does_not_keep_a_trial():
+    budget = Budget(cores=2, memory_bytes=64 * GB)
+    serial = simulate(RAW, Setting("thread", 0), 2)
+    search, decision = decide(start(Setting("thread", 0)), serial, budget)
+    assert decision is None  # the start is measured twice
+    search, decision = decide(search, serial, budget)
+    assert decision.setting == Setting("thread", 2)
+    lucky = dataclasses.replace(serial, wall_s=serial.wall_s / 2)  # twice the serial rate, once
+    search, decision = decide(search, lucky, budget)
+    assert decision is None and search.pending is not None and search.trial == Setting("thread", 2)
+    search, decision = decide(search, dataclasses.replace(serial, wall_s=serial.wall_s * 1.5), budget)
+    # pooled, the two windows are no gain: undone at once, back to the better setting measured
+    assert decision.setting.num_workers < 2 and decision.reason.startswith("undone 0 -> 2")
+    assert search.best == Setting("thread", 0)
+
+
+def test_a_losing_trial_is_undone_at_its_first_window():
+    budget = Budget(cores=8, memory_bytes=64 * GB)
+    serial = simulate(RAW, Setting("thread", 0), 8)
+    search, _ = decide(start(Setting("thread", 0)), serial, budget)
+    search, decision = decide(search, serial, budget)
+    search, decision = decide(search, simulate(RAW, decision.setting, 8), budget)
+    assert decision is not None and decision.reason.startswith("undone 0 -> 2") and search.pending is None
+
+
+def test_pooled_windows_add_up():
+    a, b = simulate(DECODE, Setting("thread", 2), 8), simulate(DECODE, Setting("thread", 4), 8)
+    both = pooled(a, b)
+    assert both.batches == a.batches + b.batches and both.samples == a.samples + b.samples
+    assert both.wall_s == pytest.approx(a.wall_s + b.wall_s)
+    assert both.samples_per_s == pytest.approx(both.samples / both.wall_s)

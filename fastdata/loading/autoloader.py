@@ -13,7 +13,6 @@ the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept 
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -27,7 +26,8 @@ from fastdata.loading.samplers import BatchIndexSampler
 logger = logging.getLogger("fastdata")
 
 WINDOW_BATCHES = 8  # a window holds at least this many batches (and three chunks) ...
-CHUNKS = 3  # a window's chunks: the medians of their time, wait and step per batch are the window's
+CHUNKS = 3  # a window's chunks: trimmed means of their time, wait and step per batch are the window's
+TRIM = 0.2  # the share of chunks dropped at each end (the slowest and quickest) before the mean
 WINDOW_S = 0.25  # ... and lasts at least this long
 MEMORY_SHARE = 0.5  # the default memory budget: this share of the RAM available at the start
 
@@ -180,7 +180,9 @@ class Meter:
                       **self._medians(chunk))
 
     def _medians(self, chunk: int) -> dict[str, float]:
-        """Per batch, the median over the window's chunks of ``chunk`` batches: time, wait, step."""
+        """Per batch, the trimmed mean over the window's chunks of ``chunk`` batches: time, wait,
+        step. A median would drop every slow batch, and so flatter a loop whose batches are slow
+        now and then (the serial loop's); the trim only drops the few that waited for a core."""
         periods, waits, steps = [], [], []
         for start in range(0, self.batches - chunk + 1, chunk):
             periods.append((self.stamps[start + chunk] - self.stamps[start]) / chunk)
@@ -188,8 +190,16 @@ class Meter:
             steps.append(sum(self.steps[start:start + chunk]) / chunk)
         if not periods:
             return {}
-        return {"period_s": statistics.median(periods), "wait_per_batch_s": statistics.median(waits),
-                "step_median_s": statistics.median(steps)}
+        return {"period_s": trimmed_mean(periods), "wait_per_batch_s": trimmed_mean(waits),
+                "step_median_s": trimmed_mean(steps)}
+
+
+def trimmed_mean(values: list[float], *, trim: float = TRIM) -> float:
+    """The mean of ``values`` without the ``trim`` share of them at each end (none of 1-4 values)."""
+    ordered = sorted(values)
+    cut = int(len(ordered) * trim)
+    kept = ordered[cut:len(ordered) - cut]
+    return sum(kept) / len(kept)
 
 
 class AutoLoader(Resumable):

@@ -11,7 +11,7 @@ the search is tested on simulated windows for any number of cores.
 The search is a hill climb on samples/s with back-off and hysteresis:
 
 * Start where the loader starts (``num_workers=0`` unless told otherwise: the first batch is never
-  delayed). A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
+  delayed), and measure it for two windows. A loop that waits in ``next()`` less than :data:`WAIT_TARGET` of its time has nothing
   to gain: stay (or, with workers, try fewer: a worker costs memory and the CPU a step may need).
 * Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
   on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
@@ -19,6 +19,9 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * Threads may go beyond the cores only while the process tree leaves cores idle (the work waits on
   I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
   loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
+* A trial is kept only when a second window at it confirms the first (the two pooled still beat
+  ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
+  undone at its first window, so the loop falls back at once to the better setting it measured.
 * Settled, each window is compared with the one it settled on: when the step, the rate, the time
   to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
   climb starts again from the current setting.
@@ -66,11 +69,11 @@ class Window:
     ``busy_cores``: CPU seconds of the process tree per second of the window; ``idle_cores``: the
     machine's idle CPU seconds per second (other programs' work counts as busy).
 
-    ``period_s``, ``wait_per_batch_s``, ``step_median_s``: per batch, the medians over the window's
+    ``period_s``, ``wait_per_batch_s``, ``step_median_s``: per batch, trimmed means over the window's
     chunks (runs of consecutive batches longer than the batches in flight, so that a chunk's time is
     what its batches cost), where the loop gave them. The rates are read from them: on a shared
-    machine a few batches that waited for a core (another program's) move a mean far more than the
-    median."""
+    machine a few batches that waited for a core (another program's) move a plain mean far more
+    than a trimmed one."""
 
     batches: int
     samples: int
@@ -155,6 +158,7 @@ class Search:
     tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
     went_down: bool = False  # removing workers was tried in this search
     worker_bytes: int | None = None  # the memory of one worker process, once one was measured
+    pending: Window | None = None  # the trial's first window, that would keep it: awaiting confirmation
 
     @property
     def current(self) -> Setting:
@@ -181,8 +185,11 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
                    f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
     if search.settled is not None:
         return _watch(search, window, budget)
-    if search.trial is None or search.best_window is None:
-        return _first(dataclasses.replace(search, best_window=window, trial=None), window, budget)
+    if search.best_window is None:  # the start is measured twice, as a kept trial is
+        return dataclasses.replace(search, best_window=window, trial=None), None
+    if search.trial is None:
+        both = pooled(search.best_window, window)
+        return _first(dataclasses.replace(search, best_window=both), both, budget)
     return _judge(search, window, budget)
 
 
@@ -256,28 +263,66 @@ def _cores_busy(window: Window, budget: Budget) -> bool:
 
 
 def _try(search: Search, setting: Setting, direction: int, step: int, reason: str) -> tuple[Search, Decision]:
-    return dataclasses.replace(search, trial=setting, direction=direction, step=step), Decision(setting, reason)
+    return (dataclasses.replace(search, trial=setting, direction=direction, step=step, pending=None),
+            Decision(setting, reason))
 
 
 def _settle(search: Search, window: Window, reason: str) -> tuple[Search, Decision | None]:
     """Stop at ``best`` (the decision undoes a trial under way)."""
-    settled = dataclasses.replace(search, trial=None, settled=search.best_window or window, moved=0)
+    settled = dataclasses.replace(search, trial=None, settled=search.best_window or window, moved=0, pending=None)
     return settled, Decision(search.best, f"settled: {reason}")
 
 
+def _keeps(search: Search, ratio: float) -> bool:
+    """Whether a trial that measured ``ratio`` times ``best``'s rate is worth keeping."""
+    if search.trial.backend != search.best.backend:
+        return ratio > 1  # another backend: kept if it is faster at all
+    return ratio >= (1 - KEEP if search.direction < 0 else 1 + GAIN)
+
+
+def pooled(first: Window, second: Window) -> Window:
+    """Two windows at one setting as one: their batches, samples and times together, the per-batch
+    figures weighted by batches (memory and the machine's state from the later one)."""
+    batches = first.batches + second.batches
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else (a * first.batches + b * second.batches) / batches
+
+    def total(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a + b
+
+    return dataclasses.replace(
+        second, batches=batches, samples=first.samples + second.samples, wall_s=first.wall_s + second.wall_s,
+        wait_s=first.wait_s + second.wait_s, step_s=first.step_s + second.step_s,
+        produce_s=total(first.produce_s, second.produce_s), busy_cores=mean(first.busy_cores, second.busy_cores),
+        idle_cores=mean(first.idle_cores, second.idle_cores), period_s=mean(first.period_s, second.period_s),
+        wait_per_batch_s=mean(first.wait_per_batch_s, second.wait_per_batch_s),
+        step_median_s=mean(first.step_median_s, second.step_median_s))
+
+
+def _ratio(before: Window, after: Window) -> float:
+    return after.samples_per_s / before.samples_per_s if before.samples_per_s > 0 else math.inf
+
+
 def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
-    """A trial's window against the best one's: keep the trial or undo it."""
+    """A trial's window against the best one's: keep the trial (once a second window confirms it)
+    or undo it (at once)."""
+    if search.pending is not None:
+        window = pooled(search.pending, window)
+        search = dataclasses.replace(search, pending=None)
+    elif _keeps(search, _ratio(search.best_window, window)):
+        return dataclasses.replace(search, pending=window), None  # one more window at the trial first
     best_window, trial, best = search.best_window, search.trial, search.best
-    ratio = window.samples_per_s / best_window.samples_per_s if best_window.samples_per_s > 0 else math.inf
+    ratio = _ratio(best_window, window)
     change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
-    if trial.backend != best.backend:  # another backend: kept if it is faster at all
-        if ratio > 1:
+    if trial.backend != best.backend:
+        if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
                           worker_bytes=search.worker_bytes)
             return _more_or_settle(kept, window, budget, f"kept {change}")
         return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
-        if ratio >= 1 - KEEP:
+        if _keeps(search, ratio):
             kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, ceiling=best.num_workers)
             if trial.num_workers > kept.floor + 1:
                 return _down(kept, f"kept {change}; trying fewer")
@@ -286,7 +331,7 @@ def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         if best.num_workers - lower.floor > 1:
             return _down(lower, f"undone {change}; trying fewer than that")
         return _settle(lower, window, f"undone {change}")
-    if ratio >= 1 + GAIN:
+    if _keeps(search, ratio):
         kept = dataclasses.replace(search, best=trial, best_window=window, trial=None, floor=best.num_workers)
         return _more_or_settle(kept, window, budget, f"kept {change}", step=search.step * 2)
     higher = dataclasses.replace(search, trial=None, ceiling=trial.num_workers)
