@@ -360,11 +360,13 @@ def test_hdf5_reader_given_damaged_metadata_raises_corrupt_data_error_or_reads(u
 def test_no_code_path_unpickles() -> None:
     """Nothing read from a dataset or any file is ever unpickled. The one exception is the
     process backend of fastdata.loader, which exchanges messages with its own worker processes
-    over pipes (as multiprocessing and the DataLoader do); it opens no file."""
+    over pipes (as multiprocessing and the DataLoader do); it opens no file. A round trip of an
+    object in memory (``pickle.loads(pickle.dumps(x))``, the contract suite's picklability check)
+    reads nothing from outside."""
     root = Path(fastdata.__file__).parent
     ipc = {root / "loading" / "processes.py", root / "loading" / "worker.py", root / "loading" / "shm.py"}
     for source in sorted(root.rglob("*.py")):
-        text = source.read_text()
+        text = source.read_text().replace("pickle.loads(pickle.dumps(", "")
         if source in ipc:
             assert "open(" not in text.replace("shm_open(", ""), source
             continue
