@@ -192,7 +192,7 @@ def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> No
     assert document["summary"]["recommendation"]["format"] in ("folder", "npy")
     bad = run_fastdata(*command, "--transform", "blur")
     assert bad.returncode == 1 and "fastdata: error: Unknown --transform 'blur'" in bad.stderr
-    unknown = run_fastdata(*command[:2], "--formats", "npy,zarr")
+    unknown = run_fastdata(*command[:2], "--formats", "npy,zarr", cwd=tmp_path)  # no --out: ./bench-out here
     assert unknown.returncode == 1 and "Unknown format 'zarr'" in unknown.stderr
 
 
