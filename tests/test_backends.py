@@ -20,7 +20,7 @@ import fastdata
 from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
 from fastdata.loading import WorkerError
-from fastdata.loading.shm import PREFIX, stale_segments
+from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
 
 SHM = Path("/dev/shm")
 
@@ -32,15 +32,7 @@ def segments() -> set[str]:
 def running_elsewhere(name: str) -> bool:
     """Whether segment ``name`` belongs to another live process (another test run on this machine)."""
     pid = int(name[len(PREFIX):].split("_", 1)[0])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and alive(pid)
 
 
 @pytest.fixture(autouse=True)

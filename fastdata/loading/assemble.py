@@ -50,20 +50,32 @@ def _in_place(parts: Sequence[np.ndarray], places: Sequence[np.ndarray], buffers
     return None
 
 
+def _per_field(parts: Sequence[Any], names: Sequence[str], leaf: Callable[[Sequence[Any]], Any]) -> Any:
+    """``leaf(parts)`` at every field of the parts' common structure (tuples, named tuples and
+    dicts, the parts checked alike at each level), put back in that structure."""
+    first = parts[0]
+    if isinstance(first, tuple):
+        _same(parts, len(first), names, "tuple of")
+        fields = [_per_field([p[i] for p in parts], names, leaf) for i in range(len(first))]
+        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
+    if isinstance(first, dict):
+        _same(parts, set(first), names, "keys")
+        return {key: _per_field([p[key] for p in parts], names, leaf) for key in first}
+    return leaf(parts)
+
+
 def assemble(parts: Sequence[Any], places: Sequence[np.ndarray], total: int, *,
              allocate: Callable | None = None, names: Sequence[str] = (), buffers: Sequence[np.ndarray] = ()) -> Any:
     """The batch of ``total`` rows whose rows ``places[k]`` are ``parts[k]`` (collated batches of
     one structure: tuples and dicts of tensors, arrays and per-sample lists). ``allocate(shape,
     dtype)`` may give the memory of an array or tensor (None: a new one)."""
+    return _per_field(parts, names, lambda leaves: _placed(leaves, places, total, allocate, names, buffers))
+
+
+def _placed(parts: Sequence[Any], places: Sequence[np.ndarray], total: int, allocate: Callable | None,
+            names: Sequence[str], buffers: Sequence[np.ndarray]) -> Any:
+    """One field of :func:`assemble`."""
     first = parts[0]
-    if isinstance(first, tuple):
-        _same(parts, len(first), names, "tuple of")
-        fields = [assemble([p[i] for p in parts], places, total, allocate=allocate, names=names, buffers=buffers)
-                  for i in range(len(first))]
-        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
-    if isinstance(first, dict):
-        _same(parts, set(first), names, "keys")
-        return {key: assemble([p[key] for p in parts], places, total, allocate=allocate, names=names, buffers=buffers) for key in first}
     if isinstance(first, list):
         out: list[Any] = [None] * total
         for part, where in zip(parts, places):
@@ -91,17 +103,14 @@ def concatenate_runs(parts: Sequence[Any], runs: Sequence[tuple[int, int]], tota
     """The batch of ``total`` rows whose rows ``runs[k] = (start, stop)`` are ``parts[k]``, the runs
     in order and covering the batch (a mix's batch grouped per source). A tensor every part read
     straight into its rows of one of ``buffers`` costs one view; other tensors of one dimension
-    (labels) are concatenated; anything else is placed by :func:`assemble`."""
+    (labels) are concatenated; anything else is placed as :func:`assemble` places it."""
+    return _per_field(parts, names, lambda leaves: _concatenated(leaves, runs, total, allocate, names, buffers))
+
+
+def _concatenated(parts: Sequence[Any], runs: Sequence[tuple[int, int]], total: int, allocate: Callable | None,
+                  names: Sequence[str], buffers: Sequence[np.ndarray]) -> Any:
+    """One field of :func:`concatenate_runs`."""
     first = parts[0]
-    if isinstance(first, tuple):
-        _same(parts, len(first), names, "tuple of")
-        fields = [concatenate_runs([p[i] for p in parts], runs, total, allocate=allocate, names=names, buffers=buffers)
-                  for i in range(len(first))]
-        return type(first)(*fields) if hasattr(first, "_fields") else tuple(fields)
-    if isinstance(first, dict):
-        _same(parts, set(first), names, "keys")
-        return {key: concatenate_runs([p[key] for p in parts], runs, total, allocate=allocate, names=names,
-                                      buffers=buffers) for key in first}
     if isinstance(first, list):
         return [item for part in parts for item in part]
     if isinstance(first, torch.Tensor):
@@ -112,8 +121,7 @@ def concatenate_runs(parts: Sequence[Any], runs: Sequence[tuple[int, int]], tota
             _checked_shapes(parts, names)
             out = torch.cat([_plain(p) for p in parts])
             return out if type(first) is torch.Tensor else out.as_subclass(type(first))
-    return assemble(parts, [np.arange(start, stop) for start, stop in runs], total, allocate=allocate, names=names,
-                    buffers=buffers)
+    return _placed(parts, [np.arange(start, stop) for start, stop in runs], total, allocate, names, buffers)
 
 
 def _held(parts: Sequence[torch.Tensor], runs: Sequence[tuple[int, int]], total: int,
