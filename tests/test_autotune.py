@@ -196,6 +196,26 @@ def test_processes_never_exceed_the_cores():
         assert max(d.setting.num_workers for _, d in decisions) <= cores
 
 
+def _busy_window(cores: float) -> Window:
+    """A window whose loop waits 80% of its time while the process tree keeps ``cores`` busy."""
+    return Window(batches=16, samples=1024, wall_s=1.0, wait_s=0.8, step_s=0.2, busy_cores=cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_busy_cores_allow_threads_to_twice_the_cores_and_no_more_processes(cores):
+    budget = Budget(cores=cores, memory_bytes=64 * GB)
+    window = _busy_window(cores)
+    for workers, expected in [(cores, "thread"), (2 * cores - 1, "thread")]:  # a trial above, up to 2x cores
+        search = Search(best=Setting("thread", workers), best_window=window)
+        _, decision = decide(search, window, budget)
+        assert decision.setting.backend == expected
+        assert workers < decision.setting.num_workers <= 2 * cores, decision
+    for best in (Setting("thread", 2 * cores), Setting("process", cores)):  # at the limit: fewer, never more
+        _, decision = decide(Search(best=best, best_window=window), window, budget)
+        assert decision.setting.num_workers < best.num_workers, decision
+        assert "no more" in decision.reason
+
+
 def test_a_loop_that_does_not_wait_keeps_no_workers():
     gpu_bound = dataclasses.replace(DECODE, fetch=0.002, step=0.5)
     search, decisions = run([(gpu_bound, 10)], 8)

@@ -16,8 +16,9 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
   on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
   busy, or the budget is reached. A step that gains less is undone, then half of it is tried.
-* Threads may go beyond the cores only while the process tree leaves cores idle (the work waits on
-  I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
+* Threads may go to twice the cores while the cores are busy (kept only if they gain: the loop's
+  own thread and GIL-held stretches leave a share idle), and further only while the process tree
+  leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
   loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
   ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
@@ -45,6 +46,7 @@ BUSY = 0.85  # the process tree uses this share of the cores: no more workers
 GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
 THREADS_PER_CORE = 4  # threads may go this far beyond the cores while the cores stay idle
+BUSY_THREADS_PER_CORE = 2  # ... and this far while they are busy (a trial, kept only if it gains)
 MIN_THREADS = 16  # ... and to this many on a machine of few cores (I/O waits per sample)
 
 
@@ -216,9 +218,13 @@ def _limit(search: Search, window: Window, budget: Budget) -> int:
     """The most workers the climb may try from ``best`` (budget, cores, what was found worse)."""
     best = search.best
     most = budget.limit(best.backend, search.worker_bytes)
-    if best.num_workers > 0 and _cores_busy(window, budget) and (best.backend != "thread" or
-                                                                 best.num_workers >= budget.cores):
-        most = min(most, best.num_workers)  # threads beyond the cores only while cores are idle
+    if best.num_workers > 0 and _cores_busy(window, budget):
+        if best.backend != "thread":
+            most = min(most, best.num_workers)  # busy cores: no more worker processes
+        elif best.num_workers >= BUSY_THREADS_PER_CORE * budget.cores:
+            most = min(most, best.num_workers)  # threads far beyond the cores only while cores are idle
+        else:  # the loop's own thread and GIL-held stretches leave a busy core's share idle now and then
+            most = min(most, BUSY_THREADS_PER_CORE * budget.cores)
     if search.ceiling is not None:
         most = min(most, search.ceiling - 1)
     return most
