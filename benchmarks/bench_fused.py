@@ -39,11 +39,13 @@ shuffled, uint8 224x224 out):
                 v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])), backend=b, num_workers=w)
   fused-max-side  the same, converted with --max-side N --reencode jpeg:90 (FFCV's storage
                 advice; only with --max-side)
-  ffcv          (when ``import ffcv`` works, and with --max-side) the set written by FFCV's
-                DatasetWriter with RGBImageField(write_mode="jpg", max_resolution=N,
-                jpeg_quality=90), read by ffcv.loader.Loader(order=RANDOM, os_cache=True) with
+  ffcv          (when ``import ffcv`` works) the set written by FFCV's DatasetWriter with
+                RGBImageField(write_mode="jpg", jpeg_quality=90) at full size (FFCV re-encodes every
+                image: the nearest it has to original bytes), read by ffcv.loader.Loader(order=RANDOM, os_cache=True) with
                 [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(),
                 ToTorchImage()]; its num_workers are threads. One untimed epoch first (numba JIT).
+  ffcv-max-side (with --max-side) the same with max_resolution=N: FFCV's storage advice, read
+                against fused-max-side (stored alike)
   dali          (when ``import nvidia.dali`` works) a CPU-only pipeline (device_id=None):
                 fn.readers.file + fn.decoders.image_random_crop(device="cpu") + fn.resize +
                 fn.flip, num_threads=w; one untimed epoch first.
@@ -266,9 +268,10 @@ def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int) -
     for count in workers:
         configs[f"torchvision nw={count}"] = (lambda count=count: DataLoader(
             folder, batch_size=batch_size, shuffle=True, num_workers=count))
-    if "ffcv" in paths:
-        for count in [w for w in workers if w > 0]:
-            configs[f"ffcv threads={count}"] = ffcv_loader(paths["ffcv"], count, batch_size)
+    for name in ("ffcv", "ffcv-max-side"):
+        if name in paths:
+            for count in [w for w in workers if w > 0]:
+                configs[f"{name} threads={count}"] = ffcv_loader(paths[name], count, batch_size)
     if "source" in paths and dali_available():
         for count in [w for w in workers if w > 0]:
             configs[f"dali threads={count}"] = dali_loader(paths["source"], count, batch_size)
@@ -296,7 +299,7 @@ def ffcv_available() -> bool:
     return True
 
 
-def write_ffcv(source: str, out: str, max_side: int) -> None:
+def write_ffcv(source: str, out: str, max_side: int | None) -> None:
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
     from torchvision.datasets import ImageFolder
@@ -391,10 +394,14 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             if not os.path.exists(paths["fused-max-side"]):
                 fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
                                  reencode="jpeg:90", workers=0)
-        if args.max_side and ffcv_available():
-            paths["ffcv"] = os.path.join(root, f"max-side-{args.max_side}.beton")
+        if ffcv_available():  # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
+            paths["ffcv"] = os.path.join(root, "full.beton")
             if not os.path.exists(paths["ffcv"]):
-                write_ffcv(paths["source"], paths["ffcv"], args.max_side)
+                write_ffcv(paths["source"], paths["ffcv"], None)
+            if args.max_side:
+                paths["ffcv-max-side"] = os.path.join(root, f"max-side-{args.max_side}.beton")
+                if not os.path.exists(paths["ffcv-max-side"]):
+                    write_ffcv(paths["source"], paths["ffcv-max-side"], args.max_side)
         configs = loader_configs(paths, workers, args.batch_size)
         names, rates = list(configs), {name: [] for name in configs}
         cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
@@ -446,6 +453,9 @@ def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
             versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer}" for peer, rate in peers.items())
             print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f} "
                   f"{row['cpu_ms_per_image']:6.2f} ms  {row['samples_per_s'] / base:5.2f}x tv{versus}")
+        if "fused-max-side" in best and "ffcv-max-side" in best:
+            ours, theirs = best["fused-max-side"]["samples_per_s"], best["ffcv-max-side"]["samples_per_s"]
+            print(f"  {kind:9} stored alike (--max-side): fused-max-side {ours / theirs:.2f}x ffcv-max-side")
         one_core = {row["config"]: row for row in rows if row["set"] == kind and row["config"] in (
             "fused torch nw=0", "ffcv threads=1", "dali threads=1")}
         if "fused torch nw=0" in one_core:
