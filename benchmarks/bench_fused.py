@@ -28,7 +28,8 @@ Paths:
                 on the PIL image, v2.PILToTensor (the standard ImageNet recipe)
   full+crop     simplejpeg full decode, crop the box, torch resize, flip (no DCT scaling)
   fused-simplejpeg / fused-pil   fastdata.reader.fused.fused_decode with that decoder
-  fused-turbojpeg   PyTurboJPEG 1.x (if importable): lossless crop to the box's iMCU-aligned
+  fused-turbojpeg   PyTurboJPEG 1.x (if importable: not where the turbojpeg wheel, whose module has
+                    the same name, is installed instead): lossless crop to the box's iMCU-aligned
                 region, then a DCT-scaled decode of that region only, crop, resize, flip
 
 ``--decode-only``: the region decode micro benchmark: CPU ms per image (this process's CPU
@@ -681,7 +682,7 @@ def main() -> None:
              "fused-simplejpeg": fused_path(plan, "simplejpeg"), "fused-pil": fused_path(plan, "pil")}
     try:
         paths["fused-turbojpeg"] = turbojpeg_path(plan)
-    except (ImportError, RuntimeError, OSError) as exc:
+    except (ImportError, RuntimeError, OSError, AttributeError) as exc:  # AttributeError: the other turbojpeg
         print(f"fused-turbojpeg skipped: {exc}")
     rows = []
     for kind, count, seed in (("imagenet", args.count, 1), ("large", args.large_count, 2)):
