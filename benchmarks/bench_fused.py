@@ -5,6 +5,8 @@ pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution 
     python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
         [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--sets imagenet,large]
         [--step-ms 30] [--threads N] [--json rows.json]
+    python benchmarks/bench_fused.py --decode-only [--count 2000] [--large-count 500] [--repeats 5]
+        [--libturbojpeg PATH] [--json rows.json]
 
 Torch runs with its default intra-op threads (as a training script does) unless ``--threads``
 says otherwise. ``--step-ms``: a busy training step after every batch, in the benchmark's own
@@ -26,8 +28,23 @@ Paths:
                 on the PIL image, v2.PILToTensor (the standard ImageNet recipe)
   full+crop     simplejpeg full decode, crop the box, torch resize, flip (no DCT scaling)
   fused-simplejpeg / fused-pil   fastdata.reader.fused.fused_decode with that decoder
-  fused-turbojpeg   PyTurboJPEG 1.x (if importable): lossless crop to the box's iMCU-aligned
+  fused-turbojpeg   PyTurboJPEG 1.x (if importable: not where the turbojpeg wheel, whose module has
+                    the same name, is installed instead): lossless crop to the box's iMCU-aligned
                 region, then a DCT-scaled decode of that region only, crop, resize, flip
+
+``--decode-only``: the region decode micro benchmark: CPU ms per image (this process's CPU
+time, median of ``repeats`` passes in rotating order) of the decode alone (to the box's pixels at
+the DCT scale) and of the whole fused op (decode, crop, resize to 224, flip), on the same boxes:
+  simplejpeg scale      simplejpeg at the DCT scale, whole image, then the box (what the fused
+                        decode does)
+  pil draft             Pillow's draft to the same scale, whole image, then the box
+  tj3 scale             TurboJPEG 3 (tj3Decompress8) at the DCT scale, whole image, then the box
+  tj3 scale+region      TurboJPEG 3 with tj3SetCroppingRegion: IDCT, upsampling and colour
+                        conversion only inside the box (its left edge down to the iMCU), no
+                        decode after its last row
+TurboJPEG 3 through ctypes: ``--libturbojpeg PATH``, else the libturbojpeg that the ``turbojpeg``
+wheel (pip install turbojpeg; not PyTurboJPEG) ships in turbojpeg.libs/; without one the tj3
+rows are skipped. The tj3 rows' box pixels are compared with simplejpeg's (identical or not).
 
 ``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable).
 Each set is written as an image folder (10 classes), converted with ``fastdata convert --store
@@ -157,6 +174,171 @@ def turbojpeg_path(plan: fused.FusedPlan):
         return fused._finish(pixels[top:bottom, left:right], plan, plan.size, draw.flip)
 
     return run
+
+
+class TurboJPEG3:
+    """The few TurboJPEG 3 calls a scaled, cropped decode needs, through ctypes (benchmark only)."""
+
+    SUBSAMP, JPEGWIDTH, JPEGHEIGHT, FASTUPSAMPLE, FASTDCT = 4, 5, 6, 9, 10  # TJPARAM_*
+    MCU_WIDTH = (8, 16, 16, 8, 8, 32, 32)  # tjMCUWidth per TJSAMP_*
+
+    def __init__(self, path: str):
+        import ctypes
+
+        class Factor(ctypes.Structure):
+            _fields_ = [("num", ctypes.c_int), ("denom", ctypes.c_int)]
+
+        class Region(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_int) for name in ("x", "y", "w", "h")]
+
+        lib = self.lib = ctypes.CDLL(path)
+        self.Factor, self.Region = Factor, Region
+        lib.tj3Init.restype = ctypes.c_void_p
+        lib.tj3Get.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.tj3Set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.tj3DecompressHeader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.tj3SetScalingFactor.argtypes = [ctypes.c_void_p, Factor]
+        lib.tj3SetCroppingRegion.argtypes = [ctypes.c_void_p, Region]
+        lib.tj3Decompress8.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
+                                       ctypes.c_int, ctypes.c_int]
+        lib.tj3GetErrorStr.restype = ctypes.c_char_p
+        lib.tj3GetErrorStr.argtypes = [ctypes.c_void_p]
+        self.handle = lib.tj3Init(1)  # TJINIT_DECOMPRESS
+        lib.tj3Set(self.handle, self.FASTUPSAMPLE, 1)
+        lib.tj3Set(self.handle, self.FASTDCT, 1)
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            raise ValueError(self.lib.tj3GetErrorStr(self.handle).decode())
+
+    def header(self, data: bytes) -> tuple[int, int, int]:
+        """(height, width, subsampling); the handle keeps the header for decode()."""
+        self._check(self.lib.tj3DecompressHeader(self.handle, data, len(data)))
+        return tuple(self.lib.tj3Get(self.handle, key) for key in (self.JPEGHEIGHT, self.JPEGWIDTH, self.SUBSAMP))
+
+    def decode(self, data: bytes, scale: int, region: tuple[int, int, int, int] | None = None) -> np.ndarray:
+        """RGB at 1/scale after header(data); with ``region`` (top, left, bottom, right at that
+        scale) only that region (tj3 needs the left edge on the scaled iMCU: decoded from there,
+        the extra columns cut off here)."""
+        height, width, subsampling = (self.lib.tj3Get(self.handle, key)
+                                      for key in (self.JPEGHEIGHT, self.JPEGWIDTH, self.SUBSAMP))
+        self._check(self.lib.tj3SetScalingFactor(self.handle, self.Factor(1, scale)))
+        top, left, bottom, right = region or (0, 0, -(-height // scale), -(-width // scale))
+        start = left - left % max(self.MCU_WIDTH[subsampling] // scale, 1) if region else 0
+        self._check(self.lib.tj3SetCroppingRegion(self.handle, self.Region(start, top, right - start, bottom - top)
+                                                  if region else self.Region(0, 0, 0, 0)))
+        pixels = np.empty((bottom - top, right - start, 3), np.uint8)
+        self._check(self.lib.tj3Decompress8(self.handle, data, len(data), pixels.ctypes.data, 0, 0))  # TJPF_RGB
+        return pixels[:, left - start:]
+
+
+def libturbojpeg3(path: str | None) -> str | None:
+    """The TurboJPEG 3 library to load: ``path``, else the one the ``turbojpeg`` wheel ships."""
+    if path:
+        return path
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("turbojpeg").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = [file for file in files if file.name.startswith("libturbojpeg")]
+    return str(found[0].locate()) if found else None
+
+
+def decode_only_paths(plan: fused.FusedPlan, tj3: TurboJPEG3 | None) -> dict:
+    """name -> (data, index) -> (the box's pixels at the DCT scale, draw)."""
+    import simplejpeg
+
+    def box(height: int, width: int, index: int) -> tuple[fused.Draw, int]:
+        draw = plan.draw(height, width, fused.generator_for(0, 0, index))
+        return draw, fused.dct_scale(draw.height, draw.width, SIZE, SIZE)
+
+    def cut(pixels: np.ndarray, draw: fused.Draw, height: int, width: int) -> np.ndarray:
+        scale = fused.decoded_scale(height, width, *pixels.shape[:2])
+        top, left, bottom, right = fused._scaled_region(draw, scale, *pixels.shape[:2])
+        return pixels[top:bottom, left:right]
+
+    def simplejpeg_scale(data: bytes, index: int):
+        height, width = simplejpeg.decode_jpeg_header(data)[:2]
+        draw, scale = box(height, width, index)
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True,
+                                        min_height=-(-height // scale), min_width=-(-width // scale))
+        return cut(pixels, draw, height, width), draw
+
+    def pil_draft(data: bytes, index: int):
+        with Image.open(io.BytesIO(data)) as image:
+            height, width = image.height, image.width
+            draw, scale = box(height, width, index)
+            image.draft("RGB", (-(-width // scale), -(-height // scale)))
+            return cut(np.asarray(image.convert("RGB")), draw, height, width), draw
+
+    def tj3_scale(data: bytes, index: int):
+        height, width, _ = tj3.header(data)
+        draw, scale = box(height, width, index)
+        return cut(tj3.decode(data, scale), draw, height, width), draw
+
+    def tj3_region(data: bytes, index: int):
+        height, width, _ = tj3.header(data)
+        draw, scale = box(height, width, index)
+        region = fused._scaled_region(draw, scale, -(-height // scale), -(-width // scale))
+        return tj3.decode(data, scale, region), draw
+
+    paths = {"simplejpeg scale": simplejpeg_scale, "pil draft": pil_draft}
+    if tj3 is not None:
+        paths.update({"tj3 scale": tj3_scale, "tj3 scale+region": tj3_region})
+    return paths
+
+
+def fused_op(decoder, plan: fused.FusedPlan):
+    """The whole fused op on ``decoder``'s box pixels: resize to 224, flip."""
+    def run(data: bytes, index: int) -> torch.Tensor:
+        pixels, draw = decoder(data, index)
+        return fused._finish(pixels, plan, plan.size, draw.flip)
+
+    return run
+
+
+def run_decode_only(args: argparse.Namespace) -> list[dict]:
+    plan, _ = fused.split_transform(v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()]))
+    library = libturbojpeg3(args.libturbojpeg)
+    tj3 = TurboJPEG3(library) if library else None
+    print(f"TurboJPEG 3: {library or 'none found (tj3 rows skipped)'}")
+    decoders = decode_only_paths(plan, tj3)
+    paths = {f"{name} decode": decoder for name, decoder in decoders.items()}
+    for name in ("simplejpeg scale", "tj3 scale+region"):
+        if name in decoders:
+            paths[f"{name} fused"] = fused_op(decoders[name], plan)
+    rows = []
+    for kind, count, seed in (("imagenet", args.count, 1), ("large", args.large_count, 2)):
+        images = make_set(kind, count, seed)
+        reference = [decoders["simplejpeg scale"](data, index)[0] for index, data in enumerate(images)]
+        seconds = {name: [] for name in paths}
+        names = list(paths)
+        for repeat in range(args.repeats):
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+                start = time.process_time()
+                for index, data in enumerate(images):
+                    paths[name](data, index)
+                seconds[name].append((time.process_time() - start) * 1000 / count)
+        for name in names:
+            decoder = decoders.get(name.rsplit(" ", 1)[0])
+            identical = all(np.array_equal(decoder(data, index)[0], reference[index])
+                            for index, data in enumerate(images)) if name.endswith("decode") else None
+            rows.append({"set": kind, "count": count, "path": name, "cpu_count": os.cpu_count(),
+                         "cpu_ms_per_image": statistics.median(seconds[name]), "box_pixels_identical": identical})
+    return rows
+
+
+def print_decode_only(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"os.cpu_count() = {os.cpu_count()}, one process, CPU ms per image, median of {args.repeats}")
+    print(f"{'set':9} {'path':28} {'CPU ms':>7} {'x simplejpeg':>13} {'box pixels = simplejpeg':>24}")
+    base = {(row["set"], row["path"].rsplit(" ", 1)[1]): row["cpu_ms_per_image"] for row in rows
+            if row["path"].startswith("simplejpeg scale")}
+    for row in rows:
+        ratio = row["cpu_ms_per_image"] / base[row["set"], row["path"].rsplit(" ", 1)[1]]
+        same = "" if row["box_pixels_identical"] is None else str(row["box_pixels_identical"])
+        print(f"{row['set']:9} {row['path']:28} {row['cpu_ms_per_image']:7.2f} {ratio:13.2f} {same:>24}")
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -471,6 +653,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--loader", action="store_true", help="whole epochs through the loaders (see above)")
+    parser.add_argument("--decode-only", action="store_true", help="the region decode micro benchmark (see above)")
+    parser.add_argument("--libturbojpeg", help="--decode-only: a libturbojpeg >= 3 to load (default: the one the "
+                        "turbojpeg wheel ships)")
     parser.add_argument("--out", default="/tmp/fastdata-bench-fused", help="--loader: where the sets are written")
     parser.add_argument("--rounds", type=int, default=3, help="--loader: epochs per configuration")
     parser.add_argument("--workers", default="0,1,2", help="--loader: num_workers values")
@@ -486,6 +671,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.step_ms:
         STEP.append(training_step(args.step_ms))
+    if args.decode_only:
+        rows = run_decode_only(args)
+        print_decode_only(rows, args)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(rows, handle, indent=1)
+        return
     if args.loader:
         print(f"load average at the start: {os.getloadavg()}", flush=True)
         rows = run_loader(args)
@@ -500,7 +692,7 @@ def main() -> None:
              "fused-simplejpeg": fused_path(plan, "simplejpeg"), "fused-pil": fused_path(plan, "pil")}
     try:
         paths["fused-turbojpeg"] = turbojpeg_path(plan)
-    except (ImportError, RuntimeError, OSError) as exc:
+    except (ImportError, RuntimeError, OSError, AttributeError) as exc:  # AttributeError: the other turbojpeg
         print(f"fused-turbojpeg skipped: {exc}")
     rows = []
     for kind, count, seed in (("imagenet", args.count, 1), ("large", args.large_count, 2)):
