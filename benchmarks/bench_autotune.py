@@ -1,10 +1,12 @@
 """``num_workers="auto"`` against every fixed setting: backends (torch, thread, process) x num_workers
 0..2*cores, on the workloads the search is designed for.
 
-    python benchmarks/bench_autotune.py                       # every workload (~10 min on 2 cores)
-    python benchmarks/bench_autotune.py --only raw,decode --epochs 3
+    python benchmarks/bench_autotune.py                       # every workload (~20 min)
+    python benchmarks/bench_autotune.py --only raw,decode --seconds 30
 
-Epochs per run: raw 20, cold_url 10, the others 4.
+Every run is a short training run: whole epochs of a fresh loader until ``--seconds`` (default 12)
+have passed, start-up included, so every setting (and auto's search) gets the same time; its
+rate is samples over the whole run. ``--epochs N`` runs N epochs instead.
 
 Workloads (seeded, generated once under benchmarks/data/autotune/):
   raw        20,000 32x32 RGB images, raw npy, batch 256: serial wins (workers must stay parked)
@@ -12,7 +14,7 @@ Workloads (seeded, generated once under benchmarks/data/autotune/):
   io_wait    a Python dataset whose every sample waits 2 ms on I/O (a sleep) and is collated by
              torch, batch 32: threads beyond the cores
   cpu_step   decode, and a step of 256x256 matmuls on torch's default threads (12 a batch)
-  slow_step  decode; the step is nothing for the first half of the epochs, then 40 ms of waiting a
+  slow_step  decode; the step is nothing for the first half of the run, then 40 ms of waiting a
              batch (a bigger model on an accelerator)
   cold_url   raw32 behind a cache: every sample of the first epoch waits 0.2 ms (a cold cache
              fetching from a URL), later epochs read it locally
@@ -99,30 +101,30 @@ class ColdFirstEpoch(torch.utils.data.Dataset):
 # --- steps -----------------------------------------------------------------------------------
 
 
-def no_step(epoch: int, epochs: int) -> None:
+def no_step(elapsed: float, length: float) -> None:
     return None
 
 
 _MATRIX = torch.randn(256, 256)
 
 
-def cpu_step(epoch: int, epochs: int) -> None:
+def cpu_step(elapsed: float, length: float) -> None:
     for _ in range(12):
         torch.mm(_MATRIX, _MATRIX)
 
 
-def slow_later(epoch: int, epochs: int) -> None:
-    if epoch >= epochs // 2:
+def slow_later(elapsed: float, length: float) -> None:
+    if elapsed >= length / 2:
         time.sleep(0.04)
 
 
-WORKLOADS: dict[str, tuple[Callable[[], Any], int, Callable[[int, int], None], int]] = {  # make, batch, step, epochs
-    "raw": (raw32, 256, no_step, 20),
-    "decode": (jpegs, 16, no_step, 4),
-    "io_wait": (WaitsOnIO, 32, no_step, 4),
-    "cpu_step": (jpegs, 16, cpu_step, 4),
-    "slow_step": (jpegs, 16, slow_later, 4),
-    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step, 10),
+WORKLOADS: dict[str, tuple[Callable[[], Any], int, Callable[[float, float], None]]] = {  # make, batch, step
+    "raw": (raw32, 256, no_step),
+    "decode": (jpegs, 16, no_step),
+    "io_wait": (WaitsOnIO, 32, no_step),
+    "cpu_step": (jpegs, 16, cpu_step),
+    "slow_step": (jpegs, 16, slow_later),
+    "cold_url": (lambda: ColdFirstEpoch(raw32()), 256, no_step),
 }
 
 
@@ -136,22 +138,24 @@ def settings(cores: int) -> list[dict[str, Any]]:
     return rows + [{"num_workers": "auto"}]
 
 
-def run(dataset: Any, batch: int, step: Callable[[int, int], None], options: dict[str, Any],
-        epochs: int) -> dict[str, Any]:
-    """Whole epochs of a fresh loader, start-up included."""
+def run(dataset: Any, batch: int, step: Callable[[float, float], None], options: dict[str, Any],
+        seconds: float, epochs: int | None) -> dict[str, Any]:
+    """Whole epochs of a fresh loader, start-up included, until ``seconds`` have passed (or
+    ``epochs`` epochs)."""
     clock = CpuClock()
     cpu = clock.read()
-    samples = 0
+    samples = done = 0
     with MemoryPeak() as memory:
         begun = time.perf_counter()
         loader = fastdata.loader(dataset, batch_size=batch, seed=0, **options)
-        for epoch in range(epochs):
+        while (done < epochs) if epochs else (time.perf_counter() - begun < seconds):
             for batch_data in loader:
                 memory.start_sampling()
                 samples += len(batch_data[-1])
-                step(epoch, epochs)
+                step(time.perf_counter() - begun, seconds)
+            done += 1
         elapsed = time.perf_counter() - begun
-        row = {"samples_per_s": round(samples / elapsed, 1), "seconds": round(elapsed, 3)}
+        row = {"samples_per_s": round(samples / elapsed, 1), "seconds": round(elapsed, 3), "epochs": done}
         if options.get("num_workers") == "auto":
             row.update(auto_summary(loader))
         getattr(loader, "close", lambda: None)()
@@ -178,9 +182,8 @@ def label(options: dict[str, Any]) -> str:
     return f"{options['backend']} x{options['num_workers']}" if options["num_workers"] else "nw=0"
 
 
-def workload(name: str, epochs: int | None, cores: int) -> list[dict[str, Any]]:
-    make, batch, step, default_epochs = WORKLOADS[name]
-    epochs = epochs or default_epochs
+def workload(name: str, seconds: float, epochs: int | None, cores: int) -> list[dict[str, Any]]:
+    make, batch, step = WORKLOADS[name]
     dataset = make()
     for _ in fastdata.loader(dataset, batch_size=batch, seed=0):  # the files into the page cache
         pass
@@ -188,8 +191,8 @@ def workload(name: str, epochs: int | None, cores: int) -> list[dict[str, Any]]:
     random.Random(name).shuffle(cases)
     rows = []
     for options in cases:
-        row = {"workload": name, "setting": label(options), "batch_size": batch, "epochs": epochs,
-               **run(dataset, batch, step, options, epochs)}
+        row = {"workload": name, "setting": label(options), "batch_size": batch,
+               **run(dataset, batch, step, options, seconds, epochs)}
         print(f"  {name:10s} {row['setting']:12s} {row['samples_per_s']:10.1f} samples/s", file=sys.stderr)
         rows.append(row)
     return rows
@@ -226,14 +229,15 @@ def table(summaries: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads, comma-separated")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default: the workload's)")
+    parser.add_argument("--seconds", type=float, default=12.0, help="each run: whole epochs until this long")
+    parser.add_argument("--epochs", type=int, default=None, help="each run: this many epochs instead")
     parser.add_argument("--out", type=Path, default=OUT, help=f"the rows (JSON; default {OUT})")
     args = parser.parse_args()
     cores = usable_cores()
     rows, summaries = [], []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.only.split(","):
-        found = workload(name, args.epochs, cores)
+        found = workload(name, args.seconds, args.epochs, cores)
         rows += found
         summaries.append(summary(found))
         print(table(summaries[-1:]).splitlines()[-1], file=sys.stderr)

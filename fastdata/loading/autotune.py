@@ -255,11 +255,12 @@ def _down(search: Search, reason: str) -> tuple[Search, Decision | None]:
 def _exhausted(search: Search, window: Window, budget: Budget, reason: str, *,
                stalled: int | None = None) -> tuple[Search, Decision | None]:
     """Nothing more upwards: the other backend where ``stalled`` threads (measured in ``window``)
-    gained nothing, else fewer workers (once per climb), else settle."""
+    gained nothing, else fewer workers (once per climb, and only where no smaller count was
+    measured: a climb that came up from one kept its step because it gained), else settle."""
     other = None if stalled is None else _other_backend(search, window, budget, stalled)
     if other is not None:
         return other
-    if search.best.num_workers > search.floor + 1 and not search.went_down:
+    if search.floor < 0 < search.best.num_workers and not search.went_down:  # nothing below measured yet
         return _down(search, f"{reason}: trying fewer")
     return _settle(search, window, reason)
 
