@@ -178,6 +178,17 @@ def test_a_cold_url_cache_then_a_warm_one_changes_the_setting(cores):
 
 
 @pytest.mark.parametrize("cores", CORES)
+def test_a_cache_that_warms_during_the_climb_starts_it_again(cores):
+    cold = dataclasses.replace(RAW, io=0.05)
+    search, decisions = run([(cold, 3), (RAW, 60)], cores)  # warm after the first trial's window
+    assert decisions[0][1].setting.num_workers > 0  # the cold start asked for workers
+    again = [d for n, d in decisions if d.reason.startswith("re-check: a batch takes")]
+    assert again and "ms to produce" in again[0].reason
+    assert search.settled is not None
+    assert_near_best(search, RAW, cores)
+
+
+@pytest.mark.parametrize("cores", CORES)
 def test_never_beyond_the_budgets(cores):
     budget = Budget(cores=cores, memory_bytes=3 * 200 * 2**20, max_workers=max(2, cores // 2))
     _, decisions = run([(PYTHON, 40), (DECODE, 40), (IO_WAIT, 40)], cores, budget=budget)
