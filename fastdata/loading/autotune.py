@@ -23,6 +23,8 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
   ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
   undone at its first window, so the loop falls back at once to the better setting it measured.
+* During a climb, a time to produce a batch that moves :data:`PHASE`-fold between two windows (a
+  cache that warmed) starts the climb again from the running setting.
 * Settled, each window is compared with the one it settled on: when the step, the rate, the time
   to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
   climb starts again from the current setting.
