@@ -454,15 +454,21 @@ def test_a_dataset_with_fields_converts_into_every_other_format(tmp_path: Path) 
 
 
 MANY = '''
+import multiprocessing, os, threading
 import numpy as np, torch
 from PIL import Image
 from torchvision import tv_tensors
 
+HOLD_AT = int(os.environ.get("MANY_HOLD_AT", "-1"))
+
+
 class Many:
     def __len__(self):
-        return 6000
+        return 2500
 
     def __getitem__(self, index):
+        if 0 <= HOLD_AT <= index and multiprocessing.parent_process() is not None:
+            threading.Event().wait()  # a conversion worker held here until the test kills it
         image = Image.fromarray(np.full((8, 8, 3), index % 256, np.uint8))
         boxes = tv_tensors.BoundingBoxes(torch.full((index % 3, 4), float(index)), format="XYXY", canvas_size=(8, 8))
         mask = tv_tensors.Mask(torch.full((8, 8), index % 7, dtype=torch.uint8))
@@ -479,9 +485,9 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
 
     (tmp_path / "many.py").write_text(MANY)
 
-    def convert(out: Path, *extra: str, **popen) -> subprocess.Popen:
+    def convert(out: Path, *extra: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
         return start_fastdata("convert", "many:items", out, "--format", fmt, "--workers", "2", "--quiet", *extra,
-                              cwd=tmp_path, env={"FASTDATA_CHECKPOINT_INTERVAL_S": "0.2"}, **popen)
+                              cwd=tmp_path, env={"FASTDATA_CHECKPOINT_INTERVAL_S": "0.2", **(env or {})}, **popen)
 
     def succeed(process: subprocess.Popen) -> None:
         _, stderr = finish(process, timeout=300)
@@ -489,8 +495,11 @@ def test_sigkill_then_resume_gives_the_uninterrupted_output_with_fields(tmp_path
 
     succeed(convert(tmp_path / "reference"))
     journal = tmp_path / "out.partial.json"
-    process = convert(tmp_path / "out", start_new_session=True)
-    kill_after_checkpoint(process, journal)
+    # the conversion's workers hold at sample 2000 (the source's main-process reads, its fingerprint's,
+    # are not held), so it is still running, with units 0 and 1 checkpointed, when it is killed
+    held = {"MANY_HOLD_AT": "2000", "FASTDATA_CHECKPOINT_INTERVAL_S": "0"}
+    process = convert(tmp_path / "out", env=held, start_new_session=True)
+    assert kill_after_checkpoint(process, journal) == 2000
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
     succeed(convert(tmp_path / "out", "--resume"))
     assert output_contents(tmp_path / "out") == output_contents(tmp_path / "reference")
