@@ -18,13 +18,15 @@ The search is a hill climb on samples/s with back-off and hysteresis:
   busy, or the budget is reached. A step that gains less is undone, then half of it is tried.
 * Threads may go to twice the cores while the cores are busy (kept only if they gain: the loop's
   own thread and GIL-held stretches leave a share idle), and further only while the process tree
-  leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where threads stall with cores idle while the
-  loop still waits (the fetch holds the GIL), the process backend is tried with the same count.
+  leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where
+  threads stall with cores idle while the loop still waits (the fetch holds the GIL), the process
+  backend is tried with the same count.
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
   ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
   undone at its first window, so the loop falls back at once to the better setting it measured.
 * During a climb, a time to produce a batch that moves :data:`PHASE`-fold between two windows (a
-  cache that warmed) starts the climb again from the running setting.
+  cache that warmed) starts the search again, as at the start, from ``num_workers=0``: what the
+  climb found so far belongs to the other phase.
 * Settled, each window is compared with the one it settled on: when the step, the rate, the time
   to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
   climb starts again from the current setting.
@@ -191,8 +193,10 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     if search.settled is not None:
         return _watch(search, window, budget)
     if search.best_window is not None and _phase_changed(search.best_window, window):
-        return _climb_again(search, window, budget, f"a batch takes {1000 * search.best_window.produce_per_batch_s:.1f}"
-                                                    f" -> {1000 * window.produce_per_batch_s:.1f} ms to produce")
+        serial = Setting(budget.backends[0], 0, current.prefetch)  # what was found belongs to another phase
+        before, now = search.best_window.produce_per_batch_s, window.produce_per_batch_s
+        return start(serial), Decision(serial, f"re-check: a batch takes {1000 * before:.1f} -> {1000 * now:.1f} "
+                                               f"ms to produce: starting again from num_workers=0")
     if search.best_window is None:  # the start is measured twice, as a kept trial is
         return dataclasses.replace(search, best_window=window, trial=None), None
     if search.trial is None:
