@@ -50,9 +50,9 @@ BUSY = 0.85  # the process tree uses this share of the cores: no more workers
 GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs are held by the GIL
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
 THREADS_PER_CORE = 4  # threads may go this far beyond the cores while the cores stay idle
-PHASE = 20.0  # during a climb, a time to produce a batch that moves this many times: a new phase, a new climb
 BUSY_THREADS_PER_CORE = 2  # ... and this far while they are busy (a trial, kept only if it gains)
 MIN_THREADS = 16  # ... and to this many on a machine of few cores (I/O waits per sample)
+PHASE = 20.0  # during a climb, a time to produce a batch that moves this many times: a new phase, a new climb
 
 
 @dataclass(frozen=True)
@@ -195,8 +195,9 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     if search.best_window is not None and _phase_changed(search.best_window, window):
         serial = Setting(budget.backends[0], 0, current.prefetch)  # what was found belongs to another phase
         before, now = search.best_window.produce_per_batch_s, window.produce_per_batch_s
-        return start(serial), Decision(serial, f"re-check: a batch takes {1000 * before:.1f} -> {1000 * now:.1f} "
-                                               f"ms to produce: starting again from num_workers=0")
+        reason = f"re-check: a batch takes {1000 * before:.1f} -> {1000 * now:.1f} ms to produce: starting again " \
+                 f"from num_workers=0"
+        return dataclasses.replace(start(serial), worker_bytes=search.worker_bytes), Decision(serial, reason)
     if search.best_window is None:  # the start is measured twice, as a kept trial is
         return dataclasses.replace(search, best_window=window, trial=None), None
     if search.trial is None:
@@ -397,19 +398,10 @@ def _other_backend(search: Search, window: Window, budget: Budget, threads: int)
 
 def _phase_changed(before: Window, now: Window) -> bool:
     """Whether the time to produce a batch moved by more than :data:`PHASE` between two windows of
-    one climb (a cold cache that warmed, a transform swapped): more than more threads sharing the
-    cores can explain (at most :data:`THREADS_PER_CORE` per core, or 16 on a small machine)."""
+    one climb (a cold cache that warmed, a transform swapped): more than threads sharing the cores
+    can explain (at most :data:`THREADS_PER_CORE` per core, or :data:`MIN_THREADS` on a small machine)."""
     old, new = before.produce_per_batch_s, now.produce_per_batch_s
     return bool(old and new) and abs(math.log(new / old)) > math.log(PHASE)
-
-
-def _climb_again(search: Search, window: Window, budget: Budget, moved: str) -> tuple[Search, Decision | None]:
-    """A new climb from the running setting, measured by ``window``: what was found before belongs to
-    another phase of the run."""
-    fresh = Search(best=search.current, best_window=window, tried=frozenset({search.current.backend}),
-                   worker_bytes=search.worker_bytes)
-    climbed, decision = _first(fresh, window, budget)
-    return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
 
 
 def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
@@ -419,7 +411,10 @@ def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         return dataclasses.replace(search, moved=0), None
     if search.moved + 1 < RECHECK_WINDOWS:
         return dataclasses.replace(search, moved=search.moved + 1), None
-    return _climb_again(search, window, budget, moved)
+    fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
+                   worker_bytes=search.worker_bytes)
+    climbed, decision = _first(fresh, window, budget)
+    return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
 
 
 def _moved(before: Window | None, now: Window) -> str | None:
