@@ -146,6 +146,19 @@ def test_gil_bound_threads_move_to_processes(cores):
     assert_near_best(search, PYTHON, cores)
 
 
+@pytest.mark.parametrize("cores, fetch, gil", [(8, 0.02, 0.15), (64, 0.1, 0.0172)])
+def test_threads_that_keep_the_cores_busy_still_try_processes(cores, fetch, gil):
+    # a fetch that holds the GIL a little: threads fill 80% of the cores and stall there while the
+    # loop still waits; processes (each with its own interpreter) read more
+    held = Workload(fetch=fetch, gil=gil)
+    search, decisions = run([(held, 60)], cores)
+    tried = [d for _, d in decisions if d.setting.backend == "process"]
+    assert tried and tried[0].reason.endswith("threads: trying processes")
+    assert tried[0].reason.startswith("the loop still waits")
+    assert search.best.backend == "process" and search.settled is not None
+    assert_near_best(search, held, cores)
+
+
 @pytest.mark.parametrize("cores", CORES)
 def test_cpu_heavy_step_takes_fewer_workers(cores):
     heavy = dataclasses.replace(DECODE, fetch=0.01, step=0.05, step_cores=cores)

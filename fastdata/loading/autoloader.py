@@ -89,7 +89,7 @@ class Meter:
         self.skip, self.timed = skip, timed
         self.batches = self.samples = 0
         self.wait_s = self.step_s = self.produce_s = 0.0
-        self.begun = self.cpu_begun = self.idle_begun = None
+        self.begun = self.cpu_begun = None
         self.stamps: list[float] = []  # when each batch was handed out
         self.waits: list[float] = []
         self.steps: list[float] = []
@@ -140,12 +140,9 @@ class Meter:
         self.waits.append(wait_s)
 
     def _begin(self, now: float) -> None:
-        import psutil
-
         self.begun = now
         self.stamps = [now]
         self.cpu_begun = self.tree_cpu_s()
-        self.idle_begun = psutil.cpu_times().idle
 
     def step(self, seconds: float) -> None:
         if self.begun is not None:
@@ -176,7 +173,6 @@ class Meter:
                       busy_cores=(self.tree_cpu_s() - self.cpu_begun) / wall,
                       worker_bytes=int(sum(rss) / len(rss)) if rss else None,
                       available_bytes=psutil.virtual_memory().available,
-                      idle_cores=max(0.0, psutil.cpu_times().idle - self.idle_begun) / wall,
                       **self._medians(chunk))
 
     def _medians(self, chunk: int) -> dict[str, float]:

@@ -19,8 +19,9 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * Threads may go to twice the cores while the cores are busy (kept only if they gain: the loop's
   own thread and GIL-held stretches leave a share idle), and further only while the process tree
   leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where
-  threads stall with cores idle while the loop still waits (the fetch holds the GIL), the process
-  backend is tried with the same count.
+  threads stall while the loop still waits and a batch takes a few milliseconds to produce (the
+  fetch holds the GIL, or the GIL's hand-offs cost what processes would not), the process backend
+  is tried once with the same count, and kept only if faster.
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
   ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
   undone at its first window, so the loop falls back at once to the better setting it measured.
@@ -73,8 +74,7 @@ class Window:
 
     ``wait_s``: the loop inside ``next()``; ``step_s``: between ``next()`` calls (the training
     step); ``produce_s``: the producers' time per batch summed (None where not seen);
-    ``busy_cores``: CPU seconds of the process tree per second of the window; ``idle_cores``: the
-    machine's idle CPU seconds per second (other programs' work counts as busy).
+    ``busy_cores``: CPU seconds of the process tree per second of the window.
 
     ``period_s``, ``wait_per_batch_s``, ``step_median_s``: per batch, trimmed means over the window's
     chunks (runs of consecutive batches longer than the batches in flight, so that a chunk's time is
@@ -91,7 +91,6 @@ class Window:
     busy_cores: float | None = None
     worker_bytes: int | None = None  # memory of one worker (RSS of a process, None for threads)
     available_bytes: int | None = None
-    idle_cores: float | None = None
     period_s: float | None = None
     wait_per_batch_s: float | None = None
     step_median_s: float | None = None
@@ -313,7 +312,7 @@ def pooled(first: Window, second: Window) -> Window:
         second, batches=batches, samples=first.samples + second.samples, wall_s=first.wall_s + second.wall_s,
         wait_s=first.wait_s + second.wait_s, step_s=first.step_s + second.step_s,
         produce_s=total(first.produce_s, second.produce_s), busy_cores=mean(first.busy_cores, second.busy_cores),
-        idle_cores=mean(first.idle_cores, second.idle_cores), period_s=mean(first.period_s, second.period_s),
+        period_s=mean(first.period_s, second.period_s),
         wait_per_batch_s=mean(first.wait_per_batch_s, second.wait_per_batch_s),
         step_median_s=mean(first.step_median_s, second.step_median_s))
 
@@ -376,9 +375,11 @@ def _rate_words(before: Window, after: Window) -> str:
 
 
 def _other_backend(search: Search, window: Window, budget: Budget, threads: int) -> tuple[Search, Decision] | None:
-    """The process backend, with as many workers as ``threads``, where ``threads`` threads (measured
-    in ``window``) left cores idle while the loop still waited, and a batch takes long enough to
-    make a process pay."""
+    """The process backend, with as many workers as ``threads`` (at most the cores), where the
+    climb of threads ended with the loop still waiting (measured in ``window``) and a batch takes
+    long enough to make a process pay. Threads that keep few cores busy are held by the GIL;
+    threads that keep them busy may still lose to processes (the GIL's hand-offs cost CPU, the
+    loop's own thread competes with them for it): the trial, kept only if faster, says which."""
     best = search.best
     if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
         return None
@@ -386,14 +387,13 @@ def _other_backend(search: Search, window: Window, budget: Budget, threads: int)
     produce = window.produce_per_batch_s
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
         return None
-    if window.busy_cores is not None and window.busy_cores >= GIL_BUSY * min(budget.cores, threads + 1):
-        return None
-    if window.idle_cores is not None and window.idle_cores < 1 - GIL_BUSY:  # no core idle: the machine is busy
-        return None
     setting = Setting("process", workers, best.prefetch)
     searched = dataclasses.replace(search, tried=search.tried | {"process"})
-    return _try(searched, setting, +1, 0, f"{threads} threads keep {window.busy_cores or 0:.1f} cores "
-                                          f"busy (the GIL): trying processes")
+    if window.busy_cores is not None and window.busy_cores < GIL_BUSY * min(budget.cores, threads + 1):
+        why = f"{threads} threads keep {window.busy_cores:.1f} cores busy (the GIL)"
+    else:
+        why = f"the loop still waits {_pct(window.wait_fraction)} with {threads} threads"
+    return _try(searched, setting, +1, 0, f"{why}: trying processes")
 
 
 def _phase_changed(before: Window, now: Window) -> bool:
