@@ -132,6 +132,15 @@ def test_decode_bound_uses_every_core(cores):
 
 
 @pytest.mark.parametrize("cores", CORES)
+def test_the_serial_loop_chooses_the_backend_to_climb_with(cores):
+    for work, backend in ((DECODE, "process"),  # a fetch that computes for milliseconds: processes
+                          (IO_WAIT, "thread"),  # a fetch that waits on I/O: threads
+                          (RAW, "thread")):  # a quick gather: threads (a process hand-over costs more)
+        _, decisions = run([(work, 4)], cores)
+        assert decisions[0][1].setting.backend == backend, (work, decisions[0])
+
+
+@pytest.mark.parametrize("cores", CORES)
 def test_io_wait_takes_threads_beyond_the_cores(cores):
     search, _ = run([(IO_WAIT, 60)], cores)
     assert search.best.backend == "thread" and search.best.num_workers > cores
@@ -140,7 +149,7 @@ def test_io_wait_takes_threads_beyond_the_cores(cores):
 
 @pytest.mark.parametrize("cores", [8, 64])
 def test_gil_bound_threads_move_to_processes(cores):
-    search, decisions = run([(PYTHON, 40)], cores)
+    search, decisions = run([(PYTHON, 40)], cores, first=Setting("thread", 2))  # e.g. a resumed setting
     assert search.best.backend == "process" and search.best.num_workers > 2
     assert any("the GIL" in d.reason for _, d in decisions)
     assert_near_best(search, PYTHON, cores)
@@ -151,7 +160,7 @@ def test_threads_that_keep_the_cores_busy_still_try_processes(cores, fetch, gil)
     # a fetch that holds the GIL a little: threads fill 80% of the cores and stall there while the
     # loop still waits; processes (each with its own interpreter) read more
     held = Workload(fetch=fetch, gil=gil)
-    search, decisions = run([(held, 60)], cores)
+    search, decisions = run([(held, 60)], cores, first=Setting("thread", 2))
     tried = [d for _, d in decisions if d.setting.backend == "process"]
     assert tried and tried[0].reason.endswith("threads: trying processes")
     assert tried[0].reason.startswith("the loop still waits")
@@ -234,10 +243,16 @@ def test_busy_cores_allow_threads_to_twice_the_cores_and_no_more_processes(cores
         _, decision = decide(search, window, budget)
         assert decision.setting.backend == "thread"
         assert workers < decision.setting.num_workers <= 2 * cores, decision
+    both = frozenset({"thread", "process"})
     for best in (Setting("thread", 2 * cores), Setting("process", cores)):  # at the limit: fewer, never more
-        _, decision = decide(Search(best=best, best_window=window), window, budget)
+        _, decision = decide(Search(best=best, best_window=window, tried=both), window, budget)
         assert decision.setting.num_workers < best.num_workers, decision
         assert "no more" in decision.reason
+    # processes at the cores while the loop still waits: threads once, with as many workers
+    _, decision = decide(Search(best=Setting("process", cores), best_window=window, tried=frozenset({"process"})),
+                         window, budget)
+    assert decision.setting == Setting("thread", cores)
+    assert decision.reason == f"the loop still waits 80% with {cores} processes: trying threads"
 
 
 def test_a_loop_that_does_not_wait_keeps_no_workers():

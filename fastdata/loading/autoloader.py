@@ -285,7 +285,7 @@ class AutoLoader(Resumable):
             self._inner_setting = setting
             self._meter.watch(processes=setting.num_workers > 0 and setting.backend != "thread")
             fetch = getattr(self._inner, "fetch", None)
-            if fetch is not None and setting.backend != "process":
+            if fetch is not None and (setting.backend != "process" or not setting.num_workers):
                 self._inner.fetch = TimedFetch(fetch, self._meter)
             # a window goes on across epochs while the setting stays (an epoch may be shorter than a window)
             self._meter.reset(skip=1 + setting.num_workers, timed=isinstance(self._inner.fetch, TimedFetch)

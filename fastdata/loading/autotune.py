@@ -215,7 +215,23 @@ def _first(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         if search.best.num_workers > 0:
             return _down(search, f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
         return _settle(search, window, f"wait in next() {_pct(window.wait_fraction)} of the loop: no workers needed")
-    return _up(search, window, budget, step=_first_step(search.best, window))
+    return _up(_first_backend(search, window, budget), window, budget, step=_first_step(search.best, window))
+
+
+def _first_backend(search: Search, window: Window, budget: Budget) -> Search:
+    """From ``num_workers=0``, the backend to climb with: worker processes where the serial loop
+    measured a fetch that computes (the process tree busy while the loop waited) and takes long
+    enough to make a process pay; threads otherwise (a fetch that waits on I/O, a quick gather).
+    A process computes its batch beside the loop without sharing the GIL with it or with the other
+    workers; threads that stall are still tried against processes (:func:`_other_backend`)."""
+    best, produce = search.best, window.produce_per_batch_s
+    if best.num_workers or best.backend == "process" or "process" not in budget.backends:
+        return search
+    if produce is None or produce < PROCESS_MIN_FETCH_S or window.busy_cores is None:
+        return search
+    if window.busy_cores < GIL_BUSY * window.wait_fraction:  # the fetch mostly waits: threads
+        return search
+    return dataclasses.replace(search, best=Setting("process", 0, best.prefetch), tried=frozenset({"process"}))
 
 
 def _first_step(best: Setting, window: Window) -> int:
@@ -247,7 +263,7 @@ def _up(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[S
     target = min(best.num_workers + step, most)
     if target <= best.num_workers:
         return _exhausted(search, window, budget, f"no more {best.backend} workers to try ({most} at most, "
-                                                   f"{budget.cores} cores)")
+                                                   f"{budget.cores} cores)", stalled=best.num_workers or None)
     return _try(search, best.with_workers(target), +1, target - best.num_workers,
                 f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers")
 
@@ -264,7 +280,7 @@ def _down(search: Search, reason: str) -> tuple[Search, Decision | None]:
 
 def _exhausted(search: Search, window: Window, budget: Budget, reason: str, *,
                stalled: int | None = None) -> tuple[Search, Decision | None]:
-    """Nothing more upwards: the other backend where ``stalled`` threads (measured in ``window``)
+    """Nothing more upwards: the other backend where ``stalled`` workers (measured in ``window``)
     gained nothing, else fewer workers (once per climb, and only where no smaller count was
     measured: a climb that came up from one kept its step because it gained), else settle."""
     other = None if stalled is None else _other_backend(search, window, budget, stalled)
@@ -335,7 +351,7 @@ def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
-                          worker_bytes=search.worker_bytes)
+                          worker_bytes=search.worker_bytes, went_down=True)  # its count: the other's climb
             return _more_or_settle(kept, window, budget, f"kept {change}")
         return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
@@ -365,7 +381,8 @@ def _more_or_settle(search: Search, window: Window, budget: Budget, reason: str,
     if window.wait_fraction < WAIT_TARGET:
         return _settle(search, window, f"{reason}; wait under {_pct(WAIT_TARGET)}")
     if _limit(search, window, budget) <= search.best.num_workers:
-        return _settle(search, window, f"{reason}; at the limit")
+        other = _other_backend(search, window, budget, search.best.num_workers)
+        return other if other is not None else _settle(search, window, f"{reason}; at the limit")
     return _up(search, window, budget, step=step)
 
 
@@ -374,26 +391,32 @@ def _rate_words(before: Window, after: Window) -> str:
             f"{_pct(before.wait_fraction)} -> {_pct(after.wait_fraction)} of the loop")
 
 
-def _other_backend(search: Search, window: Window, budget: Budget, threads: int) -> tuple[Search, Decision] | None:
-    """The process backend, with as many workers as ``threads`` (at most the cores), where the
-    climb of threads ended with the loop still waiting (measured in ``window``) and a batch takes
-    long enough to make a process pay. Threads that keep few cores busy are held by the GIL;
-    threads that keep them busy may still lose to processes (the GIL's hand-offs cost CPU, the
-    loop's own thread competes with them for it): the trial, kept only if faster, says which."""
+def _other_backend(search: Search, window: Window, budget: Budget, count: int) -> tuple[Search, Decision] | None:
+    """The other backend (threads <-> processes), once per search, with ``count`` workers (the most
+    the climb reached, at most the other's limit), where the climb ended with the loop still
+    waiting (measured in ``window``). Threads that keep few cores busy are held by the GIL; threads
+    that keep them busy may still lose to processes (the GIL's hand-offs cost CPU), and processes
+    at the cores may lose to threads (a batch's hand-over costs the loop more): the trial, kept only
+    if faster, says which. Processes are tried only where a batch takes long enough to pay for one."""
     best = search.best
-    if best.backend != "thread" or "process" not in budget.backends or "process" in search.tried:
+    other = "process" if best.backend == "thread" else "thread"
+    if best.backend not in ("thread", "process") or other not in budget.backends or other in search.tried:
         return None
-    workers = min(max(2, threads), budget.limit("process", search.worker_bytes))  # one only overlaps
+    workers = min(max(2, count), budget.limit(other, search.worker_bytes))  # one only overlaps
+    if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET:
+        return None
     produce = window.produce_per_batch_s
-    if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET or produce is None or produce < PROCESS_MIN_FETCH_S:
+    if other == "process" and (produce is None or produce < PROCESS_MIN_FETCH_S):
         return None
-    setting = Setting("process", workers, best.prefetch)
-    searched = dataclasses.replace(search, tried=search.tried | {"process"})
-    if window.busy_cores is not None and window.busy_cores < GIL_BUSY * min(budget.cores, threads + 1):
-        why = f"{threads} threads keep {window.busy_cores:.1f} cores busy (the GIL)"
+    setting = Setting(other, workers, best.prefetch)
+    searched = dataclasses.replace(search, tried=search.tried | {other})
+    plural = {"thread": "threads", "process": "processes"}
+    if other == "process" and window.busy_cores is not None and window.busy_cores < GIL_BUSY * min(budget.cores,
+                                                                                                    count + 1):
+        why = f"{count} threads keep {window.busy_cores:.1f} cores busy (the GIL)"
     else:
-        why = f"the loop still waits {_pct(window.wait_fraction)} with {threads} threads"
-    return _try(searched, setting, +1, 0, f"{why}: trying processes")
+        why = f"the loop still waits {_pct(window.wait_fraction)} with {count} {plural[best.backend]}"
+    return _try(searched, setting, +1, 0, f"{why}: trying {plural[other]}")
 
 
 def _phase_changed(before: Window, now: Window) -> bool:
