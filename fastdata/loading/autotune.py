@@ -16,12 +16,14 @@ The search is a hill climb on samples/s with back-off and hysteresis:
 * Otherwise add workers, doubling the step after each gain of at least :data:`GAIN` (1, 2, 4, ...
   on a 64-core machine), and stop adding once the wait is under :data:`WAIT_TARGET`, the cores are
   busy, or the budget is reached. A step that gains less is undone, then half of it is tried.
+* The serial loop's windows choose the backend to climb with: processes where its fetch computes
+  for milliseconds a batch (the process tree busy while the loop waits), threads where it waits on
+  I/O or is a quick gather (:func:`_first_backend`).
 * Threads may go to twice the cores while the cores are busy (kept only if they gain: the loop's
   own thread and GIL-held stretches leave a share idle), and further only while the process tree
-  leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where
-  threads stall while the loop still waits and a batch takes a few milliseconds to produce (the
-  fetch holds the GIL, or the GIL's hand-offs cost what processes would not), the process backend
-  is tried once with the same count, and kept only if faster.
+  leaves cores idle (the work waits on I/O); worker processes never exceed the cores. Where a
+  climb stops with the loop still waiting, the other backend is tried once with the same count,
+  and kept only if faster (:func:`_other_backend`).
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
   ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
   undone at its first window, so the loop falls back at once to the better setting it measured.
