@@ -234,3 +234,33 @@ def test_the_turbojpeg_module_is_never_imported() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "region True False\n"
+
+
+@needs_region
+def test_many_regions_at_mixed_scales_in_threads_decode_the_same_as_alone() -> None:
+    """Each image gets a fresh TurboJPEG instance: reusing one across DCT scales of 4:2:0 images
+    crashed the 3.0 beta library the wheel ships (``jpeg_skip_scanlines`` on freed memory). Run
+    in a child process, so a crash is a failure rather than the end of the test run."""
+    code = (
+        "import sys, io, threading\nsys.path.insert(0, 'tests')\nimport numpy as np\n"
+        "from test_region_decode import jpeg\nfrom fastdata.reader import region\n"
+        "blobs = [jpeg(kind, seed) for seed in range(4) for kind in ('420', '422', 'odd-420')]\n"
+        "sizes = [region.header(data) for data in blobs]\n"
+        "def regions(seed):\n"
+        "    rng = np.random.default_rng(seed)\n"
+        "    for rep in range(200):  # the crash: full-width rows of 4:2:0 images, scales 1 and 2 alternating\n"
+        "        index, scale = rep % len(blobs), (1, 2)[rep % 2]\n"
+        "        height, width = (-(-size // scale) for size in sizes[index])\n"
+        "        top = int(rng.integers(0, height - 1))\n"
+        "        yield index, scale, (top, 0, int(rng.integers(top + 1, height + 1)), width)\n"
+        "expected = {seed: [region.decode(blobs[i], s, r, 'RGB') for i, s, r in regions(seed)] for seed in range(2)}\n"
+        "same = []\n"
+        "def work(seed):\n"
+        "    same.append(all(np.array_equal(region.decode(blobs[i], s, r, 'RGB'), want)\n"
+        "                    for (i, s, r), want in zip(regions(seed), expected[seed])))\n"
+        "threads = [threading.Thread(target=work, args=(seed,)) for seed in range(2)]\n"
+        "[thread.start() for thread in threads]\n[thread.join() for thread in threads]\n"
+        "print(same)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "[True, True]\n"

@@ -15,8 +15,8 @@ found once per process (the first that loads and exports ``tj3Init`` wins):
    imported (it has the same name as PyTurboJPEG's);
 3. the system's (``ctypes.util.find_library("turbojpeg")``), if it is 3.0 or newer.
 
-None: the fused decode uses simplejpeg (one DEBUG line on this module's logger). One tj3 handle per
-thread, made on first use; ctypes releases the GIL during each call. A JPEG tj3 decodes only with
+None: the fused decode uses simplejpeg (one DEBUG line on this module's logger). A fresh TurboJPEG
+handle per image (see :class:`_Handle`); ctypes releases the GIL during each call. A JPEG tj3 decodes only with
 a warning or an error gives None here: the caller's decoder (simplejpeg's strict mode, then Pillow)
 decides, as for every JPEG without the region decode.
 """
@@ -28,7 +28,6 @@ import ctypes.util
 import functools
 import logging
 import os
-import threading
 from importlib import metadata
 
 from typing import Any
@@ -159,16 +158,21 @@ def require() -> ctypes.CDLL:
 
 
 class _Handle:
-    """One TurboJPEG decompressor (per thread: a handle is not thread-safe), destroyed with it."""
+    """A fresh TurboJPEG decompressor per image (``with _Handle() as handle``; about 4 us), never
+    reused: libjpeg-turbo before 3.1.2 lets ``jpeg_skip_scanlines`` use freed memory when an
+    instance that decoded without merged upsampling decodes with it (a 4:2:0 JPEG at another DCT
+    scale), and the ``turbojpeg`` wheel's library is 3.0 beta (crashes seen here when reused)."""
 
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib, self.pointer = lib, lib.tj3Init(_DECOMPRESS)
+    def __enter__(self) -> "_Handle":
+        self.lib = require()
+        self.pointer = self.lib.tj3Init(_DECOMPRESS)
         if not self.pointer:
             raise MemoryError("tj3Init failed to make a TurboJPEG decompressor")
         for parameter in (_STOP_ON_WARNING, _FAST_UPSAMPLE, _FAST_DCT):
-            lib.tj3Set(self.pointer, parameter, 1)
+            self.lib.tj3Set(self.pointer, parameter, 1)
+        return self
 
-    def __del__(self) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self.lib.tj3Destroy(self.pointer)
 
     def failed(self, status: int, what: str) -> bool:
@@ -178,22 +182,12 @@ class _Handle:
         return status != 0
 
 
-_local = threading.local()
-
-
-def _handle() -> _Handle:
-    handle = getattr(_local, "handle", None)
-    if handle is None:
-        handle = _local.handle = _Handle(require())
-    return handle
-
-
 def header(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a JPEG, None where TurboJPEG cannot read its header."""
-    handle = _handle()
-    if handle.failed(handle.lib.tj3DecompressHeader(handle.pointer, data, len(data)), "header"):
-        return None
-    return handle.lib.tj3Get(handle.pointer, _JPEG_HEIGHT), handle.lib.tj3Get(handle.pointer, _JPEG_WIDTH)
+    with _Handle() as handle:
+        if handle.failed(handle.lib.tj3DecompressHeader(handle.pointer, data, len(data)), "header"):
+            return None
+        return handle.lib.tj3Get(handle.pointer, _JPEG_HEIGHT), handle.lib.tj3Get(handle.pointer, _JPEG_WIDTH)
 
 
 def decode(data: bytes, scale: int, region: tuple[int, int, int, int], mode: str) -> np.ndarray | None:
@@ -203,7 +197,12 @@ def decode(data: bytes, scale: int, region: tuple[int, int, int, int], mode: str
     box's last row, so it would not see the damage that the whole-image decode refuses)."""
     if mode not in _PIXEL_FORMAT or not data.endswith(_EOI):
         return None
-    handle = _handle()
+    with _Handle() as handle:
+        return _decode(handle, data, scale, region, mode)
+
+
+def _decode(handle: _Handle, data: bytes, scale: int, region: tuple[int, int, int, int],
+            mode: str) -> np.ndarray | None:
     lib, pointer = handle.lib, handle.pointer
     if handle.failed(lib.tj3DecompressHeader(pointer, data, len(data)), "header"):
         return None
