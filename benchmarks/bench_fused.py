@@ -45,7 +45,8 @@ the DCT scale) and of the whole fused op (decode, crop, resize to 224, flip), on
 TurboJPEG 3 through fastdata's own binding (:mod:`fastdata.reader.region`; the tj3 scale+region
 row is the fused decode's ``"region"`` decoder): ``--libturbojpeg PATH``, else the libturbojpeg
 that the ``turbojpeg`` wheel (``pip install "torch-fastdata[region]"``; not PyTurboJPEG) ships
-in turbojpeg.libs/; without one the tj3 rows are skipped. The tj3 rows' box pixels are compared with simplejpeg's (identical or not).
+in turbojpeg.libs/; without one the tj3 rows are skipped. The tj3 rows' box pixels are compared
+with simplejpeg's (identical or not).
 
 ``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable).
 Each set is written as an image folder (10 classes), converted with ``fastdata convert --store
