@@ -42,9 +42,11 @@ the DCT scale) and of the whole fused op (decode, crop, resize to 224, flip), on
   tj3 scale+region      TurboJPEG 3 with tj3SetCroppingRegion: IDCT, upsampling and colour
                         conversion only inside the box (its left edge down to the iMCU), no
                         decode after its last row
-TurboJPEG 3 through ctypes: ``--libturbojpeg PATH``, else the libturbojpeg that the ``turbojpeg``
-wheel (pip install turbojpeg; not PyTurboJPEG) ships in turbojpeg.libs/; without one the tj3
-rows are skipped. The tj3 rows' box pixels are compared with simplejpeg's (identical or not).
+TurboJPEG 3 through fastdata's own binding (:mod:`fastdata.reader.region`; the tj3 scale+region
+row is the fused decode's ``"region"`` decoder): ``--libturbojpeg PATH``, else the libturbojpeg
+that the ``turbojpeg`` wheel (``pip install "torch-fastdata[region]"``; not PyTurboJPEG) ships
+in turbojpeg.libs/; without one the tj3 rows are skipped. The tj3 rows' box pixels are compared
+with simplejpeg's (identical or not).
 
 ``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable).
 Each set is written as an image folder (10 classes), converted with ``fastdata convert --store
@@ -94,7 +96,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from fastdata.reader import fused
+from fastdata.reader import fused, region
 
 SIZE = 224
 
@@ -170,83 +172,13 @@ def turbojpeg_path(plan: fused.FusedPlan):
         pixels = jpeg.decode(cropped, pixel_format=turbojpeg.TJPF_RGB, scaling_factor=(1, scale),
                              flags=turbojpeg.TJFLAG_FASTDCT | turbojpeg.TJFLAG_FASTUPSAMPLE)
         local = fused.Draw(draw.top - y, draw.left - x, draw.height, draw.width, draw.flip)
-        top, left, bottom, right = fused._scaled_region(local, scale, *pixels.shape[:2])
+        top, left, bottom, right = fused.scaled_region(local, scale, *pixels.shape[:2])
         return fused._finish(pixels[top:bottom, left:right], plan, plan.size, draw.flip)
 
     return run
 
 
-class TurboJPEG3:
-    """The few TurboJPEG 3 calls a scaled, cropped decode needs, through ctypes (benchmark only)."""
-
-    SUBSAMP, JPEGWIDTH, JPEGHEIGHT, FASTUPSAMPLE, FASTDCT = 4, 5, 6, 9, 10  # TJPARAM_*
-    MCU_WIDTH = (8, 16, 16, 8, 8, 32, 32)  # tjMCUWidth per TJSAMP_*
-
-    def __init__(self, path: str):
-        import ctypes
-
-        class Factor(ctypes.Structure):
-            _fields_ = [("num", ctypes.c_int), ("denom", ctypes.c_int)]
-
-        class Region(ctypes.Structure):
-            _fields_ = [(name, ctypes.c_int) for name in ("x", "y", "w", "h")]
-
-        lib = self.lib = ctypes.CDLL(path)
-        self.Factor, self.Region = Factor, Region
-        lib.tj3Init.restype = ctypes.c_void_p
-        lib.tj3Get.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        lib.tj3Set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        lib.tj3DecompressHeader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
-        lib.tj3SetScalingFactor.argtypes = [ctypes.c_void_p, Factor]
-        lib.tj3SetCroppingRegion.argtypes = [ctypes.c_void_p, Region]
-        lib.tj3Decompress8.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p,
-                                       ctypes.c_int, ctypes.c_int]
-        lib.tj3GetErrorStr.restype = ctypes.c_char_p
-        lib.tj3GetErrorStr.argtypes = [ctypes.c_void_p]
-        self.handle = lib.tj3Init(1)  # TJINIT_DECOMPRESS
-        lib.tj3Set(self.handle, self.FASTUPSAMPLE, 1)
-        lib.tj3Set(self.handle, self.FASTDCT, 1)
-
-    def _check(self, status: int) -> None:
-        if status != 0:
-            raise ValueError(self.lib.tj3GetErrorStr(self.handle).decode())
-
-    def header(self, data: bytes) -> tuple[int, int, int]:
-        """(height, width, subsampling); the handle keeps the header for decode()."""
-        self._check(self.lib.tj3DecompressHeader(self.handle, data, len(data)))
-        return tuple(self.lib.tj3Get(self.handle, key) for key in (self.JPEGHEIGHT, self.JPEGWIDTH, self.SUBSAMP))
-
-    def decode(self, data: bytes, scale: int, region: tuple[int, int, int, int] | None = None) -> np.ndarray:
-        """RGB at 1/scale after header(data); with ``region`` (top, left, bottom, right at that
-        scale) only that region (tj3 needs the left edge on the scaled iMCU: decoded from there,
-        the extra columns cut off here)."""
-        height, width, subsampling = (self.lib.tj3Get(self.handle, key)
-                                      for key in (self.JPEGHEIGHT, self.JPEGWIDTH, self.SUBSAMP))
-        self._check(self.lib.tj3SetScalingFactor(self.handle, self.Factor(1, scale)))
-        top, left, bottom, right = region or (0, 0, -(-height // scale), -(-width // scale))
-        start = left - left % max(self.MCU_WIDTH[subsampling] // scale, 1) if region else 0
-        self._check(self.lib.tj3SetCroppingRegion(self.handle, self.Region(start, top, right - start, bottom - top)
-                                                  if region else self.Region(0, 0, 0, 0)))
-        pixels = np.empty((bottom - top, right - start, 3), np.uint8)
-        self._check(self.lib.tj3Decompress8(self.handle, data, len(data), pixels.ctypes.data, 0, 0))  # TJPF_RGB
-        return pixels[:, left - start:]
-
-
-def libturbojpeg3(path: str | None) -> str | None:
-    """The TurboJPEG 3 library to load: ``path``, else the one the ``turbojpeg`` wheel ships."""
-    if path:
-        return path
-    from importlib import metadata
-
-    try:
-        files = metadata.distribution("turbojpeg").files or []
-    except metadata.PackageNotFoundError:
-        return None
-    found = [file for file in files if file.name.startswith("libturbojpeg")]
-    return str(found[0].locate()) if found else None
-
-
-def decode_only_paths(plan: fused.FusedPlan, tj3: TurboJPEG3 | None) -> dict:
+def decode_only_paths(plan: fused.FusedPlan, tj3: bool) -> dict:
     """name -> (data, index) -> (the box's pixels at the DCT scale, draw)."""
     import simplejpeg
 
@@ -256,7 +188,7 @@ def decode_only_paths(plan: fused.FusedPlan, tj3: TurboJPEG3 | None) -> dict:
 
     def cut(pixels: np.ndarray, draw: fused.Draw, height: int, width: int) -> np.ndarray:
         scale = fused.decoded_scale(height, width, *pixels.shape[:2])
-        top, left, bottom, right = fused._scaled_region(draw, scale, *pixels.shape[:2])
+        top, left, bottom, right = fused.scaled_region(draw, scale, *pixels.shape[:2])
         return pixels[top:bottom, left:right]
 
     def simplejpeg_scale(data: bytes, index: int):
@@ -274,18 +206,18 @@ def decode_only_paths(plan: fused.FusedPlan, tj3: TurboJPEG3 | None) -> dict:
             return cut(np.asarray(image.convert("RGB")), draw, height, width), draw
 
     def tj3_scale(data: bytes, index: int):
-        height, width, _ = tj3.header(data)
+        height, width = region.header(data)
         draw, scale = box(height, width, index)
-        return cut(tj3.decode(data, scale), draw, height, width), draw
+        whole = (0, 0, -(-height // scale), -(-width // scale))
+        return cut(region.decode(data, scale, whole, "RGB"), draw, height, width), draw
 
     def tj3_region(data: bytes, index: int):
-        height, width, _ = tj3.header(data)
+        height, width = region.header(data)
         draw, scale = box(height, width, index)
-        region = fused._scaled_region(draw, scale, -(-height // scale), -(-width // scale))
-        return tj3.decode(data, scale, region), draw
+        return fused.DECODERS["region"].box(data, draw, scale, height, width, "RGB"), draw
 
     paths = {"simplejpeg scale": simplejpeg_scale, "pil draft": pil_draft}
-    if tj3 is not None:
+    if tj3:
         paths.update({"tj3 scale": tj3_scale, "tj3 scale+region": tj3_region})
     return paths
 
@@ -301,10 +233,11 @@ def fused_op(decoder, plan: fused.FusedPlan):
 
 def run_decode_only(args: argparse.Namespace) -> list[dict]:
     plan, _ = fused.split_transform(v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()]))
-    library = libturbojpeg3(args.libturbojpeg)
-    tj3 = TurboJPEG3(library) if library else None
-    print(f"TurboJPEG 3: {library or 'none found (tj3 rows skipped)'}")
-    decoders = decode_only_paths(plan, tj3)
+    if args.libturbojpeg:
+        os.environ[region.ENV] = args.libturbojpeg
+    library = region.library()
+    print(f"TurboJPEG 3: {library._name if library else 'none found (tj3 rows skipped)'}")
+    decoders = decode_only_paths(plan, library is not None)
     paths = {f"{name} decode": decoder for name, decoder in decoders.items()}
     for name in ("simplejpeg scale", "tj3 scale+region"):
         if name in decoders:

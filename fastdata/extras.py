@@ -22,6 +22,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "hdf5plugin": ("hdf5plugin",),
     "jpeg": ("simplejpeg",),
+    # the fused decode's region decode loads the libturbojpeg 3 this wheel ships (fastdata.reader.region),
+    # never its module (named like PyTurboJPEG's)
+    "region": ("turbojpeg",),
     "ray": ("ray",),
     "remote": ("fsspec",),
     "s3": ("fsspec", "s3fs"),

@@ -328,3 +328,14 @@ def http_root(tmp_path: Path):
     root.mkdir()
     with serving(RangeHandler, root) as base:
         yield root, base
+
+
+@pytest.fixture
+def region_off(monkeypatch: pytest.MonkeyPatch):
+    """The fused decode's region decode switched off, as ``FASTDATA_LIBTURBOJPEG=none`` does."""
+    from fastdata.reader import region
+
+    monkeypatch.setenv(region.ENV, "none")
+    region.library.cache_clear()
+    yield
+    region.library.cache_clear()

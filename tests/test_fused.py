@@ -183,7 +183,7 @@ def test_grayscale_output_has_one_channel(images) -> None:
 
 
 def test_unknown_decoder_is_refused(images) -> None:
-    with pytest.raises(InvalidOptionError, match=r"Unknown fused decoder 'nvjpeg'\. Allowed: 'simplejpeg', 'pil'\."):
+    with pytest.raises(InvalidOptionError, match=r"Unknown fused decoder 'nvjpeg'\. Allowed: 'simplejpeg', 'pil', 'region'\."):
         fused.fused_decode(images["imagenet"][1], _train_plan(), decoder="nvjpeg")
 
 

@@ -23,7 +23,7 @@ from torchvision.transforms import v2  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 import fastdata  # noqa: E402
-from fastdata.reader import fused, kernels  # noqa: E402
+from fastdata.reader import fused, kernels, region  # noqa: E402
 
 SIZE = 48
 _PROBE = os.path.isdir("/proc/self/task") and "OpenMP" in torch.__config__.parallel_info()
@@ -110,6 +110,8 @@ def test_the_read_path_starts_no_intra_op_region(folder: Path, options: dict, se
     monkeypatch.setattr(kernels, "torch_resizes_serially", lambda: serial_torch)
     ds = fastdata.FolderDataset(folder, **options)
     assert (ds.decoder.plan is not None) == ("transform" in options)
+    if ds.decoder.plan is not None and region.library() is not None:
+        assert ds.decoder.fused_library == "region"  # its TurboJPEG calls are in the probe too
     ds.set_epoch(1)
     batches = []
     assert _threads_started(lambda: batches.append(ds[np.arange(len(ds))])) == 0

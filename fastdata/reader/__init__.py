@@ -20,7 +20,8 @@ Its modules: :mod:`~fastdata.reader.options` (:class:`ReaderOptions`, the output
 :mod:`~fastdata.reader.output` (:class:`ReaderOutput`, what every reader keeps of it),
 :mod:`~fastdata.reader.mapstyle` (:class:`MapDataset`, the map-style base),
 :mod:`~fastdata.reader.decoding` (the read-time decode), :mod:`~fastdata.reader.fused` (the
-fused training-time crop decode) and :mod:`~fastdata.reader.records` (samples with fields).
+fused training-time crop decode), :mod:`~fastdata.reader.region` (its region decode, TurboJPEG 3)
+and :mod:`~fastdata.reader.records` (samples with fields).
 The public names of the first three are importable from here.
 """
 

@@ -19,8 +19,9 @@ or resize + centre crop, of the reader's ``transform``, split off by
 :class:`fastdata.reader.ReaderOptions`), each image is decoded through it instead
 (:func:`fastdata.reader.fused.fused_decode`: only the DCT scale the crop box needs), its randomness
 drawn from ``(seed, epoch, sample index)``: the same crops on every backend and ``num_workers``,
-new ones each epoch. JPEGs go through simplejpeg when it is installed, else Pillow's ``draft``;
-other image types are decoded in full and cropped on the same box.
+new ones each epoch. JPEGs go through the region decode (only the box's part,
+:mod:`fastdata.reader.region`) where its library loads, else simplejpeg when it is installed, else
+Pillow's ``draft``; other image types are decoded in full and cropped on the same box.
 
 With a fixed output size and an ``allocate`` (the process backend's shared-memory slot, or
 any preallocated batch buffer), each image is written straight into its row of the batch.
@@ -29,7 +30,6 @@ any preallocated batch buffer), each image is written straight into its row of t
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -39,7 +39,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
 from fastdata.reader import kernels
-from fastdata.reader.fused import Fusion, FusedPlan, fused_decode, generator_for, strict_simplejpeg
+from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_decode, generator_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -81,7 +81,10 @@ class Decoder:
     def with_options(self, options: Any) -> "Decoder":
         """This decoder with the fusion reader options ``options`` ask for
         (:meth:`fastdata.reader.ReaderOptions.fusion`); none for stored pixels."""
-        return dataclasses.replace(self, fusion=options.fusion() if self.encoded else None)
+        fusion = options.fusion() if self.encoded else None
+        if fusion is not None:
+            default_decoder()  # a FASTDATA_LIBTURBOJPEG that does not load: one error up front
+        return dataclasses.replace(self, fusion=fusion)
 
     @property
     def plan(self) -> FusedPlan | None:
@@ -108,9 +111,10 @@ class Decoder:
 
     @property
     def fused_library(self) -> str:
-        """What decodes JPEGs through ``plan``: simplejpeg when installed (measured fastest,
-        docs/reading.md), else Pillow's ``draft``."""
-        return "simplejpeg" if _has_simplejpeg() else "pil"
+        """What decodes JPEGs through ``plan`` (measured, docs/reading.md): the region decode where
+        its library loads, else simplejpeg when installed, else Pillow's ``draft``
+        (:func:`fastdata.reader.fused.default_decoder`)."""
+        return default_decoder()
 
     def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None,
                      on_draw: Callable | None = None, out: np.ndarray | None = None) -> np.ndarray:
@@ -190,9 +194,3 @@ class Decoder:
                 pixels.append(decoded)
         return out if out is not None else pixels
 
-
-@functools.lru_cache(maxsize=None)
-def _has_simplejpeg() -> bool:
-    from importlib.util import find_spec
-
-    return find_spec("simplejpeg") is not None

@@ -22,10 +22,11 @@ Three steps, each usable on its own:
   images (PNG, ...) are decoded in full, then cropped on the same box: pixel-equal to
   torchvision on a uint8 tensor.
 
-The decoder is chosen by measurement (``benchmarks/bench_fused.py``, numbers in
-docs/reading.md): simplejpeg (the ``jpeg`` extra; without it ``decoder="simplejpeg"`` raises
-DependencyMissingError naming the install command); ``decoder="pil"`` uses Pillow's ``draft``
-and needs no extra. Output: a uint8 CHW tensor, the readers' default.
+The decoder (a row of :data:`DECODERS`) is chosen by measurement (``benchmarks/bench_fused.py``,
+numbers in docs/reading.md, :func:`default_decoder`): ``"region"`` decodes only the box's part at
+the DCT scale (:mod:`fastdata.reader.region`, the ``region`` extra), ``"simplejpeg"`` the whole
+image at it (the ``jpeg`` extra), ``"pil"`` Pillow's ``draft`` (no extra); a missing extra asked
+for by name is a DependencyMissingError naming the install command. Output: a uint8 CHW tensor.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import logging
 import math
 import struct
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Any, Callable
 
 import numpy as np
@@ -45,12 +47,11 @@ import torch
 from fastdata.errors import InvalidOptionError
 from fastdata.extras import require
 from fastdata.images import center_crop_array
-from fastdata.reader import kernels
+from fastdata.reader import kernels, region
+from fastdata.reader.region import DCT_SCALES, dct_scale, decoded_scale, scaled_region  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
-DECODERS = ("simplejpeg", "pil", "turbojpeg")
-DCT_SCALES = (8, 4, 2, 1)  # denominators libjpeg-turbo scales by in the DCT, smallest image first
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
@@ -280,30 +281,6 @@ def _simplejpeg() -> Any:
     return require("simplejpeg", extra="jpeg", feature="the fused decode with decoder='simplejpeg'")
 
 
-def dct_scale(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
-    """The largest denominator s in 8, 4, 2, 1 with the box at 1/s still covering the output."""
-    for scale in DCT_SCALES:
-        if box_height / scale >= out_height and box_width / scale >= out_width:
-            return scale
-    return 1
-
-
-def decoded_scale(height: int, width: int, decoded_height: int, decoded_width: int) -> int:
-    """The denominator s a JPEG was decoded at: libjpeg's image at 1/s is ceil(size / s)."""
-    for scale in DCT_SCALES:
-        if (-(-height // scale), -(-width // scale)) == (decoded_height, decoded_width):
-            return scale
-    raise ValueError(f"a {width}x{height} JPEG decoded to {decoded_width}x{decoded_height}, not a DCT scale of it")
-
-
-def _scaled_region(draw: Draw, scale: int, height: int, width: int) -> tuple[int, int, int, int]:
-    """The box at 1/scale, rounded to whole pixels (at most half a scaled pixel off per edge)."""
-    top, left = round(draw.top / scale), round(draw.left / scale)
-    bottom = min(max(round((draw.top + draw.height) / scale), top + 1), height)
-    right = min(max(round((draw.left + draw.width) / scale), left + 1), width)
-    return top, left, bottom, right
-
-
 def strict_simplejpeg(function: str, data: bytes, **options: Any) -> Any:
     """simplejpeg's ``function`` on ``data``, or None where its strict mode refuses the file.
 
@@ -321,7 +298,7 @@ def strict_simplejpeg(function: str, data: bytes, **options: Any) -> Any:
 
 def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
     """(height, width) of a JPEG from its header, without decoding."""
-    header = strict_simplejpeg("decode_jpeg_header", data) if decoder == "simplejpeg" else None
+    header = DECODERS[decoder].header(data)
     if header is not None:
         return header[0], header[1]
     from PIL import Image
@@ -330,20 +307,61 @@ def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
         return image.height, image.width
 
 
-def _decode_scaled(data: bytes, scale: int, height: int, width: int, mode: str, decoder: str) -> np.ndarray:
-    """The whole JPEG at 1/scale, uint8 HWC."""
-    need_height, need_width = -(-height // scale), -(-width // scale)
-    pixels = None
-    if decoder == "simplejpeg":
-        pixels = strict_simplejpeg("decode_jpeg", data, colorspace="GRAY" if mode == "L" else "RGB", fastdct=True,
-                                   fastupsample=True, min_height=need_height, min_width=need_width)
-    if pixels is None:  # Pillow's draft: asked for, or simplejpeg refused the file
-        from PIL import Image
+def _whole_box(decoder: str) -> Callable[..., np.ndarray]:
+    def box(data: bytes, draw: Draw, scale: int, height: int, width: int, mode: str) -> np.ndarray:
+        """The whole JPEG at 1/scale, then the box cut out of it."""
+        need_height, need_width, pixels = -(-height // scale), -(-width // scale), None
+        if decoder == "simplejpeg":
+            pixels = strict_simplejpeg("decode_jpeg", data, colorspace="GRAY" if mode == "L" else "RGB",
+                                       fastdct=True, fastupsample=True, min_height=need_height, min_width=need_width)
+        if pixels is None:  # Pillow's draft: asked for, or simplejpeg refused the file
+            from PIL import Image
 
-        with Image.open(io.BytesIO(data)) as image:
-            image.draft(mode, (need_width, need_height))
-            pixels = np.array(image.convert(mode))
-    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+            with Image.open(io.BytesIO(data)) as image:
+                image.draft(mode, (need_width, need_height))
+                pixels = np.array(image.convert(mode))
+        pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+        scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
+        top, left, bottom, right = scaled_region(draw, scale, *pixels.shape[:2])
+        return pixels[top:bottom, left:right]
+
+    return box
+
+
+def _region_box(*args: Any) -> np.ndarray:
+    pixels = region.box(*args)  # None: the decoder used without it decides
+    return DECODERS[_whole_decoder()].box(*args) if pixels is None else pixels
+
+
+@dataclass(frozen=True)
+class JpegDecoder:
+    """A row of :data:`DECODERS`: a JPEG's header, (height, width, ...) (None: Pillow reads it),
+    the box's pixels at the DCT scale (``box(data, draw, scale, height, width, mode)``, uint8
+    HWC), and ``require()``: raises DependencyMissingError where its library is missing."""
+
+    header: Callable[[bytes], tuple | None]
+    box: Callable[..., np.ndarray]
+    require: Callable[[], Any]
+
+
+DECODERS = {
+    "simplejpeg": JpegDecoder(functools.partial(strict_simplejpeg, "decode_jpeg_header"), _whole_box("simplejpeg"),
+                              _simplejpeg),
+    "pil": JpegDecoder(lambda data: None, _whole_box("pil"), lambda: None),
+    "region": JpegDecoder(lambda data: region.header(data) or DECODERS[_whole_decoder()].header(data),
+                          _region_box, region.require),
+}
+
+
+@functools.cache
+def _whole_decoder() -> str:
+    return "simplejpeg" if find_spec("simplejpeg") is not None else "pil"
+
+
+def default_decoder() -> str:
+    """What the readers decode JPEGs through a plan with: the region decode where its library
+    loads (:func:`fastdata.reader.region.library`), else simplejpeg where installed, else Pillow."""
+    return "region" if region.library() is not None else _whole_decoder()
 
 
 def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
@@ -368,8 +386,9 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     the image's (height, width) and its draw (to move the sample's other fields alike).
     ``out``: a uint8 (height, width, channels) array (a row of a preallocated batch) the image
     is written into; the tensor returned is then a CHW view of it."""
-    if decoder not in DECODERS[:2]:
-        raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS[:2]))}.")
+    if decoder not in DECODERS:
+        raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS))}.")
+    DECODERS[decoder].require()
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
         return fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw, out=out)
@@ -378,11 +397,8 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     if on_draw is not None:
         on_draw(height, width, draw)
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
-    scale = dct_scale(draw.height, draw.width, *out_size)
-    pixels = _decode_scaled(data, scale, height, width, mode, decoder)
-    scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
-    top, left, bottom, right = _scaled_region(draw, scale, *pixels.shape[:2])
-    return _finish(pixels[top:bottom, left:right], plan, out_size, draw.flip, out)
+    pixels = DECODERS[decoder].box(data, draw, dct_scale(draw.height, draw.width, *out_size), height, width, mode)
+    return _finish(pixels, plan, out_size, draw.flip, out)
 
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
