@@ -269,8 +269,7 @@ class AutoLoader(Resumable):
                     yield batch
                     del batch
                     self._meter.step(time.perf_counter() - handed)
-                    self._measured()
-                    if self._setting != setting:
+                    if self._measured() and self._setting != setting:
                         break
             finally:
                 close = getattr(iterator, "close", None)
@@ -293,16 +292,16 @@ class AutoLoader(Resumable):
         self._segment.batches, self._segment.epoch = batches, epoch
         return self._inner
 
-    def _measured(self) -> None:
-        """Between two batches: when a window is complete, decide (and log)."""
+    def _measured(self) -> bool:
+        """Between two batches: when a window is complete, decide (and log). True after a decision."""
         window = self._meter.window(self._setting.num_workers, self._setting.prefetch)
         if window is None:
-            return
+            return False
         self._meter.reset(skip=0, timed=self._meter.timed)
         before = self._setting
         self._search, decision = decide(self._search, window, self.budget)
         if decision is None:
-            return
+            return False
         self._setting = decision.setting
         if decision.setting != before:
             message = f"num_workers {before.num_workers} -> {decision.setting.num_workers} " \
@@ -312,6 +311,7 @@ class AutoLoader(Resumable):
         logger.info(message)
         self.tuning_log.append(log_entry(self._batches, decision.setting, window, message,
                                          elapsed_s=time.perf_counter() - (self._began or 0.0)))
+        return True
 
     def _close_inner(self) -> None:
         inner, self._inner, self._inner_setting = self._inner, None, None
