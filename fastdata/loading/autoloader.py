@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from fastdata.loading.autotune import Budget, Search, Setting, Window, decide, log_entry, start
+from fastdata.loading.autotune import Search, decide, start
+from fastdata.loading.measures import Budget, Setting, Window, log_entry
 from fastdata.loading.base import Resumable
 from fastdata.loading.samplers import BatchIndexSampler
 
