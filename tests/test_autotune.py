@@ -136,8 +136,9 @@ def test_the_serial_loop_chooses_the_backend_to_climb_with(cores):
     for work, backend in ((DECODE, "process"),  # a fetch that computes for milliseconds: processes
                           (IO_WAIT, "thread"),  # a fetch that waits on I/O: threads
                           (RAW, "thread")):  # a quick gather: threads (a process hand-over costs more)
-        _, decisions = run([(work, 4)], cores)
-        assert decisions[0][1].setting.backend == backend, (work, decisions[0])
+        for first in (Setting("thread", 0), Setting("process", 0)):  # a start, or a re-check at 0 after processes
+            _, decisions = run([(work, 4)], cores, first=first)
+            assert decisions[0][1].setting.backend == backend, (work, first, decisions[0])
 
 
 @pytest.mark.parametrize("cores", CORES)

@@ -137,15 +137,16 @@ def _first_backend(search: Search, window: Window, budget: Budget) -> Search:
     measured a fetch that computes (the process tree busy while the loop waited) and takes long
     enough to make a process pay; threads otherwise (a fetch that waits on I/O, a quick gather).
     A process computes its batch beside the loop without sharing the GIL with it or with the other
-    workers; threads that stall are still tried against processes (:func:`_other_backend`)."""
+    workers; a climb that stalls still tries the other backend (:func:`_other_backend`)."""
     best, produce = search.best, window.produce_per_batch_s
-    if best.num_workers or best.backend == "process" or "process" not in budget.backends:
+    if best.num_workers or not {"thread", "process"} <= set(budget.backends):
         return search
-    if produce is None or produce < PROCESS_MIN_FETCH_S or window.busy_cores is None:
+    computes = produce is not None and produce >= PROCESS_MIN_FETCH_S and window.busy_cores is not None \
+        and window.busy_cores >= GIL_BUSY * window.wait_fraction  # else the fetch mostly waits, or is quick
+    backend = "process" if computes else "thread"
+    if backend == best.backend:
         return search
-    if window.busy_cores < GIL_BUSY * window.wait_fraction:  # the fetch mostly waits: threads
-        return search
-    return dataclasses.replace(search, best=Setting("process", 0, best.prefetch), tried=frozenset({"process"}))
+    return dataclasses.replace(search, best=Setting(backend, 0, best.prefetch), tried=frozenset({backend}))
 
 
 def _first_step(best: Setting, window: Window) -> int:
