@@ -249,9 +249,14 @@ def test_busy_cores_allow_threads_to_twice_the_cores_and_no_more_processes(cores
         _, decision = decide(Search(best=best, best_window=window, tried=both), window, budget)
         assert decision.setting.num_workers < best.num_workers, decision
         assert "no more" in decision.reason
-    # processes at the cores while the loop still waits: threads once, with as many workers
+    # processes at the cores that keep them busy while the loop still waits: no threads (no more CPU)
     _, decision = decide(Search(best=Setting("process", cores), best_window=window, tried=frozenset({"process"})),
                          window, budget)
+    assert decision.setting.backend == "process" and decision.setting.num_workers < cores, decision
+    # ... that leave half of them idle (the hand-over holds the loop): threads once, with as many workers
+    idle = _busy_window(cores / 2)
+    _, decision = decide(Search(best=Setting("process", cores), best_window=idle, tried=frozenset({"process"})),
+                         idle, budget)
     assert decision.setting == Setting("thread", cores)
     assert decision.reason == f"the loop still waits 80% with {cores} processes: trying threads"
 

@@ -291,8 +291,9 @@ def _other_backend(search: Search, window: Window, budget: Budget, count: int) -
     the climb reached, at most the other's limit), where the climb ended with the loop still
     waiting (measured in ``window``). Threads that keep few cores busy are held by the GIL; threads
     that keep them busy may still lose to processes (the GIL's hand-offs cost CPU), and processes
-    at the cores may lose to threads (a batch's hand-over costs the loop more): the trial, kept only
-    if faster, says which. Processes are tried only where a batch takes long enough to pay for one."""
+    that leave cores idle may lose to threads (a batch's hand-over costs the loop more): the trial,
+    kept only if faster, says which. Processes that keep the cores busy are not: threads would add
+    no CPU. Processes are tried only where a batch takes long enough to pay for one."""
     best = search.best
     other = "process" if best.backend == "thread" else "thread"
     if best.backend not in ("thread", "process") or other not in budget.backends or other in search.tried:
@@ -300,6 +301,8 @@ def _other_backend(search: Search, window: Window, budget: Budget, count: int) -
     workers = min(max(2, count), budget.limit(other, search.worker_bytes))  # one only overlaps
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET:
         return None
+    if other == "thread" and _cores_busy(window, budget):
+        return None  # processes that fill the cores: threads would add no CPU, only the GIL
     produce = window.produce_per_batch_s
     if other == "process" and (produce is None or produce < PROCESS_MIN_FETCH_S):
         return None
