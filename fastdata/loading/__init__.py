@@ -158,7 +158,14 @@ class TorchLoader(Resumable, DataLoader):
     def __iter__(self) -> Iterator[Any]:
         if self.serial:
             return self.tracked(self._serial_epoch)
-        return self.tracked(lambda: DataLoader.__iter__(self))
+        shared = self.worker_init_fn
+        if not isinstance(shared, SharedBatches) or not shared.count:
+            return self.tracked(lambda: DataLoader.__iter__(self))
+        from fastdata.reader.handover import BatchSlots
+
+        if shared.slots is None or not (self.persistent_workers and self._iterator is not None):
+            shared.slots = BatchSlots(self.num_workers, shared.count)  # new workers, new slots
+        return self.tracked(lambda: _watched(DataLoader.__iter__(self), shared.slots))
 
     def _serial_epoch(self) -> Iterator[Any]:
         from fastdata.loading.serial import DataLoaderFetch, dataloader_pinning, serial_batches
@@ -196,9 +203,42 @@ class PaddedConvert:
         return converted(self.padding(batch))
 
 
+class SharedBatches:
+    """The torch backend's ``worker_init_fn`` for fastdata readers: the worker's reads build
+    their batches in shared memory, in :attr:`slots` reused while the training loop has let go
+    of them (:mod:`fastdata.reader.handover`: the DataLoader then sends them without copying),
+    then the user's ``worker_init_fn`` (:attr:`fn`) runs. Picklable."""
+
+    def __init__(self, fn: Any = None, count: int = 0):
+        self.fn = fn
+        self.count = count  # slots per worker; 0: a new segment per batch
+        self.slots: Any = None  # the BatchSlots of the workers being started (TorchLoader sets it)
+
+    def __call__(self, worker_id: int) -> None:
+        from fastdata.reader.handover import share_batches
+
+        share_batches(self.slots, worker_id)
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+def _watched(batches: Iterator[Any], slots: Any) -> Iterator[Any]:
+    """The DataLoader's batches, each watched so its slot is reused once the loop lets go of it."""
+    for batch in batches:
+        slots.received(batch)
+        yield batch
+        del batch  # not held while the next one comes
+        slots.poll()  # before the DataLoader asks a worker for another batch: the one the loop dropped is free
+
+
 def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any],
                   padding: Any = None) -> DataLoader:
     collate_fn = kwargs.pop("collate_fn", None)
+    if accepts_index_arrays(dataset) and num_workers:
+        # slots only where each batch reaches the loop as read (a pinned or padded batch is a new one)
+        count = 0 if padding is not None or collate_fn is not None or kwargs.get("pin_memory") \
+            else (kwargs.get("prefetch_factor") or 2) + 2
+        kwargs["worker_init_fn"] = SharedBatches(kwargs.get("worker_init_fn"), count)
     if padding is not None:
         return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers,
                            collate_fn=PaddedConvert(padding), **kwargs)

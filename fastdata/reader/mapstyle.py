@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from fastdata.reader.handover import default_allocate
 from fastdata.reader.output import ReaderOutput
 
 
@@ -135,6 +136,8 @@ class MapDataset(ReaderOutput, Dataset):
         """A collated batch ``(uint8 [B,C,H,W], int64 [B])`` from one vectorised read (into
         ``allocate``'d memory where given: the process backend's shared-memory slot)."""
         output = self.output
+        if allocate is None:  # in a torch DataLoader worker: shared memory (fastdata.reader.handover)
+            allocate = default_allocate(as_read=output.batch_transform is None and output.image_format == "tensor")
         if self.schema is not None:
             return self.records.batch(indices, None if output.per_sample else allocate)
         if output.per_sample:

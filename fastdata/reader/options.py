@@ -16,6 +16,7 @@ from torch.utils.data import default_collate
 from fastdata.reader.decoding import check_decoder, geometry_of
 from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptionError
 from fastdata.reader.fused import Fusion, split_transform
+from fastdata.reader.handover import as_tensor
 from fastdata.images import Geometry
 from fastdata.remote.dataset import RemoteOptions
 
@@ -213,7 +214,7 @@ class ReaderOptions:
         targets = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
         if self.image_format == "numpy":
             return pixels, targets.numpy()
-        images = torch.from_numpy(pixels).permute(0, 3, 1, 2)
+        images = as_tensor(pixels).permute(0, 3, 1, 2)
         if self.batch_transform is not None:
             images = self.batch_transform(images)
         return images, targets

@@ -27,6 +27,7 @@ from PIL import Image
 
 from fastdata.errors import CorruptDataError, CorruptManifestError, InvalidOptionError
 from fastdata.fields import Field, Schema, select, unflatten
+from fastdata.reader.handover import as_tensor
 
 
 def open_schema(dataset: Any) -> Schema:
@@ -214,7 +215,7 @@ class Records:
         array = np.asarray(column)
         if self.format == "numpy":
             return array
-        tensor = torch.from_numpy(array)
+        tensor = as_tensor(array)  # its shared-memory tensor where allocated there (fastdata.reader.handover)
         return f.kind_spec.batch_tensor(f, tensor)
 
 

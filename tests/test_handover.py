@@ -1,0 +1,119 @@
+"""The torch backend's hand-over: DataLoader workers write a fastdata reader's batches into
+shared memory, reusing a few segments per worker once the loop has let go of a batch, and never
+writing over a batch the loop still holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from conftest import pattern, save
+from fastdata.loading import SharedBatches
+from fastdata.reader.handover import MAGIC, slot_header
+
+COUNT = 40  # images of 8x6: 40 batches of one, 20 of two
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("handover")
+    for i in range(COUNT):
+        save(Image.fromarray(pattern(8, 6, seed=i)), root / "src" / ("a" if i % 2 else "b") / f"{i:02d}.png")
+    fastdata.convert(root / "src", root / "raw.npy", workers=0)
+    return root / "raw.npy"
+
+
+def serial(ds, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(images.clone(), labels.clone())
+            for images, labels in fastdata.loader(ds, num_workers=0, shuffle=True, seed=5, **options)]
+
+
+def test_batches_come_in_shared_slots_that_are_reused(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=1)
+    loader = fastdata.loader(ds, batch_size=1, num_workers=1, shuffle=True, seed=5)
+    headers = []
+    for (images, labels), (want_images, want_labels) in zip(loader, expected, strict=True):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+        assert images.untyped_storage().is_shared()
+        headers.append(slot_header(images))
+    assert all(h is not None and h[0] == MAGIC and h[1] == 0 for h in headers), headers
+    slots = [h[2] for h in headers]
+    assert set(slots) <= set(range(4))  # prefetch_factor 2 + 2 slots per worker
+    assert len({h[3] for h in headers}) == COUNT  # a new token each time a slot is written
+    assert isinstance(loader.worker_init_fn, SharedBatches) and loader.worker_init_fn.count == 4
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_a_batch_the_loop_keeps_is_never_written_over(raw: Path, keep: int) -> None:
+    """Every ``keep``-th batch is kept (not copied) to the end; the rest are dropped, so their
+    slots are written again while the kept ones are still held."""
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=1)
+    kept, reused = {}, []
+    for index, (images, _) in enumerate(fastdata.loader(ds, batch_size=1, num_workers=2, shuffle=True, seed=5)):
+        header = slot_header(images)
+        if index % keep == 0:
+            kept[index] = images
+        elif header is not None:
+            reused.append(header[1:3])
+    for index, images in kept.items():
+        assert torch.equal(images, expected[index][0]), f"batch {index} was written over"
+    if keep > 1:
+        assert len(reused) > len(set(reused)), "no slot was written twice"
+    else:  # every slot held: the rest came in new segments, as a DataLoader's do
+        assert sum(slot_header(images) is not None for images in kept.values()) == 2 * 4
+
+
+def test_an_epoch_left_midway_then_new_and_persistent_workers_give_the_same_batches(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=2)
+    loader = fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)
+    for index, _ in enumerate(loader):  # batches in flight are never received: their slots stay taken
+        if index == 3:
+            break
+    loader.set_epoch(0)
+    got = list(loader)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected, strict=True))
+    persistent = fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5, persistent_workers=True)
+    for epoch in range(2):
+        persistent.set_epoch(0)
+        slots = []
+        for (images, _), (want, _) in zip(persistent, expected, strict=True):
+            assert torch.equal(images, want), epoch
+            slots.append(slot_header(images)[1:3])
+        assert len(set(slots)) < len(slots)
+
+
+def test_spawned_workers_share_the_slots_and_run_the_users_worker_init_fn(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=4)
+    loader = fastdata.loader(ds, batch_size=4, num_workers=1, shuffle=True, seed=5,
+                             multiprocessing_context="spawn", worker_init_fn=torch.manual_seed)
+    got = [(slot_header(images), images.clone()) for images, _ in loader]
+    assert all(torch.equal(images, want[0]) for (_, images), want in zip(got, expected, strict=True))
+    assert all(header is not None for header, _ in got)
+    assert loader.worker_init_fn.fn is torch.manual_seed
+
+
+@pytest.mark.parametrize("options", [{"batch_transform": lambda images: images.flip(-1)},
+                                     {"image_format": "numpy"}])
+def test_batches_that_leave_the_worker_as_new_tensors_take_no_slot(raw: Path, options: dict) -> None:
+    ds = fastdata.open_dataset(raw, **options)
+    plain = fastdata.open_dataset(raw)
+    for (images, _), (want, _) in zip(fastdata.loader(ds, batch_size=4, num_workers=1, shuffle=True, seed=5),
+                                      serial(plain, batch_size=4), strict=True):
+        images = torch.as_tensor(images)
+        assert slot_header(images) is None
+        assert torch.equal(images, want.flip(-1) if "batch_transform" in options else want.permute(0, 2, 3, 1))
+
+
+def test_the_other_backends_and_the_serial_loop_take_no_slot(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    for backend, workers in (("torch", 0), ("thread", 2), ("process", 2)):
+        batches = list(fastdata.loader(ds, batch_size=4, num_workers=workers, backend=backend))
+        assert all(slot_header(images) is None for images, _ in batches), backend
