@@ -6,7 +6,8 @@ parallelism, so every backend and every ``num_workers`` yields the same batches 
 order as ``num_workers=0``.
 
 * ``"torch"`` (default): a ``DataLoader(batch_size=None)`` over the sampler; worker processes
-  send each batch through torch's shared-memory pickling.
+  send each batch through torch's shared-memory pickling, a fastdata reader's written in place
+  into a few reused segments per worker (:mod:`fastdata.reader.handover`).
 * ``"thread"``: ``num_workers`` threads in this process (:mod:`fastdata.loading.threads`).
 * ``"process"``: worker processes writing into reusable shared-memory slots
   (:mod:`fastdata.loading.processes`).
