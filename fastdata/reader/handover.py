@@ -8,7 +8,8 @@ image into its row), so in a worker of the ``torch`` backend it writes the pixel
 shared memory too (:func:`share_batches`, called by that backend's ``worker_init_fn``).
 
 A new segment per batch still costs: the kernel hands out and zeroes every page on first write
-(measured here: 9.4 ms for a 9.6 MB batch into a new segment, 0.4 ms into one written before).
+(``benchmarks/bench_handover.py``: 8.4 ms for a 9.6 MB batch into a new segment, 0.3 ms into one
+written before, on the machine of docs/reading.md).
 So each worker keeps a few segments (:class:`BatchSlots`, ``prefetch_factor + 2``) and writes a
 batch into one the training process has let go of: a segment starts with a 64-byte header
 (:data:`MAGIC`, worker, slot, a random token), the batch's tensor is a view after it, and the
