@@ -70,8 +70,10 @@ def _shared_tensor(nbytes: int) -> torch.Tensor | None:
         return None
 
 
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
+def _array(data: torch.Tensor, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The uint8 tensor ``data`` seen as a C-contiguous array of ``shape`` and ``dtype`` (its
+    ``base`` a tensor: :func:`as_tensor` gives that back)."""
+    return data.view(torch.from_numpy(np.empty(0, dtype)).dtype).view(shape).numpy()
 
 
 def shared_allocate(shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
@@ -79,7 +81,7 @@ def shared_allocate(shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
     stacks into in a worker), or None where torch cannot make one (the caller then allocates)."""
     dtype = np.dtype(dtype)
     tensor = _shared_tensor(prod(shape) * dtype.itemsize)
-    return None if tensor is None else tensor.view(_torch_dtype(dtype)).view(shape).numpy()
+    return None if tensor is None else _array(tensor, shape, dtype)
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -173,4 +175,4 @@ class _WorkerSlots:
         token = int.from_bytes(os.urandom(8), "little") >> 1 or 1
         segment[:HEADER].view(torch.int64)[:4] = torch.tensor([MAGIC, self.worker_id, slot, token])
         self.table[slot] = token  # taken until the training process has let go of this batch
-        return segment[HEADER:].view(_torch_dtype(dtype)).view(shape).numpy()
+        return _array(segment[HEADER:], shape, dtype)
