@@ -25,8 +25,12 @@ The search is a hill climb on samples/s with back-off and hysteresis:
   climb stops with the loop still waiting, the other backend is tried once with the same count,
   and kept only if faster (:func:`_other_backend`).
 * A trial is kept only when a second window at it confirms the first (the two pooled still beat
-  ``best`` by the margin): on a shared machine one lucky window is common. A trial that loses is
-  undone at its first window, so the loop falls back at once to the better setting it measured.
+  ``best`` by the margin): on a shared machine one lucky window is common. A trial that would start
+  workers from the serial loop for a gain under :data:`CLEAR` is then parked and the serial loop
+  measured once more (A, B, B, A): it is kept only if it still beats the better of the two
+  measurements, so that a rate that drifted during the trial, or two lucky windows in a row, do not
+  start workers that cost more than they give. A trial that loses is undone at its first window, so
+  the loop falls back at once to the better setting it measured.
 * During a climb, a time to produce a batch that moves :data:`PHASE`-fold between two windows (a
   cache that warmed) starts the search again, as at the start, from ``num_workers=0``: what the
   climb found so far belongs to the other phase.
@@ -57,6 +61,7 @@ GIL_BUSY = 0.75  # threads that keep fewer busy cores than this share of theirs 
 PROCESS_MIN_FETCH_S = 0.002  # a fetch shorter than this per batch is not worth a process hand-over
 BUSY_THREADS_PER_CORE = 2  # threads may go this far past the cores while they are busy (kept only if it gains)
 PHASE = 20.0  # during a climb, a time to produce a batch that moves this many times: a new phase, a new climb
+CLEAR = 1.5  # a trial from num_workers=0 that gains less than this is checked against nw=0 measured again
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Search:
     went_down: bool = False  # removing workers was tried in this search
     worker_bytes: int | None = None  # the memory of one worker process, once one was measured
     pending: Window | None = None  # the trial's first window, that would keep it: awaiting confirmation
+    recheck: tuple[Setting, Window] | None = None  # a confirmed trial parked while ``best`` is measured again
 
     @property
     def current(self) -> Setting:
@@ -113,6 +119,11 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         return dataclasses.replace(start(serial), worker_bytes=search.worker_bytes), Decision(serial, reason)
     if search.best_window is None:  # the start is measured twice, as a kept trial is
         return dataclasses.replace(search, best_window=window, trial=None), None
+    if search.recheck is not None:  # ``best`` measured again: the trial's windows against the better of its two
+        trial, trial_window = search.recheck
+        better = max(search.best_window, window, key=lambda w: w.samples_per_s)
+        again = dataclasses.replace(search, best_window=better, trial=trial, recheck=None)
+        return _verdict(again, trial_window, budget, rechecked=True)
     if search.trial is None:
         both = pooled(search.best_window, window)
         return _first(dataclasses.replace(search, best_window=both), both, budget)
@@ -240,9 +251,23 @@ def _judge(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         search = dataclasses.replace(search, pending=None)
     elif _keeps(search, _ratio(search.best_window, window)):
         return dataclasses.replace(search, pending=window), None  # one more window at the trial first
+    return _verdict(search, window, budget)
+
+
+def _verdict(search: Search, window: Window, budget: Budget, *,
+             rechecked: bool = False) -> tuple[Search, Decision | None]:
+    """Keep the trial or undo it, from its (pooled) ``window`` against ``best_window``. A trial
+    that would start workers from the serial loop for a gain under :data:`CLEAR` is first parked,
+    the serial loop measured again for a window, and the trial judged against the better of the
+    two measurements (A, B, B, A: a rate that drifts over the trial, or two lucky windows in a row
+    on a shared machine, no longer start workers that cost CPU and memory for nothing)."""
     best_window, trial, best = search.best_window, search.trial, search.best
     ratio = _ratio(best_window, window)
     change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
+    if not rechecked and best.num_workers == 0 and _keeps(search, ratio) and ratio < CLEAR:
+        parked = dataclasses.replace(search, trial=None, recheck=(trial, window))
+        return parked, Decision(best, f"{change}: measuring {best.num_workers} ({best.backend}) again "
+                                      f"before keeping it")
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
@@ -277,8 +302,14 @@ def _more_or_settle(search: Search, window: Window, budget: Budget, reason: str,
         return _settle(search, window, f"{reason}; wait under {_pct(WAIT_TARGET)}")
     if _limit(search, window, budget) <= search.best.num_workers:
         other = _other_backend(search, window, budget, search.best.num_workers)
-        return other if other is not None else _settle(search, window, f"{reason}; at the limit")
-    return _up(search, window, budget, step=step)
+        if other is None:
+            return _settle(search, window, f"{reason}; at the limit")
+        after, decision = other
+    else:
+        after, decision = _up(search, window, budget, step=step)
+    if decision is None or decision.reason.startswith("settled: "):
+        return after, decision
+    return after, dataclasses.replace(decision, reason=f"{reason}; {decision.reason}")  # the log says what was kept
 
 
 def _rate_words(before: Window, after: Window) -> str:
