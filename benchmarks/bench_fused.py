@@ -369,29 +369,36 @@ def _order(names: list[str], round_: int) -> list[str]:
     return order
 
 
-def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int) -> dict[str, object]:
+def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int,
+                   kinds: set[str] | None = None) -> dict[str, object]:
     """name -> a function giving one epoch's iterable (a fresh loader each epoch, like a default
-    training loop: workers start in every epoch)."""
+    training loop: workers start in every epoch). ``kinds``: only these paths (the first word of
+    a configuration's name; default all): with ``--isolate`` a process builds its own only, so
+    that no other library is loaded into it."""
     import fastdata
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 
+    def wanted(kind: str) -> bool:
+        return kinds is None or kind in kinds
+
     standard = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
     train = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
-    folder = ImageFolder(paths["source"], transform=standard)
     configs: dict[str, object] = {}
-    for count in workers:
-        configs[f"torchvision nw={count}"] = (lambda count=count: DataLoader(
-            folder, batch_size=batch_size, shuffle=True, num_workers=count))
+    if wanted("torchvision"):
+        folder = ImageFolder(paths["source"], transform=standard)
+        for count in workers:
+            configs[f"torchvision nw={count}"] = (lambda count=count: DataLoader(
+                folder, batch_size=batch_size, shuffle=True, num_workers=count))
     for name in ("ffcv", "ffcv-max-side"):
-        if name in paths:
+        if name in paths and wanted(name):
             for count in [w for w in workers if w > 0]:
                 configs[f"{name} threads={count}"] = ffcv_loader(paths[name], count, batch_size)
-    if "source" in paths and dali_available():
+    if "source" in paths and wanted("dali") and dali_available():
         for count in [w for w in workers if w > 0]:
             configs[f"dali threads={count}"] = dali_loader(paths["source"], count, batch_size)
     for name in ("fused", "fused-max-side"):
-        if name not in paths:
+        if name not in paths or not wanted(name):
             continue
         dataset = fastdata.open_dataset(paths[name], transform=train)
         if dataset.decoder.plan is None:
@@ -509,7 +516,8 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             if not os.path.exists(paths["fused-max-side"]):
                 fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
                                  reencode="jpeg:90", workers=0)
-        if ffcv_available():  # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
+        if (args.isolate and _available_elsewhere("ffcv")) or (not args.isolate and ffcv_available()):
+            # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
             paths["ffcv"] = os.path.join(root, "full.beton")
             if not os.path.exists(paths["ffcv"]):
                 write_ffcv(paths["source"], paths["ffcv"], None)
@@ -517,7 +525,11 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 paths["ffcv-max-side"] = os.path.join(root, f"max-side-{args.max_side}.beton")
                 if not os.path.exists(paths["ffcv-max-side"]):
                     write_ffcv(paths["source"], paths["ffcv-max-side"], args.max_side)
-        configs = loader_configs(paths, workers, args.batch_size)
+        if args.isolate:
+            names = _config_names(paths, workers, dali=_available_elsewhere("nvidia.dali"))
+            configs = {name: (lambda name=name, paths=paths: _isolated_epoch(name, paths, args)) for name in names}
+        else:
+            configs = loader_configs(paths, workers, args.batch_size)
         names, rates = list(configs), {name: [] for name in configs}
         cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
         for round_ in range(args.rounds):
@@ -529,7 +541,10 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 # --threads 1), as a training script would have it
                 torch.set_num_threads(args.threads)
                 try:
-                    elapsed, samples, cpu_s = _epoch(configs[name]())
+                    if args.isolate:
+                        elapsed, samples, cpu_s = configs[name]()
+                    else:
+                        elapsed, samples, cpu_s = _epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
                     print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
                     continue
@@ -548,6 +563,59 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                              "torch_threads": args.threads, "step_ms": args.step_ms,
                              "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
     return rows
+
+
+def _available_elsewhere(module: str) -> bool:
+    """Whether ``module`` imports, asked of a new process (this one stays without it)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def _config_names(paths: dict[str, str], workers: list[int], *, dali: bool) -> list[str]:
+    """The configurations :func:`loader_configs` would build, by name, without building them."""
+    names = [f"torchvision nw={count}" for count in workers]
+    names += [f"{kind} threads={count}" for kind in ("ffcv", "ffcv-max-side") if kind in paths
+              for count in workers if count > 0]
+    if dali:
+        names += [f"dali threads={count}" for count in workers if count > 0]
+    names += [f"{kind} {backend} nw={count}" for kind in ("fused", "fused-max-side") if kind in paths
+              for backend in ("torch", "thread", "process") for count in workers if count > 0 or backend == "torch"]
+    return names
+
+
+def _isolated_epoch(name: str, paths: dict[str, str], args: argparse.Namespace) -> tuple[float, int, float]:
+    """One timed epoch of configuration ``name`` in a new process that loads only its own library
+    (``--isolate``): (seconds, samples, CPU seconds of that process and its workers)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, os.path.abspath(__file__), "--one-epoch", name, "--paths", json.dumps(paths),
+               "--workers", args.workers, "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+               "--step-ms", str(args.step_ms)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{name}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["seconds"], result["samples"], result["cpu_s"]
+
+
+def one_epoch(args: argparse.Namespace) -> None:
+    """``--one-epoch NAME``: build that configuration alone and print one timed epoch as JSON."""
+    paths = json.loads(args.paths)
+    configs = loader_configs(paths, [int(part) for part in args.workers.split(",")], args.batch_size,
+                             kinds={args.one_epoch.split(" ")[0]})
+    torch.set_num_threads(args.threads)
+    if args.one_epoch.split(" ")[0] in ("torchvision", "fused", "fused-max-side"):
+        for number, _ in enumerate(configs[args.one_epoch]()):  # libraries loaded, kernels run once: untimed,
+            if number == 1:                                     # as FFCV's and DALI's first epoch
+                break
+    batches = configs[args.one_epoch]()  # FFCV and DALI run their untimed first epoch here
+    torch.set_num_threads(args.threads)
+    _quiesce()
+    seconds, samples, cpu_s = _epoch(batches)
+    print(json.dumps({"seconds": seconds, "samples": samples, "cpu_s": cpu_s}))
 
 
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
@@ -600,10 +668,17 @@ def main() -> None:
     parser.add_argument("--sets", default="imagenet,large", help="--loader: which sets to read")
     parser.add_argument("--step-ms", type=float, default=0.0, help="--loader: a busy training step of this "
                         "length (calibrated once) after every batch, in this process")
+    parser.add_argument("--isolate", action="store_true", help="--loader: every epoch in a new process that "
+                        "loads only its own library (none of the others' threads, memory or libraries in it)")
+    parser.add_argument("--one-epoch", help=argparse.SUPPRESS)  # --isolate's child: one configuration's epoch
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.step_ms:
         STEP.append(training_step(args.step_ms))
+    if args.one_epoch:
+        one_epoch(args)
+        return
     if args.decode_only:
         rows = run_decode_only(args)
         print_decode_only(rows, args)
