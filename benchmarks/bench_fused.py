@@ -4,7 +4,7 @@ pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
     python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
         [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--sets imagenet,large]
-        [--step-ms 30] [--threads N] [--json rows.json]
+        [--step-ms 30] [--threads N] [--isolate] [--json rows.json]
     python benchmarks/bench_fused.py --decode-only [--count 2000] [--large-count 500] [--repeats 5]
         [--libturbojpeg PATH] [--json rows.json]
 
@@ -79,6 +79,9 @@ The median epoch of each, each path at its best configuration, and the ratios; a
 CPU-second of this process for the configurations that work in it (num_workers=0, the thread
 backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
 is part of each epoch for both (no persistent workers), as in a default training loop.
+``--isolate``: every epoch in a new process that builds only its configuration and loads only its
+own library (one untimed epoch of FFCV and DALI first, two untimed batches of the others), so no
+library's threads, memory or fork cost weigh on another's.
 """
 
 from __future__ import annotations
