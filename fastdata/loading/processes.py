@@ -168,7 +168,8 @@ class ProcessLoader(BatchLoader):
             shm.release(self._all_segments.pop(name), unlink=True)
 
     def close(self) -> None:
-        """Stop the workers and remove every shared-memory segment (the next epoch starts anew)."""
+        """Stop the workers and remove the shared-memory segments (the next epoch starts anew);
+        slot segments no batch of which is held are kept for the next process loader (shm.keep_spare)."""
         _cleanup(self._workers, self._all_segments, self._data_names)  # batches still held keep their memory mapped
         self._forget_slots()
 
