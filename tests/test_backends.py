@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 import fastdata
 from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
-from fastdata.loading import WorkerError, shm
+from fastdata.loading import WorkerError, shm, spares
 from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
 
 SHM = Path("/dev/shm")
@@ -39,7 +39,7 @@ def running_elsewhere(name: str) -> bool:
 def no_segment_left_behind():
     before = segments()
     yield
-    shm.clear_spares()  # closed loaders' segments kept for the next loader: removed here
+    spares.clear_spares()  # closed loaders' segments kept for the next loader: removed here
     left = {name for name in segments() - before if not running_elsewhere(name)}
     assert left == set(), "a shared-memory segment outlived its loader"
 
@@ -309,54 +309,59 @@ def test_a_lent_batch_outlives_close_and_the_segment_is_still_removed() -> None:
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # ... mapped while a batch needs it
 
 
+def slot_segments(loader) -> set[str]:
+    """The names of a running process loader's slot segments, every generation."""
+    return {segment.name for generations in loader._generations for segment, _ in generations}
+
+
 def test_a_closed_loaders_segments_serve_the_next_loader() -> None:
     """Pages written once are written again (no first-write cost): a new loader's workers take
     the segments a closed loader left, and read the same batches."""
-    shm.clear_spares()
+    spares.clear_spares()
     first = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=2)
     want = [batch[0].clone() for batch in first]  # copies: no batch of the segments is held
-    names = set(first._data_names)
+    names = slot_segments(first)
     first.close()
-    assert len(names) == 2 and sorted(shm.spares()) == sorted(names) and names <= segments()
+    assert len(names) == 2 and sorted(spares.spares()) == sorted(names) and names <= segments()
     second = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=2)
     got = [batch[0].clone() for batch in second]
-    assert set(second._data_names) == names and shm.spares() == []
+    assert slot_segments(second) == names and spares.spares() == []
     assert len(got) == 12 and all(torch.equal(a, b) for a, b in zip(want, got))
     second.close()
 
 
 def test_a_segment_with_a_batch_held_at_close_is_never_reused() -> None:
-    shm.clear_spares()
+    spares.clear_spares()
     first = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
     kept = list(first)  # lent batches: views of the segment
-    names = set(first._data_names)
+    names = slot_segments(first)
     first.close()
-    assert shm.spares() == [] and not (names & segments())
+    assert spares.spares() == [] and not (names & segments())
     other = fastdata.loader(RAW, batch_size=8, seed=4, backend="process", num_workers=1)
-    assert len(list(other)) == 12 and not (set(other._data_names) & names)
+    assert len(list(other)) == 12 and not (slot_segments(other) & names)
     other.close()
     want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # never written over
 
 
 def test_no_segment_is_kept_beyond_the_spare_limit(monkeypatch) -> None:
-    shm.clear_spares()
-    monkeypatch.setenv(shm.SPARE_ENV, "0")
+    spares.clear_spares()
+    monkeypatch.setenv(spares.SPARE_ENV, "0")
     loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
     assert len(batches(loader)) == 12
-    names = set(loader._data_names)
+    names = slot_segments(loader)
     loader.close()
-    assert names and shm.spares() == [] and not (names & segments())
-    monkeypatch.setenv(shm.SPARE_ENV, str(2**40))
+    assert names and spares.spares() == [] and not (names & segments())
+    monkeypatch.setenv(spares.SPARE_ENV, str(2**40))
     older, old = shm.new_segment(8192), shm.new_segment(8192)
-    assert shm.keep_spare(older) and shm.keep_spare(old) and shm.spares() == [older.name, old.name]
-    monkeypatch.setenv(shm.SPARE_ENV, str(12288))  # room for one: the oldest kept make room
+    assert spares.keep_spare(older) and spares.keep_spare(old) and spares.spares() == [older.name, old.name]
+    monkeypatch.setenv(spares.SPARE_ENV, str(12288))  # room for one: the oldest kept make room
     new = shm.new_segment(8192)
-    assert shm.keep_spare(new) and shm.spares() == [new.name]
+    assert spares.keep_spare(new) and spares.spares() == [new.name]
     assert not ({older.name, old.name} & segments()) and new.name in segments()
-    assert shm.take_spare(16384) is None  # none large enough
-    taken = shm.take_spare(8192)
-    assert taken.name == new.name and shm.spares() == []
+    assert spares.take_spare(16384) is None  # none large enough
+    taken = spares.take_spare(8192)
+    assert taken.name == new.name and spares.spares() == []
     shm.release(taken, unlink=True)
 
 

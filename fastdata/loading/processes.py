@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.loading import shm
+from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
 from fastdata.machine import stop_signals_held, usable_cores
@@ -82,9 +82,8 @@ class ProcessLoader(BatchLoader):
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._workers: list[_Worker] = []
         self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
-        self._data_names: set[str] = set()  # those holding slots (the rest: workers' control segments)
         self._forget_slots()
-        self._finalizer = weakref.finalize(self, _cleanup, self._workers, self._all_segments, self._data_names)
+        self._finalizer = weakref.finalize(self, _cleanup, self._workers, self._all_segments)
 
     def _forget_slots(self) -> None:
         """No data segment yet (the first batch of each worker sizes them) and nothing handed out."""
@@ -169,8 +168,8 @@ class ProcessLoader(BatchLoader):
 
     def close(self) -> None:
         """Stop the workers and remove the shared-memory segments (the next epoch starts anew);
-        slot segments no batch of which is held are kept for the next process loader (shm.keep_spare)."""
-        _cleanup(self._workers, self._all_segments, self._data_names)  # batches still held keep their memory mapped
+        slot segments no batch of which is held are kept for the next process loader (spares.keep_spare)."""
+        _cleanup(self._workers, self._all_segments)  # batches still held keep their memory mapped
         self._forget_slots()
 
     def _send(self, worker_id: int, message: tuple) -> None:
@@ -282,9 +281,8 @@ class ProcessLoader(BatchLoader):
         if needed > current:
             slot_bytes = -(-int(needed * (_SLOT_HEADROOM if current else 1.0)) // 4096) * 4096
             # a closed loader's segment where one fits: its pages were written before (no first-write cost)
-            segment = shm.take_spare(slot_bytes * self.slots) or shm.new_segment(slot_bytes * self.slots)
+            segment = spares.take_spare(slot_bytes * self.slots) or shm.new_segment(slot_bytes * self.slots)
             self._all_segments[segment.name] = segment
-            self._data_names.add(segment.name)
             # headers name the generation: batches in flight, or held by the loop, may lie in the old one
             self._generations[worker_id].append((segment, slot_bytes))
         self._send_segment(worker_id)
@@ -380,12 +378,12 @@ def _stop(workers: list[_Worker]) -> None:
     workers.clear()
 
 
-def _cleanup(workers: list[_Worker], segments: dict[str, Any], data_names: set[str]) -> None:
-    """Stop the workers and remove the segments (at close, garbage collection or exit); data
-    segments no batch of which is held are kept for the next loader (:func:`shm.keep_spare`)."""
+def _cleanup(workers: list[_Worker], segments: dict[str, Any]) -> None:
+    """Stop the workers and remove the segments (at close, garbage collection or exit); slot
+    segments no batch of which is held are kept for the next loader (:func:`spares.keep_spare`)."""
+    controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
     _stop(workers)
     for name, segment in segments.items():
-        if name not in data_names or not shm.keep_spare(segment):
+        if name in controls or not spares.keep_spare(segment):
             shm.release(segment, unlink=True)
     segments.clear()
-    data_names.clear()
