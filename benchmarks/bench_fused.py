@@ -80,8 +80,11 @@ CPU-second of this process for the configurations that work in it (num_workers=0
 backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
 is part of each epoch for both (no persistent workers), as in a default training loop.
 ``--isolate``: every epoch in a new process that builds only its configuration and loads only its
-own library (one untimed epoch of FFCV and DALI first, two untimed batches of the others), so no
-library's threads, memory or fork cost weigh on another's.
+own library, so no library's threads, memory or fork cost weigh on another's. The timed epoch is a
+later epoch of a training run: one untimed epoch of FFCV, DALI and fastdata's loaders first (a
+fresh loader for the timed one, as the other modes make one per epoch; what the first left, FFCV's
+compiled pipeline or fastdata's shared-memory segments, the second finds), two untimed batches of
+torchvision's DataLoader (its workers end with their epoch and leave nothing).
 """
 
 from __future__ import annotations
@@ -610,10 +613,14 @@ def one_epoch(args: argparse.Namespace) -> None:
     configs = loader_configs(paths, [int(part) for part in args.workers.split(",")], args.batch_size,
                              kinds={args.one_epoch.split(" ")[0]})
     torch.set_num_threads(args.threads)
-    if args.one_epoch.split(" ")[0] in ("torchvision", "fused", "fused-max-side"):
-        for number, _ in enumerate(configs[args.one_epoch]()):  # libraries loaded, kernels run once: untimed,
-            if number == 1:                                     # as FFCV's and DALI's first epoch
+    kind = args.one_epoch.split(" ")[0]
+    if kind == "torchvision":
+        for number, _ in enumerate(configs[args.one_epoch]()):  # libraries loaded, kernels run once: untimed
+            if number == 1:  # (a DataLoader keeps nothing from one epoch to the next: two batches do)
                 break
+    elif kind in ("fused", "fused-max-side"):  # a whole untimed epoch, as FFCV's and DALI's: a later
+        for _ in configs[args.one_epoch]():     # epoch starts with what the one before left (kept segments)
+            pass
     batches = configs[args.one_epoch]()  # FFCV and DALI run their untimed first epoch here
     torch.set_num_threads(args.threads)
     _quiesce()

@@ -12,7 +12,7 @@ from PIL import Image
 
 import fastdata
 from conftest import pattern, save
-from fastdata.loading import SharedBatches
+from fastdata.loading import SharedBatches, spares
 from fastdata.reader.handover import MAGIC, slot_header
 
 COUNT = 40  # images of 8x6: 40 batches of one, 20 of two
@@ -25,6 +25,13 @@ def raw(tmp_path_factory) -> Path:
         save(Image.fromarray(pattern(8, 6, seed=i)), root / "src" / ("a" if i % 2 else "b") / f"{i:02d}.png")
     fastdata.convert(root / "src", root / "raw.npy", workers=0)
     return root / "raw.npy"
+
+
+@pytest.fixture(autouse=True)
+def no_kept_segments():
+    spares.clear_spares()  # segments an earlier test's loaders left for the next workers
+    yield
+    spares.clear_spares()
 
 
 def serial(ds, **options) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -89,14 +96,70 @@ def test_an_epoch_left_midway_then_new_and_persistent_workers_give_the_same_batc
         assert len(set(slots)) < len(slots)
 
 
+def segment_ids(loader, expected) -> list[int]:
+    """The segment id of each batch of an epoch of ``loader`` (each batch dropped before the next
+    but the last), checked against ``expected``."""
+    ids = []
+    for (images, labels), (want_images, want_labels) in zip(loader, expected, strict=True):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+        ids.append(slot_header(images)[4])
+    return ids
+
+
+def test_a_new_loaders_workers_write_into_the_segments_of_the_last_epochs(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=2)
+    first = segment_ids(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5), expected)
+    # every segment kept but the last batch's, still held when its epoch ended
+    assert spares.kept_storages() == len(set(first)) - 1 >= 2
+    second = segment_ids(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5), expected)
+    assert len(set(second) & set(first)) >= 2 and first[-1] not in second
+    assert len(set(second) - set(first)) < len(set(second))
+
+
+def test_a_batch_held_after_its_epoch_is_never_given_to_new_workers(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=2)
+    held = []
+    for index, (images, _) in enumerate(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)):
+        if index in (0, 7):
+            held.append((index, slot_header(images)[4], images))
+    for _ in range(2):  # two more loaders, each writing into what the one before left
+        ids = segment_ids(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5), expected)
+        assert not {segment for _, segment, _ in held} & set(ids)
+    for index, _, images in held:
+        assert torch.equal(images, expected[index][0]), f"batch {index} was written over"
+
+
+def test_no_segment_is_kept_from_persistent_workers_an_epoch_left_midway_or_past_the_limit(raw: Path, monkeypatch) -> None:
+    ds = fastdata.open_dataset(raw)
+    persistent = fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5, persistent_workers=True)
+    assert len(list(persistent)) == 20 and spares.kept_storages() == 0  # its workers still hold them
+    for index, _ in enumerate(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)):
+        if index == 3:
+            break  # its workers may still be writing: nothing is kept
+    assert spares.kept_storages() == 0
+    monkeypatch.setenv(spares.SPARE_ENV, "0")
+    assert sum(1 for _ in fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)) == 20
+    assert spares.kept_storages() == 0
+    monkeypatch.setenv(spares.SPARE_ENV, str(2 * (64 + 2 * 8 * 6 * 3)))  # room for two segments of a batch of 2
+    assert sum(1 for _ in fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)) == 20
+    assert spares.kept_storages() == 2
+
+
 def test_spawned_workers_share_the_slots_and_run_the_users_worker_init_fn(raw: Path) -> None:
     ds = fastdata.open_dataset(raw)
     expected = serial(ds, batch_size=4)
+    forked = set(segment_ids(fastdata.loader(ds, batch_size=4, num_workers=1, shuffle=True, seed=5), expected))
+    kept = spares.kept_storages()
+    assert kept == len(forked) - 1
     loader = fastdata.loader(ds, batch_size=4, num_workers=1, shuffle=True, seed=5,
                              multiprocessing_context="spawn", worker_init_fn=abs)
     got = [(slot_header(images), images.clone()) for images, _ in loader]
     assert all(torch.equal(images, want[0]) for (_, images), want in zip(got, expected, strict=True))
     assert all(header is not None for header, _ in got)
+    assert not {header[4] for header, _ in got} & forked  # a spawned worker makes its own segments
+    assert spares.kept_storages() > kept  # and leaves them for the next workers
     assert loader.worker_init_fn.fn is abs  # a builtin: picklable whatever other tests imported
 
 

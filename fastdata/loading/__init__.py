@@ -162,11 +162,23 @@ class TorchLoader(Resumable, DataLoader):
         shared = self.worker_init_fn
         if not isinstance(shared, SharedBatches) or not shared.count:
             return self.tracked(lambda: DataLoader.__iter__(self))
+        from fastdata.loading import spares
         from fastdata.reader.handover import BatchSlots
 
         if shared.slots is None or not (self.persistent_workers and self._iterator is not None):
-            shared.slots = BatchSlots(self.num_workers, shared.count)  # new workers, new slots
-        return self.tracked(lambda: _watched(DataLoader.__iter__(self), shared.slots))
+            # new workers, new slots: forked ones start with segments an earlier epoch's workers wrote in
+            given = spares.take_storages(self.num_workers * shared.count) if self._forks() else []
+            shared.slots = BatchSlots(self.num_workers, shared.count, given)
+        give_back = not self.persistent_workers  # the workers end with the epoch: their segments are kept
+        return self.tracked(lambda: _watched(DataLoader.__iter__(self), shared.slots, give_back))
+
+    def _forks(self) -> bool:
+        """Whether this loader's workers start by fork (they then inherit this process's mappings)."""
+        import torch.multiprocessing
+
+        context = self.multiprocessing_context
+        return (context.get_start_method() if context is not None
+                else torch.multiprocessing.get_start_method()) == "fork"
 
     def _serial_epoch(self) -> Iterator[Any]:
         from fastdata.loading.serial import DataLoaderFetch, dataloader_pinning, serial_batches
@@ -223,13 +235,19 @@ class SharedBatches:
             self.fn(worker_id)
 
 
-def _watched(batches: Iterator[Any], slots: Any) -> Iterator[Any]:
-    """The DataLoader's batches, each watched so its slot is reused once the loop lets go of it."""
+def _watched(batches: Iterator[Any], slots: Any, give_back: bool = False) -> Iterator[Any]:
+    """The DataLoader's batches, each watched so its slot is reused once the loop lets go of it;
+    with ``give_back``, an epoch that ran to its end (the DataLoader has then ended its workers)
+    leaves the segments of the slots let go of for the next workers (:mod:`fastdata.loading.spares`)."""
     for batch in batches:
         slots.received(batch)
         yield batch
         del batch  # not held while the next one comes
         slots.poll()  # before the DataLoader asks a worker for another batch: the one the loop dropped is free
+    if give_back:
+        from fastdata.loading import spares
+
+        spares.keep_storages(slots.release())
 
 
 def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any],

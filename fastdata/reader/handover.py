@@ -18,6 +18,15 @@ training process, watches each batch's storage (:meth:`BatchSlots.received`); on
 there uses it any more (views included: torch's ``StorageWeakRef``), it clears the slot
 (:meth:`BatchSlots.poll`) and the worker may write there again. A batch the loop keeps is never
 written over; when every slot is taken the worker takes a new segment, as a DataLoader does.
+
+Workers that are not persistent end with their epoch, and a new loader starts new ones: their
+segments would be new pages again every epoch. So the training process maps each slot's segment
+too (:attr:`BatchSlots.segments`, one mapping per segment: a fifth header word names it), and
+when an epoch ran to its end it gives back the segments of the slots it has let go of
+(:meth:`BatchSlots.release`); the loader keeps them for the next workers it starts
+(:mod:`fastdata.loading.spares`), which inherit them when forked (a spawned worker starts
+without: a segment pickled to it would come back as the training process's own mapping, which
+never lets go).
 Only a batch that leaves the worker as read uses a slot (a ``batch_transform`` or a per-sample
 transform make new tensors; those batches get a new segment each). The process backend passes
 its own ``allocate`` (its ring) and is unaffected.
@@ -101,17 +110,22 @@ class BatchSlots:
     training process, the batches handed out, whose slots are cleared once nothing uses them.
     Pickled to the workers (the table only)."""
 
-    def __init__(self, num_workers: int, slots: int):
+    def __init__(self, num_workers: int, slots: int, given: list[Any] = ()):
         self.table = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self._watched: list[tuple[Any, int, int, int]] = []  # (StorageWeakRef, worker, slot, token)
         self._lock = threading.Lock()
+        # (worker, slot) -> (segment id, this process's own mapping of the slot's segment): what
+        # the workers start with (``given``, spread over the workers) and what they wrote in since
+        self.segments: dict[tuple[int, int], tuple[int, Any]] = {}
+        for index, storage in enumerate(list(given)[:num_workers * slots]):
+            self.segments[(index % num_workers, index // num_workers)] = (_segment_id(storage), storage)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"table": self.table}
+        return {"table": self.table}  # no segments: a spawned worker makes its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.table = state["table"]
-        self._watched, self._lock = [], threading.Lock()
+        self._watched, self._lock, self.segments = [], threading.Lock(), {}
 
     def received(self, batch: Any) -> None:
         """Watch the slots ``batch``'s tensors were written in (a tuple, list or dict of them)."""
@@ -122,7 +136,12 @@ class BatchSlots:
         for value in values:
             header = slot_header(value)
             if header is not None and 0 <= header[1] < self.table.shape[0] and 0 <= header[2] < self.table.shape[1]:
-                found.append((StorageWeakRef(value.untyped_storage()), *header[1:]))
+                _, worker, slot, token, segment = header
+                found.append((StorageWeakRef(value.untyped_storage()), worker, slot, token))
+                if self.segments.get((worker, slot), (0,))[0] != segment:  # a segment new to this slot
+                    mapping = _own_mapping(value.untyped_storage())
+                    if mapping is not None:
+                        self.segments[(worker, slot)] = (segment, mapping)
         with self._lock:
             self._watched.extend(found)
 
@@ -137,27 +156,62 @@ class BatchSlots:
                     self.table[worker, slot] = 0
             self._watched = kept
 
+    def release(self) -> list[Any]:
+        """The segments of the slots the loop has let go of, no longer mapped by these slots
+        (call it once the workers have ended: a running worker may take a free slot again). A slot
+        still taken (a batch held, or one in flight that never arrived) keeps its segment to
+        itself, so a batch held is never given to new workers to write over."""
+        self.poll()
+        with self._lock:
+            free = [storage for (worker, slot), (_, storage) in sorted(self.segments.items())
+                    if int(self.table[worker, slot]) == 0]
+            self.segments = {}
+        return free
 
-def slot_header(value: Any) -> tuple[int, int, int, int] | None:
-    """(magic, worker, slot, token) of a tensor written in a slot, else None."""
+
+def _segment_id(storage: Any) -> int:
+    """The id a worker wrote in the header of a slot segment (0: none)."""
+    if storage.nbytes() < HEADER:
+        return 0
+    words = torch.empty(0, dtype=torch.int64).set_(storage, 0, (5,), (1,)).tolist()
+    return words[4] if words[0] == MAGIC else 0
+
+
+def _own_mapping(storage: Any) -> Any:
+    """A second mapping of a segment received from a worker: a storage of its own, so the batch's
+    storage still dies when the loop lets go of it (torch's file-descriptor sharing; None with
+    any other strategy)."""
+    try:
+        fd, size = storage._share_fd_cpu_()
+        return torch.UntypedStorage._new_shared_fd_cpu(fd, size)
+    except (AttributeError, RuntimeError, TypeError):  # file_system sharing, or a torch without it
+        return None
+
+
+def slot_header(value: Any) -> tuple[int, int, int, int, int] | None:
+    """(magic, worker, slot, token, segment id) of a tensor written in a slot, else None."""
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
             or value.storage_offset() * value.element_size() != HEADER:
         return None
     storage = value.untyped_storage()
     if not storage.is_shared() or storage.nbytes() < HEADER:
         return None
-    words = torch.empty(0, dtype=torch.int64).set_(storage, 0, (4,), (1,)).tolist()
+    words = torch.empty(0, dtype=torch.int64).set_(storage, 0, (5,), (1,)).tolist()
     return tuple(words) if words[0] == MAGIC else None
 
 
 class _WorkerSlots:
-    """One worker's segments: ``allocate`` writes into a free slot of the shared table's row, a
-    new segment where none is free."""
+    """One worker's segments: ``allocate`` writes into a free slot of the shared table's row (the
+    smallest segment that holds the batch), a new segment where none is free."""
 
     def __init__(self, slots: BatchSlots, worker_id: int):
         self.table = slots.table[worker_id]
         self.worker_id = worker_id
         self.segments: list[torch.Tensor | None] = [None] * len(self.table)
+        self.ids = [0] * len(self.table)
+        for (worker, slot), (segment, storage) in slots.segments.items():  # inherited from the training process
+            if worker == worker_id and segment:
+                self.segments[slot], self.ids[slot] = torch.empty(0, dtype=torch.uint8).set_(storage), segment
 
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray | None:
         dtype = np.dtype(dtype)
@@ -165,14 +219,22 @@ class _WorkerSlots:
         free = [slot for slot in range(len(self.segments)) if int(self.table[slot]) == 0]
         if not free:
             return shared_allocate(shape, dtype)  # the loop holds every slot: a new segment, as a DataLoader does
-        fits = [slot for slot in free if self.segments[slot] is not None and self.segments[slot].numel() == HEADER + nbytes]
-        slot = fits[0] if fits else free[0]
-        if not fits:
+        fits = [slot for slot in free if self.segments[slot] is not None and self.segments[slot].numel() >= HEADER + nbytes]
+        if fits:
+            slot = min(fits, key=lambda slot: self.segments[slot].numel())
+        else:  # an empty slot, else the smallest segment makes way
+            slot = min(free, key=lambda slot: -1 if self.segments[slot] is None else self.segments[slot].numel())
             self.segments[slot] = _shared_tensor(HEADER + nbytes)
             if self.segments[slot] is None:
                 return None
+            self.ids[slot] = _random_word()
         segment = self.segments[slot]
-        token = int.from_bytes(os.urandom(8), "little") >> 1 or 1
-        segment[:HEADER].view(torch.int64)[:4] = torch.tensor([MAGIC, self.worker_id, slot, token])
+        token = _random_word()
+        segment[:HEADER].view(torch.int64)[:5] = torch.tensor([MAGIC, self.worker_id, slot, token, self.ids[slot]])
         self.table[slot] = token  # taken until the training process has let go of this batch
-        return _array(segment[HEADER:], shape, dtype)
+        return _array(segment[HEADER:HEADER + nbytes], shape, dtype)
+
+
+def _random_word() -> int:
+    """A random positive int64 (a token or a segment id; never 0)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1 or 1
