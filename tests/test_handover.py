@@ -180,3 +180,20 @@ def test_the_other_backends_and_the_serial_loop_take_no_slot(raw: Path) -> None:
     for backend, workers in (("torch", 0), ("thread", 2), ("process", 2)):
         batches = list(fastdata.loader(ds, batch_size=4, num_workers=workers, backend=backend))
         assert all(slot_header(images) is None for images, _ in batches), backend
+
+
+def test_with_file_system_sharing_no_segment_is_kept(raw: Path) -> None:
+    """torch's other sharing strategy names segments by file: a second mapping of one is not made
+    (``_share_fd_cpu_`` would copy the batch into a new segment), so nothing is kept."""
+    import torch.multiprocessing
+
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=2)
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        for _ in range(2):
+            ids = segment_ids(fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5), expected)
+            assert len(set(ids)) >= 2 and spares.kept_storages() == 0
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)

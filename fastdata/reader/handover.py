@@ -180,7 +180,11 @@ def _segment_id(storage: Any) -> int:
 def _own_mapping(storage: Any) -> Any:
     """A second mapping of a segment received from a worker: a storage of its own, so the batch's
     storage still dies when the loop lets go of it (torch's file-descriptor sharing; None with
-    any other strategy)."""
+    any other strategy, where ``_share_fd_cpu_`` would copy the batch into a new segment)."""
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return None
     try:
         fd, size = storage._share_fd_cpu_()
         return torch.UntypedStorage._new_shared_fd_cpu(fd, size)
