@@ -219,6 +219,23 @@ def test_nw0_resumes_mid_epoch_and_says_the_backend_asked_for(raw_npy, backend: 
     assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["consumed"] == 0
 
 
+@pytest.mark.parametrize("backend, workers", [("torch", 0), ("thread", 0), ("torch", 2)])
+def test_two_iterators_of_one_loader_read_consecutive_epochs(raw_npy, backend: str, workers: int) -> None:
+    """A second epoch started while the first is under way (an evaluation pass inside a training
+    epoch, say) reads the next epoch; the first goes on with its own and ends cleanly."""
+    fresh = fastdata.loader(raw_npy, batch_size=8, seed=9)
+    epoch0, epoch1 = list(fresh), list(fresh)
+    loader = fastdata.loader(raw_npy, batch_size=8, seed=9, backend=backend, num_workers=workers)
+    first = iter(loader)
+    head = [next(first), next(first)]
+    second = list(loader)  # ends while the first is under way
+    rest = list(first)
+    assert len(head) + len(rest) == len(epoch0) == len(second) == len(epoch1) == 7
+    assert all(same(a, b) for a, b in zip(head + rest, epoch0)) and all(same(a, b) for a, b in zip(second, epoch1))
+    assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (2, 0)
+    assert (loader.index_sampler.state_dict()["epoch"], loader.index_sampler.state_dict()["consumed"]) == (2, 0)
+
+
 def test_nw0_leaves_torchs_random_stream_alone(raw_npy) -> None:
     """A DataLoader iterator draws a worker seed from torch's generator even at num_workers=0;
     the serial loop does not (docs/reading.md says so)."""

@@ -171,7 +171,7 @@ class EpochSampler(Sampler):
         order = self.rank_order(epoch, stages)
         self.epoch += 1
         first, self.resume_at, self.stages = self.resume_at, 0, []
-        self._pass = [epoch, first, stages]
+        position = self._pass = [epoch, first, stages]  # this pass's own (another may start while it runs)
         if self.batch_size is None:
             items: Iterator[Any] = iter(order[first:].tolist())
         else:
@@ -179,9 +179,10 @@ class EpochSampler(Sampler):
             items = (epoch_indices(arrange(order[batch * self.batch_size : (batch + 1) * self.batch_size], epoch), epoch)
                      for batch in range(first, self.layout.batches(len(order))))
         for item in items:
-            self._pass[1] += 1
+            position[1] += 1
             yield item
-        self._pass = None
+        if self._pass is position:  # the latest pass is over (an earlier one's end leaves the later's)
+            self._pass = None
 
     _pass: list[Any] | None = None  # [epoch, items yielded, stages] while a pass is under way
     # how a batch's indices are put in order (default: ascending, for sequential reads); a dataset
