@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import threading
 from math import prod
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -108,16 +108,16 @@ class BatchSlots:
     """The slots of one set of a torch-backend loader's workers (one epoch's, or the persistent
     ones'): a ``(num_workers, slots)`` table of tokens (0: free) in shared memory, and, in the
     training process, the batches handed out, whose slots are cleared once nothing uses them.
-    Pickled to the workers (the table only)."""
+    Pickled to spawned workers (the table only); forked ones inherit :attr:`segments` too."""
 
-    def __init__(self, num_workers: int, slots: int, given: list[Any] = ()):
+    def __init__(self, num_workers: int, slots: int, given: Sequence[Any] = ()):
         self.table = torch.zeros((num_workers, slots), dtype=torch.int64).share_memory_()
         self._watched: list[tuple[Any, int, int, int]] = []  # (StorageWeakRef, worker, slot, token)
         self._lock = threading.Lock()
         # (worker, slot) -> (segment id, this process's own mapping of the slot's segment): what
         # the workers start with (``given``, spread over the workers) and what they wrote in since
         self.segments: dict[tuple[int, int], tuple[int, Any]] = {}
-        for index, storage in enumerate(list(given)[:num_workers * slots]):
+        for index, storage in enumerate(given[:num_workers * slots]):
             self.segments[(index % num_workers, index // num_workers)] = (_segment_id(storage), storage)
 
     def __getstate__(self) -> dict[str, Any]:
