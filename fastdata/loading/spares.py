@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-
 from typing import Any
 
 from fastdata.loading.shm import PREFIX, Segment, attach, unlink_name

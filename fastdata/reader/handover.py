@@ -188,7 +188,7 @@ def _own_mapping(storage: Any) -> Any:
     try:
         fd, size = storage._share_fd_cpu_()
         return torch.UntypedStorage._new_shared_fd_cpu(fd, size)
-    except (AttributeError, RuntimeError, TypeError):  # file_system sharing, or a torch without it
+    except (AttributeError, RuntimeError, TypeError):  # a torch without them
         return None
 
 
