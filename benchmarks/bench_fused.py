@@ -698,6 +698,8 @@ def main() -> None:
         return
     if args.loader:
         print(f"load average at the start: {os.getloadavg()}", flush=True)
+        print(f"fused decoder: {fused.default_decoder()}" + ("" if region.library() is not None else
+              " (no region decode here: pip install 'torch-fastdata[region]' for the default users get)"), flush=True)
         rows = run_loader(args)
         print(f"load average at the end: {os.getloadavg()}")
         print_loader(rows, args)
