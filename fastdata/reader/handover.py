@@ -171,10 +171,16 @@ class BatchSlots:
 
 def _segment_id(storage: Any) -> int:
     """The id a worker wrote in the header of a slot segment (0: none)."""
+    header = _header(storage)
+    return 0 if header is None else header[4]
+
+
+def _header(storage: Any) -> tuple[int, int, int, int, int] | None:
+    """(magic, worker, slot, token, segment id) at the start of a slot segment, else None."""
     if storage.nbytes() < HEADER:
-        return 0
+        return None
     words = torch.empty(0, dtype=torch.int64).set_(storage, 0, (5,), (1,)).tolist()
-    return words[4] if words[0] == MAGIC else 0
+    return tuple(words) if words[0] == MAGIC else None
 
 
 def _own_mapping(storage: Any) -> Any:
@@ -198,10 +204,7 @@ def slot_header(value: Any) -> tuple[int, int, int, int, int] | None:
             or value.storage_offset() * value.element_size() != HEADER:
         return None
     storage = value.untyped_storage()
-    if not storage.is_shared() or storage.nbytes() < HEADER:
-        return None
-    words = torch.empty(0, dtype=torch.int64).set_(storage, 0, (5,), (1,)).tolist()
-    return tuple(words) if words[0] == MAGIC else None
+    return _header(storage) if storage.is_shared() else None
 
 
 class _WorkerSlots:
