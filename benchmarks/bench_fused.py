@@ -610,10 +610,9 @@ def _isolated_epoch(name: str, paths: dict[str, str], args: argparse.Namespace) 
 def one_epoch(args: argparse.Namespace) -> None:
     """``--one-epoch NAME``: build that configuration alone and print one timed epoch as JSON."""
     paths = json.loads(args.paths)
-    configs = loader_configs(paths, [int(part) for part in args.workers.split(",")], args.batch_size,
-                             kinds={args.one_epoch.split(" ")[0]})
-    torch.set_num_threads(args.threads)
     kind = args.one_epoch.split(" ")[0]
+    configs = loader_configs(paths, [int(part) for part in args.workers.split(",")], args.batch_size, kinds={kind})
+    torch.set_num_threads(args.threads)
     if kind == "torchvision":
         for number, _ in enumerate(configs[args.one_epoch]()):  # libraries loaded, kernels run once: untimed
             if number == 1:  # (a DataLoader keeps nothing from one epoch to the next: two batches do)
