@@ -21,7 +21,8 @@ from fastdata.formats import FormatSpec, registered
 from fastdata.formats.npy import MemmapDataset, MemmapWriter
 from fastdata.reader import MapDataset
 
-TINY = dict(batch_size=4, epochs=2, warmup=1, resize="6x5")
+# memory sampled over one untimed epoch (not a second of them): these tests read what the rows say, not the peak
+TINY = dict(batch_size=4, epochs=2, warmup=1, resize="6x5", memory_s=0)
 
 
 def test_auto_workers_for_any_core_count() -> None:
@@ -175,7 +176,7 @@ def test_failing_configuration_is_reported_without_aborting(uniform_folder: Path
 
 def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> None:
     command = ["bench", uniform_folder, "--formats", "folder,npy", "--stores", "raw", "--num-workers", "0", "--epochs",
-               "1", "--warmup", "0", "--batch-size", "4", "--resize", "6x5", "--out", tmp_path / "b", "--quiet"]
+               "1", "--warmup", "0", "--batch-size", "4", "--resize", "6x5", "--out", tmp_path / "b", "--quiet", "--memory-s", "0"]
     result = run_fastdata(*command, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"os.cpu_count()={os.cpu_count()}" in result.stdout
@@ -199,7 +200,7 @@ def test_cli_bench_and_option_errors(uniform_folder: Path, tmp_path: Path) -> No
 def test_loader_options_spawn_cold_cache_transform_and_step(uniform_folder: Path, tmp_path: Path) -> None:
     config = BenchConfig(formats=("folder", "npy"), stores=("raw",), workers=(1,), batch_size=4, epochs=1,
                          warmup=0, resize="6x5", start_method="spawn", cache="cold", transform="normalize",
-                         step_ms=2.0, persistent_workers=True, prefetch_factor=3, backends=("torch",))
+                         step_ms=2.0, persistent_workers=True, prefetch_factor=3, backends=("torch",), memory_s=0)
     result = run_bench(uniform_folder, config, tmp_path / "out")
     measured = [r for r in result.rows if r["format"] != "probe"]
     assert len(measured) == 3 and all(r["status"] == "ok" for r in measured), [r["status"] for r in measured]
@@ -222,7 +223,7 @@ def test_cold_cache_needs_posix_fadvise(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_torchvision_source_is_the_baseline(tmp_path: Path) -> None:
-    config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0,), batch_size=8, epochs=1, warmup=0)
+    config = BenchConfig(formats=("npy",), stores=("raw",), workers=(0,), batch_size=8, epochs=1, warmup=0, memory_s=0)
     result = run_bench("torchvision:FakeData", config, tmp_path / "out",
                        source_options={"source_options": {"size": 16, "image_size": (3, 6, 6)}})
     statuses = {(r["format"], r["read_path"]): r["status"] for r in result.rows}
@@ -612,19 +613,32 @@ def test_memory_peak_counts_shared_memory_that_no_process_has_mapped() -> None:
 
 
 def test_memory_is_sampled_over_a_second_of_short_epochs() -> None:
-    """One 5 ms epoch would be sampled once: a loader's short-lived batches would go unseen."""
+    """One 5 ms epoch would be sampled once: a loader's short-lived batches would go unseen.
+    ``memory_s=0`` (``--memory-s 0``) samples one epoch."""
     import torch
     from torch.utils.data import TensorDataset
 
     import fastdata
-    from fastdata.bench.config import Case
-    from fastdata.bench.measure import MEMORY_INTERVAL_S, MEMORY_MIN_S, sample_memory
+    from fastdata.bench.config import MEMORY_MIN_S, Case
+    from fastdata.bench.measure import MEMORY_INTERVAL_S, sample_memory
 
-    loader = fastdata.loader(TensorDataset(torch.zeros(64, 3)), batch_size=16)
+    class Counted(TensorDataset):
+        reads = 0
+
+        def __getitem__(self, index):  # the loader asks for a whole batch at once (an array of indices)
+            Counted.reads += np.size(index)
+            return super().__getitem__(index)
+
+    loader = fastdata.loader(Counted(torch.zeros(64, 3)), batch_size=16)
     case = Case(format="probe", store="raw", path="fast", num_workers=0, dataset_path="")
     sampler = sample_memory(loader, BenchConfig(), case)
     # more than the one sample a single epoch gets (how many fit into MEMORY_MIN_S depends on the machine)
     assert MEMORY_MIN_S > MEMORY_INTERVAL_S and sampler.samples >= 2 and sampler.peak_pss > 0
+    assert Counted.reads % 64 == 0 and Counted.reads >= 128
+    Counted.reads = 0
+    assert sample_memory(loader, BenchConfig(memory_s=0), case).peak_pss > 0 and Counted.reads == 64
+    with pytest.raises(InvalidOptionError, match=r"Invalid --memory-s -1. Use 0 \(one epoch\) or more."):
+        BenchConfig(memory_s=-1)
 
 
 def test_the_recommendation_says_how_to_train_with_it() -> None:
@@ -694,7 +708,7 @@ dataset = OnlyInProcess()
 def test_cli_exits_1_when_some_configurations_failed(tmp_path: Path) -> None:
     (tmp_path / "halfset.py").write_text(WORKERS_FAIL)
     command = ["bench", "halfset:dataset", "--num-workers", "0,1", "--epochs", "1", "--warmup", "0", "--batch-size",
-               "4", "--backends", "torch", "--out", tmp_path / "out", "--quiet"]
+               "4", "--backends", "torch", "--out", tmp_path / "out", "--quiet", "--memory-s", "0"]
     env = {"PYTHONPATH": str(tmp_path)}
     result = run_fastdata(*command, env=env, cwd=tmp_path)
     assert result.returncode == 1, result.stderr

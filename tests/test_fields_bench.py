@@ -72,7 +72,7 @@ def test_bench_runs_on_datasets_with_fields(converted: Path, name: str, fmt: str
     out = f"bench-{name}-{fmt}"
     result = run_fastdata("bench", f"{name}.{fmt}", "--formats", fmt, "--stores", "encoded", "--epochs", "1",
                           "--warmup", "0", "--num-workers", "0", "--backends", "torch", "--batch-size", "4", "--out",
-                          out, "--quiet", cwd=converted)  # benchdata imports from the working folder
+                          out, "--quiet", "--memory-s", "0", cwd=converted)  # benchdata imports from the working folder
     assert result.returncode == 0, result.stderr
     rows = json.loads((converted / out / "results.json").read_text())["rows"]
     measured = [r for r in rows if r["samples_per_s"] is not None]

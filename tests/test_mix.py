@@ -253,7 +253,8 @@ def test_bench_and_tune_take_a_mix_of_converted_datasets(two_converted, tmp_path
     npy = convert_to(two_converted[0], tmp_path, "npy", "raw")
     tar = convert_to(two_converted[1], tmp_path / "b", "tar", "raw")
     assert main(["bench", "--mix", f"{npy}:3,{tar}:1", "--num-workers", "0", "--backends", "thread", "--epochs", "1",
-                 "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "bo"), "--json", "--quiet"]) == 0
+                 "--warmup", "0", "--batch-size", "4", "--out", str(tmp_path / "bo"), "--json", "--quiet",
+                 "--memory-s", "0"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["source"] == f"--mix {npy}:3,{tar}:1"
     assert {row["num_workers"] for row in document["rows"]} == {0} and all(row["samples_per_s"] > 0

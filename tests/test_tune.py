@@ -104,7 +104,7 @@ def test_import_string_errors_say_what_failed(user_module: str, tmp_path: Path) 
 
 def test_sweep_returns_bench_rows_for_any_dataset() -> None:
     rows = fastdata.sweep(tensor_dataset(1000), batch_size=100, workers=[0, 1], backends=["torch", "thread"],
-                          epochs=1, warmup=1, step=lambda batch: None)
+                          epochs=1, warmup=1, step=lambda batch: None, memory_s=0)
     assert all(list(row)[:len(ROW_FIELDS)] == ROW_FIELDS for row in rows)
     assert {row["status"] for row in rows} == {"ok"}
     probes = [row for row in rows if row["format"] == "probe"]  # the hand-over of a real batch, nw=0 and nw=1
@@ -387,7 +387,7 @@ def test_cli_tune_mnist_predicts_converting_it(mnist_root: Path, tmp_path: Path)
 def test_cli_bench_takes_an_import_string_and_a_step(user_module: str, tmp_path: Path) -> None:
     done = run_fastdata("bench", f"{user_module}:dataset", "--batch-size", "10", "--num-workers", "0,1", "--backends", "torch,thread",
                    "--epochs", "1", "--warmup", "0", "--step", f"{user_module}:step", "--out", str(tmp_path / "b"),
-                   "--quiet", cwd=tmp_path)
+                   "--quiet", "--memory-s", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "TensorDataset fast [thread]" in done.stdout and "TensorDataset standard" in done.stdout
     document = json.loads((tmp_path / "b" / "results.json").read_text())

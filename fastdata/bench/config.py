@@ -13,6 +13,9 @@ from fastdata.loading.backends import BACKENDS, DEFAULT_BACKEND, backend_names
 TRANSFORMS = ("none", "normalize", "augment")
 START_METHODS = ("fork", "spawn", "forkserver")
 CACHE_MODES = ("warm", "cold")
+# Peak memory is sampled (every 0.1 s, fastdata.bench.measure) over untimed epochs lasting at least
+# this long by default: ~10 samples. A single short epoch would be seen once or twice.
+MEMORY_MIN_S = 1.0
 
 
 def _registered() -> list[str]:
@@ -67,6 +70,7 @@ class BenchConfig:
     backends: tuple[str, ...] = backend_names()  # thread and process apply to the fast path of map-style formats
     step: Any = None  # the training step run on each batch: a callable or 'module:function' (else --step-ms)
     auto: bool = True  # also measure num_workers="auto" on the fastest dataset's fast path (fastdata.bench.autorow)
+    memory_s: float = MEMORY_MIN_S  # peak memory: sampled over untimed epochs lasting at least this long
 
     def __post_init__(self) -> None:
         from fastdata.importing import is_import_string
@@ -86,6 +90,7 @@ class BenchConfig:
             (self.warmup >= 0, f"Invalid --warmup {self.warmup!r}. Use 0 or more."),
             (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
             (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
+            (self.memory_s >= 0, f"Invalid --memory-s {self.memory_s!r}. Use 0 (one epoch) or more."),
             (all(store in STORES for store in self.stores),
              f"Unknown --stores {','.join(self.stores)!r}. Allowed: {', '.join(map(repr, STORES))}."),
             (bool(self.backends) and all(b in BACKENDS for b in self.backends),

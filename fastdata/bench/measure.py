@@ -25,7 +25,6 @@ from fastdata.extras import require
 # Reading a torch process's smaps costs ~10 ms of kernel time: sampled in an untimed epoch,
 # from when the first batch arrives (workers are up), then every 0.1 s.
 MEMORY_INTERVAL_S = 0.1
-MEMORY_MIN_S = 1.0  # memory is sampled over untimed epochs lasting at least this long: ~10 samples
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -231,14 +230,15 @@ def run_epoch(loader: DataLoader, config: BenchConfig, case: Case,
 
 
 def sample_memory(loader: DataLoader, config: BenchConfig, case: Case) -> MemoryPeak:
-    """Peak memory over untimed epochs lasting at least ``MEMORY_MIN_S`` in all: with samples
-    every ``MEMORY_INTERVAL_S``, a single short epoch would be seen once or twice, which always
-    catches memory a loader keeps and rarely the batches that come and go."""
+    """Peak memory over untimed epochs lasting at least ``config.memory_s`` in all (default
+    :data:`~fastdata.bench.config.MEMORY_MIN_S`; 0: one epoch): with samples every
+    ``MEMORY_INTERVAL_S``, a single short epoch would be seen once or twice, which always catches
+    memory a loader keeps and rarely the batches that come and go."""
     with MemoryPeak() as sampler:
         started = time.perf_counter()
         while True:
             run_epoch(loader, config, case, on_first=sampler.start_sampling)
-            if time.perf_counter() - started >= MEMORY_MIN_S:
+            if time.perf_counter() - started >= config.memory_s:
                 return sampler
 
 

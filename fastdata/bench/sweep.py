@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from fastdata.bench.config import BACKENDS, BenchConfig, Case, auto_workers
+from fastdata.bench.config import BACKENDS, MEMORY_MIN_S, BenchConfig, Case, auto_workers
 from fastdata.bench.probes import ReadyBatchesOf
 from fastdata.bench.runner import make_row, run_isolated
 from fastdata.errors import InvalidOptionError
@@ -52,13 +52,15 @@ def sweep(
     pin_memory: bool = False,
     start_method: str | None = None,
     timeout_s: float = 600.0,
+    memory_s: float = MEMORY_MIN_S,
     on_case: Callable[[Case, int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure ``dataset`` at every ``num_workers`` in ``workers`` (default 0, 1, 2, 4, ... up to
     the usable cores) for each backend, on each read path; the rows ``fastdata bench`` writes.
 
     ``step`` is the training step each batch is followed by: milliseconds of sleep, a function
-    called with the batch, or ``"module:function"``."""
+    called with the batch, or ``"module:function"``. Peak memory is sampled in untimed epochs
+    after the timed ones, lasting at least ``memory_s`` seconds (0: one epoch)."""
     paths = tuple(paths)
     unknown = [path for path in paths if path not in PATHS]
     if unknown or not paths:
@@ -69,6 +71,7 @@ def sweep(
         formats=(), stores=(), workers=tuple(sorted(set(workers if workers is not None else auto_workers(usable_cores())))),
         batch_size=batch_size, epochs=epochs, warmup=warmup, persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor, pin_memory=pin_memory, start_method=start_method, timeout_s=timeout_s,
+        memory_s=memory_s,
         backends=tuple(backends), **step_options(step),
     )
     if any(w < 0 for w in config.workers):

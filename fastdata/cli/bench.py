@@ -76,6 +76,9 @@ def add_parser(commands) -> None:
                         help="warm, or cold: evict the dataset's files from the page cache each epoch (a SOURCE at a URL: "
                         "also start from a cache emptied of it, so its download throughput is measured)")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="time limit per configuration")
+    parser.add_argument("--memory-s", type=float, default=None, metavar="S",
+                        help="peak memory is sampled in untimed epochs after the timed ones, lasting at least S "
+                        "seconds per configuration (default 1; 0: one epoch)")
     parser.add_argument("--backends", "--backend", dest="backend", metavar="LIST",
                         help="comma-separated fastdata.loader backends to measure on the fast path of map-style "
                         "formats (default: every backend; at num_workers=0 they are one serial loop)")
@@ -245,6 +248,7 @@ def config_of(args: argparse.Namespace, resize: str | None):
         pin_memory=args.pin_memory,
         persistent_workers=args.persistent_workers or (args.demo and DEMO["persistent_workers"]),
         prefetch_factor=args.prefetch_factor, cache=args.cache, timeout_s=args.timeout_s,
+        **({} if args.memory_s is None else {"memory_s": args.memory_s}),
         backends=backend_list(args.backend), step=args.step,
         auto=args.auto and not args.demo,
     )
