@@ -132,14 +132,11 @@ def worker_uss(loader: DataLoader) -> list[list[int]]:
     return history
 
 
-def measure(path: Path, reader: str, kind: str) -> np.ndarray:
-    """:func:`worker_uss` of ``READERS[reader]`` on ``path``, run in a fresh interpreter."""
-    done = subprocess.run(
-        [sys.executable, "-m", "test_memory", str(path), reader, kind],
-        cwd=TESTS, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr
-    return np.array(json.loads(done.stdout.splitlines()[-1]))
+def measured(process: subprocess.Popen) -> np.ndarray:
+    """The :func:`worker_uss` history a measurement started by :func:`measuring` printed."""
+    stdout, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr
+    return np.array(json.loads(stdout.splitlines()[-1]))
 
 
 def growth_report(history: np.ndarray) -> str:
@@ -160,15 +157,33 @@ def raw_datasets(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
+CASES = [(name, kind) for name in sorted(MAP_STYLE) for kind in LOADERS] + [("npy-with-keys", "fastdata.loader")]
+
+
+@pytest.fixture(scope="module")
+def measuring(raw_datasets) -> dict[tuple[str, str], subprocess.Popen]:
+    """Every (reader, loader) measurement of this module (this module run as a script in a fresh
+    interpreter), all started at once: USS is per process, so running them side by side changes
+    no figure, and they overlap instead of queueing."""
+    running = {(reader, kind): subprocess.Popen(
+        [sys.executable, "-m", "test_memory", str(raw_datasets[reader.removesuffix("-with-keys")]), reader, kind],
+        cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for reader, kind in CASES}
+    yield running
+    for process in running.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 @pytest.mark.parametrize("kind", LOADERS)
 @pytest.mark.parametrize("name", sorted(MAP_STYLE))
-def test_workers_do_not_grow_over_three_epochs(raw_datasets, name: str, kind: str) -> None:
-    history = measure(raw_datasets[name], name, kind)
+def test_workers_do_not_grow_over_three_epochs(measuring, name: str, kind: str) -> None:
+    history = measured(measuring[name, kind])
     assert (history - history[0]).max() < LOADER_BOUND_BYTES[kind], growth_report(history)
 
 
-def test_the_measurement_catches_a_reader_with_per_sample_python_objects(raw_datasets) -> None:
-    history = measure(raw_datasets["npy"], "npy-with-keys", "fastdata.loader")
+def test_the_measurement_catches_a_reader_with_per_sample_python_objects(measuring) -> None:
+    history = measured(measuring["npy-with-keys", "fastdata.loader"])
     assert (history[2] - history[0]).min() > 2 * BOUND_BYTES, growth_report(history)
 
 
