@@ -38,11 +38,12 @@ STOPPED = [(fmt, store, (signal.SIGKILL, signal.SIGTERM)[number % 2]) for number
 def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path, fmt: str, store: str,
                                                                    signum: signal.Signals) -> None:
     reference = tmp_path / "reference"
-    succeed(convert(reference, fmt, store))
+    uninterrupted = convert(reference, fmt, store)  # side by side with the one stopped: nothing shared but the cores
     out = tmp_path / "out"
     journal = tmp_path / "out.partial.json"
     process = convert(out, fmt, store, start_new_session=True)
     checkpoint = kill_after_checkpoint(process, journal, signum=signum)
+    succeed(uninterrupted)
     assert process.returncode == (-9 if signum == signal.SIGKILL else 143) and 1000 < checkpoint < 8000
     lock = ["out.partial.lock"] if signum == signal.SIGKILL else []  # a killed process cannot remove its lock file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", *lock, "reference"]
@@ -88,10 +89,11 @@ def test_tar_shards_named_by_webdataset_keys_resume_to_the_same_bytes(tmp_path: 
                               "--quiet", "--shard-samples", "1500", *extra, env=ENV, **popen)
 
     reference = tmp_path / "reference"
-    succeed(run(reference))
+    uninterrupted = run(reference)
     out = tmp_path / "out"
     process = run(out, start_new_session=True)
     checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
+    succeed(uninterrupted)
     assert 1000 < checkpoint < 8000
     succeed(run(out, "--resume"))
     assert output_contents(out) == output_contents(reference)
