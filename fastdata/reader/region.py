@@ -16,7 +16,10 @@ found once per process (the first that loads and exports ``tj3Init`` wins):
 3. the system's (``ctypes.util.find_library("turbojpeg")``), if it is 3.0 or newer.
 
 None: the fused decode uses simplejpeg (one DEBUG line on this module's logger). A fresh TurboJPEG
-handle per image (see :class:`_Handle`); ctypes releases the GIL during each call. A JPEG tj3 decodes only with
+handle per image (see :class:`_Handle`). Only the decode itself (``tj3Decompress8``) lets go of the
+GIL; the calls around it (handle, header, parameters: microseconds each) keep it, since every
+release lets another loader thread take the GIL, and taking it back costs this thread a context
+switch (docs/reading.md, "Threads and the GIL"). A JPEG tj3 decodes only with
 a warning or an error gives None here: the caller's decoder (simplejpeg's strict mode, then Pillow)
 decides, as for every JPEG without the region decode.
 """
@@ -96,18 +99,23 @@ _SIGNATURES = {  # name -> (restype, argtypes)
 }
 
 
+_RELEASING = ("tj3Decompress8",)  # the one long call: it runs without the GIL
+
+
 def _load(path: str) -> tuple[ctypes.CDLL | None, str]:
-    """(the library at ``path`` with its tj3 signatures declared, "") or (None, why not)."""
+    """(the library at ``path`` with its tj3 signatures declared, "") or (None, why not). Its
+    functions keep the GIL (``ctypes.PyDLL``) but those in :data:`_RELEASING` (``ctypes.CDLL``)."""
     try:
-        lib = ctypes.CDLL(path)
+        lib, releasing = ctypes.PyDLL(path), ctypes.CDLL(path)
     except OSError as exc:
         return None, str(exc).splitlines()[0] if str(exc) else "it does not load"
     missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
     if missing:
         return None, f"it exports no {missing[0]} (a libturbojpeg older than 3.0)"
     for name, (restype, argtypes) in _SIGNATURES.items():
-        function = getattr(lib, name)
+        function = getattr(releasing if name in _RELEASING else lib, name)
         function.restype, function.argtypes = restype, argtypes
+        setattr(lib, name, function)
     return lib, ""
 
 
