@@ -39,7 +39,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
 from fastdata.reader import kernels
-from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_decode, generator_for, strict_simplejpeg
+from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_pixels, generator_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -122,9 +122,8 @@ class Decoder:
         global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give),
         written into ``out`` (a row of the batch) when given."""
         generator = None if epoch is None else generator_for(self.fusion.seed, epoch, index)
-        image = fused_decode(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
-                             on_draw=on_draw, out=out)
-        return image.permute(1, 2, 0).numpy()
+        return fused_pixels(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
+                            on_draw=on_draw, out=out)
 
     def _decode_fast(self, data: bytes) -> np.ndarray | None:
         """A JPEG through simplejpeg, or None where its strict mode refuses the file (Pillow,

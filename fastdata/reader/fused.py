@@ -365,15 +365,15 @@ def default_decoder() -> str:
 
 
 def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
-            out: np.ndarray | None = None) -> torch.Tensor:
+            out: np.ndarray | None = None) -> np.ndarray:
     """Resize HWC ``pixels`` to ``out_size``, centre-crop (a resize + centre crop plan) and flip,
     with the read path's kernels (:mod:`fastdata.reader.kernels`: the calling thread only, never
     torch's intra-op pool); with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result
-    is written there, flipped while copying. A CHW tensor view of the result."""
+    is written there, flipped while copying. The result, uint8 HWC."""
     pixels = kernels.resize(pixels, out_size, interpolation=plan.interpolation, antialias=plan.antialias)
     if plan.kind == "resize_center_crop":
         pixels = center_crop_array(pixels, *plan.size)
-    return torch.from_numpy(kernels.place(pixels, out, flip=flip)).permute(2, 0, 1)
+    return kernels.place(pixels, out, flip=flip)
 
 
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
@@ -386,12 +386,23 @@ def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     the image's (height, width) and its draw (to move the sample's other fields alike).
     ``out``: a uint8 (height, width, channels) array (a row of a preallocated batch) the image
     is written into; the tensor returned is then a CHW view of it."""
+    return torch.from_numpy(fused_pixels(data, plan, generator=generator, mode=mode, decoder=decoder,
+                                         on_draw=on_draw, out=out)).permute(2, 0, 1)
+
+
+def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
+                 mode: str = "RGB", decoder: str = "simplejpeg",
+                 on_draw: Callable[[int, int, Draw], None] | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`fused_decode` as the readers call it: the same pixels as a uint8 HWC array (``out``
+    itself when given), without the tensor views (each torch view op lets go of the GIL:
+    docs/reading.md, "Threads and the GIL")."""
     if decoder not in DECODERS:
         raise InvalidOptionError(f"Unknown fused decoder {decoder!r}. Allowed: {', '.join(map(repr, DECODERS))}.")
     DECODERS[decoder].require()
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
-        return fallback_decode(data, plan, generator=generator, mode=mode, on_draw=on_draw, out=out)
+        return _fallback_pixels(data, plan, generator, mode, on_draw, out)
     height, width = jpeg_size(data, decoder)
     draw = plan.draw(height, width, generator)
     if on_draw is not None:
@@ -407,7 +418,12 @@ def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: tor
     """Decode in full (Pillow, fastdata's mode rules), then crop on the plan's box, resize and
     flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator
     (where torch's vectorised kernel runs, :mod:`fastdata.reader.kernels`; within 1 grey level
-    elsewhere)."""
+    elsewhere). A uint8 CHW tensor, a view of ``out`` when given."""
+    return torch.from_numpy(_fallback_pixels(data, plan, generator, mode, on_draw, out)).permute(2, 0, 1)
+
+
+def _fallback_pixels(data: bytes | memoryview, plan: FusedPlan, generator: torch.Generator | None, mode: str,
+                     on_draw: Callable[[int, int, Draw], None] | None, out: np.ndarray | None) -> np.ndarray:
     from fastdata.images import decode
 
     pixels = decode(data, mode)

@@ -42,11 +42,13 @@ def torch_resizes_serially() -> bool:
 def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
     import torch
 
-    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly
-    tensor = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
+    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly. The
+    # views are numpy's: a torch view op lets go of the GIL, and each release lets another loader
+    # thread take it (docs/reading.md, "Threads and the GIL"); interpolate is the one torch call.
+    tensor = torch.from_numpy(np.ascontiguousarray(pixels).transpose(2, 0, 1)[None])
     resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
                                               align_corners=False)
-    return resized[0].permute(1, 2, 0).numpy()
+    return resized.numpy()[0].transpose(1, 2, 0)
 
 
 def _smooth_pillow(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
