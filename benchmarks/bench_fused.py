@@ -337,10 +337,12 @@ def _epoch(batches) -> tuple[float, int, float]:
     return time.perf_counter() - start, count, _cpu_s() - cpu_start
 
 
-def training_step(step_ms: float):
+def training_step(step_ms: float, count: int = 0):
     """A CPU-bound stand-in for a training step: a fixed number of 384x384 float32 matmuls on
     torch's default threads, that number calibrated once (before any loader runs) to take
-    ``step_ms`` in this process. It releases the GIL, like a real step's torch ops."""
+    ``step_ms`` in this process, or ``count`` when given (``--isolate`` calibrates in the parent
+    and gives every epoch's process the same count). It releases the GIL, like a real step's
+    torch ops. Returns the step and its count."""
     weights = torch.randn(384, 384)
     activations = torch.randn(384, 384)
 
@@ -349,10 +351,11 @@ def training_step(step_ms: float):
             torch.mm(activations, weights)
 
     run(20)
-    start = time.perf_counter()
-    run(200)
-    count = max(1, round(200 * step_ms / 1000 / (time.perf_counter() - start)))
-    return lambda: run(count)
+    if not count:
+        start = time.perf_counter()
+        run(200)
+        count = max(1, round(200 * step_ms / 1000 / (time.perf_counter() - start)))
+    return (lambda: run(count)), count
 
 
 def _quiesce(limit_s: float = 10.0) -> None:
@@ -567,6 +570,7 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                              "samples_per_cpu_s": statistics.median(cpu_rates[name]),
                              "cpu_ms_per_image": 1000 / statistics.median(cpu_rates[name]),
                              "torch_threads": args.threads, "step_ms": args.step_ms,
+                             "step_matmuls": args.step_count,
                              "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
     return rows
 
@@ -599,7 +603,7 @@ def _isolated_epoch(name: str, paths: dict[str, str], args: argparse.Namespace) 
 
     command = [sys.executable, os.path.abspath(__file__), "--one-epoch", name, "--paths", json.dumps(paths),
                "--workers", args.workers, "--batch-size", str(args.batch_size), "--threads", str(args.threads),
-               "--step-ms", str(args.step_ms)]
+               "--step-ms", str(args.step_ms), "--step-count", str(args.step_count)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{name}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
@@ -681,10 +685,15 @@ def main() -> None:
                         "loads only its own library (none of the others' threads, memory or libraries in it)")
     parser.add_argument("--one-epoch", help=argparse.SUPPRESS)  # --isolate's child: one configuration's epoch
     parser.add_argument("--paths", help=argparse.SUPPRESS)
+    parser.add_argument("--step-count", type=int, default=0, help=argparse.SUPPRESS)  # the parent's calibration
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.step_ms:
-        STEP.append(training_step(args.step_ms))
+        step, args.step_count = training_step(args.step_ms, args.step_count)
+        STEP.append(step)
+        if not args.one_epoch:
+            print(f"training step: {args.step_count} matmuls of 384x384 float32 ({args.step_ms} ms here, alone)",
+                  flush=True)
     if args.one_epoch:
         one_epoch(args)
         return
