@@ -236,6 +236,16 @@ def test_asked_for_by_name_without_the_library_it_names_the_install(region_off) 
 
 
 @needs_region
+def test_only_the_decode_itself_lets_go_of_the_gil() -> None:
+    """Every other tj3 call (handle, header, parameters: microseconds each) keeps the GIL: each
+    release would let another loader thread in, and taking it back costs a context switch."""
+    lib = region.library()
+    releasing = {name for name in region._SIGNATURES
+                 if not getattr(lib, name)._flags_ & ctypes._FUNCFLAG_PYTHONAPI}
+    assert releasing == {"tj3Decompress8"} and len(region._SIGNATURES) > 5
+
+
+@needs_region
 def test_the_turbojpeg_module_is_never_imported() -> None:
     """The wheel's module is named like PyTurboJPEG's: only its bundled library is loaded."""
     code = ("import sys\nfrom fastdata.reader import fused, region\n"

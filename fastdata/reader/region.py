@@ -106,7 +106,8 @@ def _load(path: str) -> tuple[ctypes.CDLL | None, str]:
     """(the library at ``path`` with its tj3 signatures declared, "") or (None, why not). Its
     functions keep the GIL (``ctypes.PyDLL``) but those in :data:`_RELEASING` (``ctypes.CDLL``)."""
     try:
-        lib, releasing = ctypes.PyDLL(path), ctypes.CDLL(path)
+        lib = ctypes.PyDLL(path)
+        releasing = ctypes.CDLL(path, handle=lib._handle)  # the same loaded library, its calls without the GIL
     except OSError as exc:
         return None, str(exc).splitlines()[0] if str(exc) else "it does not load"
     missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
