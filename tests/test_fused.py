@@ -182,6 +182,23 @@ def test_grayscale_output_has_one_channel(images) -> None:
     assert out.shape == (1, 224, 224)
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_fused_pixels_are_fused_decodes_as_hwc_written_into_the_row(images, mode: str) -> None:
+    """What the readers call: the same pixels as :func:`fused_decode`, HWC, in ``out`` itself."""
+    channels = 3 if mode == "RGB" else 1
+    for data in (images["imagenet"][1], images["png"][1]):
+        for decoder in sorted({"pil", fused.default_decoder()}):
+            def seeded() -> dict:
+                return {"generator": torch.Generator().manual_seed(5), "mode": mode, "decoder": decoder}
+
+            expected = fused.fused_decode(data, _train_plan(), **seeded())
+            row = np.zeros((224, 224, channels), np.uint8)
+            pixels = fused.fused_pixels(data, _train_plan(), out=row, **seeded())
+            assert pixels is row and np.array_equal(row, expected.permute(1, 2, 0).numpy()) and row.any()
+            alone = fused.fused_pixels(data, _train_plan(), **seeded())
+            assert alone.shape == (224, 224, channels) and alone.flags.c_contiguous and np.array_equal(alone, row)
+
+
 def test_unknown_decoder_is_refused(images) -> None:
     with pytest.raises(InvalidOptionError, match=r"Unknown fused decoder 'nvjpeg'\. Allowed: 'simplejpeg', 'pil', 'region'\."):
         fused.fused_decode(images["imagenet"][1], _train_plan(), decoder="nvjpeg")

@@ -119,8 +119,8 @@ class Decoder:
     def decode_fused(self, blob: bytes | memoryview, index: int | None, epoch: int | None,
                      on_draw: Callable | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
-        global generator): a uint8 HWC array (a view of the CHW tensor the transforms would give),
-        written into ``out`` (a row of the batch) when given."""
+        global generator): a uint8 HWC array (``out`` itself, a row of the batch, when given), the
+        pixels of the CHW tensor :func:`~fastdata.reader.fused.fused_decode` gives."""
         generator = None if epoch is None else generator_for(self.fusion.seed, epoch, index)
         return fused_pixels(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
                             on_draw=on_draw, out=out)
