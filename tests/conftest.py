@@ -234,12 +234,24 @@ def finish(process: subprocess.Popen, *, timeout: float = 120, what: str = "fast
     try:
         return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(process.pid) == process.pid:  # started with start_new_session: its workers too
-                os.killpg(process.pid, signal.SIGKILL)
-            process.kill()
+        _kill(process)
         stdout, stderr = process.communicate()
         pytest.fail(f"{what} hung: still running after {timeout:g} s\nstdout: {stdout}\nstderr: {stderr}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """``process`` killed and waited for if it is still running: what a test that started it
+    calls however it ends, so that one failing part-way leaves nothing running or writing."""
+    if process.poll() is None:
+        _kill(process)
+        process.communicate()
+
+
+def _kill(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(process.pid) == process.pid:  # started with start_new_session: its workers too
+            os.killpg(process.pid, signal.SIGKILL)
+        process.kill()
 
 
 def run_fastdata(*args: object, cwd: Path | None = None, env: dict[str, str | None] | None = None,
@@ -282,7 +294,11 @@ def kill_after_checkpoint(process: subprocess.Popen, journal: Path, *, past: int
     """Send ``signum`` to the conversion ``process`` (started with ``start_new_session=True``, so
     its workers get it too) once its journal ``journal`` records a checkpoint past sample
     ``past``; the last checkpoint's ``next_index`` once the process has ended."""
-    wait_for_checkpoint(process, journal, past=past)
+    try:
+        wait_for_checkpoint(process, journal, past=past)
+    except BaseException:
+        stop(process)
+        raise
     os.killpg(process.pid, signum)
     finish(process, timeout=60)
     return json.loads(journal.read_text())["next_index"]

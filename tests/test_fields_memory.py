@@ -23,7 +23,7 @@ import torch
 from torchvision import tv_tensors
 
 import fastdata
-from conftest import FIELD_FORMATS
+from conftest import FIELD_FORMATS, finish, stop
 from fastdata.formats import get_format
 from test_memory import BOUND_BYTES, TESTS, growth_report, worker_uss
 
@@ -67,21 +67,23 @@ def detection(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def measuring(detection) -> dict[str, subprocess.Popen]:
     """Each format's measurement (this module run as a script in a fresh interpreter), all started
-    at once: USS is per process, so running them side by side changes no figure, and their
-    parents, which spend most of an epoch unpickling batches, overlap instead of queueing."""
-    running = {name: subprocess.Popen([sys.executable, "-m", "test_fields_memory", str(detection[name]), name],
-                                      cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name in sorted(FORMATS)}
-    yield running
-    for process in running.values():
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    at once: USS is per process, so running them side by side changes no figure, and they overlap
+    instead of queueing."""
+    running: dict[str, subprocess.Popen] = {}
+    try:
+        for name in sorted(FORMATS):
+            running[name] = subprocess.Popen([sys.executable, "-m", "test_fields_memory", str(detection[name]), name],
+                                             cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             start_new_session=True)
+        yield running
+    finally:
+        for process in running.values():
+            stop(process)
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_a_detection_readers_workers_do_not_grow_over_three_epochs(measuring, name: str) -> None:
-    stdout, stderr = measuring[name].communicate(timeout=900)
+    stdout, stderr = finish(measuring[name], timeout=900, what=f"the {name} measurement")
     assert measuring[name].returncode == 0, stderr
     history = np.array(json.loads(stdout.splitlines()[-1]))
     assert (history - history[0]).max() < BOUND_BYTES, growth_report(history)

@@ -35,6 +35,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import fastdata
+from conftest import finish, stop
 
 COUNT = 60_000
 BATCH = 64
@@ -134,7 +135,7 @@ def worker_uss(loader: DataLoader) -> list[list[int]]:
 
 def measured(process: subprocess.Popen) -> np.ndarray:
     """The :func:`worker_uss` history a measurement started by :func:`measuring` printed."""
-    stdout, stderr = process.communicate(timeout=900)
+    stdout, stderr = finish(process, timeout=900, what=f"the {' '.join(process.args[-2:])} measurement")
     assert process.returncode == 0, stderr
     return np.array(json.loads(stdout.splitlines()[-1]))
 
@@ -165,14 +166,16 @@ def measuring(raw_datasets) -> dict[tuple[str, str], subprocess.Popen]:
     """Every (reader, loader) measurement of this module (this module run as a script in a fresh
     interpreter), all started at once: USS is per process, so running them side by side changes
     no figure, and they overlap instead of queueing."""
-    running = {(reader, kind): subprocess.Popen(
-        [sys.executable, "-m", "test_memory", str(raw_datasets[reader.removesuffix("-with-keys")]), reader, kind],
-        cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for reader, kind in CASES}
-    yield running
-    for process in running.values():
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    running: dict[tuple[str, str], subprocess.Popen] = {}
+    try:
+        for reader, kind in CASES:
+            running[reader, kind] = subprocess.Popen(
+                [sys.executable, "-m", "test_memory", str(raw_datasets[reader.removesuffix("-with-keys")]), reader,
+                 kind], cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        yield running
+    finally:
+        for process in running.values():
+            stop(process)
 
 
 @pytest.mark.parametrize("kind", LOADERS)
@@ -187,6 +190,6 @@ def test_the_measurement_catches_a_reader_with_per_sample_python_objects(measuri
     assert (history[2] - history[0]).min() > 2 * BOUND_BYTES, growth_report(history)
 
 
-if __name__ == "__main__":  # the measurement, in the fresh interpreter measure() starts
+if __name__ == "__main__":  # the measurement, in the fresh interpreter measuring() starts
     path, reader, kind = sys.argv[1:]
     print(json.dumps(worker_uss(make_loader(READERS[reader](path), kind))))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import finish, kill_after_checkpoint, output_contents, start_fastdata
+from conftest import finish, kill_after_checkpoint, output_contents, start_fastdata, stop
 from fastdata.formats import all_formats
 
 SOURCE = ["torchvision:FakeData", "--source-option", "size=8000", "--source-option", "image_size=(3, 8, 8)"]
@@ -38,12 +38,16 @@ STOPPED = [(fmt, store, (signal.SIGKILL, signal.SIGTERM)[number % 2]) for number
 def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path, fmt: str, store: str,
                                                                    signum: signal.Signals) -> None:
     reference = tmp_path / "reference"
-    uninterrupted = convert(reference, fmt, store)  # side by side with the one stopped: nothing shared but the cores
+    # side by side with the one stopped: nothing shared but the cores
+    uninterrupted = convert(reference, fmt, store, start_new_session=True)
     out = tmp_path / "out"
     journal = tmp_path / "out.partial.json"
-    process = convert(out, fmt, store, start_new_session=True)
-    checkpoint = kill_after_checkpoint(process, journal, signum=signum)
-    succeed(uninterrupted)
+    try:
+        process = convert(out, fmt, store, start_new_session=True)
+        checkpoint = kill_after_checkpoint(process, journal, signum=signum)
+        succeed(uninterrupted)
+    finally:
+        stop(uninterrupted)
     assert process.returncode == (-9 if signum == signal.SIGKILL else 143) and 1000 < checkpoint < 8000
     lock = ["out.partial.lock"] if signum == signal.SIGKILL else []  # a killed process cannot remove its lock file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", *lock, "reference"]
@@ -89,11 +93,14 @@ def test_tar_shards_named_by_webdataset_keys_resume_to_the_same_bytes(tmp_path: 
                               "--quiet", "--shard-samples", "1500", *extra, env=ENV, **popen)
 
     reference = tmp_path / "reference"
-    uninterrupted = run(reference)
+    uninterrupted = run(reference, start_new_session=True)
     out = tmp_path / "out"
-    process = run(out, start_new_session=True)
-    checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
-    succeed(uninterrupted)
+    try:
+        process = run(out, start_new_session=True)
+        checkpoint = kill_after_checkpoint(process, tmp_path / "out.partial.json")
+        succeed(uninterrupted)
+    finally:
+        stop(uninterrupted)
     assert 1000 < checkpoint < 8000
     succeed(run(out, "--resume"))
     assert output_contents(out) == output_contents(reference)
