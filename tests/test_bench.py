@@ -637,8 +637,9 @@ def test_memory_is_sampled_over_a_second_of_short_epochs() -> None:
     assert Counted.reads % 64 == 0 and Counted.reads >= 128
     Counted.reads = 0
     assert sample_memory(loader, BenchConfig(memory_s=0), case).peak_pss > 0 and Counted.reads == 64
-    with pytest.raises(InvalidOptionError, match=r"Invalid --memory-s -1. Use 0 \(one epoch\) or more."):
-        BenchConfig(memory_s=-1)
+    for wrong in (-1, float("inf")):
+        with pytest.raises(InvalidOptionError, match=rf"Invalid --memory-s {wrong}. Use 0 \(one epoch\) or a number of seconds."):
+            BenchConfig(memory_s=wrong)
 
 
 def test_the_recommendation_says_how_to_train_with_it() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -90,7 +91,8 @@ class BenchConfig:
             (self.warmup >= 0, f"Invalid --warmup {self.warmup!r}. Use 0 or more."),
             (self.step_ms >= 0, f"Invalid --step-ms {self.step_ms!r}. Use 0 or more."),
             (self.prefetch_factor > 0, f"Invalid --prefetch-factor {self.prefetch_factor!r}. Use 1 or more."),
-            (self.memory_s >= 0, f"Invalid --memory-s {self.memory_s!r}. Use 0 (one epoch) or more."),
+            (math.isfinite(self.memory_s) and self.memory_s >= 0,
+             f"Invalid --memory-s {self.memory_s!r}. Use 0 (one epoch) or a number of seconds."),
             (all(store in STORES for store in self.stores),
              f"Unknown --stores {','.join(self.stores)!r}. Allowed: {', '.join(map(repr, STORES))}."),
             (bool(self.backends) and all(b in BACKENDS for b in self.backends),
