@@ -7,7 +7,8 @@ image and context switches per image beside the wall time.
 ``--images``: a folder of JPEGs (searched recursively); without it, ``--count`` ImageNet-size
 JPEGs are generated (the set of benchmarks/bench_fused.py). Each image goes through
 ``fastdata.reader.fused.fused_pixels`` (RandomResizedCrop(224) + flip on the region decode where
-it is installed) into its own row, drawn from ``generator_for(0, 0, i)``, as a reader does. The
+it is installed) into its own row, drawn from ``generator_for(0, 0, i)``, as a reader does (an
+older checkout on PYTHONPATH, without ``fused_pixels``: its ``fused_decode``, the same work). The
 threads share one process, so they take turns at the GIL between the calls that let go of it
 (the decode, the resize, the copies, each small torch op of the crop's draw); the processes do
 not. Where the per-image CPU of N threads rises above one thread's while N processes' does not,
@@ -24,6 +25,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +40,23 @@ PLAN = fused.FusedPlan("random_resized_crop", (224, 224), flip_p=0.5)
 
 def load_images(args: argparse.Namespace) -> list[bytes]:
     if args.images:
-        return [path.read_bytes() for path in sorted(Path(args.images).rglob("*.jpg"))][: args.count]
+        paths = sorted(path for path in Path(args.images).rglob("*") if path.suffix.lower() in (".jpg", ".jpeg"))
+        if not paths:
+            sys.exit(f"No JPEG (.jpg, .jpeg) under {args.images}.")
+        return [path.read_bytes() for path in paths[: args.count]]
     from bench_fused import make_set  # the ImageNet-size set of bench_fused.py
 
     return make_set("imagenet", args.count, seed=1)
 
 
+# an older checkout (PYTHONPATH=it) has only fused_decode: the same work, same arguments, a tensor view returned
+PIXELS = getattr(fused, "fused_pixels", None) or fused.fused_decode
+
+
 def decode_range(images: list[bytes], start: int, stop: int, out: np.ndarray, decoder: str) -> None:
     for index in range(start, stop):
-        fused.fused_pixels(images[index % len(images)], PLAN, generator=fused.generator_for(0, 0, index),
-                           decoder=decoder, out=out)
+        PIXELS(images[index % len(images)], PLAN, generator=fused.generator_for(0, 0, index), decoder=decoder,
+               out=out)
 
 
 def switches() -> int:
@@ -76,13 +85,18 @@ def in_processes(images: list[bytes], workers: int, decoder: str) -> tuple[float
     start, pids = time.perf_counter(), []
     for w in range(workers):
         pid = os.fork()
-        if pid == 0:
-            decode_range(images, w * share, min(len(images), (w + 1) * share), np.empty((224, 224, 3), np.uint8),
-                         decoder)
+        if pid == 0:  # the child never returns into the parent's code, whatever happens
+            try:
+                decode_range(images, w * share, min(len(images), (w + 1) * share),
+                             np.empty((224, 224, 3), np.uint8), decoder)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
             os._exit(0)
         pids.append(pid)
-    for pid in pids:
-        os.waitpid(pid, 0)
+    failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        sys.exit(f"{len(failed)} of {workers} decoding processes failed (their errors above).")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     switched = after.ru_nvcsw + after.ru_nivcsw - before.ru_nvcsw - before.ru_nivcsw
@@ -96,6 +110,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    if args.workers < 1 or args.count < 1 or args.rounds < 1:
+        parser.error("--workers, --count and --rounds take 1 or more")
     images = load_images(args)
     decoder = fused.default_decoder()
     decode_range(images, 0, min(50, len(images)), np.empty((224, 224, 3), np.uint8), decoder)  # warm
