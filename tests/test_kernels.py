@@ -120,6 +120,25 @@ def test_the_read_path_starts_no_intra_op_region(folder: Path, options: dict, se
     assert labels.tolist() == ds.labels.tolist()
 
 
+@pytest.mark.skipif(not kernels.torch_resizes_serially(), reason="torch's vectorised uint8 kernel is x86 AVX2/AVX512")
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("shape,size", [((173, 251, 3), (61, 89)), ((375, 500, 3), (224, 224)), ((40, 33, 1), (97, 20)),
+                                        ((7, 300, 3), (224, 224))])
+@pytest.mark.parametrize("view", ["whole", "cropped"])
+def test_the_torch_kernel_equals_torchvisions_resize_and_gives_hwc_rows(mode: str, antialias: bool, shape: tuple,
+                                                                      size: tuple, view: str) -> None:
+    """Fed channels-last, torch's kernel gives torchvision's pixels (its resize of the planar
+    CHW tensor) as contiguous HWC, copied into a batch row whole."""
+    pixels = np.random.default_rng(3).integers(0, 256, (shape[0], shape[1] + 9, shape[2]), dtype=np.uint8)
+    pixels = pixels[:, 4:4 + shape[1]] if view == "cropped" else np.ascontiguousarray(pixels[:, :shape[1]])
+    expected = F.resize(torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1), list(size),
+                        antialias=antialias, interpolation=v2.InterpolationMode(mode))
+    got = kernels.resize(pixels, size, interpolation=mode, antialias=antialias)
+    assert got.flags.c_contiguous and got.shape == (*size, shape[2])
+    assert np.array_equal(got, expected.permute(1, 2, 0).numpy())
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 def test_the_pillow_kernel_is_within_one_grey_level_of_torchs(mode: str) -> None:
     pixels = _photo(173, 251, 5)

@@ -42,10 +42,14 @@ def torch_resizes_serially() -> bool:
 def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
     import torch
 
-    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly. The
-    # views are numpy's: a torch view op lets go of the GIL, and each release lets another loader
-    # thread take it (docs/reading.md, "Threads and the GIL"); interpolate is the one torch call.
-    tensor = torch.from_numpy(np.ascontiguousarray(pixels).transpose(2, 0, 1)[None])
+    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly, and
+    # (with a real batch stride, not newaxis's 0) recognised as such, so the result is channels-last
+    # too: HWC, copied into a batch row whole (a planar result costs the kernel a strided pack and
+    # the copy a channel-by-channel interleave). The views are numpy's: a torch view op lets go of
+    # the GIL, and each release lets another loader thread take it (docs/reading.md, "Threads and
+    # the GIL"); interpolate is the one torch call.
+    contiguous = np.ascontiguousarray(pixels)
+    tensor = torch.from_numpy(contiguous.reshape(1, *contiguous.shape).transpose(0, 3, 1, 2))
     resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
                                               align_corners=False)
     return resized.numpy()[0].transpose(1, 2, 0)
