@@ -7,18 +7,21 @@ image and context switches per image beside the wall time.
 ``--images``: a folder of JPEGs (searched recursively); without it, ``--count`` ImageNet-size
 JPEGs are generated (the set of benchmarks/bench_fused.py). Each image goes through
 ``fastdata.reader.fused.fused_pixels`` (RandomResizedCrop(224) + flip on the region decode where
-it is installed) into its own row, drawn from ``generator_for(0, 0, i)``, as a reader does (an
-older checkout on PYTHONPATH, without ``fused_pixels``: its ``fused_decode``, the same work). The
+it is installed) into its own row, drawn from ``seed_for(0, 0, i)``, as a reader does (an older
+checkout on PYTHONPATH: its ``fused_decode`` where it has no ``fused_pixels``, and the
+generator ``generator_for(0, 0, i)`` where it takes no seed: the same work, the same boxes). The
 threads share one process, so they take turns at the GIL between the calls that let go of it
-(the decode, the resize, the copies, each small torch op of the crop's draw); the processes do
-not. Where the per-image CPU of N threads rises above one thread's while N processes' does not,
-the rise is the cost of handing the GIL from thread to thread (waking the waiting thread, moving
-the interpreter's shared state between cores): docs/reading.md, "Threads and the GIL".
+(the decode, the resize, the copies; in an older checkout each small torch op of the crop's
+draw); the processes do not. Where the per-image CPU of N threads rises above one thread's
+while N processes' does not, the rise is the cost of handing the GIL from thread to thread
+(waking the waiting thread, moving the interpreter's shared state between cores):
+docs/reading.md, "Threads and the GIL".
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import resource
 import statistics
@@ -51,12 +54,14 @@ def load_images(args: argparse.Namespace) -> list[bytes]:
 
 # an older checkout (PYTHONPATH=it) has only fused_decode: the same work, same arguments, a tensor view returned
 PIXELS = getattr(fused, "fused_pixels", None) or fused.fused_decode
+# as the readers draw: from the sample's seed (replayed without torch ops), or, in an older checkout, its generator
+SEEDED = "seed" in inspect.signature(PIXELS).parameters
 
 
 def decode_range(images: list[bytes], start: int, stop: int, out: np.ndarray, decoder: str) -> None:
     for index in range(start, stop):
-        PIXELS(images[index % len(images)], PLAN, generator=fused.generator_for(0, 0, index), decoder=decoder,
-               out=out)
+        drawn = {"seed": fused.seed_for(0, 0, index)} if SEEDED else {"generator": fused.generator_for(0, 0, index)}
+        PIXELS(images[index % len(images)], PLAN, decoder=decoder, out=out, **drawn)
 
 
 def switches() -> int:

@@ -114,6 +114,99 @@ def test_randomness_is_reproducible_from_seed_epoch_index_in_any_process() -> No
     assert eval(child.stdout) == here  # a fresh interpreter (another worker) draws the same
 
 
+# --- the draw replayed without torch ops (fastdata.reader.replay) -----------------------------
+
+
+def _replay_case(plan: fused.FusedPlan, count: int, seed: int) -> tuple[list, list, int]:
+    """(replayed draws, torch's draws on the same seeds, how many the replay left to torch)
+    over ``count`` random (height, width, seed)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 2400, (count, 2)).tolist()
+    seeds = [fused.seed_for(seed, 0, index) for index in range(count)]
+    from fastdata.reader import replay
+
+    ratio_bounds = fused._log_ratio(tuple(plan.ratio))
+    replayed = [replay.random_resized_crop(h, w, plan.scale, plan.ratio, ratio_bounds, plan.flip_p, s)
+                for (h, w), s in zip(sizes, seeds)]
+    theirs = [plan.draw(h, w, torch.Generator().manual_seed(s)) for (h, w), s in zip(sizes, seeds)]
+    ours = [plan.draw(h, w, seed=s) for (h, w), s in zip(sizes, seeds)]
+    assert ours == theirs  # plan.draw(seed=) is exactly the torch draw, replayed or not
+    left = sum(r is None for r in replayed)
+    return [r for r in replayed if r is not None], [vars(t) for r, t in zip(replayed, theirs) if r is not None], left
+
+
+def test_the_replayed_draw_is_torchs_draw_on_100000_sizes_and_seeds() -> None:
+    replayed, theirs, left = _replay_case(_train_plan(), 100_000, seed=11)
+    assert [dict(zip(("top", "left", "height", "width", "flip"), r)) for r in replayed] == theirs
+    assert left < 200  # measured 52 in 100,000: a box on the edge of torch's exp ulp
+    assert sum(r[4] for r in replayed) / len(replayed) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("flip_p,crop", [(0.3, {}), (1.0, {"scale": (0.35, 1.0)}), (None, {"ratio": (0.2, 0.25)}),
+                                         (0.0, {"scale": (0.9, 1.0), "ratio": (0.5, 2.0)}),
+                                         (0.7, {"scale": (0.01, 0.02), "ratio": (1.0, 1.0)})])
+def test_the_replayed_draw_is_torchs_for_other_plans(flip_p: float | None, crop: dict) -> None:
+    replayed, theirs, left = _replay_case(_train_plan(flip_p=flip_p, **crop), 6_000, seed=12)
+    assert [dict(zip(("top", "left", "height", "width", "flip"), r)) for r in replayed] == theirs
+    assert left < 60
+
+
+def test_a_draw_the_replay_is_unsure_of_goes_to_torch() -> None:
+    """(height, width, seed) where the box's width rounds differently an ulp of torch's exp
+    away: the replay gives None, plan.draw(seed=) torch's draw."""
+    from fastdata.reader import replay
+
+    plan, rng = _train_plan(), np.random.default_rng(11)
+    ratio_bounds = fused._log_ratio(tuple(plan.ratio))
+    for index, (height, width) in enumerate(rng.integers(1, 2400, (100_000, 2)).tolist()):
+        seed = fused.seed_for(11, 0, index)
+        if replay.random_resized_crop(height, width, plan.scale, plan.ratio, ratio_bounds, 0.5, seed) is None:
+            break
+    else:
+        pytest.fail("no draw in 100,000 was left to torch")
+    assert plan.draw(height, width, seed=seed) == plan.draw(height, width, torch.Generator().manual_seed(seed))
+
+
+def test_the_replayed_draw_runs_no_torch_op() -> None:
+    plan = _train_plan()
+    plan.draw(375, 500, seed=1)  # the once-per-process check of torch's rounding runs torch ops
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        draws = [plan.draw(375, 500, seed=fused.seed_for(0, 0, index)) for index in range(50)]
+    assert [event.name for event in profile.events()] == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        assert [plan.draw(375, 500, fused.generator_for(0, 0, index)) for index in range(50)] == draws
+    assert "aten::uniform_" in {event.name for event in profile.events()}  # the probe sees torch's draw
+
+
+def test_the_uniform_rounding_rule_is_measured_against_torch() -> None:
+    """One rounding (a fused multiply-add, torch's AVX2/AVX512 kernels) or two (its default
+    kernel): the rule found reproduces torch, the other does not."""
+    from fastdata.reader import replay
+
+    rule = replay.uniform_rule()
+    assert rule in (True, False)
+    generator = torch.Generator().manual_seed(77)
+    drawn = [torch.empty(1).uniform_(0.08, 1.0, generator=generator).item() for _ in range(300)]
+    outputs = replay.outputs(77, 300)
+    assert [replay._Uniform(0.08, 1.0, rule)(o) for o in outputs] == drawn
+    assert [replay._Uniform(0.08, 1.0, not rule)(o) for o in outputs] != drawn
+
+
+def test_the_generators_outputs_are_torchs() -> None:
+    from fastdata.reader import replay
+
+    for seed in (0, 1, 2**32 + 5, fused.seed_for(1, 2, 3)):
+        for high in (2, 1000, 2**24 + 1):
+            generator = torch.Generator().manual_seed(seed)
+            expected = [int(torch.randint(0, high, (1,), generator=generator)) for _ in range(30)]
+            assert [output % high for output in replay.outputs(seed, 30)] == expected
+
+
+def test_a_draw_takes_a_generator_or_a_seed_not_both() -> None:
+    with pytest.raises(InvalidOptionError, match="Give the draw a generator or a seed, not both."):
+        _train_plan().draw(375, 500, torch.Generator(), seed=1)
+
+
 # --- the pixels ------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
 from fastdata.reader import kernels
-from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_pixels, generator_for, strict_simplejpeg
+from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_pixels, seed_for, strict_simplejpeg
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -121,8 +121,8 @@ class Decoder:
         """One image through ``plan``, sample ``index`` of ``epoch`` (None: drawn from torch's
         global generator): a uint8 HWC array (``out`` itself, a row of the batch, when given), the
         pixels of the CHW tensor :func:`~fastdata.reader.fused.fused_decode` gives."""
-        generator = None if epoch is None else generator_for(self.fusion.seed, epoch, index)
-        return fused_pixels(blob, self.plan, generator=generator, mode=self.mode, decoder=self.fused_library,
+        seed = None if epoch is None else seed_for(self.fusion.seed, epoch, index)
+        return fused_pixels(blob, self.plan, seed=seed, mode=self.mode, decoder=self.fused_library,
                             on_draw=on_draw, out=out)
 
     def _decode_fast(self, data: bytes) -> np.ndarray | None:

@@ -14,6 +14,9 @@ Three steps, each usable on its own:
   torchvision's ``RandomResizedCrop.get_params`` then ``RandomHorizontalFlip``: for a generator
   in a given state the boxes are torchvision's boxes. :func:`generator_for` seeds that generator
   from (seed, epoch, index), so the draw is the same in every process, backend and num_workers.
+  Given the seed itself (``seed=``, what the readers pass: :func:`seed_for`), the draw of a
+  generator freshly seeded with it is replayed without torch ops (:mod:`fastdata.reader.replay`:
+  the same boxes, no GIL released per op).
 * :func:`fused_decode` decodes a JPEG at the smallest DCT scale (1/8, 1/4, 1/2, 1) whose image
   of the box still covers the output size, cuts the box out of the scaled image, resizes it once
   and flips it while writing it into its row of the batch, with :mod:`fastdata.reader.kernels`
@@ -32,11 +35,9 @@ for by name is a DependencyMissingError naming the install command. Output: a ui
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import logging
 import math
-import struct
 from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any, Callable
@@ -47,8 +48,9 @@ import torch
 from fastdata.errors import InvalidOptionError
 from fastdata.extras import require
 from fastdata.images import center_crop_array
-from fastdata.reader import kernels, region
+from fastdata.reader import kernels, region, replay
 from fastdata.reader.region import DCT_SCALES, dct_scale, decoded_scale, scaled_region  # noqa: F401 (re-exported)
+from fastdata.reader.replay import seed_for  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +87,25 @@ class FusedPlan:
     resize: tuple[int, ...] | None = None
     max_size: int | None = None
 
-    def draw(self, height: int, width: int, generator: torch.Generator | None = None) -> Draw:
+    def draw(self, height: int, width: int, generator: torch.Generator | None = None, *,
+             seed: int | None = None) -> Draw:
         """The box and flip for an image of ``height`` x ``width``: torchvision's
         ``RandomResizedCrop.get_params`` (10 tries, log-uniform ratio, central-crop fallback),
         then ``torch.rand(1) < flip_p``, on ``generator`` (None: torch's global one, as
-        torchvision). A resize + centre crop plan draws nothing and covers the whole image."""
+        torchvision). ``seed`` instead of a generator: the draw of ``torch.Generator().manual_seed(
+        seed)``, replayed without torch ops where the replay is sure of torch's result (nearly
+        always: :mod:`fastdata.reader.replay`), else drawn on that generator. A resize + centre
+        crop plan draws nothing and covers the whole image."""
         if self.kind == "resize_center_crop":
             return Draw(0, 0, height, width, False)
+        if seed is not None:
+            if generator is not None:
+                raise InvalidOptionError("Give the draw a generator or a seed, not both.")
+            replayed = replay.random_resized_crop(height, width, self.scale, self.ratio,
+                                                  _log_ratio(tuple(self.ratio)), self.flip_p, seed)
+            if replayed is not None:
+                return Draw(*replayed)
+            generator = torch.Generator().manual_seed(seed)
         top, left, box_height, box_width = random_resized_crop_box(height, width, self.scale, self.ratio, generator)
         flip = False
         if self.flip_p is not None:  # torchvision draws even for p = 0 or 1: the stream stays aligned
@@ -154,10 +168,9 @@ def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
 
 
 def generator_for(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A torch generator seeded from a hash of (seed, epoch, index): the same stream in every
-    process, different per epoch and per sample."""
-    digest = hashlib.blake2b(struct.pack("<qqq", seed, epoch, index), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    """A torch generator seeded from a hash of (seed, epoch, index) (:func:`seed_for`): the same
+    stream in every process, different per epoch and per sample."""
+    return torch.Generator().manual_seed(seed_for(seed, epoch, index))
 
 
 # --- reading torchvision's transform objects -------------------------------------------------
@@ -379,21 +392,22 @@ def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
                  mode: str = "RGB", decoder: str = "simplejpeg",
                  on_draw: Callable[[int, int, Draw], None] | None = None,
-                 out: np.ndarray | None = None) -> torch.Tensor:
+                 out: np.ndarray | None = None, seed: int | None = None) -> torch.Tensor:
     """Decode ``data`` through ``plan``: a uint8 CHW tensor of ``plan.size``. The box and flip
-    are drawn from ``generator`` (see :meth:`FusedPlan.draw`). A JPEG is decoded at the DCT
+    are drawn from ``generator``, or from a generator freshly seeded with ``seed`` (see
+    :meth:`FusedPlan.draw`; the readers pass :func:`seed_for`'s seed). A JPEG is decoded at the DCT
     scale the box allows, other images in full (then cropped on the same box). ``on_draw`` gets
     the image's (height, width) and its draw (to move the sample's other fields alike).
     ``out``: a uint8 (height, width, channels) array (a row of a preallocated batch) the image
     is written into; the tensor returned is then a CHW view of it."""
     return torch.from_numpy(fused_pixels(data, plan, generator=generator, mode=mode, decoder=decoder,
-                                         on_draw=on_draw, out=out)).permute(2, 0, 1)
+                                         on_draw=on_draw, out=out, seed=seed)).permute(2, 0, 1)
 
 
 def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
                  mode: str = "RGB", decoder: str = "simplejpeg",
                  on_draw: Callable[[int, int, Draw], None] | None = None,
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, seed: int | None = None) -> np.ndarray:
     """:func:`fused_decode` as the readers call it: the same pixels as a uint8 HWC array (``out``
     itself when given), without the tensor views (each torch view op lets go of the GIL:
     docs/reading.md, "Threads and the GIL")."""
@@ -402,9 +416,9 @@ def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     DECODERS[decoder].require()
     data = bytes(data)
     if data[:3] != _JPEG_MAGIC:
-        return _fallback_pixels(data, plan, generator, mode, on_draw, out)
+        return _fallback_pixels(data, plan, generator, mode, on_draw, out, seed)
     height, width = jpeg_size(data, decoder)
-    draw = plan.draw(height, width, generator)
+    draw = plan.draw(height, width, generator, seed=seed)
     if on_draw is not None:
         on_draw(height, width, draw)
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
@@ -414,21 +428,22 @@ def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
                     mode: str = "RGB", on_draw: Callable[[int, int, Draw], None] | None = None,
-                    out: np.ndarray | None = None) -> torch.Tensor:
+                    out: np.ndarray | None = None, seed: int | None = None) -> torch.Tensor:
     """Decode in full (Pillow, fastdata's mode rules), then crop on the plan's box, resize and
     flip: pixel-equal to torchvision's transforms on the uint8 tensor for the same generator
     (where torch's vectorised kernel runs, :mod:`fastdata.reader.kernels`; within 1 grey level
     elsewhere). A uint8 CHW tensor, a view of ``out`` when given."""
-    return torch.from_numpy(_fallback_pixels(data, plan, generator, mode, on_draw, out)).permute(2, 0, 1)
+    return torch.from_numpy(_fallback_pixels(data, plan, generator, mode, on_draw, out, seed)).permute(2, 0, 1)
 
 
 def _fallback_pixels(data: bytes | memoryview, plan: FusedPlan, generator: torch.Generator | None, mode: str,
-                     on_draw: Callable[[int, int, Draw], None] | None, out: np.ndarray | None) -> np.ndarray:
+                     on_draw: Callable[[int, int, Draw], None] | None, out: np.ndarray | None,
+                     seed: int | None = None) -> np.ndarray:
     from fastdata.images import decode
 
     pixels = decode(data, mode)
     height, width = pixels.shape[:2]
-    draw = plan.draw(height, width, generator)
+    draw = plan.draw(height, width, generator, seed=seed)
     if on_draw is not None:
         on_draw(int(height), int(width), draw)
     if plan.kind == "resize_center_crop":
