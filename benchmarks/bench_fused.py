@@ -18,8 +18,9 @@ epoch), per sample.
 Sets (seeded, generated in memory, JPEG quality 90, photo-like multi-scale noise):
 ``imagenet``: shorter side 300-500 px, aspect 3:4..4:3; ``large``: longer side 1500-2500 px.
 Every path decodes the same bytes to a 224x224 uint8 CHW tensor on the same boxes and flips
-(sample i draws from ``fastdata.reader.fused.generator_for(0, 0, i)``; torchvision's pipeline gets the
-same state through ``torch.manual_seed``). One process: median of ``repeats`` passes in rotating order after a warm-up, all in one run (ratios side by
+(sample i draws from ``fastdata.reader.fused.generator_for(0, 0, i)``, the fused paths from its seed,
+``seed_for(0, 0, i)``, as the readers: the same boxes; torchvision's pipeline gets the same state
+through ``torch.manual_seed``). One process: median of ``repeats`` passes in rotating order after a warm-up, all in one run (ratios side by
 side). PSNR: each path against decode-then-crop-then-resize on the same box (Pillow decode,
 torch's antialiased bilinear), mean and minimum over the set.
 
@@ -158,7 +159,7 @@ def full_crop_path(plan: fused.FusedPlan):
 
 def fused_path(plan: fused.FusedPlan, decoder: str):
     def run(data: bytes, index: int) -> torch.Tensor:
-        return fused.fused_decode(data, plan, generator=fused.generator_for(0, 0, index), decoder=decoder)
+        return fused.fused_decode(data, plan, seed=fused.seed_for(0, 0, index), decoder=decoder)  # as the readers
 
     return run
 
