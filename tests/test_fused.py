@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import subprocess
 import sys
 
@@ -202,9 +203,80 @@ def test_the_generators_outputs_are_torchs() -> None:
             assert [output % high for output in replay.outputs(seed, 30)] == expected
 
 
+def _same_draws(plan: fused.FusedPlan, sizes: list, count: int = 300) -> list:
+    """plan.draw(seed=) against torch's draw on the same seeds; the replay's results."""
+    from fastdata.reader import replay
+
+    replayed = []
+    for index in range(count):
+        (height, width), seed = sizes[index % len(sizes)], fused.seed_for(9, 0, index)
+        assert plan.draw(height, width, seed=seed) == plan.draw(height, width, torch.Generator().manual_seed(seed))
+        replayed.append(replay.random_resized_crop(height, width, tuple(plan.scale), tuple(plan.ratio),
+                                                   fused._log_ratio(tuple(plan.ratio)), plan.flip_p, seed))
+    return replayed
+
+
+def test_under_a_float64_default_dtype_the_draw_is_torchs() -> None:
+    """torchvision's torch.empty(1) then draws in float64 (two outputs a value): torch draws."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert set(_same_draws(_train_plan(), [(375, 500), (20, 2000)])) == {None}
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_bounds_the_replay_does_not_model_are_drawn_by_torch() -> None:
+    not_exact = fused.FusedPlan("random_resized_crop", (224, 224), scale=(1e-9, 1.0), flip_p=0.5)
+    assert set(_same_draws(not_exact, [(375, 500), (20, 2000)])) == {None}  # x * span + low inexact in a double
+    subnormal = fused.FusedPlan("random_resized_crop", (224, 224), ratio=(1e-45, 1.0), flip_p=0.5)
+    _same_draws(subnormal, [(375, 500), (20, 2000)])  # exp near float32's end: torch's draw, no error
+    infinite = fused.FusedPlan("random_resized_crop", (224, 224), ratio=(0.5, float("inf")), flip_p=0.5)
+    for drawn in ({"generator": torch.Generator().manual_seed(1)}, {"seed": 1}):
+        with pytest.raises(RuntimeError, match="to is out of bounds for float"):  # torch refuses log(inf), seeded too
+            infinite.draw(375, 500, **drawn)
+
+
+def test_odd_sizes_flips_and_plans_draw_as_torch() -> None:
+    sizes = [(2**24 + 1, 10), (1, 1), (1, 3000), (7, 9)]
+    assert _same_draws(_train_plan(), sizes, count=40)[0] is None  # a side over 2**24: torch draws
+    for flip_p in (1e39, -1e39, float("nan")):
+        _same_draws(fused.FusedPlan("random_resized_crop", (224, 224), flip_p=flip_p), [(375, 500)], count=40)
+    listed = fused.FusedPlan("random_resized_crop", (224, 224), scale=[0.08, 1.0], ratio=[0.75, 4 / 3], flip_p=0.5)
+    _same_draws(listed, [(375, 500)], count=40)
+
+
+def test_the_replay_is_checked_against_torch_once_per_process() -> None:
+    assert fused.replay_agrees() is True
+
+
+def test_the_two_rounding_rule_is_torchs_default_kernel() -> None:
+    """A child process on torch's default (not AVX2/AVX-512) kernels: uniform_ rounds twice, the
+    replay finds it, and the seeded draws are still torch's."""
+    code = ("import sys; sys.path[:0] = ['tests', '.']; import torch; from fastdata.reader import replay; "
+            "from test_fused import _same_draws, _train_plan; "
+            "print(torch.backends.cpu.get_cpu_capability(), replay.uniform_rule(), "
+            "sum(r is not None for r in _same_draws(_train_plan(), [(375, 500), (20, 2000), (500, 333)], 2000)))")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    capability, rule, replayed = child.stdout.split()
+    assert (capability, rule) == ("DEFAULT", "False")
+    assert int(replayed) > 1900
+
+
+def test_bounds_torch_refuses_are_refused_with_a_seed_too() -> None:
+    """torchvision only warns about scale (max, min); torch's uniform_ then refuses the draw."""
+    with pytest.warns(UserWarning, match="Scale and ratio should be of kind"):
+        plan = _train_plan(scale=(1.0, 0.5))
+    for drawn in ({"generator": torch.Generator().manual_seed(1)}, {"seed": 1}):
+        with pytest.raises(RuntimeError, match="uniform_ expects to return a"):
+            plan.draw(375, 500, **drawn)
+
+
 def test_a_draw_takes_a_generator_or_a_seed_not_both() -> None:
-    with pytest.raises(InvalidOptionError, match="Give the draw a generator or a seed, not both."):
-        _train_plan().draw(375, 500, torch.Generator(), seed=1)
+    centre = fused.FusedPlan("resize_center_crop", (224, 224), resize=(256,))
+    for plan in (_train_plan(), centre):
+        with pytest.raises(InvalidOptionError, match="Give the draw a generator or a seed, not both."):
+            plan.draw(375, 500, torch.Generator(), seed=1)
 
 
 # --- the pixels ------------------------------------------------------------------------------

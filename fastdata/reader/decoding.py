@@ -39,7 +39,8 @@ import numpy as np
 from fastdata.errors import CorruptDataError, DependencyMissingError, InvalidOptionError
 from fastdata.extras import require
 from fastdata.reader import kernels
-from fastdata.reader.fused import Fusion, FusedPlan, default_decoder, fused_pixels, seed_for, strict_simplejpeg
+from fastdata.reader.fused import (Fusion, FusedPlan, default_decoder, fused_pixels, replay_agrees, seed_for,
+                                   strict_simplejpeg)
 from fastdata.images import Geometry, as_hwc, center_crop_array, open_image, parse_size, to_mode
 
 DECODERS = ("pil", "fast")
@@ -84,6 +85,7 @@ class Decoder:
         fusion = options.fusion() if self.encoded else None
         if fusion is not None:
             default_decoder()  # a FASTDATA_LIBTURBOJPEG that does not load: one error up front
+            replay_agrees()  # the replayed draw's once-per-process check, here: forked workers inherit it
         return dataclasses.replace(self, fusion=fusion)
 
     @property

@@ -107,13 +107,14 @@ def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "b
 def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
     """``pixels`` (HWC, any strides), mirrored left-right when ``flip``, copied into ``out`` (a
     row of a batch) when given, else into a new contiguous array: numpy's copy, one thread.
-    Unless it is a plain copy of contiguous HWC memory, the copy goes channel by channel: numpy
-    copies an (H, W) plane several times faster than an (H, W, 3) view whose innermost loop is 3
-    bytes long, and both a mirrored view and the resize kernel's planar (C, H, W) result are
-    such views."""
+    Rows of whole pixels (the resize kernel's HWC result, a centre crop of it) are copied as
+    they are; anything else goes channel by channel: numpy copies an (H, W) plane several times
+    faster than an (H, W, 3) view whose innermost loop is 3 bytes long, and a mirrored view or a
+    planar (C, H, W) array seen as HWC is such a view."""
     if out is None:
         out = np.empty(pixels.shape, dtype=pixels.dtype)
-    if not flip and pixels.flags.c_contiguous:
+    channels, item = pixels.shape[2], pixels.itemsize
+    if not flip and pixels.strides[1] == channels * item and (channels == 1 or pixels.strides[2] == item):
         out[...] = pixels
         return out
     columns = slice(None, None, -1) if flip else slice(None)

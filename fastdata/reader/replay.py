@@ -43,7 +43,10 @@ _LOW_24 = 0xFFFFFF
 _TRIES = 10  # torchvision's RandomResizedCrop
 _OUTPUTS = 2 * _TRIES + 3  # two per try, two for the position, one for the flip
 _ULPS = 2  # the window around the correctly rounded exp that torch's expf lands in
-_LARGEST = 2 ** 24  # randint(0, n) is output % n checked up to n = 2**28 - 1; larger sides: torch draws
+_LARGEST = 2 ** 24  # randint(0, n) is output % n (tested up to 2**24 + 1); larger sides: torch draws
+_FLT_MAX = 3.4028234663852886e38
+_ASPECTS = (2.0 ** -100, 2.0 ** 100)  # ratios the ulp window is modelled for (normal float32s, far from inf)
+_SEEDS = (-2 ** 63, 2 ** 64)  # what manual_seed takes; outside it torch raises
 _local = threading.local()
 
 
@@ -56,6 +59,14 @@ def seed_for(seed: int, epoch: int, index: int) -> int:
 
 def _f32(value: float) -> float:
     return _F32.unpack(_F32.pack(value))[0]
+
+
+def _f32_saturating(value: float) -> float:
+    """``value`` cast to float32 as torch casts a comparison's scalar: too large is infinite."""
+    try:
+        return _f32(value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def _ulps_from(value: float, ulps: int) -> float:
@@ -105,7 +116,7 @@ def uniform_rule() -> bool | None:
     256 draws from a seeded generator, with bounds where the two rules often differ."""
     low, high = 0.08, 1.0
     generator = torch.Generator().manual_seed(20261205)
-    drawn = torch.empty(256).uniform_(low, high, generator=generator).tolist()
+    drawn = torch.empty(256, dtype=torch.float32).uniform_(low, high, generator=generator).tolist()
     seeds = outputs(20261205, 256)
     for fused in (True, False):
         uniform = _Uniform(low, high, fused)
@@ -117,8 +128,10 @@ def uniform_rule() -> bool | None:
 @functools.lru_cache(maxsize=64)
 def _uniforms(scale: tuple[float, float], log_ratio: tuple[float, float]) -> tuple[_Uniform, _Uniform] | None:
     fused = uniform_rule()
-    if fused is None:
-        return None
+    bounds = (*scale, *log_ratio)
+    if (fused is None or not all(abs(bound) <= _FLT_MAX for bound in bounds)
+            or max(map(abs, log_ratio)) > 69.0 or scale[0] > scale[1] or log_ratio[0] > log_ratio[1]):
+        return None  # bounds torch's uniform_ refuses (it raises its own error) or the replay does not model
     area, ratio = _Uniform(*scale, fused), _Uniform(*log_ratio, fused)
     if fused and not (area.exact() and ratio.exact()):
         return None
@@ -131,10 +144,15 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
     """(top, left, box_height, box_width, flip) as :func:`fastdata.reader.fused.random_resized_crop_box`
     then ``torch.rand(1) < flip_p`` (``flip_p`` None: no flip drawn, False) give them on
     ``torch.Generator().manual_seed(seed)``; None where the replay cannot be sure of torch's
-    result (the caller then draws with torch). ``log_ratio``: torchvision's float32
-    ``log(ratio)`` as Python floats."""
+    result (the caller then draws with torch): a default dtype other than float32 (torchvision's
+    ``torch.empty(1)`` then draws in it), bounds or seeds torch refuses, sides over 2**24,
+    ratios near float32's ends, a box on the edge of an ulp of torch's exp. ``log_ratio``:
+    torchvision's float32 ``log(ratio)`` as Python floats."""
+    if (torch.get_default_dtype() is not torch.float32 or height > _LARGEST or width > _LARGEST
+            or not _SEEDS[0] <= seed < _SEEDS[1]):
+        return None
     uniforms = _uniforms(scale, log_ratio)
-    if uniforms is None or height > _LARGEST or width > _LARGEST:
+    if uniforms is None:
         return None
     area_uniform, ratio_uniform = uniforms
     drawn, area, at = outputs(seed), height * width, 0
@@ -142,6 +160,8 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
         target_area = area * area_uniform(drawn[at])
         aspect = _f32(math.exp(ratio_uniform(drawn[at + 1])))
         at += 2
+        if not _ASPECTS[0] < aspect < _ASPECTS[1]:
+            return None
         low, high = _ulps_from(aspect, -_ULPS), _ulps_from(aspect, _ULPS)
         box_width = int(round(math.sqrt(target_area * low)))
         box_height = int(round(math.sqrt(target_area / low)))
@@ -162,5 +182,5 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
         else:
             box_width, box_height = width, height
         top, left = (height - box_height) // 2, (width - box_width) // 2
-    flip = flip_p is not None and (drawn[at] & _LOW_24) * _TWO_24 < _f32(flip_p)
+    flip = flip_p is not None and (drawn[at] & _LOW_24) * _TWO_24 < _f32_saturating(flip_p)
     return top, left, box_height, box_width, flip
