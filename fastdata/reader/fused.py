@@ -151,14 +151,7 @@ def random_resized_crop_box(height: int, width: int, scale: tuple[float, float],
             top = int(torch.randint(0, height - box_height + 1, size=(1,), generator=generator).item())
             left = int(torch.randint(0, width - box_width + 1, size=(1,), generator=generator).item())
             return top, left, box_height, box_width
-    in_ratio = float(width) / float(height)  # fallback: the central crop
-    if in_ratio < min(ratio):
-        box_width, box_height = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        box_height, box_width = height, int(round(height * max(ratio)))
-    else:
-        box_width, box_height = width, height
-    return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+    return replay.central_crop(height, width, ratio)  # every try missed
 
 
 @functools.lru_cache(maxsize=64)

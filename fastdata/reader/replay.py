@@ -138,6 +138,19 @@ def _uniforms(scale: tuple[float, float], log_ratio: tuple[float, float]) -> tup
     return area, ratio
 
 
+def central_crop(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop fallback when all ten tries miss: (top, left, box_height,
+    box_width) of the central crop with the ratio clamped into ``ratio``."""
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        box_width, box_height = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        box_height, box_width = height, int(round(height * max(ratio)))
+    else:
+        box_width, box_height = width, height
+    return (height - box_height) // 2, (width - box_width) // 2, box_height, box_width
+
+
 def random_resized_crop(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
                         log_ratio: tuple[float, float], flip_p: float | None,
                         seed: int) -> tuple[int, int, int, int, bool] | None:
@@ -173,14 +186,7 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
             left = drawn[at + 1] % (width - box_width + 1)
             at += 2
             break
-    else:  # torchvision's fallback: the central crop
-        in_ratio = float(width) / float(height)
-        if in_ratio < min(ratio):
-            box_width, box_height = width, int(round(width / min(ratio)))
-        elif in_ratio > max(ratio):
-            box_height, box_width = height, int(round(height * max(ratio)))
-        else:
-            box_width, box_height = width, height
-        top, left = (height - box_height) // 2, (width - box_width) // 2
+    else:
+        top, left, box_height, box_width = central_crop(height, width, ratio)
     flip = flip_p is not None and (drawn[at] & _LOW_24) * _TWO_24 < _f32_saturating(flip_p)
     return top, left, box_height, box_width, flip
