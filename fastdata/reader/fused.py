@@ -154,28 +154,44 @@ def random_resized_crop_box(height: int, width: int, scale: tuple[float, float],
     return replay.central_crop(height, width, ratio)  # every try missed
 
 
-@functools.lru_cache(maxsize=64)
 def _log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
-    """torchvision's ``torch.log(torch.tensor(ratio))`` (float32), as Python floats: the same
-    bounds for ``uniform_``, computed once per ratio instead of two tensor ops per draw."""
-    low, high = torch.log(torch.tensor(ratio)).tolist()
+    """torchvision's ``torch.log(torch.tensor(ratio))`` (in the default dtype, float32 unless set
+    otherwise), as Python floats: the same bounds for ``uniform_``, computed once per ratio and
+    dtype instead of two tensor ops per draw."""
+    return _log_ratio_in(tuple(ratio), torch.get_default_dtype())
+
+
+@functools.lru_cache(maxsize=64)
+def _log_ratio_in(ratio: tuple[float, float], dtype: torch.dtype) -> tuple[float, float]:
+    low, high = torch.log(torch.tensor(ratio, dtype=dtype)).tolist()
     return low, high
 
 
-@functools.cache
+_REPLAY_CHECK: list[bool] = []  # the check's result, once it has compared draws
+
+
 def replay_agrees() -> bool:
     """Whether the replayed draw (:mod:`fastdata.reader.replay`) is this torch's, checked once per
     process on 48 draws (sizes that need the position drawn and sizes where every try fails):
-    False, and every draw stays torch's, where torch's generator or ops ever change."""
-    plan = FusedPlan("random_resized_crop", (224, 224), flip_p=0.5)
+    False, and every draw stays torch's, where torch's generator or ops ever change. Where the
+    replay compares nothing (a float64 default dtype: torch draws), it is asked again next time."""
+    if _REPLAY_CHECK:
+        return _REPLAY_CHECK[0]
+    plan, compared = FusedPlan("random_resized_crop", (224, 224), flip_p=0.5), 0
     for index in range(48):
         height, width = ((375, 500), (500, 333), (20, 2000), (1500, 7))[index % 4]
         seed = replay.seed_for(20261205, 0, index)
         replayed = replay.random_resized_crop(height, width, plan.scale, plan.ratio, _log_ratio(plan.ratio), 0.5,
                                               seed)
-        if replayed is not None and Draw(*replayed) != plan.draw(height, width, torch.Generator().manual_seed(seed)):
+        if replayed is None:
+            continue
+        compared += 1
+        if Draw(*replayed) != plan.draw(height, width, torch.Generator().manual_seed(seed)):
             logger.debug("the replayed crop draw differs from torch's here: every draw is torch's")
+            _REPLAY_CHECK.append(False)
             return False
+    if compared:
+        _REPLAY_CHECK.append(True)
     return True
 
 
