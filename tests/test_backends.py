@@ -4,7 +4,10 @@ reported (never hung on), Ctrl-C, and no shared-memory segment left behind."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -12,6 +15,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset, get_worker_info
@@ -21,6 +25,7 @@ from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
 from fastdata.loading import WorkerError, shm, spares
 from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
+from fastdata.machine import populate
 
 SHM = Path("/dev/shm")
 
@@ -299,14 +304,31 @@ def test_a_batch_dropped_in_another_thread_gives_its_slot_back() -> None:
     loader.close()
 
 
-def test_a_lent_batch_outlives_close_and_the_segment_is_still_removed() -> None:
+def test_a_lent_batch_outlives_close_and_its_segment_is_removed_with_the_spares() -> None:
     loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
     kept = list(loader)
-    names = set(loader._all_segments)
+    names = slot_segments(loader)
     loader.close()
-    assert names and not (names & segments())  # unlinked at once ...
+    assert names and sorted(spares.spares()) == sorted(names) and names <= segments()  # kept for the next loader
+    spares.clear_spares()
+    assert spares.spares() == [] and not (names & segments())  # unlinked at once ...
     want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # ... mapped while a batch needs it
+
+
+def test_zero_copy_views_at_close_keep_their_segment_from_every_other_loader() -> None:
+    """Views handed out with zero_copy carry no lease: a segment with one alive is never reused."""
+    spares.clear_spares()
+    loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, zero_copy=2)
+    views = [batch for batch, _ in zip(loader, range(2))]
+    names = slot_segments(loader)
+    loader.close()
+    assert names and spares.spares() == [] and not (names & segments())
+    want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
+    other = fastdata.loader(RAW, batch_size=8, seed=4, backend="process", num_workers=1)
+    assert len(batches(other)) == 12 and not (slot_segments(other) & names)
+    other.close()
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(views, want[:2]))
 
 
 def slot_segments(loader) -> set[str]:
@@ -330,18 +352,51 @@ def test_a_closed_loaders_segments_serve_the_next_loader() -> None:
     second.close()
 
 
-def test_a_segment_with_a_batch_held_at_close_is_never_reused() -> None:
+def test_batches_held_at_close_keep_their_slots_while_the_next_loader_reuses_the_segment() -> None:
+    """A loop that keeps batches of a closed loader: the next loader of the same dataset and batch
+    size starts in that loader's segment (its first batch straight into a slot, no growing), with
+    the held batches' slots kept from its worker until they are dropped; they are never written over."""
     spares.clear_spares()
     first = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1)
-    kept = list(first)  # lent batches: views of the segment
+    kept = list(first)  # the worker lends 2 of its 3 slots (the loop keeps them), copies the rest
     names = slot_segments(first)
     first.close()
-    assert spares.spares() == [] and not (names & segments())
-    other = fastdata.loader(RAW, batch_size=8, seed=4, backend="process", num_workers=1)
-    assert len(list(other)) == 12 and not (slot_segments(other) & names)
-    other.close()
+    assert len(names) == 1 and spares.spares() == sorted(names)
     want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
+    want_other = batches(fastdata.loader(RAW, batch_size=8, seed=4))
+    grown = []
+    second = fastdata.loader(RAW, batch_size=8, seed=4, backend="process", num_workers=1)
+    original_grow = second._grow
+    second._grow = lambda *args: grown.append(args) or original_grow(*args)
+    got = batches(second)
+    assert slot_segments(second) == names and grown == [] and spares.spares() == []
+    assert sorted(second._lent[0]) == [0, 1]  # the two batches the loop still holds
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, want_other)) and len(got) == 12
     assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # never written over
+    del kept
+    second._take_back()
+    assert second._lent[0] == set()  # given back once dropped
+    assert len(batches(second)) == 12
+    second.close()
+
+
+def test_the_last_batch_of_a_plain_loop_does_not_keep_the_next_loader_from_its_segment() -> None:
+    """``for images, labels in loader`` keeps the last batch bound when the next epoch's loader
+    starts: its slot is the only one the next loader's worker keeps clear of."""
+    spares.clear_spares()
+    want = [batches(fastdata.loader(RAW, batch_size=8, seed=epoch)) for epoch in range(3)]
+    used = []
+    for epoch in range(3):
+        loader = fastdata.loader(RAW, batch_size=8, seed=epoch, backend="process", num_workers=1)
+        for number, (images, labels) in enumerate(loader):
+            assert torch.equal(images, want[epoch][number][0]) and torch.equal(labels, want[epoch][number][1])
+        used.append(slot_segments(loader))
+        if epoch:
+            assert torch.equal(last, want[epoch - 1][-1][0])  # the batch bound across epochs, intact
+        last = images
+        loader.close()
+    assert used[0] == used[1] == used[2]
+    del images, last
 
 
 def test_no_segment_is_kept_beyond_the_spare_limit(monkeypatch) -> None:
@@ -360,9 +415,52 @@ def test_no_segment_is_kept_beyond_the_spare_limit(monkeypatch) -> None:
     assert spares.keep_spare(new) and spares.spares() == [new.name]
     assert not ({older.name, old.name} & segments()) and new.name in segments()
     assert spares.take_spare(16384) is None  # none large enough
-    taken = spares.take_spare(8192)
-    assert taken.name == new.name and spares.spares() == []
+    taken, held = spares.take_spare(8192)
+    assert taken.name == new.name and held == {} and spares.spares() == []
     shm.release(taken, unlink=True)
+
+
+def test_a_segment_with_views_is_kept_only_with_leases_at_its_slots() -> None:
+    spares.clear_spares()
+    segment = shm.new_segment(4 * 8192)
+    lease = (ctypes.c_char * 8192).from_buffer(segment.map, 2 * 8192)  # a batch lent from slot 2
+    assert not spares.keep_spare(segment, 8192, None)  # views, and nothing says what they are
+    assert not spares.keep_spare(segment, 8192 * 3, [lease])  # a lease that is no slot of that size
+    assert spares.keep_spare(segment, 8192, [lease]) and spares.spares() == [segment.name]
+    assert spares.take_spare(8192) is None  # only for slots of the size it was kept with
+    taken, held = spares.take_spare(4 * 8192, 8192)
+    assert taken is segment and list(held) == [2 * 8192] and held[2 * 8192] is lease
+    assert spares.keep_spare(taken, 8192, [lease])
+    del lease, held
+    taken, held = spares.take_spare(8192)  # every batch dropped: any slot size
+    assert taken is segment and held == {}
+    shm.release(taken, unlink=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_populate_maps_a_slots_pages_so_that_writing_them_faults_no_more() -> None:
+    """A new mapping's pages fault one by one when first written; after populate they do not.
+    (Counted in page faults, not timed.)"""
+    size = 4 * 2**20
+    owner = shm.new_segment(size)
+    np.frombuffer(owner.map, dtype=np.uint8)[:] = 1  # the memory exists, as in a kept segment
+    pages = size // mmap.PAGESIZE
+
+    def faults_writing(populated: bool) -> int:
+        mapping = shm.attach(owner.name)
+        array = np.frombuffer(mapping.map, dtype=np.uint8)
+        if populated and not populate(array.ctypes.data, size):
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        array[:: mmap.PAGESIZE] = 2
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        del array
+        mapping.close()
+        return after - before
+
+    assert faults_writing(False) >= pages * 0.9  # the probe sees the faults
+    assert faults_writing(True) < pages * 0.05
+    shm.release(owner, unlink=True)
 
 
 def test_batches_in_flight_when_slots_grow_are_read_from_the_segment_they_were_written_to() -> None:

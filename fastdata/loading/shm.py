@@ -68,6 +68,7 @@ class Segment:
             self.map = mmap.mmap(descriptor, self.size)
         finally:
             os.close(descriptor)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.map))  # (the export goes at once)
 
     @property
     def buf(self) -> mmap.mmap:

@@ -4,10 +4,15 @@ A new segment's pages are allocated and zeroed by the kernel at their first writ
 per MB on a VM (a 9.6 MB batch of 64 224x224 images: 8.4 ms against 0.3 ms into pages written
 before; benchmarks/bench_handover.py). A loader keeps its segments across epochs, but a new
 loader (one per epoch, a ``num_workers="auto"`` change of setting, a sweep) would pay it for every
-slot of every worker again. So a closed loader's slot segments, when no batch of theirs is still
-held, wait here for the next loader's workers, up to :func:`spare_limit` bytes in all; they are
-removed at exit (and, like every fastdata segment, by the next loader's sweep if this process is
-killed: their names carry its pid).
+slot of every worker again. So a closed loader's slot segments wait here for the next loader's
+workers, up to :func:`spare_limit` bytes in all; they are removed at exit (and, like every
+fastdata segment, by the next loader's sweep if this process is killed: their names carry its
+pid). A segment in which the loop still holds lent batches (``for images, labels in loader``
+keeps the last batch bound after the loop, when the next epoch's loader starts) is kept too,
+mapped, with the leases of those batches (:class:`Kept`): the next loader whose slots have the
+same size takes it with those slots marked lent, and its workers write into them only once the
+loop has dropped the batches. A segment with views that are not leases (``zero_copy``) is not
+kept.
 
 The ``torch`` backend's DataLoader workers write into segments of torch's own (unnamed: an open
 file descriptor is their only handle, :mod:`fastdata.reader.handover`); those of an epoch that ran
@@ -18,15 +23,41 @@ next workers the loader starts (:func:`take_storages`). The same limit counts bo
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import threading
-from typing import Any
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from fastdata.loading.shm import PREFIX, Segment, attach, unlink_name
 
 SPARE_ENV = "FASTDATA_SHM_SPARE_BYTES"
-# kept segments, newest last: (name, size, pid) of the process backend's, unmapped here, and
-# (storage, size, pid) of the torch backend's, mapped here
+
+
+@dataclass
+class Kept:
+    """A process-backend segment kept for the next loader: unmapped here (``segment`` None), or
+    still mapped because the loop holds lent batches in it: ``held`` maps the offset of each
+    such batch's slot to a weakref to its lease, valid for slots of ``slot_bytes``."""
+
+    name: str
+    segment: Segment | None = None
+    slot_bytes: int = 0
+    held: dict[int, Any] = field(default_factory=dict)
+
+    def alive(self) -> dict[int, Any]:
+        """The held slots' leases still alive, by offset."""
+        return {offset: lease for offset, ref in self.held.items() if (lease := ref()) is not None}
+
+    def drop(self) -> None:
+        unlink_name(self.name)
+        if self.segment is not None:
+            self.segment.close()  # the mapping goes with the last batch held in it
+
+
+# kept segments, newest last: (Kept, size, pid) of the process backend's and (storage, size, pid)
+# of the torch backend's, mapped here
 _spare: list[tuple[Any, int, int]] = []
 _spare_lock = threading.Lock()
 _exiting = False
@@ -49,11 +80,12 @@ def _own(name: str) -> bool:
     return name.startswith(f"{PREFIX}{os.getpid()}_")
 
 
-def keep_spare(segment: Segment) -> bool:
-    """Keep a closed loader's data segment for the next loader, unmapped here (False: not kept,
-    the caller releases it). Only a segment no view of which is alive (its mapping closes: no
-    batch of it is held), that this process created, while it is not exiting, within
-    :func:`spare_limit` (the oldest kept ones make room)."""
+def keep_spare(segment: Segment, slot_bytes: int = 0, leases: Sequence[Any] | None = None) -> bool:
+    """Keep a closed loader's data segment for the next loader (False: not kept, the caller
+    releases it): unmapped here when no view of it is alive; else, when ``leases`` (the lent
+    batches' leases of the loader, slots of ``slot_bytes``) account for its views, mapped, with
+    those of them that lie in it (:class:`Kept`). Only a segment this process created, while it
+    is not exiting, within :func:`spare_limit` (the oldest kept ones make room)."""
     limit = spare_limit()
     if segment.size > limit or not _own(segment.name):
         return False
@@ -62,19 +94,40 @@ def keep_spare(segment: Segment) -> bool:
             return False
         try:
             segment.map.close()
-        except BufferError:  # a batch in it is still held: its memory goes with it, never reused
-            return False
-        _spare.append((segment.name, segment.size, os.getpid()))
+            kept = Kept(segment.name)
+        except BufferError:  # batches in it are still held
+            held = _held_in(segment, slot_bytes, leases)
+            if held is None:  # views that are not leases: its memory goes with them, never reused
+                return False
+            kept = Kept(segment.name, segment, slot_bytes, held)
+        _spare.append((kept, segment.size, os.getpid()))
         _evict(limit)
     return True
+
+
+def _held_in(segment: Segment, slot_bytes: int, leases: Sequence[Any] | None) -> dict[int, Any] | None:
+    """Offset -> weakref of each lease that lies in ``segment`` at the start of a slot of
+    ``slot_bytes`` (None: no leases given, or one of them lies elsewhere in it)."""
+    if leases is None or not slot_bytes:
+        return None
+    base = segment.address
+    held = {}
+    for lease in leases:
+        offset = ctypes.addressof(lease) - base
+        if 0 <= offset < segment.size:
+            if offset % slot_bytes:
+                return None
+            held[offset] = weakref.ref(lease)
+    return held
 
 
 def _evict(limit: int) -> None:
     """Drop the oldest kept segments until those left hold at most ``limit`` bytes (lock held)."""
     while sum(size for _, size, _ in _spare) > limit:
         item, _, _ = _spare.pop(0)
-        if isinstance(item, str):
-            unlink_name(item)  # a storage's memory goes with the last mapping of it
+        if isinstance(item, Kept):
+            item.drop()
+        # (a storage's memory goes with the last mapping of it)
 
 
 def keep_storages(storages: list[Any]) -> None:
@@ -92,24 +145,31 @@ def take_storages(count: int) -> list[Any]:
     """Up to ``count`` kept torch-backend segments, newest first, no longer kept (a forked
     child never takes its parent's: the parent may give them to its own workers)."""
     with _spare_lock:
-        mine = [entry for entry in _spare if not isinstance(entry[0], str) and entry[2] == os.getpid()]
+        mine = [entry for entry in _spare if not isinstance(entry[0], Kept) and entry[2] == os.getpid()]
         chosen = mine[::-1][:count]
         for entry in chosen:
             _spare.remove(entry)
     return [storage for storage, _, _ in chosen]
 
 
-def take_spare(min_bytes: int) -> Segment | None:
-    """The smallest kept segment of at least ``min_bytes``, mapped here and no longer kept (None:
-    none fits)."""
+def take_spare(min_bytes: int, slot_bytes: int = 0) -> tuple[Segment, dict[int, Any]] | None:
+    """The smallest kept segment of at least ``min_bytes``, mapped here and no longer kept, and
+    the leases of the batches the loop still holds in it, by offset (None: none fits). A segment
+    with batches held is taken only for slots of the size it was kept with (``slot_bytes``), so
+    each held batch fills one slot that the caller keeps from its workers until it is dropped."""
     with _spare_lock:
-        fits = [entry for entry in _spare if isinstance(entry[0], str) and entry[1] >= min_bytes and _own(entry[0])]
+        fits = [entry for entry in _spare if isinstance(entry[0], Kept) and entry[1] >= min_bytes
+                and _own(entry[0].name) and (not entry[0].alive() or entry[0].slot_bytes == slot_bytes)]
         if not fits:
             return None
         chosen = min(fits, key=lambda entry: entry[1])
         _spare.remove(chosen)
+    kept = chosen[0]
+    held = kept.alive()
+    if kept.segment is not None:
+        return kept.segment, held
     try:
-        return attach(chosen[0])
+        return attach(kept.name), held
     except OSError:  # removed from /dev/shm by someone else
         return None
 
@@ -117,13 +177,13 @@ def take_spare(min_bytes: int) -> Segment | None:
 def spares() -> list[str]:
     """Names of the process backend's segments kept for the next loader."""
     with _spare_lock:
-        return [item for item, _, _ in _spare if isinstance(item, str)]
+        return [item.name for item, _, _ in _spare if isinstance(item, Kept)]
 
 
 def kept_storages() -> int:
     """How many torch-backend segments are kept for the next workers."""
     with _spare_lock:
-        return sum(not isinstance(item, str) for item, _, _ in _spare)
+        return sum(not isinstance(item, Kept) for item, _, _ in _spare)
 
 
 def clear_spares(*, exiting: bool = False) -> None:
@@ -134,8 +194,8 @@ def clear_spares(*, exiting: bool = False) -> None:
         _exiting = _exiting or exiting
         kept, _spare[:] = list(_spare), []
     for item, _, _ in kept:
-        if isinstance(item, str) and _own(item):
-            unlink_name(item)
+        if isinstance(item, Kept) and _own(item.name):
+            item.drop()
 
 
 atexit.register(clear_spares, exiting=True)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fastdata.loading import shm
-from fastdata.machine import become_worker, release_free_memory
+from fastdata.machine import become_worker, populate, release_free_memory
 
 HEADER_BYTES = 8192  # per slot in the control block: status, then the packed batch's header
 STATUS = struct.Struct("<BIIQ")  # kind, slot, segment generation, header length
@@ -85,6 +85,8 @@ class _Worker:
         self.produced = 0  # batches made in this worker's life: batch j's header is j % slots
         self.taken = 0  # slots taken from the free ring
         self.slot = 0  # the slot the next batch goes into
+        self.mapped: set[int] = set()  # slots of the current segment whose pages this process has mapped
+
     def run(self) -> None:
         while True:
             message = self._next_message(block=True)
@@ -114,6 +116,7 @@ class _Worker:
         if self.segment is not None:
             shm.release(self.segment, unlink=False)
         self.segment, self.slot_bytes, self.generation = shm.attach(name), slot_bytes, generation
+        self.mapped = set()
         self.attached += 1
 
     def _wait_for_slot(self) -> None:
@@ -129,8 +132,11 @@ class _Worker:
     def _writer(self, slot: int) -> shm.SlotWriter | None:
         if self.segment is None:
             return None
-        return shm.SlotWriter(np.frombuffer(self.segment.buf, dtype=np.uint8, count=self.slot_bytes,
-                                            offset=slot * self.slot_bytes))
+        buffer = np.frombuffer(self.segment.buf, dtype=np.uint8, count=self.slot_bytes, offset=slot * self.slot_bytes)
+        if slot not in self.mapped:  # its first batch in this process: the slot's pages mapped in one call
+            self.mapped.add(slot)
+            populate(buffer.ctypes.data, self.slot_bytes)
+        return shm.SlotWriter(buffer)
 
     def _await_slots(self, status: memoryview, slot: int, needed: int) -> shm.SlotWriter:
         """Ask the consumer for slots of ``needed`` bytes and wait for its answer (a segment

@@ -46,6 +46,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from fastdata.machine import populate
+
 __all__ = ["BatchSlots", "as_tensor", "default_allocate", "share_batches", "shared_allocate", "slot_header"]
 
 MAGIC = 0x6661737464617461  # b"fastdata": the first word of a slot's header
@@ -216,6 +218,7 @@ class _WorkerSlots:
         self.worker_id = worker_id
         self.segments: list[torch.Tensor | None] = [None] * len(self.table)
         self.ids = [0] * len(self.table)
+        self.mapped: set[int] = set()  # slots whose segment's pages this process has mapped (machine.populate)
         for (worker, slot), (segment, storage) in slots.segments.items():  # inherited from the training process
             if worker == worker_id and segment:
                 self.segments[slot], self.ids[slot] = torch.empty(0, dtype=torch.uint8).set_(storage), segment
@@ -235,7 +238,11 @@ class _WorkerSlots:
             if self.segments[slot] is None:
                 return None
             self.ids[slot] = _random_word()
+            self.mapped.discard(slot)
         segment = self.segments[slot]
+        if slot not in self.mapped:  # its first batch in this process: the pages mapped in one call
+            self.mapped.add(slot)
+            populate(segment.data_ptr(), HEADER + nbytes)
         token = _random_word()
         segment[:HEADER].view(torch.int64)[:5] = torch.tensor([MAGIC, self.worker_id, slot, token, self.ids[slot]])
         self.table[slot] = token  # taken until the training process has let go of this batch
