@@ -5,6 +5,7 @@ reported (never hung on), Ctrl-C, and no shared-memory segment left behind."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
 import resource
@@ -23,7 +24,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 import fastdata
 from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
-from fastdata.loading import WorkerError, shm, spares
+from fastdata.loading import WorkerError, processes, shm, spares
 from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
 from fastdata.machine import populate
 
@@ -320,7 +321,7 @@ def test_zero_copy_views_at_close_keep_their_segment_from_every_other_loader() -
     """Views handed out with zero_copy carry no lease: a segment with one alive is never reused."""
     spares.clear_spares()
     loader = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, zero_copy=2)
-    views = [batch for batch, _ in zip(loader, range(2))]
+    views = list(itertools.islice(loader, 2))  # (a third draw would give the first one's slot back)
     names = slot_segments(loader)
     loader.close()
     assert names and spares.spares() == [] and not (names & segments())
@@ -380,9 +381,35 @@ def test_batches_held_at_close_keep_their_slots_while_the_next_loader_reuses_the
     second.close()
 
 
+@pytest.mark.parametrize("then", [{"prefetch_factor": 2}, {"prefetch_factor": 2, "zero_copy": 2}])
+def test_a_segment_with_more_batches_held_than_a_loader_can_spare_is_left_to_another(then: dict) -> None:
+    """A loader with fewer slots (or zero_copy views to keep) than the batches held in a kept
+    segment leave free does not take it: it reads its own, and the held batches stay intact for
+    a loader that can take the segment around them."""
+    spares.clear_spares()
+    want = batches(fastdata.loader(RAW, batch_size=8, seed=3))
+    first = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, prefetch_factor=4)
+    kept = list(first)  # 4 of its 5 slots lent and kept
+    names, slot_bytes = slot_segments(first), first._slot_bytes(0)
+    first.close()
+    other = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, timeout=60, **then)
+    processes._slot_sizes[other._size_key()] = slot_bytes  # its slots would be that size: it looks for the segment
+    got = batches(other)
+    assert len(got) == 12 and all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
+    assert not (slot_segments(other) & names) and spares.spares() == sorted(names)
+    other.close()
+    again = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, prefetch_factor=4)
+    got = batches(again)
+    assert slot_segments(again) == names and sorted(again._lent[0]) == [0, 1, 2, 3]
+    assert len(got) == 12 and all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(kept, want))  # never written over
+    again.close()
+    del kept
+
+
 def test_the_last_batch_of_a_plain_loop_does_not_keep_the_next_loader_from_its_segment() -> None:
     """``for images, labels in loader`` keeps the last batch bound when the next epoch's loader
-    starts: its slot is the only one the next loader's worker keeps clear of."""
+    starts: the next loader's worker writes around it, in the same segment."""
     spares.clear_spares()
     want = [batches(fastdata.loader(RAW, batch_size=8, seed=epoch)) for epoch in range(3)]
     used = []
@@ -427,8 +454,10 @@ def test_a_segment_with_views_is_kept_only_with_leases_at_its_slots() -> None:
     assert not spares.keep_spare(segment, 8192, None)  # views, and nothing says what they are
     assert not spares.keep_spare(segment, 8192 * 3, [lease])  # a lease that is no slot of that size
     assert spares.keep_spare(segment, 8192, [lease]) and spares.spares() == [segment.name]
-    assert spares.take_spare(8192) is None  # only for slots of the size it was kept with
-    taken, held = spares.take_spare(4 * 8192, 8192)
+    assert spares.take_spare(8192) is None  # only for slots of the size it was kept with ...
+    assert spares.take_spare(4 * 8192, 8192) is None  # ... where a held batch may take a slot ...
+    assert spares.take_spare(2 * 8192, 8192, max_held=1) is None  # ... one of the caller's slots
+    taken, held = spares.take_spare(4 * 8192, 8192, max_held=1)
     assert taken is segment and list(held) == [2 * 8192] and held[2 * 8192] is lease
     assert spares.keep_spare(taken, 8192, [lease])
     del lease, held

@@ -177,17 +177,19 @@ class ProcessLoader(BatchLoader):
         segment sent for it (a round trip, a 9.6 MB copy and its heap's pages: about 6 ms of the
         first batch of 64 224x224 images on a VM). Only a kept segment: no memory is allocated
         on the guess; a first batch that does not fit grows the slots as without it."""
-        slot_bytes = _slot_sizes.get(self._size_key())
-        taken = spares.take_spare(slot_bytes * self.slots, slot_bytes) if slot_bytes else None
+        slot_bytes = _slot_sizes.get(self._size_key(), 0)
+        # batches still held in it may take all but one of the slots the worker uses (one must
+        # cycle, as when lending); none with zero_copy, whose views need zero_copy slots of their own
+        active = self.slots if self.num_workers == 1 or slot_bytes <= _SPARE_SLOT_BYTES else self.slots - 1
+        max_held = 0 if self.zero_copy else active - 1
+        taken = spares.take_spare(slot_bytes * self.slots, slot_bytes, max_held) if slot_bytes else None
         if taken is None:
             return
         segment, held = taken
         self._add_segment(worker_id, segment, slot_bytes)
-        for offset, lease in held.items():  # batches of a closed loader the loop still holds
-            slot = offset // slot_bytes
-            if slot < self.slots:  # (beyond them: never written here)
-                self._lent[worker_id].add(slot)
-                self._leases.watch((worker_id, slot), lease)
+        for offset, lease in held.items():  # batches of a closed loader the loop still holds (in its slots)
+            self._lent[worker_id].add(offset // slot_bytes)
+            self._leases.watch((worker_id, offset // slot_bytes), lease)
 
     def _add_segment(self, worker_id: int, segment: Any, slot_bytes: int) -> None:
         """A worker's slots lie in ``segment`` from now on (a new generation)."""

@@ -97,7 +97,7 @@ def keep_spare(segment: Segment, slot_bytes: int = 0, leases: Sequence[Any] | No
             kept = Kept(segment.name)
         except BufferError:  # batches in it are still held
             held = _held_in(segment, slot_bytes, leases)
-            if held is None:  # views that are not leases: its memory goes with them, never reused
+            if not held:  # views, and no lease of the loader's in it: its memory goes with them, never reused
                 return False
             kept = Kept(segment.name, segment, slot_bytes, held)
         _spare.append((kept, segment.size, os.getpid()))
@@ -152,14 +152,21 @@ def take_storages(count: int) -> list[Any]:
     return [storage for storage, _, _ in chosen]
 
 
-def take_spare(min_bytes: int, slot_bytes: int = 0) -> tuple[Segment, dict[int, Any]] | None:
+def take_spare(min_bytes: int, slot_bytes: int = 0, max_held: int = 0) -> tuple[Segment, dict[int, Any]] | None:
     """The smallest kept segment of at least ``min_bytes``, mapped here and no longer kept, and
     the leases of the batches the loop still holds in it, by offset (None: none fits). A segment
-    with batches held is taken only for slots of the size it was kept with (``slot_bytes``), so
-    each held batch fills one slot that the caller keeps from its workers until it is dropped."""
+    with batches held is taken only for slots of the size it was kept with (``slot_bytes``), with
+    at most ``max_held`` of them held, all within the first ``min_bytes``: each held batch fills
+    one of the caller's slots, which it keeps from its workers until the batch is dropped."""
+
+    def usable(kept: Kept) -> bool:
+        held = kept.alive()
+        return not held or (kept.slot_bytes == slot_bytes and len(held) <= max_held
+                            and all(offset + slot_bytes <= min_bytes for offset in held))
+
     with _spare_lock:
         fits = [entry for entry in _spare if isinstance(entry[0], Kept) and entry[1] >= min_bytes
-                and _own(entry[0].name) and (not entry[0].alive() or entry[0].slot_bytes == slot_bytes)]
+                and _own(entry[0].name) and usable(entry[0])]
         if not fits:
             return None
         chosen = min(fits, key=lambda entry: entry[1])
