@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 import fastdata
 from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
-from fastdata.loading import WorkerError, processes, shm, spares
+from fastdata.loading import WorkerError, shm, spares
 from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
 from fastdata.machine import populate
 
@@ -393,7 +393,7 @@ def test_a_segment_with_more_batches_held_than_a_loader_can_spare_is_left_to_ano
     names, slot_bytes = slot_segments(first), first._slot_bytes(0)
     first.close()
     other = fastdata.loader(RAW, batch_size=8, seed=3, backend="process", num_workers=1, timeout=60, **then)
-    processes._slot_sizes[other._size_key()] = slot_bytes  # its slots would be that size: it looks for the segment
+    spares.remember_slot_size(other._size_key(), slot_bytes)  # its slots would be that size: it looks for the segment
     got = batches(other)
     assert len(got) == 12 and all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
     assert not (slot_segments(other) & names) and spares.spares() == sorted(names)

@@ -26,7 +26,7 @@ import pickle
 import signal
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,6 +34,7 @@ import torch
 
 from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
+from fastdata.loading.teardown import Lending, cleanup, stop_workers
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
 from fastdata.machine import stop_signals_held, usable_cores
 
@@ -46,11 +47,6 @@ _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 _SPIN_S = 0.0005
 _SLOT_HEADROOM = 1.1
 _SPARE_SLOT_BYTES = 4 * 2**20  # batches up to this size get a spare slot per worker (ProcessLoader._active_slots)
-_STOP_GRACE_S = 0.5
-# (id of the dataset, batch size, slots) -> the slot size a loader of it last gave its workers: a
-# new loader's workers start in a kept segment of that size (ProcessLoader._take_kept)
-_slot_sizes: dict[tuple[int, int, int], int] = {}
-_SLOT_SIZES_KEPT = 16
 
 
 @dataclass
@@ -86,9 +82,9 @@ class ProcessLoader(BatchLoader):
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._workers: list[_Worker] = []
         self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
-        self._lending = _Lending(zero_copy=bool(zero_copy))
+        self._lending = Lending(zero_copy=bool(zero_copy))
         self._forget_slots()
-        self._finalizer = weakref.finalize(self, _cleanup, self._workers, self._all_segments, self._lending)
+        self._finalizer = weakref.finalize(self, cleanup, self._workers, self._all_segments, self._lending)
 
     def _forget_slots(self) -> None:
         """No data segment yet (the first batch of each worker sizes them) and nothing handed out."""
@@ -113,7 +109,11 @@ class ProcessLoader(BatchLoader):
         0.81-0.98x with it); a large one costs memory (one more batch per worker) and takes long
         enough to make that the lead matters less. A lone worker always has it: its next batch is
         drawn while the loop holds its last one. Slots not used are never written: no memory."""
-        if self.zero_copy or self.num_workers == 1 or 0 < self._slot_bytes(worker_id) <= _SPARE_SLOT_BYTES:
+        return self._slots_used(self._slot_bytes(worker_id))
+
+    def _slots_used(self, slot_bytes: int) -> int:
+        """:meth:`_active_slots` for slots of ``slot_bytes`` (0: not sized yet)."""
+        if self.zero_copy or self.num_workers == 1 or 0 < slot_bytes <= _SPARE_SLOT_BYTES:
             return self.slots
         return self.slots - 1
 
@@ -177,11 +177,10 @@ class ProcessLoader(BatchLoader):
         segment sent for it (a round trip, a 9.6 MB copy and its heap's pages: about 6 ms of the
         first batch of 64 224x224 images on a VM). Only a kept segment: no memory is allocated
         on the guess; a first batch that does not fit grows the slots as without it."""
-        slot_bytes = _slot_sizes.get(self._size_key(), 0)
+        slot_bytes = spares.slot_size(self._size_key())
         # batches still held in it may take all but one of the slots the worker uses (one must
         # cycle, as when lending); none with zero_copy, whose views need zero_copy slots of their own
-        active = self.slots if self.num_workers == 1 or slot_bytes <= _SPARE_SLOT_BYTES else self.slots - 1
-        max_held = 0 if self.zero_copy else active - 1
+        max_held = 0 if self.zero_copy else self._slots_used(slot_bytes) - 1
         taken = spares.take_spare(slot_bytes * self.slots, slot_bytes, max_held) if slot_bytes else None
         if taken is None:
             return
@@ -201,14 +200,14 @@ class ProcessLoader(BatchLoader):
     def shutdown(self) -> None:
         """Stop the workers (the data segments stay for the next start; :meth:`close` frees them)."""
         controls = [worker.control.name for worker in self._workers]
-        _stop(self._workers)  # new workers start with every slot the loop does not hold
+        stop_workers(self._workers)  # new workers start with every slot the loop does not hold
         for name in controls:
             shm.release(self._all_segments.pop(name), unlink=True)
 
     def close(self) -> None:
         """Stop the workers and remove the shared-memory segments (the next epoch starts anew);
         slot segments no batch of which is held are kept for the next process loader (spares.keep_spare)."""
-        _cleanup(self._workers, self._all_segments, self._lending)  # batches still held keep their memory mapped
+        cleanup(self._workers, self._all_segments, self._lending)  # batches still held keep their memory mapped
         self._forget_slots()
 
     def _send(self, worker_id: int, message: tuple) -> None:
@@ -323,10 +322,7 @@ class ProcessLoader(BatchLoader):
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
-            _slot_sizes.pop(self._size_key(), None)
-            _slot_sizes[self._size_key()] = slot_bytes  # the newest last: the oldest make room
-            while len(_slot_sizes) > _SLOT_SIZES_KEPT:
-                del _slot_sizes[next(iter(_slot_sizes))]
+            spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
         for slot in range(active, self._active_slots(worker_id)):  # sized small enough for the spare slot
             self._give(worker_id, slot)
@@ -397,51 +393,3 @@ def spare_core(num_workers: int) -> bool:
 
 def _pinned_empty_like(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(tensor, pin_memory=True)
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """Ask every worker to stop, wait a little, then make sure (SIGTERM, then SIGKILL)."""
-    for worker in workers:
-        try:
-            worker.tasks.send_bytes(b"")
-        except (OSError, ValueError):
-            pass
-        worker.results.close()  # a worker blocked sending a batch no one will read gets EPIPE: it stops
-    deadline = time.monotonic() + _STOP_GRACE_S
-    for worker in workers:  # one that is mid-batch (or blocked sending one) is not waited for
-        worker.process.join(max(0.0, deadline - time.monotonic()))
-        if worker.process.is_alive():
-            worker.process.terminate()
-            worker.process.join(2)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
-        worker.tasks.close()
-    workers.clear()
-
-
-@dataclass
-class _Lending:
-    """What the loader's clean-up needs to keep its slot segments for the next loader: the
-    leases of the batches the loop holds, each segment's slot size, whether views without a
-    lease were handed out (``zero_copy``)."""
-
-    zero_copy: bool
-    leases: Any = None
-    slot_bytes: dict[str, int] = field(default_factory=dict)
-
-
-def _cleanup(workers: list[_Worker], segments: dict[str, Any], lending: _Lending) -> None:
-    """Stop the workers and remove the segments (at close, garbage collection or exit); slot
-    segments are kept for the next loader (:func:`spares.keep_spare`), those with lent batches
-    still held in them with those batches' leases (never with ``zero_copy``'s views)."""
-    controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
-    _stop(workers)
-    leases = None
-    if not lending.zero_copy and lending.leases is not None:
-        leases = [lease for ref in list(lending.leases.watched.values()) if (lease := ref()) is not None]
-    for name, segment in segments.items():
-        if name in controls or not spares.keep_spare(segment, lending.slot_bytes.get(name, 0), leases):
-            shm.release(segment, unlink=True)
-    segments.clear()
-    lending.slot_bytes.clear()

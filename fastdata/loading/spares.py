@@ -60,6 +60,8 @@ class Kept:
 # of the torch backend's, mapped here
 _spare: list[tuple[Any, int, int]] = []
 _spare_lock = threading.Lock()
+_slot_sizes: dict[tuple, int] = {}  # see slot_size
+_SLOT_SIZES_KEPT = 16
 _exiting = False
 
 
@@ -179,6 +181,24 @@ def take_spare(min_bytes: int, slot_bytes: int = 0, max_held: int = 0) -> tuple[
         return attach(kept.name), held
     except OSError:  # removed from /dev/shm by someone else
         return None
+
+
+def slot_size(key: tuple) -> int:
+    """The slot size a process loader of ``key`` (id of its dataset, batch size, slots per worker)
+    last gave its workers (0: none): where a segment of that size is kept, a new loader's workers
+    start in it (``ProcessLoader._take_kept``)."""
+    with _spare_lock:
+        return _slot_sizes.get(key, 0)
+
+
+def remember_slot_size(key: tuple, slot_bytes: int) -> None:
+    """Note the slot size a process loader of ``key`` gave a worker (the newest
+    ``_SLOT_SIZES_KEPT`` keys are kept)."""
+    with _spare_lock:
+        _slot_sizes.pop(key, None)
+        _slot_sizes[key] = slot_bytes  # the newest last: the oldest make room
+        while len(_slot_sizes) > _SLOT_SIZES_KEPT:
+            del _slot_sizes[next(iter(_slot_sizes))]
 
 
 def spares() -> list[str]:

@@ -1,0 +1,61 @@
+"""Stopping a ``process`` loader's workers, and what becomes of its shared-memory segments when it
+closes: its slot segments kept for the next loader (:mod:`fastdata.loading.spares`), the rest
+removed. Used by :mod:`fastdata.loading.processes`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdata.loading import shm, spares
+
+_STOP_GRACE_S = 0.5
+
+
+def stop_workers(workers: list[Any]) -> None:
+    """Ask every worker to stop, wait a little, then make sure (SIGTERM, then SIGKILL)."""
+    for worker in workers:
+        try:
+            worker.tasks.send_bytes(b"")
+        except (OSError, ValueError):
+            pass
+        worker.results.close()  # a worker blocked sending a batch no one will read gets EPIPE: it stops
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for worker in workers:  # one that is mid-batch (or blocked sending one) is not waited for
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.terminate()
+            worker.process.join(2)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.tasks.close()
+    workers.clear()
+
+
+@dataclass
+class Lending:
+    """What the loader's clean-up needs to keep its slot segments for the next loader: the
+    leases of the batches the loop holds, each segment's slot size, whether views without a
+    lease were handed out (``zero_copy``)."""
+
+    zero_copy: bool
+    leases: Any = None
+    slot_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending) -> None:
+    """Stop the workers and remove the segments (at close, garbage collection or exit); slot
+    segments are kept for the next loader (:func:`spares.keep_spare`), those with lent batches
+    still held in them with those batches' leases (never with ``zero_copy``'s views)."""
+    controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
+    stop_workers(workers)
+    leases = None
+    if not lending.zero_copy and lending.leases is not None:
+        leases = [lease for ref in list(lending.leases.watched.values()) if (lease := ref()) is not None]
+    for name, segment in segments.items():
+        if name in controls or not spares.keep_spare(segment, lending.slot_bytes.get(name, 0), leases):
+            shm.release(segment, unlink=True)
+    segments.clear()
+    lending.slot_bytes.clear()
