@@ -623,8 +623,11 @@ def one_epoch(args: argparse.Namespace) -> None:
             if number == 1:  # (a DataLoader keeps nothing from one epoch to the next: two batches do)
                 break
     elif kind in ("fused", "fused-max-side"):  # a whole untimed epoch, as FFCV's and DALI's: a later
-        for _ in configs[args.one_epoch]():     # epoch starts with what the one before left (kept segments)
-            pass
+        # epoch starts with what the one before left (kept segments). Run as the timed one is, so that
+        # its last batch is let go when its loop ends, as a training loop lets it go at the next
+        # epoch's first batch (a batch held through the whole timed epoch would keep one of a
+        # process worker's slots from it: the worker could not work ahead)
+        _epoch(configs[args.one_epoch]())
     batches = configs[args.one_epoch]()  # FFCV and DALI run their untimed first epoch here
     torch.set_num_threads(args.threads)
     _quiesce()
