@@ -49,43 +49,9 @@ that the ``turbojpeg`` wheel (``pip install "torch-fastdata[region]"``; not PyTu
 in turbojpeg.libs/; without one the tj3 rows are skipped. The tj3 rows' box pixels are compared
 with simplejpeg's (identical or not).
 
-``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable).
-Each set is written as an image folder (10 classes), converted with ``fastdata convert --store
-encoded`` (the files' bytes kept), and read for whole epochs (batches of ``--batch-size``,
-shuffled, uint8 224x224 out):
-  torchvision   DataLoader(ImageFolder(src, transform=v2.Compose([v2.RandomResizedCrop(224),
-                v2.RandomHorizontalFlip(), v2.PILToTensor()])), shuffle=True, num_workers=w)
-  fused         fastdata.loader(fastdata.open_dataset(npy, transform=v2.Compose([
-                v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])), backend=b, num_workers=w)
-  fused-max-side  the same, converted with --max-side N --reencode jpeg:90 (FFCV's storage
-                advice; only with --max-side)
-  ffcv          (when ``import ffcv`` works) the set written by FFCV's DatasetWriter with
-                RGBImageField(write_mode="jpg", jpeg_quality=90) at full size (FFCV re-encodes every
-                image: the nearest it has to original bytes), read by ffcv.loader.Loader(order=RANDOM, os_cache=True) with
-                [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor(),
-                ToTorchImage()]; its num_workers are threads. One untimed epoch first (numba JIT).
-  ffcv-max-side (with --max-side) the same with max_resolution=N: FFCV's storage advice, read
-                against fused-max-side (stored alike)
-  dali          (when ``import nvidia.dali`` works) a CPU-only pipeline (device_id=None):
-                fn.readers.file + fn.decoders.image_random_crop(device="cpu") + fn.resize +
-                fn.flip, num_threads=w; one untimed epoch first.
-every backend (torch/thread/process) and ``--workers`` each, in ``--rounds`` rounds of one epoch
-per configuration in a shuffled order per round (interleaved, so load from other programs hits
-all alike, and no configuration always runs right after the same one); before each epoch the
-script waits until no thread of its process uses CPU (DALI's iterator prefetches the next
-epoch's batches in its own threads once an epoch ends: timed otherwise in whatever runs next)
-and sets torch's thread count back to the run's (FFCV's Loader sets it, for the whole process,
-to its own num_workers, and leaves it so).
-The median epoch of each, each path at its best configuration, and the ratios; also samples per
-CPU-second of this process for the configurations that work in it (num_workers=0, the thread
-backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
-is part of each epoch for both (no persistent workers), as in a default training loop.
-``--isolate``: every epoch in a new process that builds only its configuration and loads only its
-own library, so no library's threads, memory or fork cost weigh on another's. The timed epoch is a
-later epoch of a training run: one untimed epoch of FFCV, DALI and fastdata's loaders first (a
-fresh loader for the timed one, as the other modes make one per epoch; what the first left, FFCV's
-compiled pipeline or fastdata's shared-memory segments, the second finds), two untimed batches of
-torchvision's DataLoader (its workers end with their epoch and leave nothing).
+``--loader``: end to end, against torchvision's loader (and FFCV and DALI where importable), with
+torch's default threads, the training step and ``--isolate`` as above: described in
+benchmarks/fused_loaders.py, which holds it.
 """
 
 from __future__ import annotations
@@ -152,7 +118,7 @@ def full_crop_path(plan: fused.FusedPlan):
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
         draw = plan.draw(*pixels.shape[:2], fused.generator_for(0, 0, index))
         region = pixels[draw.top:draw.top + draw.height, draw.left:draw.left + draw.width]
-        return fused._finish(region, plan, plan.size, draw.flip)
+        return torch.from_numpy(fused._finish(region, plan, plan.size, draw.flip)).permute(2, 0, 1)  # HWC
 
     return run
 
@@ -180,7 +146,8 @@ def turbojpeg_path(plan: fused.FusedPlan):
                              flags=turbojpeg.TJFLAG_FASTDCT | turbojpeg.TJFLAG_FASTUPSAMPLE)
         local = fused.Draw(draw.top - y, draw.left - x, draw.height, draw.width, draw.flip)
         top, left, bottom, right = fused.scaled_region(local, scale, *pixels.shape[:2])
-        return fused._finish(pixels[top:bottom, left:right], plan, plan.size, draw.flip)
+        return torch.from_numpy(fused._finish(pixels[top:bottom, left:right], plan, plan.size,
+                                              draw.flip)).permute(2, 0, 1)
 
     return run
 
@@ -315,353 +282,6 @@ def write_folder(images: list[bytes], root: str, classes: int = 10) -> None:
             handle.write(data)
 
 
-STEP: list = []  # the busy training step run after each batch (set by --step-ms)
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its finished (reaped) children: worker processes
-    that end with their epoch (no persistent workers) are counted too."""
-    import resource
-
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
-def _epoch(batches) -> tuple[float, int, float]:
-    """(seconds, samples, CPU seconds of this process and its reaped workers) of one pass over
-    ``batches``, the training step (if any) run after each batch."""
-    start, cpu_start, count = time.perf_counter(), _cpu_s(), 0
-    for images, _ in batches:
-        count += len(images)
-        for step in STEP:
-            step()
-    return time.perf_counter() - start, count, _cpu_s() - cpu_start
-
-
-def training_step(step_ms: float, count: int = 0):
-    """A CPU-bound stand-in for a training step: a fixed number of 384x384 float32 matmuls on
-    torch's default threads, that number calibrated once (before any loader runs) to take
-    ``step_ms`` in this process, or ``count`` when given (``--isolate`` calibrates in the parent
-    and gives every epoch's process the same count). It releases the GIL, like a real step's
-    torch ops. Returns the step and its count."""
-    weights = torch.randn(384, 384)
-    activations = torch.randn(384, 384)
-
-    def run(count: int) -> None:
-        for _ in range(count):
-            torch.mm(activations, weights)
-
-    run(20)
-    if not count:
-        start = time.perf_counter()
-        run(200)
-        count = max(1, round(200 * step_ms / 1000 / (time.perf_counter() - start)))
-    return (lambda: run(count)), count
-
-
-def _quiesce(limit_s: float = 10.0) -> None:
-    """Wait (at most ``limit_s``) until no thread of this process uses CPU: a library's threads
-    still working ahead after its epoch (DALI's prefetch) would otherwise be timed in the next
-    configuration's epoch. The main thread sleeps here, so any CPU time is another thread's."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        before = time.process_time()
-        time.sleep(0.2)
-        if time.process_time() - before < 0.01:
-            return
-
-
-def _order(names: list[str], round_: int) -> list[str]:
-    """This round's order: a seeded shuffle, so no configuration always follows the same one
-    (a rotation keeps every neighbour)."""
-    order = list(names)
-    np.random.default_rng(round_).shuffle(order)
-    return order
-
-
-def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int,
-                   kinds: set[str] | None = None) -> dict[str, object]:
-    """name -> a function giving one epoch's iterable (a fresh loader each epoch, like a default
-    training loop: workers start in every epoch). ``kinds``: only these paths (the first word of
-    a configuration's name; default all): with ``--isolate`` a process builds its own only, so
-    that no other library is loaded into it."""
-    import fastdata
-    from torch.utils.data import DataLoader
-    from torchvision.datasets import ImageFolder
-
-    def wanted(kind: str) -> bool:
-        return kinds is None or kind in kinds
-
-    standard = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    train = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
-    configs: dict[str, object] = {}
-    if wanted("torchvision"):
-        folder = ImageFolder(paths["source"], transform=standard)
-        for count in workers:
-            configs[f"torchvision nw={count}"] = (lambda count=count: DataLoader(
-                folder, batch_size=batch_size, shuffle=True, num_workers=count))
-    for name in ("ffcv", "ffcv-max-side"):
-        if name in paths and wanted(name):
-            for count in [w for w in workers if w > 0]:
-                configs[f"{name} threads={count}"] = ffcv_loader(paths[name], count, batch_size)
-    if "source" in paths and wanted("dali") and dali_available():
-        for count in [w for w in workers if w > 0]:
-            configs[f"dali threads={count}"] = dali_loader(paths["source"], count, batch_size)
-    for name in ("fused", "fused-max-side"):
-        if name not in paths or not wanted(name):
-            continue
-        dataset = fastdata.open_dataset(paths[name], transform=train)
-        if dataset.decoder.plan is None:
-            raise SystemExit(f"{paths[name]}: the transform was not fused")
-        for backend in ("torch", "thread", "process"):
-            for count in workers:
-                if count == 0 and backend != "torch":
-                    continue  # num_workers=0 is one serial loop on every backend
-                configs[f"{name} {backend} nw={count}"] = (lambda dataset=dataset, backend=backend, count=count:
-                                                          fastdata.loader(dataset, batch_size=batch_size,
-                                                                          backend=backend, num_workers=count))
-    return configs
-
-
-def ffcv_available() -> bool:
-    try:
-        import ffcv  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def write_ffcv(source: str, out: str, max_side: int | None) -> None:
-    from ffcv.fields import IntField, RGBImageField
-    from ffcv.writer import DatasetWriter
-    from torchvision.datasets import ImageFolder
-
-    fields = {"image": RGBImageField(write_mode="jpg", max_resolution=max_side, jpeg_quality=90), "label": IntField()}
-    DatasetWriter(out, fields, num_workers=2).from_indexed_dataset(ImageFolder(source))
-
-
-def ffcv_loader(path: str, threads: int, batch_size: int):
-    """A function giving the same ffcv Loader each epoch (built, and one epoch run, on first use)."""
-    from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
-
-    made = []
-
-    def epoch():
-        if not made:
-            pipelines = {"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip(), ToTensor(),
-                                   ToTorchImage()],
-                         "label": [IntDecoder(), ToTensor()]}
-            made.append(Loader(path, batch_size=batch_size, num_workers=threads, order=OrderOption.RANDOM,
-                               os_cache=True, drop_last=False, pipelines=pipelines))
-            _epoch(made[0])  # numba compiles the pipeline in the first epoch: untimed
-        return made[0]
-
-    return epoch
-
-
-def dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def dali_loader(source: str, threads: int, batch_size: int):
-    """A function giving one epoch of a CPU-only DALI pipeline, built inside the timed epoch (its
-    start-up counted, as a fresh loader's workers are); one untimed epoch on first use loads
-    DALI's libraries. A pipeline kept across epochs cannot be timed per epoch: it runs ahead into
-    the next epoch (its prefetch queue), so a later epoch's first batches, on a set of two
-    batches all of it, would be computed while the script waits between configurations."""
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None)
-    def pipe():
-        jpegs, labels = fn.readers.file(file_root=source, random_shuffle=True, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
-        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE, antialias=True)
-        images = fn.flip(images, horizontal=fn.random.coin_flip())
-        return fn.transpose(images, perm=[2, 0, 1]), labels
-
-    def batches():
-        built = pipe()
-        built.build()
-        iterator = DALIGenericIterator(built, ["image", "label"], reader_name="reader", auto_reset=False,
-                                       last_batch_policy=LastBatchPolicy.PARTIAL)
-        for batch in iterator:
-            yield batch[0]["image"], batch[0]["label"]
-
-    warmed = []
-
-    def epoch():
-        if not warmed:
-            _epoch(batches())
-            warmed.append(True)
-        return batches()
-
-    return epoch
-
-
-def run_loader(args: argparse.Namespace) -> list[dict]:
-    import fastdata
-
-    workers = [int(part) for part in args.workers.split(",")]
-    rows = []
-    sets = (("imagenet", args.count, 1), ("large", args.large_count, 2))
-    for kind, count, seed in [entry for entry in sets if entry[0] in args.sets.split(",")]:
-        root = os.path.join(args.out, kind)
-        paths = {"source": os.path.join(root, "source"), "fused": os.path.join(root, "fused.npy")}
-        if not os.path.isdir(paths["source"]):
-            print(f"{kind}: generating {count} JPEGs", flush=True)
-            write_folder(make_set(kind, count, seed), paths["source"])
-        if not os.path.exists(paths["fused"]):
-            fastdata.convert(paths["source"], paths["fused"], store="encoded", workers=0)
-        if args.max_side:
-            paths["fused-max-side"] = os.path.join(root, f"max-side-{args.max_side}.npy")
-            if not os.path.exists(paths["fused-max-side"]):
-                fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
-                                 reencode="jpeg:90", workers=0)
-        if (args.isolate and _available_elsewhere("ffcv")) or (not args.isolate and ffcv_available()):
-            # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
-            paths["ffcv"] = os.path.join(root, "full.beton")
-            if not os.path.exists(paths["ffcv"]):
-                write_ffcv(paths["source"], paths["ffcv"], None)
-            if args.max_side:
-                paths["ffcv-max-side"] = os.path.join(root, f"max-side-{args.max_side}.beton")
-                if not os.path.exists(paths["ffcv-max-side"]):
-                    write_ffcv(paths["source"], paths["ffcv-max-side"], args.max_side)
-        if args.isolate:
-            names = _config_names(paths, workers, dali=_available_elsewhere("nvidia.dali"))
-            configs = {name: (lambda name=name, paths=paths: _isolated_epoch(name, paths, args)) for name in names}
-        else:
-            configs = loader_configs(paths, workers, args.batch_size)
-        names, rates = list(configs), {name: [] for name in configs}
-        cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
-        for round_ in range(args.rounds):
-            for name in _order(names, round_):
-                _quiesce()
-                # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
-                # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: every
-                # epoch starts at the thread count chosen for the run (torch's default unless
-                # --threads 1), as a training script would have it
-                torch.set_num_threads(args.threads)
-                try:
-                    if args.isolate:
-                        elapsed, samples, cpu_s = configs[name]()
-                    else:
-                        elapsed, samples, cpu_s = _epoch(configs[name]())
-                except Exception as exc:  # one library failing leaves the others' numbers
-                    print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
-                    continue
-                if samples != count:
-                    print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
-                rates[name].append(samples / elapsed)
-                cpu_rates[name].append(samples / max(cpu_s, 1e-9))
-                print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s "
-                      f"({cpu_rates[name][-1]:.1f} per CPU-second of this process)", flush=True)
-        for name in names:
-            if rates[name]:
-                rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
-                             "samples_per_s": statistics.median(rates[name]), "epoch_rates": rates[name],
-                             "samples_per_cpu_s": statistics.median(cpu_rates[name]),
-                             "cpu_ms_per_image": 1000 / statistics.median(cpu_rates[name]),
-                             "torch_threads": args.threads, "step_ms": args.step_ms,
-                             "step_matmuls": args.step_count,
-                             "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
-    return rows
-
-
-def _available_elsewhere(module: str) -> bool:
-    """Whether ``module`` imports, asked of a new process (this one stays without it)."""
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
-
-
-def _config_names(paths: dict[str, str], workers: list[int], *, dali: bool) -> list[str]:
-    """The configurations :func:`loader_configs` would build, by name, without building them."""
-    names = [f"torchvision nw={count}" for count in workers]
-    names += [f"{kind} threads={count}" for kind in ("ffcv", "ffcv-max-side") if kind in paths
-              for count in workers if count > 0]
-    if dali:
-        names += [f"dali threads={count}" for count in workers if count > 0]
-    names += [f"{kind} {backend} nw={count}" for kind in ("fused", "fused-max-side") if kind in paths
-              for backend in ("torch", "thread", "process") for count in workers if count > 0 or backend == "torch"]
-    return names
-
-
-def _isolated_epoch(name: str, paths: dict[str, str], args: argparse.Namespace) -> tuple[float, int, float]:
-    """One timed epoch of configuration ``name`` in a new process that loads only its own library
-    (``--isolate``): (seconds, samples, CPU seconds of that process and its workers)."""
-    import subprocess
-    import sys
-
-    command = [sys.executable, os.path.abspath(__file__), "--one-epoch", name, "--paths", json.dumps(paths),
-               "--workers", args.workers, "--batch-size", str(args.batch_size), "--threads", str(args.threads),
-               "--step-ms", str(args.step_ms), "--step-count", str(args.step_count)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{name}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["seconds"], result["samples"], result["cpu_s"]
-
-
-def one_epoch(args: argparse.Namespace) -> None:
-    """``--one-epoch NAME``: build that configuration alone and print one timed epoch as JSON."""
-    paths = json.loads(args.paths)
-    kind = args.one_epoch.split(" ")[0]
-    configs = loader_configs(paths, [int(part) for part in args.workers.split(",")], args.batch_size, kinds={kind})
-    torch.set_num_threads(args.threads)
-    if kind == "torchvision":
-        for number, _ in enumerate(configs[args.one_epoch]()):  # libraries loaded, kernels run once: untimed
-            if number == 1:  # (a DataLoader keeps nothing from one epoch to the next: two batches do)
-                break
-    elif kind in ("fused", "fused-max-side"):  # a whole untimed epoch, as FFCV's and DALI's: a later
-        # epoch starts with what the one before left (kept segments). Run as the timed one is, so that
-        # its last batch is let go when its loop ends, as a training loop lets it go at the next
-        # epoch's first batch (a batch held through the whole timed epoch would keep one of a
-        # process worker's slots from it: the worker could not work ahead)
-        _epoch(configs[args.one_epoch]())
-    batches = configs[args.one_epoch]()  # FFCV and DALI run their untimed first epoch here
-    torch.set_num_threads(args.threads)
-    _quiesce()
-    seconds, samples, cpu_s = _epoch(batches)
-    print(json.dumps({"seconds": seconds, "samples": samples, "cpu_s": cpu_s}))
-
-
-def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
-    print(f"os.cpu_count() = {os.cpu_count()}, torch threads {args.threads}, training step {args.step_ms} ms per "
-          f"batch, batch {args.batch_size}, median of {args.rounds} epochs each, interleaved")
-    print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'CPU ms/image':>13}")
-    for row in rows:
-        print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {row['cpu_ms_per_image']:13.2f}")
-    print("best of each path (by samples/s), ratios to torchvision's, FFCV's and DALI's best:")
-    for kind in dict.fromkeys(row["set"] for row in rows):
-        best = {}
-        for row in rows:
-            if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
-                best[row["path"]] = row
-        base = best["torchvision"]["samples_per_s"]
-        peers = {peer: best[peer]["samples_per_s"] for peer in ("ffcv", "dali") if peer in best}
-        for path, row in best.items():
-            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer}" for peer, rate in peers.items())
-            print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f} "
-                  f"{row['cpu_ms_per_image']:6.2f} ms  {row['samples_per_s'] / base:5.2f}x tv{versus}")
-        if "fused-max-side" in best and "ffcv-max-side" in best:
-            ours, theirs = best["fused-max-side"]["samples_per_s"], best["ffcv-max-side"]["samples_per_s"]
-            print(f"  {kind:9} stored alike (--max-side): fused-max-side {ours / theirs:.2f}x ffcv-max-side")
-        one_core = {row["config"]: row for row in rows if row["set"] == kind and row["config"] in (
-            "fused torch nw=0", "ffcv threads=1", "dali threads=1")}
-        if "fused torch nw=0" in one_core:
-            ours = one_core.pop("fused torch nw=0")["samples_per_s"]
-            print(f"  {kind:9} one core: fused nw=0 {ours:.1f}/s" + "".join(
-                f", {ours / row['samples_per_s']:.2f}x {name}" for name, row in one_core.items()))
 
 
 def main() -> None:
@@ -692,14 +312,16 @@ def main() -> None:
     parser.add_argument("--step-count", type=int, default=0, help=argparse.SUPPRESS)  # the parent's calibration
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    import fused_loaders  # the loader comparison (benchmarks/fused_loaders.py): imports this module
+
     if args.step_ms:
-        step, args.step_count = training_step(args.step_ms, args.step_count)
-        STEP.append(step)
+        step, args.step_count = fused_loaders.training_step(args.step_ms, args.step_count)
+        fused_loaders.STEP.append(step)
         if not args.one_epoch:
             print(f"training step: {args.step_count} matmuls of 384x384 float32 ({args.step_ms} ms here, alone)",
                   flush=True)
     if args.one_epoch:
-        one_epoch(args)
+        fused_loaders.one_epoch(args)
         return
     if args.decode_only:
         rows = run_decode_only(args)
@@ -712,9 +334,9 @@ def main() -> None:
         print(f"load average at the start: {os.getloadavg()}", flush=True)
         print(f"fused decoder: {fused.default_decoder()}" + ("" if region.library() is not None else
               " (no region decode here: pip install 'torch-fastdata[region]' for the default users get)"), flush=True)
-        rows = run_loader(args)
+        rows = fused_loaders.run_loader(args)
         print(f"load average at the end: {os.getloadavg()}")
-        print_loader(rows, args)
+        fused_loaders.print_loader(rows, args)
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(rows, handle, indent=1)
