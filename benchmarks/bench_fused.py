@@ -4,7 +4,7 @@ pipeline, per decoder, on two generated sets: ImageNet-size and high-resolution 
     python benchmarks/bench_fused.py [--count 2000] [--large-count 500] [--repeats 3] [--json rows.json]
     python benchmarks/bench_fused.py --loader --out /tmp/fused-bench [--count 2000] [--large-count 500]
         [--rounds 3] [--workers 0,1,2] [--batch-size 64] [--max-side 512] [--sets imagenet,large]
-        [--step-ms 30] [--threads N] [--isolate] [--json rows.json]
+        [--step-ms 30] [--threads N] [--isolate] [--paired] [--only PATHS] [--json rows.json]
     python benchmarks/bench_fused.py --decode-only [--count 2000] [--large-count 500] [--repeats 5]
         [--libturbojpeg PATH] [--json rows.json]
 
@@ -307,6 +307,9 @@ def main() -> None:
                         "length (calibrated once) after every batch, in this process")
     parser.add_argument("--isolate", action="store_true", help="--loader: every epoch in a new process that "
                         "loads only its own library (none of the others' threads, memory or libraries in it)")
+    parser.add_argument("--paired", action="store_true", help="--loader: fastdata's backends at one setting run "
+                        "back to back in each round (compared within seconds of each other)")
+    parser.add_argument("--only", help="--loader: only these paths, comma-separated (e.g. fused,fused-max-side)")
     parser.add_argument("--one-epoch", help=argparse.SUPPRESS)  # --isolate's child: one configuration's epoch
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--step-count", type=int, default=0, help=argparse.SUPPRESS)  # the parent's calibration

@@ -32,6 +32,12 @@ The median epoch of each, each path at its best configuration, and the ratios; a
 CPU-second of this process for the configurations that work in it (num_workers=0, the thread
 backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-up
 is part of each epoch for both (no persistent workers), as in a default training loop.
+Backends side by side: for each of fastdata's settings (path and num_workers >= 1), each round's
+samples/s of every backend over the best backend's in the same round, median over the rounds
+(steadier than a ratio of medians where the machine's speed drifts between rounds).
+``--paired``: a round runs those backends back to back (settings shuffled, backends rotated from
+round to round), so a round's ratio compares epochs seconds apart. ``--only PATHS``: only these
+paths (the first word of a configuration's name), e.g. ``--only fused,fused-max-side``.
 ``--isolate``: every epoch in a new process that builds only its configuration and loads only its
 own library, so no library's threads, memory or fork cost weigh on another's. The timed epoch is a
 later epoch of a training run: one untimed epoch of FFCV, DALI and fastdata's loaders first (a
@@ -112,12 +118,51 @@ def _quiesce(limit_s: float = 10.0) -> None:
             return
 
 
-def _order(names: list[str], round_: int) -> list[str]:
+def _order(names: list[str], round_: int, paired: bool = False) -> list[str]:
     """This round's order: a seeded shuffle, so no configuration always follows the same one
-    (a rotation keeps every neighbour)."""
-    order = list(names)
-    np.random.default_rng(round_).shuffle(order)
+    (a rotation keeps every neighbour). ``paired`` (``--paired``): fastdata's backends at one
+    setting run back to back (the settings shuffled, the backends rotated from round to round),
+    so that each round compares them within seconds of each other."""
+    rng = np.random.default_rng(round_)
+    if not paired:
+        order = list(names)
+        rng.shuffle(order)
+        return order
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(_setting(name) or name, []).append(name)
+    keys = list(groups)
+    rng.shuffle(keys)
+    order = []
+    for key in keys:
+        shift = round_ % len(groups[key])
+        order += groups[key][shift:] + groups[key][:shift]
     return order
+
+
+def _setting(name: str) -> str | None:
+    """``"fused nw=2"`` for ``"fused thread nw=2"``: the setting whose backends are compared;
+    None for another library's configuration or the serial loop (one backend)."""
+    parts = name.split(" ")
+    if len(parts) != 3 or parts[2] == "nw=0":
+        return None
+    return f"{parts[0]} {parts[2]}"
+
+
+def backend_ratios(by_round: list[dict[str, float]]) -> dict[str, list[float]]:
+    """name -> each round's samples/s of that backend over the best backend's at its setting in
+    the same round (rounds where a backend failed left out of its setting)."""
+    ratios: dict[str, list[float]] = {}
+    for rates in by_round:
+        settings: dict[str, list[str]] = {}
+        for name in rates:
+            if _setting(name):
+                settings.setdefault(_setting(name), []).append(name)
+        for members in settings.values():
+            best = max(rates[name] for name in members)
+            for name in members:
+                ratios.setdefault(name, []).append(rates[name] / best)
+    return ratios
 
 
 def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int,
@@ -267,7 +312,9 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             if not os.path.exists(paths["fused-max-side"]):
                 fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
                                  reencode="jpeg:90", workers=0)
-        if (args.isolate and _available_elsewhere("ffcv")) or (not args.isolate and ffcv_available()):
+        wanted = (lambda path: not args.only or path in args.only.split(","))
+        if wanted("ffcv") and ((args.isolate and _available_elsewhere("ffcv")) or
+                               (not args.isolate and ffcv_available())):
             # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
             paths["ffcv"] = os.path.join(root, "full.beton")
             if not os.path.exists(paths["ffcv"]):
@@ -277,14 +324,18 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 if not os.path.exists(paths["ffcv-max-side"]):
                     write_ffcv(paths["source"], paths["ffcv-max-side"], args.max_side)
         if args.isolate:
-            names = _config_names(paths, workers, dali=_available_elsewhere("nvidia.dali"))
+            names = _config_names(paths, workers, dali=wanted("dali") and _available_elsewhere("nvidia.dali"))
             configs = {name: (lambda name=name, paths=paths: _isolated_epoch(name, paths, args)) for name in names}
         else:
             configs = loader_configs(paths, workers, args.batch_size)
+        if args.only:
+            configs = {name: config for name, config in configs.items() if name.split(" ")[0] in args.only.split(",")}
         names, rates = list(configs), {name: [] for name in configs}
         cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
+        by_round: list[dict[str, float]] = []
         for round_ in range(args.rounds):
-            for name in _order(names, round_):
+            by_round.append({})
+            for name in _order(names, round_, args.paired):
                 _quiesce()
                 # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
                 # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: every
@@ -302,9 +353,11 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 if samples != count:
                     print(f"  {kind} {name}: an epoch gave {samples} samples, not {count}", flush=True)
                 rates[name].append(samples / elapsed)
+                by_round[-1][name] = samples / elapsed
                 cpu_rates[name].append(samples / max(cpu_s, 1e-9))
                 print(f"  {kind} round {round_} {name}: {samples / elapsed:.1f} samples/s "
                       f"({cpu_rates[name][-1]:.1f} per CPU-second of this process)", flush=True)
+        ratios = backend_ratios(by_round)
         for name in names:
             if rates[name]:
                 rows.append({"set": kind, "count": count, "config": name, "path": name.split(" ")[0],
@@ -313,7 +366,9 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                              "cpu_ms_per_image": 1000 / statistics.median(cpu_rates[name]),
                              "torch_threads": args.threads, "step_ms": args.step_ms,
                              "step_matmuls": args.step_count,
-                             "cpu_count": os.cpu_count(), "batch_size": args.batch_size})
+                             "cpu_count": os.cpu_count(), "batch_size": args.batch_size,
+                             **({"backend_ratio": statistics.median(ratios[name]), "backend_ratios": ratios[name]}
+                                if name in ratios else {})})
     return rows
 
 
@@ -378,7 +433,8 @@ def one_epoch(args: argparse.Namespace) -> None:
 
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"os.cpu_count() = {os.cpu_count()}, torch threads {args.threads}, training step {args.step_ms} ms per "
-          f"batch, batch {args.batch_size}, median of {args.rounds} epochs each, interleaved")
+          f"batch, batch {args.batch_size}, median of {args.rounds} epochs each, "
+          + ("interleaved, fastdata's backends back to back" if args.paired else "interleaved"))
     print(f"{'set':9} {'configuration':28} {'samples/s':>10} {'CPU ms/image':>13}")
     for row in rows:
         print(f"{row['set']:9} {row['config']:28} {row['samples_per_s']:10.1f} {row['cpu_ms_per_image']:13.2f}")
@@ -388,15 +444,20 @@ def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
         for row in rows:
             if row["set"] == kind and row["samples_per_s"] > best.get(row["path"], {}).get("samples_per_s", 0):
                 best[row["path"]] = row
-        base = best["torchvision"]["samples_per_s"]
-        peers = {peer: best[peer]["samples_per_s"] for peer in ("ffcv", "dali") if peer in best}
+        peers = {peer: best[peer]["samples_per_s"] for peer in ("torchvision", "ffcv", "dali") if peer in best}
         for path, row in best.items():
-            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer}" for peer, rate in peers.items())
+            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer[:5].replace('torch', 'tv')}"
+                             for peer, rate in peers.items())
             print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f} "
-                  f"{row['cpu_ms_per_image']:6.2f} ms  {row['samples_per_s'] / base:5.2f}x tv{versus}")
+                  f"{row['cpu_ms_per_image']:6.2f} ms{versus}")
         if "fused-max-side" in best and "ffcv-max-side" in best:
             ours, theirs = best["fused-max-side"]["samples_per_s"], best["ffcv-max-side"]["samples_per_s"]
             print(f"  {kind:9} stored alike (--max-side): fused-max-side {ours / theirs:.2f}x ffcv-max-side")
+        paired = [row for row in rows if row["set"] == kind and "backend_ratio" in row]
+        if paired:
+            print(f"  {kind:9} backends, each round against the best backend at its setting in that round "
+                  f"(median; {'back to back' if args.paired else 'interleaved with the rest'}): " + ", ".join(
+                      f"{row['config']} {row['backend_ratio']:.2f}x" for row in paired))
         one_core = {row["config"]: row for row in rows if row["set"] == kind and row["config"] in (
             "fused torch nw=0", "ffcv threads=1", "dali threads=1")}
         if "fused torch nw=0" in one_core:
