@@ -157,8 +157,8 @@ def backend_ratios(by_round: list[dict[str, float]]) -> dict[str, list[float]]:
     for rates in by_round:
         settings: dict[str, list[str]] = {}
         for name in rates:
-            if _setting(name):
-                settings.setdefault(_setting(name), []).append(name)
+            if setting := _setting(name):
+                settings.setdefault(setting, []).append(name)
         for members in settings.values():
             best = max(rates[name] for name in members)
             for name in members:
@@ -229,8 +229,8 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
             if not os.path.exists(paths["fused-max-side"]):
                 fastdata.convert(paths["source"], paths["fused-max-side"], store="encoded", max_side=args.max_side,
                                  reencode="jpeg:90", workers=0)
-        wanted = (lambda path: not args.only or path in args.only.split(","))
-        if wanted("ffcv") and ((args.isolate and _available_elsewhere("ffcv")) or
+        kinds = set(args.only.split(",")) if args.only else None  # --only: these paths alone
+        if (kinds is None or "ffcv" in kinds) and ((args.isolate and _available_elsewhere("ffcv")) or
                                (not args.isolate and ffcv_available())):
             # FFCV re-encodes every image (q90): at full size, the nearest it has to original bytes
             paths["ffcv"] = os.path.join(root, "full.beton")
@@ -241,12 +241,11 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                 if not os.path.exists(paths["ffcv-max-side"]):
                     write_ffcv(paths["source"], paths["ffcv-max-side"], args.max_side)
         if args.isolate:
-            names = _config_names(paths, workers, dali=wanted("dali") and _available_elsewhere("nvidia.dali"))
+            dali = (kinds is None or "dali" in kinds) and _available_elsewhere("nvidia.dali")  # asked only if wanted
+            names = _config_names(paths, workers, dali=dali, kinds=kinds)
             configs = {name: (lambda name=name, paths=paths: _isolated_epoch(name, paths, args)) for name in names}
         else:
-            configs = loader_configs(paths, workers, args.batch_size)
-        if args.only:
-            configs = {name: config for name, config in configs.items() if name.split(" ")[0] in args.only.split(",")}
+            configs = loader_configs(paths, workers, args.batch_size, kinds)
         names, rates = list(configs), {name: [] for name in configs}
         cpu_rates = {name: [] for name in configs}  # worker processes' CPU is not counted: in-process only
         by_round: list[dict[str, float]] = []
@@ -297,8 +296,10 @@ def _available_elsewhere(module: str) -> bool:
     return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
-def _config_names(paths: dict[str, str], workers: list[int], *, dali: bool) -> list[str]:
-    """The configurations :func:`loader_configs` would build, by name, without building them."""
+def _config_names(paths: dict[str, str], workers: list[int], *, dali: bool,
+                  kinds: set[str] | None = None) -> list[str]:
+    """The configurations :func:`loader_configs` would build (for ``kinds``, as there), by name,
+    without building them."""
     names = [f"torchvision nw={count}" for count in workers]
     names += [f"{kind} threads={count}" for kind in ("ffcv", "ffcv-max-side") if kind in paths
               for count in workers if count > 0]
@@ -306,7 +307,7 @@ def _config_names(paths: dict[str, str], workers: list[int], *, dali: bool) -> l
         names += [f"dali threads={count}" for count in workers if count > 0]
     names += [f"{kind} {backend} nw={count}" for kind in ("fused", "fused-max-side") if kind in paths
               for backend in ("torch", "thread", "process") for count in workers if count > 0 or backend == "torch"]
-    return names
+    return [name for name in names if kinds is None or name.split(" ")[0] in kinds]
 
 
 def _isolated_epoch(name: str, paths: dict[str, str], args: argparse.Namespace) -> tuple[float, int, float]:
@@ -348,6 +349,9 @@ def one_epoch(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": seconds, "samples": samples, "cpu_s": cpu_s}))
 
 
+LABELS = {"torchvision": "tv", "ffcv": "ffcv", "dali": "dali"}  # the ratio columns of the report
+
+
 def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"os.cpu_count() = {os.cpu_count()}, torch threads {args.threads}, training step {args.step_ms} ms per "
           f"batch, batch {args.batch_size}, median of {args.rounds} epochs each, "
@@ -363,8 +367,7 @@ def print_loader(rows: list[dict], args: argparse.Namespace) -> None:
                 best[row["path"]] = row
         peers = {peer: best[peer]["samples_per_s"] for peer in ("torchvision", "ffcv", "dali") if peer in best}
         for path, row in best.items():
-            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {peer[:5].replace('torch', 'tv')}"
-                             for peer, rate in peers.items())
+            versus = "".join(f"  {row['samples_per_s'] / rate:5.2f}x {LABELS[peer]}" for peer, rate in peers.items())
             print(f"  {kind:9} {path:15} {row['config']:28} {row['samples_per_s']:8.1f} "
                   f"{row['cpu_ms_per_image']:6.2f} ms{versus}")
         if "fused-max-side" in best and "ffcv-max-side" in best:
