@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from torch.utils.data import Dataset, TensorDataset, get_worker_info
 import fastdata
 from conftest import finish, wait_until
 from fastdata.errors import InvalidOptionError
-from fastdata.loading import WorkerError, shm, spares
+from fastdata.loading import WorkerError, shm, spares, teardown
 from fastdata.loading.shm import PREFIX, _alive as alive, stale_segments
 from fastdata.machine import populate
 
@@ -148,6 +149,39 @@ def test_non_persistent_workers_restart_each_epoch_and_worker_init_fn_runs_in_th
     assert pids[0].isdisjoint(pids[1])  # new workers each epoch
     assert sorted(p.name.split("-")[1] for p in tmp_path.iterdir()) == ["0", "0", "1", "1"]
     loader.close()
+
+
+def test_an_epoch_that_ends_does_not_wait_for_its_workers_to_exit_and_the_next_start_reaps_them() -> None:
+    loader = fastdata.loader(WhoAmI(), batch_size=5, backend="process", num_workers=2)
+    first = {int(pid) for pid in torch.cat(list(loader))[:, 4].tolist()}
+    stopping = list(loader._stopping)  # asked to stop when the last batch was taken, not waited for
+    assert {worker.process.pid for worker in stopping} == first and loader._workers == []
+    wait_until(lambda: all(not worker.process.is_alive() for worker in stopping), "the stopped workers' exit")
+    second = {int(pid) for pid in torch.cat(list(loader))[:, 4].tolist()}
+    assert second.isdisjoint(first) and all(worker.process.exitcode == 0 for worker in stopping)
+    assert all(worker not in loader._stopping for worker in stopping)  # reaped by the second epoch's start
+    loader.close()
+    assert loader._stopping == [] and loader._workers == []
+
+
+def _hang_at_exit(worker_id: int) -> None:
+    """A worker whose exit hangs (a finalizer run at its exit sleeps for a minute)."""
+    import multiprocessing.util
+    import time
+
+    multiprocessing.util.Finalize(None, time.sleep, args=(60,), exitpriority=0)
+
+
+def test_a_worker_that_does_not_exit_after_an_epoch_is_terminated_at_the_next_start() -> None:
+    loader = fastdata.loader(WhoAmI(), batch_size=5, backend="process", num_workers=1, worker_init_fn=_hang_at_exit)
+    assert len(list(loader)) == 8
+    (hung,) = loader._stopping
+    time.sleep(teardown._STOP_GRACE_S + 0.2)
+    assert hung.process.is_alive()  # its exit hangs: never waited for at the end of the epoch
+    assert len(list(loader)) == 8  # the next start stops it for sure, and the epoch runs
+    assert hung.process.exitcode == -signal.SIGTERM and hung not in loader._stopping
+    loader.close()
+    assert loader._stopping == []
 
 
 def test_prefetch_factor_sets_the_slots_and_zero_copy_views_stay_valid() -> None:

@@ -159,6 +159,9 @@ class TorchLoader(Resumable, DataLoader):
     def __iter__(self) -> Iterator[Any]:
         if self.serial:
             return self.tracked(self._serial_epoch)
+        from fastdata.machine import preload_worker_imports
+
+        preload_worker_imports()
         shared = self.worker_init_fn
         if not isinstance(shared, SharedBatches) or not shared.count:
             return self.tracked(lambda: DataLoader.__iter__(self))

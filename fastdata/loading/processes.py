@@ -34,9 +34,9 @@ import torch
 
 from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
-from fastdata.loading.teardown import Lending, cleanup, stop_workers
+from fastdata.loading.teardown import Lending, ask_to_stop, cleanup, reap_stopped, stop_workers
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import stop_signals_held, usable_cores
+from fastdata.machine import preload_worker_imports, stop_signals_held, usable_cores
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -59,6 +59,7 @@ class _Worker:
     control: Any  # shared-memory block: per batch in flight, where it lies; then the free ring
     consumed: int = 0  # batches taken from this worker in its life: batch j's header is j % slots
     given: int = 0  # slot numbers written into its free ring in its life
+    asked: float = 0.0  # time.monotonic() when it was asked to stop at the end of an epoch
 
 
 class ProcessLoader(BatchLoader):
@@ -81,10 +82,12 @@ class ProcessLoader(BatchLoader):
         self.lend_limit = 0 if zero_copy else math.inf  # most batches lent at once per worker (0: copy every one)
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._workers: list[_Worker] = []
+        self._stopping: list[_Worker] = []  # asked to stop at the end of an epoch; reaped once they exit
         self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
         self._lending = Lending(zero_copy=bool(zero_copy))
         self._forget_slots()
-        self._finalizer = weakref.finalize(self, cleanup, self._workers, self._all_segments, self._lending)
+        self._finalizer = weakref.finalize(self, cleanup, self._workers, self._all_segments, self._lending,
+                                           self._stopping)
 
     def _forget_slots(self) -> None:
         """No data segment yet (the first batch of each worker sizes them) and nothing handed out."""
@@ -135,6 +138,8 @@ class ProcessLoader(BatchLoader):
     def _start(self) -> None:
         if self._workers:
             return
+        reap_stopped(self._stopping)
+        preload_worker_imports()
         shm.sweep_stale_segments()
         self._take_back()
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
@@ -201,13 +206,27 @@ class ProcessLoader(BatchLoader):
         """Stop the workers (the data segments stay for the next start; :meth:`close` frees them)."""
         controls = [worker.control.name for worker in self._workers]
         stop_workers(self._workers)  # new workers start with every slot the loop does not hold
+        stop_workers(self._stopping)
         for name in controls:
             shm.release(self._all_segments.pop(name), unlink=True)
+
+    def _retire(self) -> None:
+        """At the end of an epoch every batch was taken: ask the workers to stop and go on without
+        waiting for them to exit (tearing down a process that inherited torch takes 10-20 ms; it
+        overlaps the training loop's work). They write nothing more: each waits for its next
+        message. The next start (or :meth:`close`) reaps them."""
+        ask_to_stop(self._workers)
+        now = time.monotonic()
+        for worker in self._workers:
+            worker.asked = now
+            shm.release(self._all_segments.pop(worker.control.name), unlink=True)
+        self._stopping.extend(self._workers)
+        self._workers.clear()
 
     def close(self) -> None:
         """Stop the workers and remove the shared-memory segments (the next epoch starts anew);
         slot segments no batch of which is held are kept for the next process loader (spares.keep_spare)."""
-        cleanup(self._workers, self._all_segments, self._lending)  # batches still held keep their memory mapped
+        cleanup(self._workers, self._all_segments, self._lending, self._stopping)  # held batches keep their memory mapped
         self._forget_slots()
 
     def _send(self, worker_id: int, message: tuple) -> None:
@@ -233,8 +252,10 @@ class ProcessLoader(BatchLoader):
                 yield self._receive(number % self.num_workers, number, indices)
             finished = True
         finally:
-            if not finished or not self.persistent_workers:
+            if not finished:
                 self.shutdown()  # an epoch left early leaves batches in flight: start afresh
+            elif not self.persistent_workers:
+                self._retire()
 
     def _give(self, worker_id: int, slot: int) -> None:
         """Slot ``slot`` of a worker is free again: into its free ring (when it runs)."""

@@ -13,14 +13,35 @@ from fastdata.loading import shm, spares
 _STOP_GRACE_S = 0.5
 
 
-def stop_workers(workers: list[Any]) -> None:
-    """Ask every worker to stop, wait a little, then make sure (SIGTERM, then SIGKILL)."""
+def ask_to_stop(workers: list[Any]) -> None:
+    """Send every worker its stop message and close the result pipes, without waiting."""
     for worker in workers:
         try:
             worker.tasks.send_bytes(b"")
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # already asked (its pipe closed), or gone
             pass
         worker.results.close()  # a worker blocked sending a batch no one will read gets EPIPE: it stops
+
+
+def reap_stopped(stopping: list[Any]) -> None:
+    """Forget the workers of ``stopping`` that have exited (asked by :func:`ask_to_stop`); one
+    still running after ``_STOP_GRACE_S`` is stopped for sure, as :func:`stop_workers` does."""
+    now = time.monotonic()
+    late = []
+    for worker in list(stopping):
+        worker.process.join(0)
+        if worker.process.exitcode is not None:
+            worker.tasks.close()
+            stopping.remove(worker)
+        elif now - worker.asked > _STOP_GRACE_S:
+            stopping.remove(worker)
+            late.append(worker)
+    stop_workers(late)
+
+
+def stop_workers(workers: list[Any]) -> None:
+    """Ask every worker to stop, wait a little, then make sure (SIGTERM, then SIGKILL)."""
+    ask_to_stop(workers)
     deadline = time.monotonic() + _STOP_GRACE_S
     for worker in workers:  # one that is mid-batch (or blocked sending one) is not waited for
         worker.process.join(max(0.0, deadline - time.monotonic()))
@@ -45,12 +66,15 @@ class Lending:
     slot_bytes: dict[str, int] = field(default_factory=dict)
 
 
-def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending) -> None:
-    """Stop the workers and remove the segments (at close, garbage collection or exit); slot
-    segments are kept for the next loader (:func:`spares.keep_spare`), those with lent batches
-    still held in them with those batches' leases (never with ``zero_copy``'s views)."""
+def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stopping: list[Any] = ()) -> None:
+    """Stop the workers (and wait for those of ``stopping``, asked to stop at the end of an
+    epoch) and remove the segments (at close, garbage collection or exit); slot segments are kept
+    for the next loader (:func:`spares.keep_spare`), those with lent batches still held in them
+    with those batches' leases (never with ``zero_copy``'s views)."""
     controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
     stop_workers(workers)
+    if stopping:
+        stop_workers(stopping)
     leases = None
     if not lending.zero_copy and lending.leases is not None:
         leases = [lease for ref in list(lending.leases.watched.values()) if (lease := ref()) is not None]
