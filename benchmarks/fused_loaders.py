@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import time
@@ -77,13 +78,29 @@ def _cpu_s() -> float:
 
 def _epoch(batches) -> tuple[float, int, float]:
     """(seconds, samples, CPU seconds of this process and its reaped workers) of one pass over
-    ``batches``, the training step (if any) run after each batch."""
+    ``batches``, the training step (if any) run after each batch. The seconds end with the loop;
+    the CPU seconds include the exit of worker processes the epoch started and did not wait for
+    (fastdata's process backend asks its workers to stop and goes on): they are waited for, and
+    reaped, after the clock stops."""
+    before = {process.pid for process in multiprocessing.active_children()}
     start, cpu_start, count = time.perf_counter(), _cpu_s(), 0
     for images, _ in batches:
         count += len(images)
         for step in STEP:
             step()
-    return time.perf_counter() - start, count, _cpu_s() - cpu_start
+    seconds = time.perf_counter() - start
+    _reap_new_children(before)
+    return seconds, count, _cpu_s() - cpu_start
+
+
+def _reap_new_children(before: set[int], limit_s: float = 10.0) -> None:
+    """Wait (at most ``limit_s``) until the worker processes started since ``before`` was taken
+    have exited; ``active_children()`` reaps those that have, so their CPU time is counted."""
+    deadline = time.monotonic() + limit_s
+    while any(process.pid not in before for process in multiprocessing.active_children()):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
 
 
 def training_step(step_ms: float, count: int = 0):
