@@ -34,7 +34,9 @@ backend, FFCV, DALI): steadier than samples/s on a loaded machine. Worker start-
 is part of each epoch for both (no persistent workers), as in a default training loop.
 Backends side by side: for each of fastdata's settings (path and num_workers >= 1), each round's
 samples/s of every backend over the best backend's in the same round, median over the rounds
-(steadier than a ratio of medians where the machine's speed drifts between rounds).
+(steadier than a ratio of medians where the machine's speed drifts between rounds), and each
+backend's fastest epoch over the fastest epoch of any backend at its setting (a shared host
+runs at two speeds, and an epoch lands in one or the other: this compares them at the fast one).
 ``--paired``: a round runs those backends back to back (settings shuffled, backends rotated from
 round to round), so a round's ratio compares epochs seconds apart. ``--only PATHS``: only these
 paths (the first word of a configuration's name), e.g. ``--only fused,fused-max-side``.

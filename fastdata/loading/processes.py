@@ -158,6 +158,7 @@ class ProcessLoader(BatchLoader):
                 # the ends this process keeps: a forked worker inherits them and must close them, or a
                 # worker blocked writing would never see its reader go (EPIPE)
                 parent_ends = [end for worker in self._workers for end in (worker.tasks, worker.results)]
+                parent_ends += [worker.tasks for worker in self._stopping]  # (their result ends are closed)
                 parent_ends += [task_write, result_read]
                 process = self.context.Process(
                     target=worker_main, name=f"fastdata-loader-{worker_id}", daemon=True,
