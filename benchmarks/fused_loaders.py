@@ -188,16 +188,10 @@ def backend_ratios(by_round: list[dict[str, float]]) -> dict[str, list[float]]:
 def best_epoch_ratios(rates: dict[str, list[float]]) -> dict[str, float]:
     """name -> a backend's fastest epoch over the fastest epoch of any backend at its setting:
     what the backends cost when the host is at its fastest (on a shared host one epoch can run
-    at two thirds of the speed of the next, whatever reads it; the median mixes the two)."""
-    settings: dict[str, list[str]] = {}
-    for name, epochs in rates.items():
-        if epochs and (setting := _setting(name)):
-            settings.setdefault(setting, []).append(name)
-    ratios = {}
-    for members in settings.values():
-        best = max(max(rates[name]) for name in members)
-        ratios.update({name: max(rates[name]) / best for name in members})
-    return ratios
+    at two thirds of the speed of the next, whatever reads it; the median mixes the two). The
+    fastest epochs compared as :func:`backend_ratios` compares one round."""
+    fastest = {name: max(epochs) for name, epochs in rates.items() if epochs}
+    return {name: ratios[0] for name, ratios in backend_ratios([fastest]).items()}
 
 
 def loader_configs(paths: dict[str, str], workers: list[int], batch_size: int,

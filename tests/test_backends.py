@@ -167,7 +167,6 @@ def test_an_epoch_that_ends_does_not_wait_for_its_workers_to_exit_and_the_next_s
 def _hang_at_exit(worker_id: int) -> None:
     """A worker whose exit hangs (a finalizer run at its exit sleeps for a minute)."""
     import multiprocessing.util
-    import time
 
     multiprocessing.util.Finalize(None, time.sleep, args=(60,), exitpriority=0)
 

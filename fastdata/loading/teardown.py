@@ -66,15 +66,14 @@ class Lending:
     slot_bytes: dict[str, int] = field(default_factory=dict)
 
 
-def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stopping: list[Any] = ()) -> None:
+def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stopping: list[Any]) -> None:
     """Stop the workers (and wait for those of ``stopping``, asked to stop at the end of an
     epoch) and remove the segments (at close, garbage collection or exit); slot segments are kept
     for the next loader (:func:`spares.keep_spare`), those with lent batches still held in them
     with those batches' leases (never with ``zero_copy``'s views)."""
     controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
     stop_workers(workers)
-    if stopping:
-        stop_workers(stopping)
+    stop_workers(stopping)
     leases = None
     if not lending.zero_copy and lending.leases is not None:
         leases = [lease for ref in list(lending.leases.watched.values()) if (lease := ref()) is not None]
