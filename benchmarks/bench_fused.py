@@ -315,11 +315,12 @@ def main() -> None:
     parser.add_argument("--step-count", type=int, default=0, help=argparse.SUPPRESS)  # the parent's calibration
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    import epoch_timing
     import fused_loaders  # the loader comparison (benchmarks/fused_loaders.py): imports this module
 
     if args.step_ms:
-        step, args.step_count = fused_loaders.training_step(args.step_ms, args.step_count)
-        fused_loaders.STEP.append(step)
+        step, args.step_count = epoch_timing.training_step(args.step_ms, args.step_count)
+        epoch_timing.STEP.append(step)
         if not args.one_epoch:
             print(f"training step: {args.step_count} matmuls of 384x384 float32 ({args.step_ms} ms here, alone)",
                   flush=True)

@@ -52,92 +52,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
-import time
 
 import numpy as np
 import torch
 from torchvision.transforms import v2
 
 from bench_fused import SIZE, make_set, write_folder
+from epoch_timing import quiesce, timed_epoch
 from peer_loaders import dali_available, dali_loader, ffcv_available, ffcv_loader, write_ffcv
 
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_fused.py")  # --isolate runs it
-STEP: list = []  # the busy training step run after each batch (set by --step-ms)
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its finished (reaped) children: worker processes
-    that end with their epoch (no persistent workers) are counted too."""
-    import resource
-
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
-def _epoch(batches) -> tuple[float, int, float]:
-    """(seconds, samples, CPU seconds of this process and its reaped workers) of one pass over
-    ``batches``, the training step (if any) run after each batch. The seconds end with the loop;
-    the CPU seconds include the exit of worker processes the epoch started and did not wait for
-    (fastdata's process backend asks its workers to stop and goes on): they are waited for, and
-    reaped, after the clock stops."""
-    before = {process.pid for process in multiprocessing.active_children()}
-    start, cpu_start, count = time.perf_counter(), _cpu_s(), 0
-    for images, _ in batches:
-        count += len(images)
-        for step in STEP:
-            step()
-    seconds = time.perf_counter() - start
-    _reap_new_children(before)
-    return seconds, count, _cpu_s() - cpu_start
-
-
-def _reap_new_children(before: set[int], limit_s: float = 10.0) -> None:
-    """Wait (at most ``limit_s``) until the worker processes started since ``before`` was taken
-    have exited; ``active_children()`` reaps those that have, so their CPU time is counted."""
-    deadline = time.monotonic() + limit_s
-    while any(process.pid not in before for process in multiprocessing.active_children()):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.002)
-
-
-def training_step(step_ms: float, count: int = 0):
-    """A CPU-bound stand-in for a training step: a fixed number of 384x384 float32 matmuls on
-    torch's default threads, that number calibrated once (before any loader runs) to take
-    ``step_ms`` in this process, or ``count`` when given (``--isolate`` calibrates in the parent
-    and gives every epoch's process the same count). It releases the GIL, like a real step's
-    torch ops. Returns the step and its count."""
-    weights = torch.randn(384, 384)
-    activations = torch.randn(384, 384)
-
-    def run(count: int) -> None:
-        for _ in range(count):
-            torch.mm(activations, weights)
-
-    run(20)
-    if not count:
-        start = time.perf_counter()
-        run(200)
-        count = max(1, round(200 * step_ms / 1000 / (time.perf_counter() - start)))
-    return (lambda: run(count)), count
-
-
-def _quiesce(limit_s: float = 10.0) -> None:
-    """Wait (at most ``limit_s``) until no thread of this process uses CPU: a library's threads
-    still working ahead after its epoch (DALI's prefetch) would otherwise be timed in the next
-    configuration's epoch. The main thread sleeps here, so any CPU time is another thread's."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        before = time.process_time()
-        time.sleep(0.2)
-        if time.process_time() - before < 0.01:
-            return
-
-
 def _order(names: list[str], round_: int, paired: bool = False) -> list[str]:
     """This round's order: a seeded shuffle, so no configuration always follows the same one
     (a rotation keeps every neighbour). ``paired`` (``--paired``): fastdata's backends at one
@@ -280,7 +207,7 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
         for round_ in range(args.rounds):
             by_round.append({})
             for name in _order(names, round_, args.paired):
-                _quiesce()
+                quiesce()
                 # FFCV's Loader calls torch.set_num_threads(its num_workers) for the whole process
                 # (ffcv.pipeline.compiler.Compiler.set_num_threads), and leaves it so: every
                 # epoch starts at the thread count chosen for the run (torch's default unless
@@ -290,7 +217,7 @@ def run_loader(args: argparse.Namespace) -> list[dict]:
                     if args.isolate:
                         elapsed, samples, cpu_s = configs[name]()
                     else:
-                        elapsed, samples, cpu_s = _epoch(configs[name]())
+                        elapsed, samples, cpu_s = timed_epoch(configs[name]())
                 except Exception as exc:  # one library failing leaves the others' numbers
                     print(f"  {kind} round {round_} {name}: failed ({type(exc).__name__}: {exc})", flush=True)
                     continue
@@ -370,11 +297,11 @@ def one_epoch(args: argparse.Namespace) -> None:
         # its last batch is let go when its loop ends, as a training loop lets it go at the next
         # epoch's first batch (a batch held through the whole timed epoch would keep one of a
         # process worker's slots from it: the worker could not work ahead)
-        _epoch(configs[args.one_epoch]())
+        timed_epoch(configs[args.one_epoch]())
     batches = configs[args.one_epoch]()  # FFCV and DALI run their untimed first epoch here
     torch.set_num_threads(args.threads)
-    _quiesce()
-    seconds, samples, cpu_s = _epoch(batches)
+    quiesce()
+    seconds, samples, cpu_s = timed_epoch(batches)
     print(json.dumps({"seconds": seconds, "samples": samples, "cpu_s": cpu_s}))
 
 

@@ -5,12 +5,7 @@ crop, flip and batch as fastdata's path, its first (untimed) epoch run on first 
 from __future__ import annotations
 
 from bench_fused import SIZE
-
-
-def _epoch(batches):
-    from fused_loaders import _epoch  # the comparison's timed pass (it imports this module)
-
-    return _epoch(batches)
+from epoch_timing import timed_epoch
 
 
 def ffcv_available() -> bool:
@@ -46,7 +41,7 @@ def ffcv_loader(path: str, threads: int, batch_size: int):
                          "label": [IntDecoder(), ToTensor()]}
             made.append(Loader(path, batch_size=batch_size, num_workers=threads, order=OrderOption.RANDOM,
                                os_cache=True, drop_last=False, pipelines=pipelines))
-            _epoch(made[0])  # numba compiles the pipeline in the first epoch: untimed
+            timed_epoch(made[0])  # numba compiles the pipeline in the first epoch: untimed
         return made[0]
 
     return epoch
@@ -90,7 +85,7 @@ def dali_loader(source: str, threads: int, batch_size: int):
 
     def epoch():
         if not warmed:
-            _epoch(batches())
+            timed_epoch(batches())
             warmed.append(True)
         return batches()
 

@@ -69,6 +69,16 @@ def usable_cores() -> int:
     return cores
 
 
+def spare_core(num_workers: int) -> bool:
+    """Whether this process's workers, and those of the other ranks on this node (torchrun's
+    ``LOCAL_WORLD_SIZE``), leave a core for each consumer to poll on."""
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return (num_workers + 1) * local_ranks <= usable_cores()
+
+
 def machine_info() -> dict[str, Any]:
     """What every benchmark result reports about the machine it ran on."""
     import numpy

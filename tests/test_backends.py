@@ -676,7 +676,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
 
 
 def test_the_consumer_polls_only_where_a_core_is_left_for_it(monkeypatch):
-    from fastdata.loading.processes import spare_core
+    from fastdata.machine import spare_core
     from fastdata.machine import usable_cores
 
     cores = usable_cores()

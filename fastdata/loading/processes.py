@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import pickle
 import signal
 import time
@@ -34,9 +33,9 @@ import torch
 
 from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
-from fastdata.loading.teardown import Lending, ask_to_stop, cleanup, reap_stopped, stop_workers
+from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import preload_worker_imports, stop_signals_held, usable_cores
+from fastdata.machine import preload_worker_imports, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -205,24 +204,13 @@ class ProcessLoader(BatchLoader):
 
     def shutdown(self) -> None:
         """Stop the workers (the data segments stay for the next start; :meth:`close` frees them)."""
-        controls = [worker.control.name for worker in self._workers]
-        stop_workers(self._workers)  # new workers start with every slot the loop does not hold
-        stop_workers(self._stopping)
-        for name in controls:
-            shm.release(self._all_segments.pop(name), unlink=True)
+        shut_down(self._workers, self._all_segments, self._stopping)  # new workers start with every free slot
 
     def _retire(self) -> None:
-        """At the end of an epoch every batch was taken: ask the workers to stop and go on without
-        waiting for them to exit (tearing down a process that inherited torch takes 10-20 ms; it
-        overlaps the training loop's work). They write nothing more: each waits for its next
-        message. The next start (or :meth:`close`) reaps them."""
-        ask_to_stop(self._workers)
-        now = time.monotonic()
-        for worker in self._workers:
-            worker.asked = now
-            shm.release(self._all_segments.pop(worker.control.name), unlink=True)
-        self._stopping.extend(self._workers)
-        self._workers.clear()
+        """At the end of an epoch every batch was taken: the workers are asked to stop and not
+        waited for (:func:`~fastdata.loading.teardown.retire`); the next start (or :meth:`close`)
+        reaps them."""
+        retire(self._workers, self._all_segments, self._stopping)
 
     def close(self) -> None:
         """Stop the workers and remove the shared-memory segments (the next epoch starts anew);
@@ -401,16 +389,6 @@ def _poll(ready: Any, seconds: float) -> bool:
         if ready.acquire(False):
             return True
     return False
-
-
-def spare_core(num_workers: int) -> bool:
-    """Whether this process's workers, and those of the other ranks on this node (torchrun's
-    ``LOCAL_WORLD_SIZE``), leave a core for each consumer to poll on."""
-    try:
-        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local_ranks = 1
-    return (num_workers + 1) * local_ranks <= usable_cores()
 
 
 def _pinned_empty_like(tensor: torch.Tensor) -> torch.Tensor:
