@@ -13,7 +13,7 @@ from PIL import Image
 import fastdata
 from conftest import pattern, save
 from fastdata.loading import SharedBatches, spares
-from fastdata.reader.handover import MAGIC, slot_header
+from fastdata.reader.handover import MAGIC, SlotConvert, slot_header
 
 COUNT = 40  # images of 8x6: 40 batches of one, 20 of two
 
@@ -53,6 +53,39 @@ def test_batches_come_in_shared_slots_that_are_reused(raw: Path) -> None:
     assert set(slots) <= set(range(4))  # prefetch_factor 2 + 2 slots per worker
     assert len({h[3] for h in headers}) == COUNT  # a new token each time a slot is written
     assert isinstance(loader.worker_init_fn, SharedBatches) and loader.worker_init_fn.count == 4
+
+
+def test_labels_leave_in_their_images_slot_and_a_held_label_keeps_the_slot(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    expected = serial(ds, batch_size=2)
+    loader = fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)
+    assert isinstance(loader.collate_fn, SlotConvert)
+    held, in_slots = {}, 0
+    for index, (images, labels) in enumerate(loader):
+        assert torch.equal(images, expected[index][0]) and torch.equal(labels, expected[index][1])
+        if slot_header(images) is not None:  # (not when the loop held every slot of the worker: a new segment)
+            assert labels.untyped_storage().data_ptr() == images.untyped_storage().data_ptr()
+            assert labels.dtype == torch.int64 and labels.storage_offset() * 8 == 64 + 2 * 8 * 6 * 3  # after the pixels
+            in_slots += 1
+        if index in (0, 3, 5, 6):  # two of each worker's slots
+            held[index] = labels  # the images dropped: the labels alone keep the slot
+    for index, labels in held.items():
+        assert torch.equal(labels, expected[index][1]), f"batch {index}'s slot was written over"
+    assert in_slots >= 10
+
+
+def test_labels_that_do_not_fit_after_the_pixels_leave_as_before() -> None:
+    from fastdata.reader.handover import BatchSlots, _WorkerSlots, as_tensor, into_slot_tail, tail_bytes
+
+    assert tail_bytes((2, 8, 6, 3)) == 64 and tail_bytes((9, 8, 6, 3)) == 128
+    worker = _WorkerSlots(BatchSlots(1, 2), 0)
+    images = as_tensor(worker.allocate((2, 8, 6, 3), "uint8"))
+    labels, boxes = torch.tensor([3, 4]), torch.arange(40, dtype=torch.int64)  # 16 bytes fit, 320 do not
+    moved = into_slot_tail([images, labels, boxes])
+    assert moved[0] is images and moved[2] is boxes
+    assert moved[1].untyped_storage().data_ptr() == images.untyped_storage().data_ptr()
+    assert moved[1].tolist() == [3, 4] and slot_header(moved[1]) is None
+    assert into_slot_tail([labels, boxes]) == [labels, boxes]  # no slot among them: nothing moves
 
 
 @pytest.mark.parametrize("keep", [1, 3])
@@ -142,7 +175,7 @@ def test_no_segment_is_kept_from_persistent_workers_an_epoch_left_midway_or_past
     monkeypatch.setenv(spares.SPARE_ENV, "0")
     assert sum(1 for _ in fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)) == 20
     assert spares.kept_storages() == 0
-    monkeypatch.setenv(spares.SPARE_ENV, str(2 * (64 + 2 * 8 * 6 * 3)))  # room for two segments of a batch of 2
+    monkeypatch.setenv(spares.SPARE_ENV, str(2 * (64 + 2 * 8 * 6 * 3 + 64)))  # two segments of a batch of 2 and its labels
     assert sum(1 for _ in fastdata.loader(ds, batch_size=2, num_workers=2, shuffle=True, seed=5)) == 20
     assert spares.kept_storages() == 2
 

@@ -265,6 +265,10 @@ def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kw
         return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers,
                            collate_fn=PaddedConvert(padding), **kwargs)
     if accepts_index_arrays(dataset) and collate_fn is None:
+        if isinstance(kwargs.get("worker_init_fn"), SharedBatches) and kwargs["worker_init_fn"].count:
+            from fastdata.reader.handover import SlotConvert  # the labels leave in the pixels' slot
+
+            kwargs["collate_fn"] = SlotConvert()
         return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers, **kwargs)
     # per-sample datasets: the same batches, fetched per index and collated by torch
     from torch.utils.data import default_collate

@@ -48,7 +48,8 @@ import torch
 
 from fastdata.machine import populate
 
-__all__ = ["BatchSlots", "as_tensor", "default_allocate", "share_batches", "shared_allocate", "slot_header"]
+__all__ = ["BatchSlots", "SlotConvert", "as_tensor", "default_allocate", "share_batches", "shared_allocate",
+           "slot_header"]
 
 MAGIC = 0x6661737464617461  # b"fastdata": the first word of a slot's header
 HEADER = 64  # bytes before a slot's batch (aligned for any dtype)
@@ -234,7 +235,7 @@ class _WorkerSlots:
             slot = min(fits, key=lambda slot: self.segments[slot].numel())
         else:  # an empty slot, else the smallest segment makes way
             slot = min(free, key=lambda slot: -1 if self.segments[slot] is None else self.segments[slot].numel())
-            self.segments[slot] = _shared_tensor(HEADER + nbytes)
+            self.segments[slot] = _shared_tensor(HEADER + nbytes + tail_bytes(shape))
             if self.segments[slot] is None:
                 return None
             self.ids[slot] = _random_word()
@@ -247,6 +248,50 @@ class _WorkerSlots:
         segment[:HEADER].view(torch.int64)[:5] = torch.tensor([MAGIC, self.worker_id, slot, token, self.ids[slot]])
         self.table[slot] = token  # taken until the training process has let go of this batch
         return _array(segment[HEADER:HEADER + nbytes], shape, dtype)
+
+
+def tail_bytes(shape: tuple[int, ...]) -> int:
+    """Room kept after a slot's batch for an int64 per row (its labels: :class:`SlotConvert`)."""
+    return -(-8 * (shape[0] if shape else 1) // 64) * 64
+
+
+class SlotConvert:
+    """The torch backend's ``collate_fn`` where batches leave in slots: what a DataLoader with
+    ``batch_size=None`` does to a batch (``default_convert``), then each small plain tensor of it
+    (the labels) copied into the room after the pixels in their slot. The batch then leaves the
+    worker as one shared segment: one descriptor sent and received, where the labels alone took
+    a new segment and a second descriptor every batch (about 0.7 ms of CPU a batch between the
+    worker and the training process, ``benchmarks/bench_handover.py``). Picklable."""
+
+    def __call__(self, batch: Any) -> Any:
+        from torch.utils.data import default_convert
+
+        batch = default_convert(batch)
+        if isinstance(batch, list):
+            return into_slot_tail(batch)
+        return batch
+
+
+def into_slot_tail(values: list[Any]) -> list[Any]:
+    """``values`` with each plain CPU tensor not in shared memory replaced by a copy in the room
+    after the slot tensor among them (the first value written in a slot), where it fits."""
+    slot = next((value for value in values if slot_header(value) is not None), None)
+    if slot is None:
+        return values
+    storage = slot.untyped_storage()
+    used = HEADER + slot.numel() * slot.element_size()
+    out = []
+    for value in values:
+        if type(value) is torch.Tensor and value is not slot and value.device.type == "cpu" \
+                and not value.is_shared() and value.numel():
+            start = -(-used // value.element_size()) * value.element_size()  # aligned for its dtype
+            end = start + value.numel() * value.element_size()
+            if end <= storage.nbytes():
+                moved = torch.empty(0, dtype=value.dtype).set_(storage, start // value.element_size(), value.shape)
+                value = moved.copy_(value)
+                used = end
+        out.append(value)
+    return out
 
 
 def _random_word() -> int:
