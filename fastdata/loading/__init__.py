@@ -256,6 +256,7 @@ def _watched(batches: Iterator[Any], slots: Any, give_back: bool = False) -> Ite
 def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kwargs: dict[str, Any],
                   padding: Any = None) -> DataLoader:
     collate_fn = kwargs.pop("collate_fn", None)
+    count = 0  # slots per worker
     if accepts_index_arrays(dataset) and num_workers:
         # slots only where each batch reaches the loop as read (a pinned or padded batch is a new one)
         count = 0 if padding is not None or collate_fn is not None or kwargs.get("pin_memory") \
@@ -265,7 +266,7 @@ def _torch_loader(dataset: Any, sampler: BatchIndexSampler, num_workers: int, kw
         return TorchLoader(dataset, sampler, batch_size=None, sampler=sampler, num_workers=num_workers,
                            collate_fn=PaddedConvert(padding), **kwargs)
     if accepts_index_arrays(dataset) and collate_fn is None:
-        if isinstance(kwargs.get("worker_init_fn"), SharedBatches) and kwargs["worker_init_fn"].count:
+        if count:
             from fastdata.reader.handover import SlotConvert  # the labels leave in the pixels' slot
 
             kwargs["collate_fn"] = SlotConvert()

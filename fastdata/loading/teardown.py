@@ -96,14 +96,12 @@ def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stop
     epoch) and remove the segments (at close, garbage collection or exit); slot segments are kept
     for the next loader (:func:`spares.keep_spare`), those with lent batches still held in them
     with those batches' leases (never with ``zero_copy``'s views)."""
-    controls = {worker.control.name for worker in workers}  # the running workers' own; the rest hold slots
-    stop_workers(workers)
-    stop_workers(stopping)
+    shut_down(workers, segments, stopping)  # the running workers' control segments go; the rest hold slots
     leases = None
     if not lending.zero_copy and lending.leases is not None:
         leases = [lease for ref in list(lending.leases.watched.values()) if (lease := ref()) is not None]
     for name, segment in segments.items():
-        if name in controls or not spares.keep_spare(segment, lending.slot_bytes.get(name, 0), leases):
+        if not spares.keep_spare(segment, lending.slot_bytes.get(name, 0), leases):
             shm.release(segment, unlink=True)
     segments.clear()
     lending.slot_bytes.clear()
