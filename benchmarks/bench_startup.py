@@ -14,8 +14,8 @@ each through a new ``fastdata.loader`` iterated as a training loop does
 (``for images, labels in loader``), so the last batch of an epoch is still bound when the next
 epoch's loader starts. The thread backend starts no process: its numbers are what the worker
 processes' start costs are measured against. CPU ms per image counts the process and its
-reaped workers. Medians over the epochs of all rounds. Numbers and what they showed:
-docs/reading.md ("Backends").
+workers (waited for after the clock stops where the loader did not wait for their exit).
+Medians over the epochs of all rounds. Numbers and what they showed: docs/reading.md ("Backends").
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def _cpu_s() -> float:
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
 
 def child(args: argparse.Namespace) -> None:
     """One backend's epochs in this process: one JSON line per timed epoch."""
+    import multiprocessing
+
     import fastdata
+    from epoch_timing import cpu_s, reap_new_children
     from torchvision.transforms import v2
 
     train = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip()])
@@ -50,14 +48,16 @@ def child(args: argparse.Namespace) -> None:
         time.sleep(0.2)  # the machine settles between epochs alike for every backend
         loader = fastdata.loader(dataset, batch_size=args.batch_size, shuffle=True, seed=epoch,
                                  backend=args.backend, num_workers=args.workers)
+        before = {process.pid for process in multiprocessing.active_children()}
         marks, count = [time.perf_counter()], 0
-        cpu_start = _cpu_s()
+        cpu_start = cpu_s()
         for images, labels in loader:  # the last batch stays bound, as in a training loop
             marks.append(time.perf_counter())
             count += len(images)
         marks.append(time.perf_counter())
         del loader  # stops a worker process's workers if still running (they stop at the epoch's end)
-        cpu = _cpu_s() - cpu_start
+        reap_new_children(before)  # workers stopped behind the loop (both backends): their exit counted
+        cpu = cpu_s() - cpu_start
         if epoch == 0:
             continue  # untimed: libraries loaded, segments written once, as in a later epoch of a run
         print(json.dumps({

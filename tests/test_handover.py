@@ -4,6 +4,10 @@ writing over a batch the loop still holds."""
 
 from __future__ import annotations
 
+import multiprocessing
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import pattern, save
+from conftest import pattern, save, wait_until
 from fastdata.loading import SharedBatches, spares
 from fastdata.reader.handover import MAGIC, SlotConvert, slot_header
 
@@ -230,3 +234,100 @@ def test_with_file_system_sharing_no_segment_is_kept(raw: Path) -> None:
             assert len(set(ids)) >= 2 and spares.kept_storages() == 0
     finally:
         torch.multiprocessing.set_sharing_strategy(before)
+
+
+def _retire_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "fastdata-retire"}
+
+
+def _epoch_watching_the_stop(loader) -> tuple[list[int], list[bool]]:
+    """The labels of one epoch of ``loader``, and for each batch whether a thread stopping this
+    epoch's workers had started by the time it arrived."""
+    earlier = _retire_threads()  # an earlier epoch's may still be joining its workers
+    labels, started = [], []
+    for _, batch_labels in loader:
+        labels += batch_labels.tolist()
+        started.append(bool(_retire_threads() - earlier))
+    return labels, started
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_the_last_batch_of_an_epoch_starts_the_workers_stop_behind_the_loop(raw: Path, per_sample: bool) -> None:
+    ds = fastdata.open_dataset(raw)
+    if per_sample:  # a plain Dataset: the DataLoader collates per-sample reads, no slots
+        ds = torch.utils.data.Subset(ds, range(COUNT))
+    expected = [label for _, labels in serial(fastdata.open_dataset(raw), batch_size=3) for label in labels.tolist()]
+    loader = fastdata.loader(ds, batch_size=3, num_workers=2, shuffle=True, seed=5)
+    for epoch in range(2):
+        loader.set_epoch(0)
+        labels, started = _epoch_watching_the_stop(loader)
+        assert labels == expected, epoch  # every batch, the last included, reached the loop
+        assert started == [False] * 13 + [True]  # 14 batches; the stop started with the last only
+    wait_until(lambda: not _retire_threads() and not multiprocessing.active_children(), "the workers' exit")
+
+
+def test_a_resumed_epoch_ends_with_its_own_last_batch_in_any_layout(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    loader = fastdata.loader(ds, batch_size=4, num_workers=2, shuffle=True, seed=5)
+    seen = []
+    for _, labels in loader:
+        seen += labels.tolist()
+        if len(seen) == 12:
+            break
+    state = loader.state_dict()
+    same = fastdata.loader(ds, batch_size=4, num_workers=2, shuffle=True, seed=5)
+    same.load_state_dict(state)
+    labels, started = _epoch_watching_the_stop(same)
+    assert len(started) == 7 and started[-1] and not any(started[:-1])
+    assert sorted(seen + labels) == sorted(ds.labels.tolist())  # the rest of the epoch, each sample once
+    other = fastdata.loader(ds, batch_size=3, num_workers=2, shuffle=True, seed=5)  # another batch size
+    other.load_state_dict(state)
+    labels, started = _epoch_watching_the_stop(other)
+    assert len(started) == 10 and started[-1] and not any(started[:-1])  # 28 samples left: 9 batches of 3, 1 of 1
+    assert sorted(seen + labels) == sorted(ds.labels.tolist())
+
+
+def test_persistent_workers_and_an_epoch_left_midway_start_no_stop_thread(raw: Path) -> None:
+    ds = fastdata.open_dataset(raw)
+    persistent = fastdata.loader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        assert _epoch_watching_the_stop(persistent)[1] == [False] * 10
+    loader = fastdata.loader(ds, batch_size=4, num_workers=2)
+    before = _retire_threads()
+    for index, _ in enumerate(loader):
+        if index == 8:
+            break
+    assert _retire_threads() <= before  # a DataLoader left midway is stopped as it always was
+
+
+EXIT_SCRIPT = """
+import pathlib, sys, time
+import multiprocessing.util
+import torch
+import fastdata
+
+def exits_slowly(worker_id):  # a worker whose exit takes a while, then leaves a mark that it exited normally
+    mark = pathlib.Path(f"exited-{worker_id}")
+    multiprocessing.util.Finalize(None, lambda: (time.sleep(0.3), mark.touch()), exitpriority=0)
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.full((3,), index)
+
+for batch in fastdata.loader(Numbers(), batch_size=8, num_workers=2, worker_init_fn=exits_slowly):
+    pass
+print("done", flush=True)
+"""
+
+
+def test_a_script_that_ends_with_the_epoch_lets_the_workers_exit_normally(tmp_path: Path) -> None:
+    """The stop behind the loop is still under way when the script ends: the interpreter waits for
+    it, as it would have waited in the loop, instead of killing workers that are exiting."""
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    assert sorted(path.name for path in tmp_path.glob("exited-*")) == ["exited-0", "exited-1"]

@@ -164,7 +164,7 @@ class TorchLoader(Resumable, DataLoader):
         preload_worker_imports()
         shared = self.worker_init_fn
         if not isinstance(shared, SharedBatches) or not shared.count:
-            return self.tracked(lambda: DataLoader.__iter__(self))
+            return self.tracked(self._workers_epoch)
         from fastdata.loading import spares
         from fastdata.reader.handover import BatchSlots
 
@@ -173,7 +173,20 @@ class TorchLoader(Resumable, DataLoader):
             given = spares.take_storages(self.num_workers * shared.count) if self._forks() else []
             shared.slots = BatchSlots(self.num_workers, shared.count, given)
         give_back = not self.persistent_workers  # the workers end with the epoch: their segments are kept
-        return self.tracked(lambda: _watched(DataLoader.__iter__(self), shared.slots, give_back))
+        return self.tracked(lambda: _watched(self._workers_epoch(), shared.slots, give_back))
+
+    def _workers_epoch(self) -> Iterator[Any]:
+        """The DataLoader's iterator; where its workers end with the epoch, they are stopped behind
+        the loop once the last batch arrives (:func:`~fastdata.loading.teardown.retiring`) instead
+        of the loop waiting for their exit when it asks for the batch after the last."""
+        before = self.index_sampler.drawn
+        batches = DataLoader.__iter__(self)
+        drawn = self.index_sampler.drawn  # the pass this iterator draws from (it has drawn ahead already)
+        if not self.num_workers or self.persistent_workers or drawn is before:
+            return batches
+        from fastdata.loading.teardown import retiring
+
+        return retiring(batches, drawn)
 
     def _forks(self) -> bool:
         """Whether this loader's workers start by fork (they then inherit this process's mappings)."""
@@ -240,7 +253,7 @@ class SharedBatches:
 
 def _watched(batches: Iterator[Any], slots: Any, give_back: bool = False) -> Iterator[Any]:
     """The DataLoader's batches, each watched so its slot is reused once the loop lets go of it;
-    with ``give_back``, an epoch that ran to its end (the DataLoader has then ended its workers)
+    with ``give_back``, an epoch that ran to its end (its workers, stopping, write nothing more)
     leaves the segments of the slots let go of for the next workers (:mod:`fastdata.loading.spares`)."""
     for batch in batches:
         slots.received(batch)

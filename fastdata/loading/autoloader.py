@@ -22,7 +22,7 @@ import numpy as np
 from fastdata.loading.autotune import Search, decide, start
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
 from fastdata.loading.base import Resumable
-from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler, Drawn
 
 logger = logging.getLogger("fastdata")
 
@@ -43,9 +43,12 @@ class Segment:
         self.epoch = 0
         self.resume_at = 0
         self.stages: list = []  # the position a fixed loader reads (the auto loader keeps its own state)
+        self.drawn: Drawn | None = None
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        return iter(list(self.batches))
+        batches = list(self.batches)
+        self.drawn = Drawn(len(batches), ended=True)  # the pass is known whole (a sampler's ``drawn``)
+        return iter(batches)
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -87,6 +87,16 @@ def epoch_list(indices: Any, epoch: int | None) -> list[int]:
     return rows
 
 
+class Drawn:
+    """What one pass of a sampler has yielded so far (:attr:`count`) and whether it has ended
+    (:attr:`ended`): a loader that draws ahead of its batches (a DataLoader) knows from it which
+    batch is the last of the epoch when that batch arrives."""
+
+    def __init__(self, count: int = 0, ended: bool = False) -> None:
+        self.count = count
+        self.ended = ended
+
+
 class EpochSampler(Sampler):
     """Base of fastdata's samplers: one permutation per epoch from :meth:`order`, this rank's
     share of it, yielded as ints, or (with ``batch_size``) as sorted index arrays, one per batch.
@@ -178,13 +188,17 @@ class EpochSampler(Sampler):
             arrange = self.arrange or (lambda indices, _: np.sort(indices))
             items = (epoch_indices(arrange(order[batch * self.batch_size : (batch + 1) * self.batch_size], epoch), epoch)
                      for batch in range(first, self.layout.batches(len(order))))
+        drawn = self.drawn = Drawn()
         for item in items:
             position[1] += 1
+            drawn.count += 1
             yield item
+        drawn.ended = True
         if self._pass is position:  # the latest pass is over (an earlier one's end leaves the later's)
             self._pass = None
 
     _pass: list[Any] | None = None  # [epoch, items yielded, stages] while a pass is under way
+    drawn: Drawn | None = None  # the latest pass's count, and whether it has ended
     # how a batch's indices are put in order (default: ascending, for sequential reads); a dataset
     # with an order of its own (a mix: grouped per source) gives ``arrange_batch(indices, epoch)``
     arrange: Any = None

@@ -1,13 +1,15 @@
-"""Stopping a ``process`` loader's workers (at the end of an epoch without waiting for them, at
-shutdown for sure), and what becomes of its shared-memory segments when it closes: its slot
-segments kept for the next loader (:mod:`fastdata.loading.spares`), the rest removed. Used by
-:mod:`fastdata.loading.processes`."""
+"""Stopping a loader's worker processes: a ``process`` loader's (at the end of an epoch without
+waiting for them, at shutdown for sure), and what becomes of its shared-memory segments when it
+closes: its slot segments kept for the next loader (:mod:`fastdata.loading.spares`), the rest
+removed (used by :mod:`fastdata.loading.processes`); a DataLoader's (the ``torch`` backend's) at
+the end of an epoch, behind the training loop (:func:`retiring`)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from fastdata.loading import shm, spares
 
@@ -105,3 +107,30 @@ def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stop
             shm.release(segment, unlink=True)
     segments.clear()
     lending.slot_bytes.clear()
+
+
+def retiring(batches: Iterator[Any], drawn: Any) -> Iterator[Any]:
+    """The batches of a DataLoader iterator whose workers end with the epoch (``batches``), its
+    workers stopped behind the training loop. A DataLoader stops them when the loop asks for the
+    batch after the last and waits there for their exit (15-20 ms on the machine of
+    docs/reading.md, as a worker that imported torch tears down). Here the last batch is known
+    when it arrives (it is the ``drawn.count``-th and the sampler's pass, ``drawn``, has
+    ended: a :class:`~fastdata.loading.samplers.Drawn`), and a thread asks the iterator for the
+    next one, which stops the workers and waits for them, while the loop works on that batch. The
+    thread is not a daemon: a script that ends with the epoch waits for the workers' normal exit
+    (their finalizers run), as it did in the loop, instead of having them killed."""
+    received = 0
+    for batch in batches:
+        received += 1
+        if drawn.ended and received == drawn.count:
+            threading.Thread(target=_run_out, args=(batches,), name="fastdata-retire").start()
+            del batches  # the thread's now
+            yield batch
+            return  # before the loop here asks for another
+        yield batch
+        del batch
+
+
+def _run_out(batches: Iterator[Any]) -> None:
+    for _ in batches:  # the DataLoader's own end: its workers stopped and joined
+        pass
