@@ -112,7 +112,7 @@ def cleanup(workers: list[Any], segments: dict[str, Any], lending: Lending, stop
 def retiring(batches: Iterator[Any], drawn: Any) -> Iterator[Any]:
     """The batches of a DataLoader iterator whose workers end with the epoch (``batches``), its
     workers stopped behind the training loop. A DataLoader stops them when the loop asks for the
-    batch after the last and waits there for their exit (15-20 ms on the machine of
+    batch after the last and waits there for their exit (13-19 ms on the machine of
     docs/reading.md, as a worker that imported torch tears down). Here the last batch is known
     when it arrives (it is the ``drawn.count``-th and the sampler's pass, ``drawn``, has
     ended: a :class:`~fastdata.loading.samplers.Drawn`), and a thread asks the iterator for the
