@@ -32,7 +32,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-
 def child(args: argparse.Namespace) -> None:
     """One backend's epochs in this process: one JSON line per timed epoch."""
     import multiprocessing

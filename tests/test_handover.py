@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import fastdata
-from conftest import pattern, save, wait_until
+from conftest import finish, pattern, save, wait_until
 from fastdata.loading import SharedBatches, spares
 from fastdata.reader.handover import MAGIC, SlotConvert, slot_header
 
@@ -328,6 +328,8 @@ def test_a_script_that_ends_with_the_epoch_lets_the_workers_exit_normally(tmp_pa
     it, as it would have waited in the loop, instead of killing workers that are exiting."""
     script = tmp_path / "train.py"
     script.write_text(EXIT_SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=tmp_path)
+    stdout, stderr = finish(process, what="the training script")
+    assert (process.returncode, stdout, stderr) == (0, "done\n", "")
     assert sorted(path.name for path in tmp_path.glob("exited-*")) == ["exited-0", "exited-1"]
