@@ -123,6 +123,18 @@ def stop_signals_held() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def restart_calls_on_child_exit() -> None:
+    """Have a child's exit (SIGCHLD) restart the system calls it interrupts, where a handler
+    catches it (a DataLoader with workers installs one for the process): for workers that exit
+    behind the training loop. A handler Python installs lets such calls fail with EINTR, which
+    Python retries but C code need not: torch's shared-memory manager start (the first
+    ``file_system`` share of a process) spins forever on one. Only SIGCHLD changes; waits that
+    are never restarted (``poll``, ``select``) still return early, and the handler still runs."""
+    handler = signal.getsignal(signal.SIGCHLD) if hasattr(signal, "SIGCHLD") else None
+    if callable(handler):
+        signal.siginterrupt(signal.SIGCHLD, False)
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel kill this process when its parent dies (even by SIGKILL)."""
     if sys.platform.startswith("linux"):

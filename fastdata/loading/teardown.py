@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from fastdata.loading import shm, spares
+from fastdata.machine import restart_calls_on_child_exit
 
 _STOP_GRACE_S = 0.5
 
@@ -62,7 +63,9 @@ def retire(workers: list[Any], segments: dict[str, Any], stopping: list[Any]) ->
     """The end of an epoch that took every batch: ask ``workers`` to stop and move them to
     ``stopping`` without waiting for them to exit (tearing down a process that inherited torch
     takes 10-20 ms; it overlaps the training loop's work). They write nothing more: each waits
-    for its next message. Their control segments are removed; :func:`reap_stopped` forgets them."""
+    for its next message. Their control segments are removed; :func:`reap_stopped` forgets them.
+    Their exit interrupts no system call of the loop's (:func:`~fastdata.machine.restart_calls_on_child_exit`)."""
+    restart_calls_on_child_exit()
     ask_to_stop(workers)
     now = time.monotonic()
     for worker in workers:
@@ -118,11 +121,15 @@ def retiring(batches: Iterator[Any], drawn: Any) -> Iterator[Any]:
     ended: a :class:`~fastdata.loading.samplers.Drawn`), and a thread asks the iterator for the
     next one, which stops the workers and waits for them, while the loop works on that batch. The
     thread is not a daemon: a script that ends with the epoch waits for the workers' normal exit
-    (their finalizers run), as it did in the loop, instead of having them killed."""
+    (their finalizers run), as it did in the loop, instead of having them killed. Their exit
+    interrupts no system call of the loop's (:func:`~fastdata.machine.restart_calls_on_child_exit`):
+    the DataLoader's SIGCHLD handler would otherwise fail a blocking call in C code that does not
+    retry (torch's shared-memory manager start spins forever on it)."""
     received = 0
     for batch in batches:
         received += 1
         if drawn.ended and received == drawn.count:
+            restart_calls_on_child_exit()
             threading.Thread(target=_run_out, args=(batches,), name="fastdata-retire").start()
             del batches  # the thread's now
             yield batch
