@@ -126,17 +126,49 @@ def test_the_read_path_starts_no_intra_op_region(folder: Path, options: dict, se
 @pytest.mark.parametrize("shape,size", [((173, 251, 3), (61, 89)), ((375, 500, 3), (224, 224)), ((40, 33, 1), (97, 20)),
                                         ((7, 300, 3), (224, 224))])
 @pytest.mark.parametrize("view", ["whole", "cropped"])
+@pytest.mark.parametrize("scratch", [False, True], ids=["new", "scratch"])
 def test_the_torch_kernel_equals_torchvisions_resize_and_gives_hwc_rows(mode: str, antialias: bool, shape: tuple,
-                                                                      size: tuple, view: str) -> None:
+                                                                      size: tuple, view: str, scratch: bool) -> None:
     """Fed channels-last, torch's kernel gives torchvision's pixels (its resize of the planar
-    CHW tensor) as contiguous HWC, copied into a batch row whole."""
+    CHW tensor) as contiguous HWC, copied into a batch row whole; written into the thread's
+    scratch output (the aten op with ``out=``) too."""
     pixels = np.random.default_rng(3).integers(0, 256, (shape[0], shape[1] + 9, shape[2]), dtype=np.uint8)
     pixels = pixels[:, 4:4 + shape[1]] if view == "cropped" else np.ascontiguousarray(pixels[:, :shape[1]])
     expected = F.resize(torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1), list(size),
                         antialias=antialias, interpolation=v2.InterpolationMode(mode))
-    got = kernels.resize(pixels, size, interpolation=mode, antialias=antialias)
+    got = kernels.resize(pixels, size, interpolation=mode, antialias=antialias, scratch=scratch)
     assert got.flags.c_contiguous and got.shape == (*size, shape[2])
     assert np.array_equal(got, expected.permute(1, 2, 0).numpy())
+
+
+@pytest.mark.skipif(not kernels.torch_resizes_serially(), reason="torch's vectorised uint8 kernel is x86 AVX2/AVX512")
+def test_a_scratch_resize_reuses_its_threads_output_and_a_plain_one_never_does() -> None:
+    rng = np.random.default_rng(4)
+    first, second = (rng.integers(0, 256, (50, 60, 3), dtype=np.uint8) for _ in range(2))
+    a = kernels.resize(first, (20, 30), scratch=True)
+    want_a = kernels.resize(first, (20, 30))
+    b = kernels.resize(second, (20, 30), scratch=True)
+    assert np.shares_memory(a, b) and np.array_equal(b, kernels.resize(second, (20, 30)))
+    assert not np.shares_memory(want_a, kernels.resize(first, (20, 30)))  # no scratch: a new array each time
+    other = []
+    thread = threading.Thread(target=lambda: other.append(kernels.resize(first, (20, 30), scratch=True)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(other[0], b) and np.array_equal(other[0], want_a)  # one scratch per thread
+    c = kernels.resize(first, (21, 30), scratch=True)  # another size: another output
+    assert c.shape == (21, 30, 3) and np.array_equal(c, kernels.resize(first, (21, 30)))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "cropped", "grey cropped", "mirrored"])
+def test_contiguous_copies_a_view_without_changing_a_pixel(layout: str) -> None:
+    decoded = np.random.default_rng(6).integers(0, 256, (30, 41, 3), dtype=np.uint8)
+    pixels = {"contiguous": decoded, "cropped": decoded[3:25, 5:36], "grey cropped": decoded[3:25, 5:36, :1],
+              "mirrored": decoded[:, ::-1]}[layout]
+    got = kernels._contiguous(pixels)
+    assert got.flags.c_contiguous and got.flags.writeable and np.array_equal(got, pixels)
+    assert (got is pixels) == (layout == "contiguous")
+    if layout != "contiguous":
+        assert not np.shares_memory(got, decoded)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
@@ -171,6 +203,8 @@ def test_place_copies_any_layout_exactly(layout: str, flip: bool) -> None:
     assert np.array_equal(batch[1], expected) and not batch[0].any()
     copied = kernels.place(pixels, None, flip=flip)
     assert copied.flags.c_contiguous and np.array_equal(copied, expected)
+    if layout == "hwc" and not flip:  # rows of whole pixels into a contiguous row: memmove, the GIL held
+        assert kernels._memmove() is not None
 
 
 def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

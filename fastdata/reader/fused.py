@@ -411,7 +411,8 @@ def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip
     with the read path's kernels (:mod:`fastdata.reader.kernels`: the calling thread only, never
     torch's intra-op pool); with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result
     is written there, flipped while copying. The result, uint8 HWC."""
-    pixels = kernels.resize(pixels, out_size, interpolation=plan.interpolation, antialias=plan.antialias)
+    pixels = kernels.resize(pixels, out_size, interpolation=plan.interpolation, antialias=plan.antialias,
+                            scratch=True)  # copied into a new array or ``out`` below
     if plan.kind == "resize_center_crop":
         pixels = center_crop_array(pixels, *plan.size)
     return kernels.place(pixels, out, flip=flip)

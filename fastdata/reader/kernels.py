@@ -22,8 +22,10 @@ Every function takes and returns uint8 HWC numpy arrays.
 
 from __future__ import annotations
 
+import ctypes
 import functools
-from typing import Callable
+import threading
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,23 +41,70 @@ def torch_resizes_serially() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+@functools.lru_cache(maxsize=None)
+def _torch_op(interpolation: str, antialias: bool) -> Callable[..., Any]:
+    """The aten op ``torch.nn.functional.interpolate`` calls for ``size=`` (no scale factors,
+    ``align_corners=False``) on a 4-D input, taken with an ``out=`` tensor."""
     import torch
 
-    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly, and
-    # (with a real batch stride, not newaxis's 0) recognised as such, so the result is channels-last
-    # too: HWC, copied into a batch row whole (a planar result costs the kernel a strided pack and
-    # the copy a channel-by-channel interleave). The views are numpy's: a torch view op lets go of
-    # the GIL, and each release lets another loader thread take it (docs/reading.md, "Threads and
-    # the GIL"); interpolate is the one torch call.
-    contiguous = np.ascontiguousarray(pixels)
-    tensor = torch.from_numpy(contiguous.reshape(1, *contiguous.shape).transpose(0, 3, 1, 2))
-    resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
-                                              align_corners=False)
-    return resized.numpy()[0].transpose(1, 2, 0)
+    name = {("bilinear", True): "_upsample_bilinear2d_aa", ("bilinear", False): "upsample_bilinear2d",
+            ("bicubic", True): "_upsample_bicubic2d_aa", ("bicubic", False): "upsample_bicubic2d"}
+    return getattr(torch._C._nn, name[(interpolation, antialias)])
 
 
-def _smooth_pillow(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+class _Scratch(threading.local):
+    """Per thread: the last resize's channels-last output tensor and its HWC numpy view."""
+
+    key: tuple[int, int, int] | None = None
+    tensor: Any = None
+    view: np.ndarray | None = None
+
+
+_scratch = _Scratch()
+
+
+def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool,
+                  scratch: bool = False) -> np.ndarray:
+    import torch
+
+    # HWC memory seen as NCHW: channels-last, the layout the vectorised kernel reads directly (made
+    # contiguous first: the kernel would copy a crop view through torch's intra-op pool), and
+    # (with a real batch stride, not newaxis's 0) recognised as such, so the result is
+    # channels-last too: HWC, copied into a batch row whole (a planar result costs the kernel
+    # a strided pack and the copy a channel-by-channel interleave). The views are numpy's: a
+    # torch view op lets go of the GIL, and each release lets another loader thread take it
+    # (docs/reading.md, "Threads and the GIL"); the resize is the one torch call. With
+    # ``scratch``, it writes into this thread's output tensor, kept for the next image: a new
+    # tensor per image let go of the GIL three more times as it was freed.
+    pixels = _contiguous(pixels)
+    tensor = torch.from_numpy(pixels.reshape(1, *pixels.shape).transpose(0, 3, 1, 2))
+    if not scratch:
+        resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
+                                                  align_corners=False)
+        return resized.numpy()[0].transpose(1, 2, 0)
+    key = (pixels.shape[2], *size)
+    if _scratch.key != key:
+        _scratch.tensor = torch.empty((1, *key), dtype=torch.uint8, memory_format=torch.channels_last)
+        _scratch.view, _scratch.key = _scratch.tensor.numpy()[0].transpose(1, 2, 0), key
+    _torch_op(interpolation, antialias)(tensor, size, False, None, None, out=_scratch.tensor)
+    return _scratch.view
+
+
+def _contiguous(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` (uint8 HWC) C-contiguous. A crop of a larger decode (rows of whole pixels, at
+    the decode's row stride) is copied row by row with the GIL held (``bytearray`` of a buffer):
+    numpy's copy lets go of it, and another loader thread takes it."""
+    if pixels.flags.c_contiguous:
+        return pixels
+    height, width, channels = pixels.shape
+    rows = pixels.reshape(height, width * channels)  # a view: a crop of a decode has contiguous rows
+    if rows.flags.c_contiguous:  # reshape had to copy
+        return rows.reshape(pixels.shape)
+    return np.frombuffer(bytearray(memoryview(rows)), np.uint8).reshape(pixels.shape)
+
+
+def _smooth_pillow(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool,
+                   scratch: bool = False) -> np.ndarray:
     from PIL import Image
 
     image = Image.fromarray(np.ascontiguousarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels))
@@ -63,9 +112,10 @@ def _smooth_pillow(pixels: np.ndarray, size: tuple[int, int], interpolation: str
     return resized[:, :, None] if resized.ndim == 2 else resized
 
 
-def _smooth(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+def _smooth(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool,
+            scratch: bool = False) -> np.ndarray:
     if torch_resizes_serially() and pixels.shape[2] in (1, 3):
-        return _smooth_torch(pixels, size, interpolation, antialias)
+        return _smooth_torch(pixels, size, interpolation, antialias, scratch)
     return _smooth_pillow(pixels, size, interpolation, antialias)
 
 
@@ -77,7 +127,8 @@ def _source_indices(in_size: int, out_size: int, offset: float) -> np.ndarray:
 
 
 def _nearest(offset: float) -> Callable[..., np.ndarray]:
-    def kernel(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool) -> np.ndarray:
+    def kernel(pixels: np.ndarray, size: tuple[int, int], interpolation: str, antialias: bool,
+               scratch: bool = False) -> np.ndarray:
         rows = _source_indices(pixels.shape[0], size[0], offset)
         columns = _source_indices(pixels.shape[1], size[1], offset)
         return pixels[rows[:, None], columns[None, :]]
@@ -85,7 +136,8 @@ def _nearest(offset: float) -> Callable[..., np.ndarray]:
     return kernel
 
 
-# interpolation (torchvision's InterpolationMode value) -> kernel(pixels, (height, width), interpolation, antialias)
+# interpolation (torchvision's InterpolationMode value) -> kernel(pixels, (height, width), interpolation, antialias,
+# scratch)
 KERNELS: dict[str, Callable[..., np.ndarray]] = {
     "bilinear": _smooth,
     "bicubic": _smooth,
@@ -95,13 +147,14 @@ KERNELS: dict[str, Callable[..., np.ndarray]] = {
 
 
 def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "bilinear",
-           antialias: bool | None = True) -> np.ndarray:
+           antialias: bool | None = True, scratch: bool = False) -> np.ndarray:
     """``pixels`` (uint8 HWC, any strides) resized to ``size`` (height, width) as torchvision's
     tensor ``resize`` does (``antialias`` None means True, as in torchvision's v2); the array
-    itself when it already has that size."""
+    itself when it already has that size. ``scratch``: the result may be this thread's scratch
+    output, valid until its next resize with ``scratch`` (for a caller that copies it at once)."""
     if tuple(pixels.shape[:2]) == tuple(size):
         return pixels
-    return KERNELS[interpolation](pixels, tuple(size), interpolation, antialias is not False)
+    return KERNELS[interpolation](pixels, tuple(size), interpolation, antialias is not False, scratch)
 
 
 def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
@@ -115,9 +168,33 @@ def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> 
         out = np.empty(pixels.shape, dtype=pixels.dtype)
     channels, item = pixels.shape[2], pixels.itemsize
     if not flip and pixels.strides[1] == channels * item and (channels == 1 or pixels.strides[2] == item):
-        out[...] = pixels
+        if not (pixels.flags.c_contiguous and out.flags.c_contiguous and _copy_holding_gil(out, pixels)):
+            out[...] = pixels
         return out
     columns = slice(None, None, -1) if flip else slice(None)
     for channel in range(pixels.shape[2]):
         out[:, :, channel] = pixels[:, columns, channel]
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _memmove() -> Callable[..., Any] | None:
+    """The C library's ``memmove`` called with the GIL held (``ctypes.PyDLL``), or None where it
+    cannot be loaded."""
+    try:
+        function = ctypes.PyDLL(None).memmove
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes, function.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t), ctypes.c_void_p
+    return function
+
+
+def _copy_holding_gil(out: np.ndarray, pixels: np.ndarray) -> bool:
+    """Copy C-contiguous ``pixels`` into C-contiguous ``out`` of the same shape and dtype without
+    letting go of the GIL (a batch row, about 150 kB: microseconds, where numpy's copy lets go of
+    the GIL and another loader thread takes it); False where that cannot be done."""
+    memmove = _memmove()
+    if memmove is None or out.shape != pixels.shape or out.dtype != pixels.dtype:
+        return False
+    memmove(out.__array_interface__["data"][0], pixels.__array_interface__["data"][0], out.nbytes)
+    return True

@@ -33,6 +33,7 @@ import hashlib
 import math
 import struct
 import threading
+from typing import Callable
 
 import numpy as np
 import torch
@@ -74,15 +75,25 @@ def _ulps_from(value: float, ulps: int) -> float:
     return _F32.unpack(_U32.pack(_U32.unpack(_F32.pack(value))[0] + ulps))[0]
 
 
-def outputs(seed: int, count: int = _OUTPUTS) -> list[int]:
-    """The first ``count`` 32-bit outputs of ``torch.Generator().manual_seed(seed)``."""
+def seeded(seed: int) -> Callable[[], int]:
+    """The 32-bit outputs of ``torch.Generator().manual_seed(seed)``, one per call, from this
+    thread's generator (seeding and drawing are not atomic). One output per call because
+    ``random_raw()`` without a size keeps the GIL, where with a size it lets go of it around its
+    loop, and another loader thread takes it (docs/reading.md, "Threads and the GIL"); a draw
+    reads five outputs when its first try fits."""
     state = getattr(_local, "state", None)
-    if state is None:  # one per thread: seeding and drawing are not atomic
+    if state is None:
         bits = np.random.MT19937()
         state = _local.state = (np.random.RandomState(bits), bits)
     legacy, bits = state
     legacy.seed(seed & 0xFFFF_FFFF)  # init_genrand on the low 32 bits, as torch's mt19937
-    return bits.random_raw(count).tolist()
+    return bits.random_raw
+
+
+def outputs(seed: int, count: int = _OUTPUTS) -> list[int]:
+    """The first ``count`` 32-bit outputs of ``torch.Generator().manual_seed(seed)``."""
+    draw = seeded(seed)
+    return [draw() for _ in range(count)]
 
 
 class _Uniform:
@@ -168,11 +179,10 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
     if uniforms is None:
         return None
     area_uniform, ratio_uniform = uniforms
-    drawn, area, at = outputs(seed), height * width, 0
+    draw, area = seeded(seed), height * width
     for _ in range(_TRIES):
-        target_area = area * area_uniform(drawn[at])
-        aspect = _f32(math.exp(ratio_uniform(drawn[at + 1])))
-        at += 2
+        target_area = area * area_uniform(draw())
+        aspect = _f32(math.exp(ratio_uniform(draw())))
         if not _ASPECTS[0] < aspect < _ASPECTS[1]:
             return None
         low, high = _ulps_from(aspect, -_ULPS), _ulps_from(aspect, _ULPS)
@@ -182,11 +192,10 @@ def random_resized_crop(height: int, width: int, scale: tuple[float, float], rat
                 or box_height != int(round(math.sqrt(target_area / high)))):
             return None  # torch's exp decides the box: only torch knows
         if 0 < box_width <= width and 0 < box_height <= height:
-            top = drawn[at] % (height - box_height + 1)
-            left = drawn[at + 1] % (width - box_width + 1)
-            at += 2
+            top = draw() % (height - box_height + 1)
+            left = draw() % (width - box_width + 1)
             break
     else:
         top, left, box_height, box_width = central_crop(height, width, ratio)
-    flip = flip_p is not None and (drawn[at] & _LOW_24) * _TWO_24 < _f32_saturating(flip_p)
+    flip = flip_p is not None and (draw() & _LOW_24) * _TWO_24 < _f32_saturating(flip_p)
     return top, left, box_height, box_width, flip
