@@ -7,7 +7,8 @@ Why: a loader runs one kernel per image, thousands per second. Any torch op that
 threads around a ~0.2 ms job, and every thread that calls into torch (the thread backend's
 workers, the training loop) brings its own team: measured 3.5-4.8x the CPU per image under
 torch's default threads against one thread (docs/reading.md). So copies and flips here are
-numpy, and a resize runs one of, by interpolation (:data:`KERNELS`):
+numpy's (or the C library's memmove, with the GIL held), and a resize runs one of, by
+interpolation (:data:`KERNELS`):
 
 * ``bilinear`` / ``bicubic``: torch's vectorised uint8 kernel (what torchvision's tensor
   ``resize`` calls) fed a channels-last view, on x86 CPUs where torch has it (AVX2/AVX512): that
