@@ -45,7 +45,8 @@ def torch_resizes_serially() -> bool:
 @functools.lru_cache(maxsize=None)
 def _torch_op(interpolation: str, antialias: bool) -> Callable[..., Any]:
     """The aten op ``torch.nn.functional.interpolate`` calls for ``size=`` (no scale factors,
-    ``align_corners=False``) on a 4-D input, taken with an ``out=`` tensor."""
+    ``align_corners=False``) on a 4-D input, taken with an ``out=`` tensor (a channels-last one:
+    the kernel writes HWC rows into it directly)."""
     import torch
 
     name = {("bilinear", True): "_upsample_bilinear2d_aa", ("bilinear", False): "upsample_bilinear2d",
@@ -79,16 +80,16 @@ def _smooth_torch(pixels: np.ndarray, size: tuple[int, int], interpolation: str,
     # tensor per image let go of the GIL three more times as it was freed.
     pixels = _contiguous(pixels)
     tensor = torch.from_numpy(pixels.reshape(1, *pixels.shape).transpose(0, 3, 1, 2))
-    if not scratch:
-        resized = torch.nn.functional.interpolate(tensor, size=size, mode=interpolation, antialias=antialias,
-                                                  align_corners=False)
-        return resized.numpy()[0].transpose(1, 2, 0)
     key = (pixels.shape[2], *size)
-    if _scratch.key != key:
-        _scratch.tensor = torch.empty((1, *key), dtype=torch.uint8, memory_format=torch.channels_last)
-        _scratch.view, _scratch.key = _scratch.tensor.numpy()[0].transpose(1, 2, 0), key
-    _torch_op(interpolation, antialias)(tensor, size, False, None, None, out=_scratch.tensor)
-    return _scratch.view
+    if not scratch or _scratch.key != key:
+        output = torch.empty((1, *key), dtype=torch.uint8, memory_format=torch.channels_last)
+        view = output.numpy()[0].transpose(1, 2, 0)
+        if scratch:
+            _scratch.tensor, _scratch.view, _scratch.key = output, view, key
+    else:
+        output, view = _scratch.tensor, _scratch.view
+    _torch_op(interpolation, antialias)(tensor, size, False, None, None, out=output)
+    return view
 
 
 def _contiguous(pixels: np.ndarray) -> np.ndarray:
