@@ -320,11 +320,39 @@ def test_the_scale_is_read_from_the_decoded_size() -> None:
         fused.decoded_scale(1501, 2003, 750, 1000)
 
 
-def test_the_flip_mirrors_the_same_box(images) -> None:
-    _, jpeg = images["imagenet"]
-    flipped = fused.fused_decode(jpeg, _train_plan(flip_p=1.0), generator=torch.Generator().manual_seed(2), decoder="pil")
-    kept = fused.fused_decode(jpeg, _train_plan(flip_p=0.0), generator=torch.Generator().manual_seed(2), decoder="pil")
-    assert torch.equal(flipped, kept.flip(-1)) and not torch.equal(flipped, kept)
+@pytest.mark.parametrize("decoder", ["pil", "simplejpeg", "region"])
+@pytest.mark.parametrize("name", ["imagenet", "large"])
+def test_the_flip_mirrors_the_same_box(images, decoder: str, name: str) -> None:
+    """A mirrored image is decoded as BGR and put back in RGB order by the mirroring copy: pixel
+    for pixel the unmirrored image's mirror, at every DCT scale, in a batch row or alone."""
+    if decoder == "simplejpeg":
+        pytest.importorskip("simplejpeg")
+    if decoder == "region" and fused.region.library() is None:
+        pytest.skip("no libturbojpeg 3")
+    _, jpeg = images[name]
+    for seed in range(6):
+        flipped = fused.fused_decode(jpeg, _train_plan(flip_p=1.0), generator=torch.Generator().manual_seed(seed),
+                                     decoder=decoder)
+        kept = fused.fused_decode(jpeg, _train_plan(flip_p=0.0), generator=torch.Generator().manual_seed(seed),
+                                  decoder=decoder)
+        assert torch.equal(flipped, kept.flip(-1)) and not torch.equal(flipped, kept), seed
+        row = np.zeros((2, 224, 224, 3), np.uint8)
+        fused.fused_pixels(jpeg, _train_plan(flip_p=1.0), generator=torch.Generator().manual_seed(seed),
+                           decoder=decoder, out=row[1])
+        assert np.array_equal(row[1], flipped.permute(1, 2, 0).numpy()) and not row[0].any()
+
+
+@pytest.mark.parametrize("decoder", ["pil", "simplejpeg"])
+def test_a_box_decoded_as_bgr_is_the_rgb_box_reversed(images, decoder: str) -> None:
+    if decoder == "simplejpeg":
+        pytest.importorskip("simplejpeg")
+    _, jpeg = images["large"]
+    height, width = fused.jpeg_size(jpeg)
+    draw = _train_plan().draw(height, width, torch.Generator().manual_seed(4))
+    for scale in fused.DCT_SCALES:
+        rgb = fused.DECODERS[decoder].box(jpeg, draw, scale, height, width, "RGB")
+        bgr = fused.DECODERS[decoder].box(jpeg, draw, scale, height, width, "BGR")
+        assert bgr.shape == rgb.shape and np.array_equal(bgr, rgb[:, :, ::-1]), scale
 
 
 def test_png_goes_through_the_fallback_pixel_exactly(images) -> None:

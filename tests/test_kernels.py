@@ -207,6 +207,25 @@ def test_place_copies_any_layout_exactly(layout: str, flip: bool) -> None:
         assert kernels._memmove() is not None
 
 
+@pytest.mark.parametrize("flip", [False, True], ids=["copy", "mirror"])
+@pytest.mark.parametrize("layout", ["hwc", "planar", "cropped", "grey"])
+def test_place_puts_reversed_channels_back_in_order(layout: str, flip: bool) -> None:
+    """BGR in, RGB out (the fused decode decodes an image it mirrors as BGR): mirrored or not,
+    from rows of whole pixels (one copy of each row backwards) or any other layout."""
+    rng = np.random.default_rng(6)
+    planar = rng.integers(0, 256, (1 if layout == "grey" else 3, 20, 30), dtype=np.uint8)
+    rgb = np.ascontiguousarray(planar.transpose(1, 2, 0))
+    bgr = {"hwc": np.ascontiguousarray(rgb[:, :, ::-1]), "planar": planar[::-1].transpose(1, 2, 0),
+           "cropped": np.ascontiguousarray(rgb[:, :, ::-1])[2:17, 3:29], "grey": rgb}[layout]
+    expected = {"cropped": rgb[2:17, 3:29]}.get(layout, rgb)
+    expected = expected[:, ::-1] if flip else expected
+    batch = np.zeros((2, *bgr.shape), dtype=np.uint8)
+    kernels.place(bgr, batch[1], flip=flip, reversed_channels=True)
+    assert np.array_equal(batch[1], expected) and not batch[0].any()
+    copied = kernels.place(bgr, None, flip=flip, reversed_channels=True)
+    assert copied.flags.c_contiguous and np.array_equal(copied, expected)
+
+
 def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel changes pixels by at most a grey level, never the box or the flip."""
     data = next(folder.glob("a/*.jpg")).read_bytes()

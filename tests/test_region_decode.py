@@ -88,7 +88,7 @@ def test_the_box_pixels_are_simplejpegs_at_every_dct_scale(kind: str) -> None:
     for seed, epoch, index in [(seed, epoch, index) for seed in (0, 3) for epoch in (0, 1) for index in range(6)]:
         draw = PLAN.draw(height, width, fused.generator_for(seed, epoch, index))
         for scale in fused.DCT_SCALES:
-            for mode in ("RGB", "L"):
+            for mode in ("RGB", "BGR", "L"):
                 expected = fused.DECODERS["simplejpeg"].box(data, draw, scale, height, width, mode)
                 got = region.box(data, draw, scale, height, width, mode)
                 if got is None:  # only a box that is the whole image goes the whole-image way

@@ -351,22 +351,29 @@ def jpeg_size(data: bytes, decoder: str = "simplejpeg") -> tuple[int, int]:
 def _whole_box(decoder: str) -> Callable[..., np.ndarray]:
     def box(data: bytes, draw: Draw, scale: int, height: int, width: int, mode: str) -> np.ndarray:
         """The whole JPEG at 1/scale, then the box cut out of it."""
-        need_height, need_width, pixels = -(-height // scale), -(-width // scale), None
+        need_height, need_width = -(-height // scale), -(-width // scale)
         if decoder == "simplejpeg":
-            pixels = strict_simplejpeg("decode_jpeg", data, colorspace="GRAY" if mode == "L" else "RGB",
+            pixels = strict_simplejpeg("decode_jpeg", data, colorspace="GRAY" if mode == "L" else mode,
                                        fastdct=True, fastupsample=True, min_height=need_height, min_width=need_width)
-        if pixels is None:  # Pillow's draft: asked for, or simplejpeg refused the file
-            from PIL import Image
+            if pixels is not None:
+                return _cut(pixels, draw, height, width)
+        from PIL import Image  # Pillow's draft: asked for, or simplejpeg refused the file
 
-            with Image.open(io.BytesIO(data)) as image:
-                image.draft(mode, (need_width, need_height))
-                pixels = np.array(image.convert(mode))
-        pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
-        scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
-        top, left, bottom, right = scaled_region(draw, scale, *pixels.shape[:2])
-        return pixels[top:bottom, left:right]
+        with Image.open(io.BytesIO(data)) as image:
+            pil_mode = "RGB" if mode == "BGR" else mode
+            image.draft(pil_mode, (need_width, need_height))
+            pixels = _cut(np.array(image.convert(pil_mode)), draw, height, width)
+        return np.ascontiguousarray(pixels[:, :, ::-1]) if mode == "BGR" else pixels
 
     return box
+
+
+def _cut(pixels: np.ndarray, draw: Draw, height: int, width: int) -> np.ndarray:
+    """``draw``'s box out of a ``height`` x ``width`` image decoded at a DCT scale (HWC view)."""
+    pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+    scale = decoded_scale(height, width, *pixels.shape[:2])  # the decoder may pick a larger image
+    top, left, bottom, right = scaled_region(draw, scale, *pixels.shape[:2])
+    return pixels[top:bottom, left:right]
 
 
 def _region_box(*args: Any) -> np.ndarray:
@@ -378,7 +385,7 @@ def _region_box(*args: Any) -> np.ndarray:
 class JpegDecoder:
     """A row of :data:`DECODERS`: a JPEG's header, (height, width, ...) (None: Pillow reads it),
     the box's pixels at the DCT scale (``box(data, draw, scale, height, width, mode)``, uint8
-    HWC), and ``require()``: raises DependencyMissingError where its library is missing."""
+    HWC; ``mode`` "RGB", "BGR" or "L"), and ``require()``: raises DependencyMissingError where its library is missing."""
 
     header: Callable[[bytes], tuple | None]
     box: Callable[..., np.ndarray]
@@ -406,16 +413,17 @@ def default_decoder() -> str:
 
 
 def _finish(pixels: np.ndarray, plan: FusedPlan, out_size: tuple[int, int], flip: bool,
-            out: np.ndarray | None = None) -> np.ndarray:
+            out: np.ndarray | None = None, *, bgr: bool = False) -> np.ndarray:
     """Resize HWC ``pixels`` to ``out_size``, centre-crop (a resize + centre crop plan) and flip,
     with the read path's kernels (:mod:`fastdata.reader.kernels`: the calling thread only, never
     torch's intra-op pool); with ``out`` (uint8 HWC of ``plan.size``: a row of a batch) the result
-    is written there, flipped while copying. The result, uint8 HWC."""
+    is written there, flipped while copying. ``bgr``: ``pixels`` are BGR, put in RGB order by the
+    same copy (the resize treats each channel alike). The result, uint8 HWC."""
     pixels = kernels.resize(pixels, out_size, interpolation=plan.interpolation, antialias=plan.antialias,
                             scratch=True)  # copied into a new array or ``out`` below
     if plan.kind == "resize_center_crop":
         pixels = center_crop_array(pixels, *plan.size)
-    return kernels.place(pixels, out, flip=flip)
+    return kernels.place(pixels, out, flip=flip, reversed_channels=bgr)
 
 
 def fused_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,
@@ -451,8 +459,13 @@ def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     if on_draw is not None:
         on_draw(height, width, draw)
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
-    pixels = DECODERS[decoder].box(data, draw, dct_scale(draw.height, draw.width, *out_size), height, width, mode)
-    return _finish(pixels, plan, out_size, draw.flip, out)
+    # an image to be mirrored is decoded as BGR: reversing each row's bytes then mirrors it and
+    # puts it back in RGB in one copy (three, one per channel, from RGB), and the GIL is let go of
+    # once for that copy, not three times (docs/reading.md, "Threads and the GIL")
+    bgr = draw.flip and mode == "RGB"
+    pixels = DECODERS[decoder].box(data, draw, dct_scale(draw.height, draw.width, *out_size), height, width,
+                                   "BGR" if bgr else mode)
+    return _finish(pixels, plan, out_size, draw.flip, out, bgr=bgr)
 
 
 def fallback_decode(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.Generator | None = None,

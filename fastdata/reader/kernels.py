@@ -159,24 +159,45 @@ def resize(pixels: np.ndarray, size: tuple[int, int], *, interpolation: str = "b
     return KERNELS[interpolation](pixels, tuple(size), interpolation, antialias is not False, scratch)
 
 
-def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False) -> np.ndarray:
+def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False,
+          reversed_channels: bool = False) -> np.ndarray:
     """``pixels`` (HWC, any strides), mirrored left-right when ``flip``, copied into ``out`` (a
     row of a batch) when given, else into a new contiguous array: numpy's copy, one thread.
-    Rows of whole pixels (the resize kernel's HWC result, a centre crop of it) are copied as
-    they are; anything else goes channel by channel: numpy copies an (H, W) plane several times
-    faster than an (H, W, 3) view whose innermost loop is 3 bytes long, and a mirrored view or a
-    planar (C, H, W) array seen as HWC is such a view."""
+    ``reversed_channels``: ``pixels`` hold their channels last to first (BGR for an RGB result),
+    put back in order while copying. Rows of whole pixels (the resize kernel's HWC result, a
+    centre crop of it) are copied as they are, and mirrored with their channels reversed as one
+    copy of each row's values backwards (the fused decode decodes an image it will flip as BGR
+    for that: one copy, where the channels one by one are three); anything else goes channel by
+    channel: numpy copies an (H, W) plane several times faster than an (H, W, 3) view whose
+    innermost loop is 3 bytes long, and a mirrored view or a planar (C, H, W) array seen as HWC
+    is such a view."""
     if out is None:
         out = np.empty(pixels.shape, dtype=pixels.dtype)
-    channels, item = pixels.shape[2], pixels.itemsize
-    if not flip and pixels.strides[1] == channels * item and (channels == 1 or pixels.strides[2] == item):
+    channels = pixels.shape[2]
+    whole = _whole_pixels(pixels)
+    if whole and not flip and not reversed_channels:
         if not (pixels.flags.c_contiguous and out.flags.c_contiguous and _copy_holding_gil(out, pixels)):
             out[...] = pixels
         return out
+    if whole and flip and (reversed_channels or channels == 1) and _whole_pixels(out):
+        _rows(out)[...] = _rows(pixels)[:, ::-1]
+        return out
     columns = slice(None, None, -1) if flip else slice(None)
-    for channel in range(pixels.shape[2]):
-        out[:, :, channel] = pixels[:, columns, channel]
+    for channel in range(channels):
+        out[:, :, channel] = pixels[:, columns, channels - 1 - channel if reversed_channels else channel]
     return out
+
+
+def _whole_pixels(array: np.ndarray) -> bool:
+    """Whether an HWC array's rows are runs of whole pixels (each row one run of values)."""
+    channels, item = array.shape[2], array.itemsize
+    return array.strides[1] == channels * item and (channels == 1 or array.strides[2] == item)
+
+
+def _rows(array: np.ndarray) -> np.ndarray:
+    """An HWC array of :func:`_whole_pixels` seen as (H, W * C): each row's values in order."""
+    return np.lib.stride_tricks.as_strided(array, (array.shape[0], array.shape[1] * array.shape[2]),
+                                           (array.strides[0], array.itemsize), writeable=array.flags.writeable)
 
 
 @functools.lru_cache(maxsize=None)

@@ -47,7 +47,7 @@ _OFF = ("", "none")
 _DECOMPRESS = 1  # TJINIT_DECOMPRESS
 _STOP_ON_WARNING, _SUBSAMP, _JPEG_WIDTH, _JPEG_HEIGHT, _FAST_UPSAMPLE, _FAST_DCT = 0, 4, 5, 6, 9, 10  # TJPARAM_*
 _MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)  # tjMCUWidth per TJSAMP_* (444, 422, 420, GRAY, 440, 411, 441)
-_PIXEL_FORMAT = {"RGB": (0, 3), "L": (6, 1)}  # mode -> (TJPF_RGB / TJPF_GRAY, channels)
+_PIXEL_FORMAT = {"RGB": (0, 3), "BGR": (1, 3), "L": (6, 1)}  # mode -> (TJPF_RGB / BGR / GRAY, channels)
 _EOI = b"\xff\xd9"
 DCT_SCALES = (8, 4, 2, 1)  # denominators libjpeg-turbo scales by in the DCT, smallest image first
 
@@ -201,7 +201,7 @@ def header(data: bytes) -> tuple[int, int] | None:
 
 def decode(data: bytes, scale: int, region: tuple[int, int, int, int], mode: str) -> np.ndarray | None:
     """The pixels of ``region`` (top, left, bottom, right in the image at 1/``scale``), uint8 HWC
-    in ``mode`` ("RGB" or "L"); None where TurboJPEG reports a warning or an error, and for a file
+    in ``mode`` ("RGB", "BGR" or "L"); None where TurboJPEG reports a warning or an error, and for a file
     that does not end with the EOI marker (a truncated one: the region decode stops after the
     box's last row, so it would not see the damage that the whole-image decode refuses)."""
     if mode not in _PIXEL_FORMAT or not data.endswith(_EOI):
