@@ -385,7 +385,8 @@ def _region_box(*args: Any) -> np.ndarray:
 class JpegDecoder:
     """A row of :data:`DECODERS`: a JPEG's header, (height, width, ...) (None: Pillow reads it),
     the box's pixels at the DCT scale (``box(data, draw, scale, height, width, mode)``, uint8
-    HWC; ``mode`` "RGB", "BGR" or "L"), and ``require()``: raises DependencyMissingError where its library is missing."""
+    HWC; ``mode`` "RGB", "BGR" or "L"), and ``require()``: raises DependencyMissingError where
+    its library is missing."""
 
     header: Callable[[bytes], tuple | None]
     box: Callable[..., np.ndarray]
@@ -459,9 +460,9 @@ def fused_pixels(data: bytes | memoryview, plan: FusedPlan, *, generator: torch.
     if on_draw is not None:
         on_draw(height, width, draw)
     out_size = plan.size if plan.kind == "random_resized_crop" else plan.resized_size(height, width)
-    # an image to be mirrored is decoded as BGR: reversing each row's bytes then mirrors it and
-    # puts it back in RGB in one copy (three, one per channel, from RGB), and the GIL is let go of
-    # once for that copy, not three times (docs/reading.md, "Threads and the GIL")
+    # an image to be mirrored is decoded as BGR: reversing each row's values then mirrors it and
+    # puts it back in RGB order in one copy (from RGB it takes three, one per channel), and the
+    # GIL is let go of once for that copy, not three times (docs/reading.md, "Threads and the GIL")
     bgr = draw.flip and mode == "RGB"
     pixels = DECODERS[decoder].box(data, draw, dct_scale(draw.height, draw.width, *out_size), height, width,
                                    "BGR" if bgr else mode)
