@@ -224,6 +224,9 @@ def test_place_puts_reversed_channels_back_in_order(layout: str, flip: bool) -> 
     assert np.array_equal(batch[1], expected) and not batch[0].any()
     copied = kernels.place(bgr, None, flip=flip, reversed_channels=True)
     assert copied.flags.c_contiguous and np.array_equal(copied, expected)
+    other = (bgr.shape[0], bgr.shape[1] * bgr.shape[2] // 2, 2)  # rows of as many values, other pixels
+    with pytest.raises(ValueError, match=r"cannot place pixels of shape \(\d+, \d+, [13]\) into a row of shape"):
+        kernels.place(bgr, np.zeros(other, np.uint8), flip=flip, reversed_channels=True)
 
 
 def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -173,6 +173,8 @@ def place(pixels: np.ndarray, out: np.ndarray | None, *, flip: bool = False,
     is such a view."""
     if out is None:
         out = np.empty(pixels.shape, dtype=pixels.dtype)
+    elif out.shape != pixels.shape:
+        raise ValueError(f"cannot place pixels of shape {pixels.shape} into a row of shape {out.shape}")
     channels = pixels.shape[2]
     whole = _whole_pixels(pixels)
     if whole and not flip and not reversed_channels:
