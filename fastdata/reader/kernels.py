@@ -197,9 +197,9 @@ def _whole_pixels(array: np.ndarray) -> bool:
 
 
 def _rows(array: np.ndarray) -> np.ndarray:
-    """An HWC array of :func:`_whole_pixels` seen as (H, W * C): each row's values in order."""
-    return np.lib.stride_tricks.as_strided(array, (array.shape[0], array.shape[1] * array.shape[2]),
-                                           (array.strides[0], array.itemsize), writeable=array.flags.writeable)
+    """An HWC array of :func:`_whole_pixels` seen as (H, W * C): each row's values in order (a
+    view: merging W and C needs no copy exactly when the rows are runs of whole pixels)."""
+    return array.reshape(array.shape[0], array.shape[1] * array.shape[2])
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,7 +219,7 @@ def _copy_holding_gil(out: np.ndarray, pixels: np.ndarray) -> bool:
     letting go of the GIL (a batch row, about 150 kB: microseconds, where numpy's copy lets go of
     the GIL and another loader thread takes it); False where that cannot be done."""
     memmove = _memmove()
-    if memmove is None or out.shape != pixels.shape or out.dtype != pixels.dtype:
+    if memmove is None or out.dtype != pixels.dtype:  # the shapes are equal (place checks them)
         return False
     memmove(out.__array_interface__["data"][0], pixels.__array_interface__["data"][0], out.nbytes)
     return True
