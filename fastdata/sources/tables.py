@@ -187,7 +187,11 @@ class ParquetFiles:
         if self.fs is not None:
             with self.fs.open(joined, "rb") as handle:
                 return handle.read()
-        with open(joined, "rb") as handle:
+        real, real_folder = os.path.realpath(joined), os.path.realpath(folder or ".")
+        if not real.startswith(real_folder.rstrip(os.sep) + os.sep):  # a symbolic link out of the folder
+            raise ValueError(f"image path {relative!r} leads through a symbolic link out of the folder of the Parquet "
+                             "file; only files inside it are read")
+        with open(real, "rb") as handle:
             return handle.read()
 
     def describe(self) -> dict[str, Any]:
@@ -225,6 +229,17 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
 
 
+def _inside(folder: Path, name: Any, what: str) -> Path:
+    """``folder / name``, refused unless it lies inside ``folder`` once links are resolved (a
+    saved dataset's files are its own, never ``../`` or an absolute path elsewhere)."""
+    real_folder = os.path.realpath(folder)
+    real = os.path.realpath(folder / str(name))
+    if not isinstance(name, str) or not real.startswith(real_folder.rstrip(os.sep) + os.sep):
+        raise InvalidOptionError(f"{str(folder)!r}: its {what} {name!r}, which lies outside the folder; fastdata reads "
+                                 "only a saved dataset's own files. Save the dataset again with save_to_disk.")
+    return folder / name
+
+
 class ArrowFiles:
     """A ``save_to_disk`` folder: its Arrow stream files, memory-mapped; groups are record batches."""
 
@@ -235,10 +250,11 @@ class ArrowFiles:
             folder = self._split_folder(folder, split)
         try:
             state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-            self.paths = [str(folder / entry["filename"]) for entry in state["_data_files"]]
+            names = [entry["filename"] for entry in state["_data_files"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidOptionError(f"{str(folder)!r}: its state.json does not list the dataset's Arrow files "
                                      f"({exc}); was it written by datasets' save_to_disk?") from exc
+        self.paths = [str(_inside(folder, name, "state.json names the Arrow file")) for name in names]
         self.folder = folder
         self._open: tuple[int, Any] | None = None
 
@@ -249,12 +265,12 @@ class ArrowFiles:
             raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({exc}).") from exc
         if split is None:
             if len(splits) == 1:
-                return folder / splits[0]
+                return _inside(folder, splits[0], "dataset_dict.json names the split")
             raise InvalidOptionError(f"{str(folder)!r} holds the splits {', '.join(splits)}; convert one at a time: "
                                      f"add --split {splits[0]} (or another).")
         if split not in splits:
             raise InvalidOptionError(f"{str(folder)!r} has no split {split!r} (splits: {', '.join(splits)}). Check --split.")
-        return folder / split
+        return _inside(folder, split, "dataset_dict.json names the split")
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__, _open=None)

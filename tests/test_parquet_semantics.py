@@ -1,0 +1,94 @@
+"""Parquet and Hugging Face sources read what the user sees and nothing else: Hub configurations,
+links and save_to_disk files out of the dataset's folder, ClassLabel values and names, transforms
+and casts, streaming options, nulls and column types (tables written here by ``pyarrow`` and
+``datasets``, nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata.errors import BadSampleError, InvalidOptionError
+
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from test_parquet import NAMES, hf_dataset, pixels, png  # noqa: E402 - after the importorskips
+
+IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())]) if pa else None
+
+
+def _pixels_of(path: Path, index: int) -> np.ndarray:
+    image = fastdata.open_dataset(path)[index]
+    image = image[0] if isinstance(image, tuple) else image["image"]
+    return image.permute(1, 2, 0).numpy()
+
+
+# --- links and paths out of the dataset's folder ----------------------------------------------
+
+
+def test_image_paths_through_links_out_of_the_folder_are_refused(tmp_path: Path) -> None:
+    folder, outside = tmp_path / "set", tmp_path / "outside"
+    (folder / "img").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(png(9))
+    (folder / "img" / "0.png").write_bytes(png(0))
+    (folder / "img" / "inner.png").symlink_to("0.png")  # a link inside the folder is fine
+    (folder / "img" / "link.png").symlink_to("../../outside/secret.png")
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    path = folder / "a.parquet"
+    for cell in ("img/link.png", "linked/secret.png"):
+        pq.write_table(pa.table({"image": pa.array([{"bytes": None, "path": "img/inner.png"},
+                                                    {"bytes": None, "path": cell}], IMAGE), "label": [0, 1]}), path)
+        with pytest.raises(BadSampleError) as raised:
+            fastdata.convert(path, tmp_path / "bad.npy", workers=0)
+        assert str(raised.value) == (
+            f"{path} row 1: cannot read image (column 'image': image path {cell!r} leads through a symbolic link out of "
+            "the folder of the Parquet file; only files inside it are read). Re-run with --skip-bad to leave it out.")
+        assert not (tmp_path / "bad.npy").exists()
+    manifest = fastdata.convert(path, tmp_path / "ok.npy", workers=0, skip_bad=True)
+    assert manifest["count"] == 1 and np.array_equal(_pixels_of(tmp_path / "ok.npy", 0), pixels(0))
+
+
+def _saved(tmp_path: Path) -> Path:
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": hf_dataset(range(4)), "test": hf_dataset(range(2))}).save_to_disk(str(saved))
+    return saved
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_a_saved_state_json_naming_arrow_files_outside_its_folder_is_refused(tmp_path: Path, where: str) -> None:
+    saved = _saved(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(saved / "test", elsewhere)
+    state_path = saved / "train" / "state.json"
+    state = json.loads(state_path.read_text())
+    name = "../../elsewhere/data-00000-of-00001.arrow" if where == "relative" else str(
+        elsewhere / "data-00000-of-00001.arrow")
+    state["_data_files"] = [{"filename": name}]
+    state_path.write_text(json.dumps(state))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(saved, tmp_path / "o.npy", split="train", workers=0)
+    assert str(raised.value) == (f"{str(saved / 'train')!r}: its state.json names the Arrow file {name!r}, which lies "
+                                 "outside the folder; fastdata reads only a saved dataset's own files. Save the dataset "
+                                 "again with save_to_disk.")
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_a_saved_dataset_dict_json_naming_a_split_outside_its_folder_is_refused(tmp_path: Path) -> None:
+    saved = _saved(tmp_path)
+    shutil.copytree(saved / "test", tmp_path / "other")
+    (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "../other"]}))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(saved, tmp_path / "o.npy", split="../other", workers=0)
+    assert str(raised.value) == (f"{str(saved)!r}: its dataset_dict.json names the split '../other', which lies outside "
+                                 "the folder; fastdata reads only a saved dataset's own files. Save the dataset again "
+                                 "with save_to_disk.")
+    assert fastdata.convert(saved, tmp_path / "o.npy", split="train", workers=0)["count"] == 4
