@@ -92,3 +92,58 @@ def test_a_saved_dataset_dict_json_naming_a_split_outside_its_folder_is_refused(
                                  "the folder; fastdata reads only a saved dataset's own files. Save the dataset again "
                                  "with save_to_disk.")
     assert fastdata.convert(saved, tmp_path / "o.npy", split="train", workers=0)["count"] == 4
+
+
+# --- Hub configurations -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory) -> Path:
+    """Two configurations of one Hub dataset in both of the Hub's layouts: ``en/train-00000-of-
+    00001.parquet`` (``push_to_hub(config_name=...)``) and ``en/train/0000.parquet`` (the Hub's
+    Parquet conversion), ``en`` of rows 0-3 and ``fr`` of rows 10-12."""
+    root = tmp_path_factory.mktemp("configs")
+    for layout in ("pushed", "converted"):
+        for config, indices in (("en", range(4)), ("fr", range(10, 13))):
+            name = "train-00000-of-00001.parquet" if layout == "pushed" else "train/0000.parquet"
+            (root / layout / config / name).parent.mkdir(parents=True, exist_ok=True)
+            hf_dataset(indices).to_parquet(str(root / layout / config / name))
+        hf_dataset(range(20, 22)).to_parquet(str(root / layout / "en" / (name.replace("train", "test"))))
+    return root
+
+
+@pytest.mark.parametrize("layout", ["pushed", "converted"])
+def test_several_configurations_are_refused_by_name_and_one_is_picked_by_config_or_path(
+        configs: Path, tmp_path: Path, capsys, layout: str) -> None:
+    from test_parquet import cli
+
+    root = configs / layout
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(root, tmp_path / "o.npy", split="train", workers=0)
+    assert str(raised.value) == (f"{str(root)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
+                                 "at a time: add --config en (or another), or give its folder.")
+    manifest = fastdata.convert(root, tmp_path / "fr.npy", config="fr", workers=0)
+    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
+    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+    with pytest.raises(InvalidOptionError, match=r"holds the splits test, train; convert one at a time"):
+        fastdata.convert(root, tmp_path / "o.npy", config="en", workers=0)
+    assert fastdata.convert(root / "en", tmp_path / "en.npy", split="train", workers=0)["count"] == 4
+    code, _, err = cli(capsys, "convert", root, tmp_path / "cli.npy", "--config", "en", "--split", "test", "--quiet")
+    assert code == 0, err
+    assert [int(fastdata.open_dataset(tmp_path / "cli.npy")[i]["label"]) for i in range(2)] == [20 % 3, 21 % 3]
+    code, _, err = cli(capsys, "convert", root, tmp_path / "no.npy", "--config", "de", "--split", "train")
+    assert code == 1 and err == (f"fastdata: error: {str(root)!r} has no configuration 'de' (configurations: en, fr). "
+                                 "Check --config.\n")
+    assert not (tmp_path / "o.npy").exists() and not (tmp_path / "no.npy").exists()
+
+
+def test_config_is_refused_where_there_are_no_configurations(tmp_path: Path, uniform_folder: Path) -> None:
+    saved = _saved(tmp_path)
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(saved, tmp_path / "o.npy", split="train", config="en", workers=0)
+    assert str(raised.value) == ("--config 'en' picks a configuration among Parquet files (a Hub dataset's folders); a "
+                                 "saved dataset or a datasets object is one already. Drop --config.")
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(uniform_folder, tmp_path / "o.npy", config="en", workers=0)
+    assert str(raised.value) == ("--config 'en' applies to Parquet files (a Hugging Face dataset's configurations); "
+                                 "this source has none. Drop it.")

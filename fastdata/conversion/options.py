@@ -157,6 +157,9 @@ class ConvertOptions:
     source_options: dict[str, Any] = _option(None, "extra keyword for the torchvision dataset, e.g. size=1000 "
                                              "(repeatable)", metavar="KEY=VALUE", group="source", kind="append",
                                              factory=dict)
+    config: str | None = _option(None, "Parquet / Hugging Face sources: the configuration (subset) to convert, where "
+                                 "a dataset holds several (en/train-*.parquet, fr/train-*.parquet)", metavar="NAME",
+                                 group="source")
     columns: tuple[str, ...] | None = _option(None, "Parquet / Hugging Face sources: the columns to convert, in "
                                               "order (default: all)", metavar="A,B,...", group="source")
     label_column: str | None = _option(None, "Parquet / Hugging Face sources: the column holding the label (default: "
@@ -178,6 +181,8 @@ class ConvertOptions:
         set_(self, "workers", parse_count(self.workers, flag="--workers", minimum=0, allow_none=True))
         if self.split is not None and not isinstance(self.split, str):
             raise InvalidOptionError(f"Invalid split {self.split!r}. Use the dataset's split name, e.g. 'train'.")
+        if self.config is not None and (not isinstance(self.config, str) or not self.config):
+            raise InvalidOptionError(f"Invalid --config {self.config!r}. Give a configuration name, e.g. 'en'.")
         self._check_engine()
         set_(self, "columns", parse_columns(self.columns))
         if self.label_column is not None and (not isinstance(self.label_column, str) or not self.label_column):

@@ -67,10 +67,14 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
     :func:`~fastdata.sources.resolve_source` says."""
     options = options or ConvertOptions()
     if is_table_source(source) and not _holds_manifest(source):  # Parquet, save_to_disk, a datasets object
-        return table_source(source, columns=options.columns, label_column=options.label_column, split=options.split)
+        return table_source(source, columns=options.columns, label_column=options.label_column, split=options.split,
+                            config=options.config)
     if options.columns is not None or options.label_column is not None:
         raise InvalidOptionError("--columns and --label-column apply to Parquet files, saved Hugging Face datasets "
                                  "and datasets objects; this source has no columns. Drop them.")
+    if options.config is not None:
+        raise InvalidOptionError(f"--config {options.config!r} applies to Parquet files (a Hugging Face dataset's "
+                                 "configurations); this source has none. Drop it.")
     if is_import_string(source):  # module:name, a Python dataset (or a function returning one)
         dataset = load_dataset(source)
         return make_dataset_source(dataset, {"type": "dataset", "import": source,

@@ -282,18 +282,24 @@ def is_table_source(source: Any) -> bool:
 
 
 def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_column: str | None = None,
-                 split: str | None = None, storage_options: dict[str, Any] | None = None) -> TableSource:
-    """The :class:`TableSource` ``source`` names (see :func:`is_table_source`)."""
+                 split: str | None = None, storage_options: dict[str, Any] | None = None,
+                 config: str | None = None) -> TableSource:
+    """The :class:`TableSource` ``source`` names (see :func:`is_table_source`); ``config``: the
+    Hub configuration of a folder or URL holding several."""
     options = {"columns": columns, "label_column": label_column}
+    text = None if is_hf_dataset(source) else os.fspath(source)
+    if config is not None and (text is None or (not is_url(text) and is_saved_dataset(Path(text)))):
+        raise InvalidOptionError(f"--config {config!r} picks a configuration among Parquet files (a Hub dataset's "
+                                 "folders); a saved dataset or a datasets object is one already. Drop --config.")
     if is_hf_dataset(source):
         dataset = _one_dataset(source, split)
         if isinstance(dataset, list):  # the Parquet files a streaming dataset reads
             return TableSource(ParquetFiles(dataset[0], paths=dataset), kind="parquet", **options)
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
-    text = os.fspath(source)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
-    return TableSource(ParquetFiles(text, split=split, storage_options=storage_options), kind="parquet", **options)
+    files = ParquetFiles(text, split=split, storage_options=storage_options, config=config)
+    return TableSource(files, kind="parquet", **options)
 
 
 def _one_dataset(dataset: Any, split: str | None) -> Any:

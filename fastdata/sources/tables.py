@@ -31,22 +31,46 @@ def require_pyarrow(what: str) -> Any:
     return require("pyarrow", extra="parquet", feature=what)
 
 
+DEFAULT_CONFIG = "default"  # the Hub's name for a dataset's files outside any configuration's folder
+
+
 def split_of(relative: str) -> str | None:
     """The split a shard belongs to: ``train`` for ``data/train-00000-of-00042.parquet`` (the
     name datasets writes) or ``default/train/0000.parquet`` (its folder); None at the top level."""
-    name = posixpath.basename(relative)
+    return layout_of(relative)[1]
+
+
+def layout_of(relative: str) -> tuple[str, str | None]:
+    """The (configuration, split) a shard belongs to, as the Hub lays them out:
+    ``en/train-00000-of-00001.parquet`` (``push_to_hub(config_name="en")``) and
+    ``en/train/0000.parquet`` (the Hub's Parquet conversion) are configuration ``en``, split
+    ``train``; a ``data/`` folder or none is the configuration ``default``."""
+    name, parent = posixpath.basename(relative), posixpath.dirname(relative)
     found = _SHARD_NAME.match(name)
     if found:
-        return found["split"]
-    parent = posixpath.dirname(relative)
-    return posixpath.basename(parent) if parent else None
+        config, split = parent, found["split"]
+    else:
+        config, split = posixpath.dirname(parent), (posixpath.basename(parent) or None)
+    if posixpath.basename(config) == "data":
+        config = posixpath.dirname(config)
+    return config or DEFAULT_CONFIG, split
 
 
-def pick_split(paths: list[str], root: str, split: str | None, spec: str) -> list[str]:
-    """The files of ``split`` (all when the files hold one split and none is asked for)."""
-    by_split: dict[str | None, list[str]] = {}
+def pick_split(paths: list[str], root: str, split: str | None, spec: str, config: str | None = None) -> list[str]:
+    """The files of ``split`` of ``config`` (all of a configuration when its files hold one split
+    and none is asked for): a (configuration, split) is what one conversion reads."""
+    by_config: dict[str, dict[str | None, list[str]]] = {}
     for path in paths:
-        by_split.setdefault(split_of(posixpath.relpath(path, root) if root else posixpath.basename(path)), []).append(path)
+        found_config, found_split = layout_of(posixpath.relpath(path, root) if root else posixpath.basename(path))
+        by_config.setdefault(found_config, {}).setdefault(found_split, []).append(path)
+    configs = sorted(by_config)
+    if config is not None and config not in by_config:
+        raise InvalidOptionError(f"{spec!r} has no configuration {config!r} (configurations: {', '.join(configs)}). "
+                                 "Check --config.")
+    if config is None and len(configs) > 1:
+        raise InvalidOptionError(f"{spec!r} holds the configurations {', '.join(configs)} (Hugging Face subsets); "
+                                 f"convert one at a time: add --config {configs[0]} (or another), or give its folder.")
+    by_split = by_config[config if config is not None else configs[0]]
     names = sorted(str(s) for s in by_split if s is not None)
     if split is not None:
         if split not in by_split:
@@ -56,7 +80,7 @@ def pick_split(paths: list[str], root: str, split: str | None, spec: str) -> lis
     if len(by_split) > 1:
         raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add --split "
                                  f"{names[0]} (or another).")
-    return paths
+    return next(iter(by_split.values()))
 
 
 def _walk_local(root: Path, depth: int = _DEPTH) -> list[str]:
@@ -89,9 +113,10 @@ class ParquetFiles:
     """Parquet files, local or behind an fsspec filesystem; opened lazily, per process."""
 
     def __init__(self, spec: str, *, split: str | None = None, storage_options: dict[str, Any] | None = None,
-                 paths: list[str] | None = None):
+                 paths: list[str] | None = None, config: str | None = None):
         """``spec``: a file, folder, glob or URL; or, with ``paths`` (files of one file system, as
-        a streaming ``datasets.IterableDataset`` lists them), the first of them."""
+        a streaming ``datasets.IterableDataset`` lists them), the first of them. ``config`` and
+        ``split`` pick the files of one (configuration, split) (:func:`pick_split`)."""
         require_pyarrow(f"Reading Parquet ({spec!r})")
         self.spec = spec
         self.fs = None
@@ -104,8 +129,8 @@ class ParquetFiles:
             root, found = self._list_local(spec) if paths is None else ("", list(paths))
         if not found:
             raise EmptySourceError(f"{spec!r} holds no .parquet files.")
-        self.root, self.listed = root, paths is not None
-        self.paths = found if self.listed else pick_split(found, root, split, spec)
+        self.root, self.listed, self.config = root, paths is not None, config
+        self.paths = found if self.listed else pick_split(found, root, split, spec, config)
         self._open: tuple[int, Any] | None = None
 
     def _list_local(self, spec: str) -> tuple[str, list[str]]:
@@ -198,7 +223,9 @@ class ParquetFiles:
         if self.listed:
             return {"files": [self.name(n) if self.fs is not None else os.path.abspath(p) for n, p in
                               enumerate(self.paths)], "count": len(self.paths)}
-        return {"files": self.spec if self.fs is not None else os.path.abspath(self.spec), "count": len(self.paths)}
+        config = {"config": self.config} if self.config is not None else {}
+        return {"files": self.spec if self.fs is not None else os.path.abspath(self.spec), **config,
+                "count": len(self.paths)}
 
     def fingerprint(self) -> str:
         """A digest of every file's name, size and modification time (or ETag)."""
