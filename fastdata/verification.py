@@ -25,6 +25,7 @@ import numpy as np
 
 from fastdata.errors import CorruptDataError, FastdataError, ManifestError, RemoteError, SourceNotFoundError
 from fastdata.fields import CLASS_IDS, Field, Schema
+from fastdata.fields.schema import NO_LABEL
 from fastdata.formats import get_format, manifest_problems, require_manifest
 from fastdata.formats.stored import single_file_problem
 from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
@@ -181,15 +182,15 @@ def has_label_column(manifest: dict[str, Any]) -> bool:
 
 
 def check_label_range(path: Path, labels: np.ndarray, classes: int) -> list[str]:
-    """Labels must index the manifest's classes (when it has any)."""
+    """Labels must index the manifest's classes (when it has any), or be :data:`NO_LABEL`."""
     if not classes or not len(labels):
         return []
-    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    bad = np.flatnonzero((labels < NO_LABEL) | (labels >= classes))
     shown = ", ".join(f"sample {i} has label {int(labels[i])}" for i in bad[:_LABELS_SHOWN])
     more = f" (and {len(bad) - _LABELS_SHOWN} more)" if len(bad) > _LABELS_SHOWN else ""
     if not len(bad):
         return []
-    return [f"{str(path)!r}: {shown}{more}; the manifest lists {classes} classes, so labels are 0..{classes - 1}."]
+    return [f"{str(path)!r}: {shown}{more}; the manifest lists {classes} classes, so labels are 0..{classes - 1} (or -1: no label)."]
 
 
 def class_id_fields(manifest: dict[str, Any]) -> list[Field]:
@@ -207,8 +208,8 @@ def class_id_fields(manifest: dict[str, Any]) -> list[Field]:
 
 
 def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[str]:
-    """Every value of a :func:`class_id_fields` field must index the manifest's classes; each
-    field's out-of-range ids are one problem naming the samples."""
+    """Every value of a :func:`class_id_fields` field must index the manifest's classes (or be
+    :data:`NO_LABEL`); each field's out-of-range ids are one problem naming the samples."""
     classes = len(manifest.get("classes") or ())
     problems = []
     for f in class_id_fields(manifest):
@@ -225,7 +226,7 @@ def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[s
                 else:
                     ids = np.asarray(stored).reshape(-1)
                     owner = np.repeat(indices, ids.size // max(len(indices), 1))
-                outside = np.flatnonzero((ids < 0) | (ids >= classes))
+                outside = np.flatnonzero((ids < NO_LABEL) | (ids >= classes))
                 _, first = np.unique(owner[outside], return_index=True)  # each sample's first id outside
                 bad += [(int(owner[outside[at]]), int(ids[outside[at]])) for at in first]
         except FastdataError as exc:
@@ -235,7 +236,7 @@ def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[s
             shown = ", ".join(f"sample {sample} has {f.name!r} {value}" for sample, value in bad[:_LABELS_SHOWN])
             more = f" (and {len(bad) - _LABELS_SHOWN} more samples)" if len(bad) > _LABELS_SHOWN else ""
             problems.append(f"{str(path)!r}: {shown}{more}; field {f.name!r} holds class ids and the manifest lists "
-                            f"{classes} classes, so they are 0..{classes - 1}.")
+                            f"{classes} classes, so they are 0..{classes - 1} (or -1: no class).")
     return problems
 
 

@@ -147,3 +147,44 @@ def test_config_is_refused_where_there_are_no_configurations(tmp_path: Path, uni
         fastdata.convert(uniform_folder, tmp_path / "o.npy", config="en", workers=0)
     assert str(raised.value) == ("--config 'en' applies to Parquet files (a Hugging Face dataset's configurations); "
                                  "this source has none. Drop it.")
+
+
+# --- ClassLabel values and names ----------------------------------------------------------------
+
+
+def _labelled(labels: list[int]):
+    """``hf_dataset`` rows with these ClassLabel values (-1: Hugging Face's "no label")."""
+    dataset = hf_dataset(range(len(labels))).cast_column("label", datasets.Value("int64"))
+    dataset = dataset.map(lambda row, index: {"label": labels[index]}, with_indices=True)
+    return dataset.cast_column("label", datasets.ClassLabel(names=NAMES))
+
+
+@pytest.mark.parametrize("columns", ["image,label", None])
+def test_an_unlabelled_test_split_converts_with_label_minus_one_and_verifies(tmp_path: Path, columns) -> None:
+    path = tmp_path / "test-00000-of-00001.parquet"
+    _labelled([-1, -1, -1]).to_parquet(str(path))
+    out = tmp_path / "test.npy"
+    manifest = fastdata.convert(path, out, columns=columns, workers=0)
+    assert manifest["count"] == 3 and manifest["classes"] == NAMES
+    ds = fastdata.open_dataset(out)
+    got = [ds[i][1] if columns else ds[i]["label"] for i in range(3)]
+    assert [int(label) for label in got] == [-1, -1, -1]
+    assert fastdata.verify(out).problems == ()
+
+
+def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leaves_it_out(tmp_path: Path) -> None:
+    path = tmp_path / "train.parquet"
+    _labelled([0, -1, 7, 2]).to_parquet(str(path))
+    reason = ("column 'label': label 7 is not a class: the ClassLabel has 3 names, so labels are 0..2 (or -1: no "
+              "label)")
+    for columns in ("image,label", "image,text,label"):
+        out = tmp_path / f"{columns}.npy"
+        with pytest.raises(BadSampleError) as raised:
+            fastdata.convert(path, out, columns=columns, workers=0)
+        assert str(raised.value) == f"{path} row 2: cannot read image ({reason}). Re-run with --skip-bad to leave it out."
+        assert not out.exists()
+        manifest = fastdata.convert(path, out, columns=columns, workers=0, skip_bad=True)
+        assert manifest["skipped"] == [{"key": f"{path} row 2", "reason": reason}]
+        ds = fastdata.open_dataset(out)
+        assert [int(ds[i][1] if columns == "image,label" else ds[i]["label"]) for i in range(3)] == [0, -1, 2]
+        assert fastdata.verify(out).problems == ()

@@ -209,10 +209,12 @@ def test_label_out_of_range_with_matching_checksums(converted: Path) -> None:
     hooks(converted).set_label(converted, 3, 7)
     report = fastdata.verify(converted)
     assert report.problems == (
-        f"{str(converted)!r}: sample 3 has label 7; the manifest lists 3 classes, so labels are 0..2.",
+        f"{str(converted)!r}: sample 3 has label 7; the manifest lists 3 classes, so labels are 0..2 (or -1: no label).",
     )
-    hooks(converted).set_label(converted, 3, -1)
-    assert fastdata.verify(converted).problems[0].startswith(f"{str(converted)!r}: sample 3 has label -1;")
+    hooks(converted).set_label(converted, 3, -1)  # no label (Hugging Face's unlabelled test splits)
+    assert fastdata.verify(converted).problems == ()
+    hooks(converted).set_label(converted, 3, -2)
+    assert fastdata.verify(converted).problems[0].startswith(f"{str(converted)!r}: sample 3 has label -2;")
 
 
 @pytest.mark.parametrize("name,store", ENCODED, ids=[f"{f}-{s}" for f, s in ENCODED])
@@ -462,7 +464,7 @@ def test_class_ids_of_a_field_out_of_range_are_named(tmp_path: Path, suffix: str
     report = fastdata.verify(out)
     assert report.problems == (
         f"{str(out)!r}: sample 2 has 'labels' 25, sample 3 has 'labels' -3; field 'labels' holds class ids and the "
-        "manifest lists 21 classes, so they are 0..20.",)
+        "manifest lists 21 classes, so they are 0..20 (or -1: no class).",)
     assert fastdata.verify(out, deep=True).problems == report.problems  # the samples still decode
     manifest = _read_manifest(out)
     for f in manifest["fields"]["fields"]:
@@ -494,6 +496,6 @@ def test_fixed_class_id_fields_are_checked_too(tmp_path: Path, suffix: str) -> N
     fastdata.convert(Source(items), out, workers=0)
     assert fastdata.verify(out).problems == (
         f"{str(out)!r}: sample 2 has 'kind' 3; field 'kind' holds class ids and the manifest lists 3 classes, so they "
-        "are 0..2.",
-        f"{str(out)!r}: sample 3 has 'parts' -1; field 'parts' holds class ids and the manifest lists 3 classes, so "
-        "they are 0..2.")
+        "are 0..2 (or -1: no class).",
+        f"{str(out)!r}: sample 3 has 'parts' 5; field 'parts' holds class ids and the manifest lists 3 classes, so "
+        "they are 0..2 (or -1: no class).")  # -1 is no class

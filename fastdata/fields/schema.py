@@ -53,6 +53,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 CLASS_IDS = "class_ids"  # True: the field's integers are indices into the manifest's ``classes`` (verify checks them)
 MEMBER_KEY = "member_key"  # True: a text field of keys, unique and safe as tar member names (the tar writer names members by them)
 SOURCE_META = (CLASS_IDS, MEMBER_KEY)
+NO_LABEL = -1  # a label or class id naming no class (Hugging Face's unlabelled test splits): kept, and verify accepts it
 
 
 def name_problem(name: Any) -> str | None:

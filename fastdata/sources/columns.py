@@ -32,6 +32,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import InvalidOptionError
+from fastdata.fields.schema import NO_LABEL
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked
 
 HF_METADATA = b"huggingface"
@@ -118,6 +119,26 @@ class PlainKind(ColumnKind):
 
     def __init__(self, hint: str | None = None):
         self.hint = hint
+
+
+def check_class_label(label: Any, names: tuple[str, ...]) -> Any:
+    """``label`` when it indexes ``names`` or is :data:`NO_LABEL` (Hugging Face's -1, "no
+    label"); a ValueError otherwise (a label beyond the names, a damaged file)."""
+    if isinstance(label, int) and not isinstance(label, bool) and not NO_LABEL <= label < len(names):
+        raise ValueError(f"label {label} is not a class: the ClassLabel has {len(names)} names, so labels are "
+                         f"0..{len(names) - 1} (or -1: no label)")
+    return label
+
+
+class ClassLabelKind(PlainKind):
+    """A ``ClassLabel`` column: ints checked against its names."""
+
+    def __init__(self, names: tuple[str, ...]):
+        super().__init__()
+        self.names = names
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return check_class_label(cell, self.names)
 
 
 class FloatKind(ColumnKind):
@@ -229,6 +250,8 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
         if test(arrow_type, feature):
             kind = make(arrow_type)
             names = tuple(feature["names"]) if (feature or {}).get("_type") == "ClassLabel" else None
+            if names is not None and type(kind) is PlainKind and kind.hint is None:
+                kind = ClassLabelKind(names)
             return Column(name, kind, names)
     raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
                              "Leave it out with --columns.")

@@ -23,7 +23,8 @@ from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
 from fastdata.sources.base import Protected, Source
-from fastdata.sources.columns import CellContext, Column, choose, column_of, detect_image_bytes, hf_features
+from fastdata.sources.columns import (CellContext, Column, check_class_label, choose, column_of, detect_image_bytes,
+                                      hf_features)
 from fastdata.sources.tables import ArrowFiles, ObjectTable, ParquetFiles, has_parquet, is_parquet_spec, is_saved_dataset
 from fastdata.urls import is_url
 
@@ -212,6 +213,11 @@ class TableSource(Source):
         label = cells[self.label.name][row]
         if isinstance(label, bool) or not isinstance(label, int):
             raise CellError(self.label.name, f"the label is {label!r}, not an integer")
+        if self.label.names is not None:
+            try:
+                check_class_label(label, self.label.names)
+            except ValueError as exc:
+                raise CellError(self.label.name, str(exc)) from None
         return label
 
     def _encoded(self, column: Column, index: int) -> bytes:
