@@ -188,3 +188,20 @@ def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leave
         ds = fastdata.open_dataset(out)
         assert [int(ds[i][1] if columns == "image,label" else ds[i]["label"]) for i in range(3)] == [0, -1, 2]
         assert fastdata.verify(out).problems == ()
+
+
+def test_class_label_names_that_differ_between_shards_are_refused_naming_the_files(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    first, second = folder / "train-00000-of-00002.parquet", folder / "train-00001-of-00002.parquet"
+    hf_dataset(range(3)).to_parquet(str(first))
+    other = hf_dataset(range(3, 5)).cast_column("label", datasets.ClassLabel(names=["dog", "cat", "emu"]))
+    other.to_parquet(str(second))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(folder, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (
+        f"{second}: column 'label' is ClassLabel(names=['dog', 'cat', 'emu']), but it is ClassLabel(names=['cat', "
+        f"'dog', 'emu']) in {first}. Every file needs the same features (a ClassLabel's names in the same order): "
+        "convert the files apart, or leave the column out with --columns.")
+    assert not (tmp_path / "o.npy").exists()
+    assert fastdata.convert(folder, tmp_path / "o.npy", columns="image,text", workers=0)["count"] == 5

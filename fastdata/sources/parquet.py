@@ -11,6 +11,7 @@ groups (:meth:`TableSource.unit_bounds`).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,18 @@ class TableSource(Source):
                     raise InvalidOptionError(
                         f"{self.tables.name(number)}: column {name!r} is {schema.field(index).type}, but it is "
                         f"{first.field(name).type} in {self.tables.name(0)}. Every file needs the same column types.")
+            self._check_features(number, hf_features(first), hf_features(schema), names)
+
+    def _check_features(self, number: int, first: dict[str, Any], features: dict[str, Any], names: list[str]) -> None:
+        """File ``number`` records the first file's Hugging Face feature for every chosen column
+        (ClassLabel names above all: a label means the class its own file names)."""
+        for name in names:
+            if features.get(name) != first.get(name):
+                raise InvalidOptionError(
+                    f"{self.tables.name(number)}: column {name!r} is {_feature_words(features.get(name))}, but it is "
+                    f"{_feature_words(first.get(name))} in {self.tables.name(0)}. Every file needs the same features "
+                    "(a ClassLabel's names in the same order): convert the files apart, or leave the column out with "
+                    "--columns.")
 
     def _first_cells(self, names: list[str]) -> dict[str, Any]:
         """The first row's cells (binary columns are told images by them)."""
@@ -251,6 +264,16 @@ class TableSource(Source):
         if root is not None:
             return [Protected(root.resolve(), f"source {self.kind} {'folder' if root.is_dir() else 'file'}")]
         return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
+
+
+def _feature_words(feature: Any) -> str:
+    """A Hugging Face feature as messages name it: ``ClassLabel(names=['cat', 'dog'])``."""
+    if not isinstance(feature, dict):
+        return "without a Hugging Face feature"
+    if feature.get("_type") == "ClassLabel":
+        return f"ClassLabel(names={feature.get('names')!r})"
+    text = json.dumps(feature, sort_keys=True)
+    return f"the feature {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def _why(exc: BaseException) -> str:
