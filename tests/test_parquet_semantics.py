@@ -205,3 +205,35 @@ def test_class_label_names_that_differ_between_shards_are_refused_naming_the_fil
         "convert the files apart, or leave the column out with --columns.")
     assert not (tmp_path / "o.npy").exists()
     assert fastdata.convert(folder, tmp_path / "o.npy", columns="image,text", workers=0)["count"] == 5
+
+
+# --- what ds[i] gives: transforms and casts ------------------------------------------------------
+
+
+def test_a_dataset_with_a_transform_is_refused(tmp_path: Path) -> None:
+    transformed = hf_dataset(range(3)).with_transform(lambda batch: {"label": [7 for _ in batch["label"]]})
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(transformed, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (
+        "This datasets.Dataset has a transform (with_transform or set_transform): its items are what the transform "
+        "returns, which fastdata does not run. Convert the rows it transforms (ds.with_format(None)) and transform "
+        "them when reading, or store the transform's results with ds.map(...).")
+    assert not (tmp_path / "o.npy").exists()
+    assert fastdata.convert(transformed.with_format(None), tmp_path / "o.npy", workers=0)["count"] == 3
+
+
+@pytest.mark.parametrize("store", ["raw", "encoded"])
+@pytest.mark.parametrize("given", ["dataset", "parquet"])
+def test_an_image_cast_to_a_mode_converts_in_that_mode(tmp_path: Path, given: str, store: str) -> None:
+    gray = hf_dataset(range(4)).cast_column("image", datasets.Image(mode="L"))
+    source = gray
+    if given == "parquet":
+        source = tmp_path / "gray.parquet"
+        gray.to_parquet(str(source))  # the feature, mode included, in the file's metadata
+    out = tmp_path / "gray.npy"
+    fastdata.convert(source, out, columns="image,label", store=store, workers=0)
+    ds = fastdata.open_dataset(out)
+    for index in range(4):
+        expected = np.asarray(gray[index]["image"])
+        assert gray[index]["image"].mode == "L" and expected.shape == (6, 5)
+        assert np.array_equal(ds[index][0].numpy(), expected[None])

@@ -86,11 +86,16 @@ class ColumnKind:
 
 
 class ImageStructKind(ColumnKind):
-    """Hugging Face ``Image``: ``{"bytes": ..., "path": ...}``; bytes win, else the path is read."""
+    """Hugging Face ``Image``: ``{"bytes": ..., "path": ...}``; bytes win, else the path is read.
+    ``mode``: the feature's ``Image(mode=...)``, applied as ``datasets`` applies it (the image
+    converted to that mode; its encoded bytes re-encoded as PNG where their mode differs)."""
 
     hint, image = "image", True
 
-    def encoded(self, cell: Any, context: CellContext) -> bytes:
+    def __init__(self, mode: str | None = None):
+        self.mode = mode
+
+    def stored(self, cell: Any, context: CellContext) -> bytes:
         if cell is None:
             raise ValueError("no image (null)")
         data = cell.get("bytes")
@@ -101,14 +106,26 @@ class ImageStructKind(ColumnKind):
             raise ValueError("neither image bytes nor a path")
         return context.read_path(path)
 
+    def encoded(self, cell: Any, context: CellContext) -> bytes:
+        data = self.stored(cell, context)
+        if self.mode is None:
+            return data
+        with Image.open(io.BytesIO(data)) as image:  # the header only
+            if image.mode == self.mode:
+                return data
+        out = io.BytesIO()
+        self.value(cell, context).save(out, "PNG")
+        return out.getvalue()
+
     def value(self, cell: Any, context: CellContext) -> Any:
-        return decode_image(self.encoded(cell, context), context.read)
+        image = decode_image(self.stored(cell, context), context.read)
+        return image if self.mode in (None, image.mode) else image.convert(self.mode)
 
 
 class ImageBytesKind(ImageStructKind):
     """A binary column whose cells are image files."""
 
-    def encoded(self, cell: Any, context: CellContext) -> bytes:
+    def stored(self, cell: Any, context: CellContext) -> bytes:
         if cell is None:
             raise ValueError("no image (null)")
         return cell
@@ -252,6 +269,8 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
             names = tuple(feature["names"]) if (feature or {}).get("_type") == "ClassLabel" else None
             if names is not None and type(kind) is PlainKind and kind.hint is None:
                 kind = ClassLabelKind(names)
+            if type(kind) is ImageStructKind and (feature or {}).get("mode"):
+                kind = ImageStructKind(str(feature["mode"]))
             return Column(name, kind, names)
     raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
                              "Leave it out with --columns.")

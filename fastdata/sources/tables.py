@@ -364,6 +364,11 @@ class ObjectTable:
     """A ``datasets.Dataset`` object's Arrow table (memory-mapped where the dataset is), in groups of rows."""
 
     def __init__(self, dataset: Any):
+        if (getattr(dataset, "format", None) or {}).get("type") == "custom":
+            raise InvalidOptionError(
+                "This datasets.Dataset has a transform (with_transform or set_transform): its items are what the "
+                "transform returns, which fastdata does not run. Convert the rows it transforms (ds.with_format(None)) "
+                "and transform them when reading, or store the transform's results with ds.map(...).")
         if getattr(dataset, "_indices", None) is not None:  # a shuffled or selected view: its rows in order
             dataset = dataset.flatten_indices()
         self.dataset = dataset
