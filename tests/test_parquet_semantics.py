@@ -237,3 +237,38 @@ def test_an_image_cast_to_a_mode_converts_in_that_mode(tmp_path: Path, given: st
         expected = np.asarray(gray[index]["image"])
         assert gray[index]["image"].mode == "L" and expected.shape == (6, 5)
         assert np.array_equal(ds[index][0].numpy(), expected[None])
+
+
+# --- streaming datasets ---------------------------------------------------------------------------
+
+
+def test_a_stream_built_with_filters_is_refused_and_one_with_columns_converts_those(hub_like: Path,
+                                                                                     tmp_path: Path) -> None:
+    files = [str(hub_like)]
+    filtered = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
+                                     filters=[("weight", ">", 1.0)])
+    assert len(list(filtered)) == 3  # rows 5, 6, 7 of 8
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(filtered, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (
+        "This datasets.IterableDataset streams only the rows its filters= keep ([('weight', '>', 1.0)]), which "
+        "fastdata cannot count before reading them. Load it without streaming (load_dataset(..., filters=...) gives a "
+        "Dataset, which fastdata converts), or give fastdata the Parquet files without the filters.")
+    assert not (tmp_path / "o.npy").exists()
+    kept = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
+                                 columns=["image", "label"])
+    manifest = fastdata.convert(kept, tmp_path / "pair.npy", workers=0)
+    assert manifest["source"]["columns"] == ["image", "label"] and manifest["count"] == 8
+    ds = fastdata.open_dataset(tmp_path / "pair.npy")
+    assert [int(ds[i][1]) for i in range(8)] == [i % 3 for i in range(8)]
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(kept, tmp_path / "o.npy", columns="image,text", workers=0)
+    assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, label (its columns=), "
+                                 "not text. Check columns=, or build the stream with them.")
+
+
+@pytest.fixture()
+def hub_like(tmp_path: Path) -> Path:
+    path = tmp_path / "train-00000-of-00001.parquet"
+    hf_dataset(range(8)).to_parquet(str(path), batch_size=3)
+    return path

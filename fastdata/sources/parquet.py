@@ -322,8 +322,10 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
                                  "folders); a saved dataset or a datasets object is one already. Drop --config.")
     if is_hf_dataset(source):
         dataset = _one_dataset(source, split)
-        if isinstance(dataset, list):  # the Parquet files a streaming dataset reads
-            return TableSource(ParquetFiles(dataset[0], paths=dataset), kind="parquet", **options)
+        if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps
+            paths, kept = dataset
+            options["columns"] = _within_stream(columns, kept)
+            return TableSource(ParquetFiles(paths[0], paths=paths), kind="parquet", **options)
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -352,8 +354,8 @@ def _one_dataset(dataset: Any, split: str | None) -> Any:
 def _streamed(dataset: Any) -> Any:
     """What an untransformed ``IterableDataset`` streams: the ``Dataset`` shards of
     ``Dataset.to_iterable_dataset()``, or the Parquet files of ``load_dataset(..., streaming=True)``
-    (their paths, read by row groups here). One with ``map``, ``filter`` or ``shuffle`` applied
-    gives other rows than its files hold: refused."""
+    (their paths, read by row groups here, and the columns its ``columns=`` keeps). One with
+    ``map``, ``filter``, ``shuffle`` or ``filters=`` gives other rows than its files hold: refused."""
     iterable = getattr(dataset, "_ex_iterable", None)
     arguments = getattr(iterable, "kwargs", None) or {}
     plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
@@ -361,13 +363,35 @@ def _streamed(dataset: Any) -> Any:
     if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
         datasets = require("datasets", extra="hf", feature="Converting a datasets.IterableDataset")
         return datasets.concatenate_datasets(list(arguments["shards"]))
+    builder = getattr(getattr(iterable, "generate_tables_fn", None), "__self__", None)
+    config = getattr(builder, "config", None)
+    if plain and type(builder).__name__ != "Parquet":
+        plain = False
+    if plain and getattr(config, "filters", None) is not None:
+        raise InvalidOptionError(
+            f"This datasets.IterableDataset streams only the rows its filters= keep ({config.filters!r}), which fastdata "
+            "cannot count before reading them. Load it without streaming (load_dataset(..., filters=...) gives a "
+            "Dataset, which fastdata converts), or give fastdata the Parquet files without the filters.")
     if plain and arguments.get("files") and not any(arguments.get("row_groups_list") or ()):
-        return [os.fspath(path) for path in arguments["files"]]
+        kept = getattr(config, "columns", None)
+        return [os.fspath(path) for path in arguments["files"]], (tuple(kept) if kept is not None else None)
     raise InvalidOptionError(
         "This datasets.IterableDataset streams rows that its files do not hold as they are (map, filter or shuffle "
         "applied, or a builder other than Parquet), and it has no length, which fastdata plans a conversion by. "
         "Give fastdata the Parquet files it streams (a path, a glob or an hf://datasets/ORG/NAME URL), which "
         "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
+
+
+def _within_stream(columns: tuple[str, ...] | None, kept: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The columns to convert from a stream built with ``columns=kept``: those, or the ones
+    asked for among them."""
+    if kept is None or columns is None:
+        return columns if kept is None else kept
+    missing = [name for name in columns if name not in kept]
+    if missing:
+        raise InvalidOptionError(f"The datasets.IterableDataset streams only the columns {', '.join(kept)} (its "
+                                 f"columns=), not {', '.join(missing)}. Check columns=, or build the stream with them.")
+    return columns
 
 
 def is_remote_table(url: Any) -> bool:
