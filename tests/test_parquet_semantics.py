@@ -272,3 +272,63 @@ def hub_like(tmp_path: Path) -> Path:
     path = tmp_path / "train-00000-of-00001.parquet"
     hf_dataset(range(8)).to_parquet(str(path), batch_size=3)
     return path
+
+
+# --- column types ---------------------------------------------------------------------------------
+
+
+def test_bool_category_and_audio_columns_convert_as_their_arrow_types_say(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "typed.parquet"
+    pd.DataFrame({"image": [png(i) for i in range(3)], "label": [True, False, True],
+                  "kind": pd.Categorical(["a", "b", "a"])}).to_parquet(path)  # kind: dictionary-encoded strings
+    fastdata.convert(path, tmp_path / "typed.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "typed.npy")
+    assert [(bool(ds[i]["label"]), ds[i]["kind"]) for i in range(3)] == [(True, "a"), (False, "b"), (True, "a")]
+    with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer column"):
+        fastdata.convert(path, tmp_path / "o.npy", label_column="label", workers=0)
+    sounds = [b"RIFF\x10\x00\x00\x00WAVEfmt %d" % i for i in range(3)]
+    audio = hf_dataset(range(3)).add_column("audio", [{"bytes": b, "path": None} for b in sounds])
+    audio.cast_column("audio", datasets.Audio(decode=False)).to_parquet(str(tmp_path / "audio.parquet"))
+    fastdata.convert(tmp_path / "audio.parquet", tmp_path / "audio.npy", columns="image,audio", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "audio.npy")
+    assert [ds[i]["audio"] for i in range(3)] == sounds  # its files' bytes, never taken for an image
+    assert np.array_equal(ds[2]["image"].permute(1, 2, 0).numpy(), pixels(2))
+
+
+def test_a_binary_image_column_whose_first_cell_is_null_is_still_the_image_column(tmp_path: Path) -> None:
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"image": [None, png(1), png(2)], "label": [0, 1, 2]}), path)
+    with pytest.raises(BadSampleError) as raised:
+        fastdata.convert(path, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (f"{path} row 0: cannot read image (column 'image': no image (null)). Re-run with "
+                                 "--skip-bad to leave it out.")
+    manifest = fastdata.convert(path, tmp_path / "o.npy", workers=0, skip_bad=True)
+    assert manifest["count"] == 2 and np.array_equal(_pixels_of(tmp_path / "o.npy", 1), pixels(2))
+
+
+def test_a_column_name_that_cannot_name_a_field_is_refused_naming_columns(tmp_path: Path) -> None:
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], "my label": [0, 1, 2], "note": ["a", "b", "c"]}),
+                   path)
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(path, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (f"{path}: column 'my label' cannot name a field (use letters, digits, '_', '-' and '.' "
+                                 "(up to 64, not starting with '.' or '-')). Leave it out with --columns, or rename "
+                                 "the column.")
+    assert fastdata.convert(path, tmp_path / "o.npy", columns="image,note", workers=0)["count"] == 3
+    pair = fastdata.convert(path, tmp_path / "pair.npy", columns="image,my label", label_column="my label", workers=0)
+    assert pair["count"] == 3  # (image, label) pairs: the column's name is no field's
+
+
+def test_a_shuffled_view_of_a_saved_dataset_converts_without_writing_into_its_folder(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    hf_dataset(range(6)).save_to_disk(str(saved))
+    view = datasets.load_from_disk(str(saved)).select([4, 0, 5, 2])
+    before = sorted(p.name for p in saved.iterdir())
+    manifest = fastdata.convert(view, tmp_path / "view.npy", columns="image,label", workers=0)
+    assert sorted(p.name for p in saved.iterdir()) == before
+    assert manifest["count"] == 4
+    assert [np.array_equal(_pixels_of(tmp_path / "view.npy", n), pixels(i)) for n, i in enumerate([4, 0, 5, 2])] == [
+        True] * 4

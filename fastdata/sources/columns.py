@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.errors import InvalidOptionError
-from fastdata.fields.schema import NO_LABEL
+from fastdata.fields.schema import NO_LABEL, name_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked
 
 HF_METADATA = b"huggingface"
@@ -131,11 +131,25 @@ class ImageBytesKind(ImageStructKind):
         return cell
 
 
+class FileStructKind(ImageStructKind):
+    """Another Hugging Face ``{bytes, path}`` feature (``Audio``, ``Pdf``, ``Video``): the file's
+    bytes, as a bytes field (never taken for an image)."""
+
+    hint, image = "bytes", False
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        return self.stored(cell, context)
+
+
 class PlainKind(ColumnKind):
     """Cells that are already values of their kind (ints, bools, text, bytes, JSON)."""
 
     def __init__(self, hint: str | None = None):
         self.hint = hint
+
+
+class BoolKind(PlainKind):
+    """Bools: a field of their own, never taken for the label."""
 
 
 def check_class_label(label: Any, names: tuple[str, ...]) -> Any:
@@ -214,13 +228,20 @@ def _list_kind(arrow_type: Any) -> ColumnKind:
     return PlainKind("json")
 
 
+def _is_file_struct(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_struct(arrow_type) and {arrow_type.field(i).name for i in range(arrow_type.num_fields)} == {
+        "bytes", "path"}
+
+
 def _is_image_struct(arrow_type: Any, feature: dict[str, Any] | None) -> bool:
+    """An ``Image`` feature, or a ``{bytes, path}`` struct no feature names otherwise."""
     import pyarrow as pa
 
     if not pa.types.is_struct(arrow_type):
         return False
-    names = {arrow_type.field(i).name for i in range(arrow_type.num_fields)}
-    return (feature or {}).get("_type") == "Image" or names == {"bytes", "path"}
+    return (feature or {}).get("_type") == "Image" or (_is_file_struct(arrow_type) and not (feature or {}).get("_type"))
 
 
 # (test on the Arrow type and the HF feature, the kind it makes); the first that matches decides
@@ -229,7 +250,8 @@ def _rows() -> list[tuple[Callable[[Any, dict | None], bool], Callable[[Any], Co
 
     return [
         (_is_image_struct, lambda t: ImageStructKind()),
-        (lambda t, f: pa.types.is_boolean(t), lambda t: PlainKind()),
+        (lambda t, f: _is_file_struct(t), lambda t: FileStructKind()),  # Audio, Pdf, Video: their files' bytes
+        (lambda t, f: pa.types.is_boolean(t), lambda t: BoolKind()),
         (lambda t, f: pa.types.is_integer(t), lambda t: PlainKind()),
         (lambda t, f: pa.types.is_floating(t), lambda t: FloatKind(t.to_pandas_dtype().__name__)),
         (lambda t, f: pa.types.is_string(t) or pa.types.is_large_string(t), lambda t: PlainKind("text")),
@@ -262,7 +284,12 @@ def hf_features(schema: Any) -> dict[str, dict[str, Any]]:
 
 
 def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where: str) -> Column:
-    """The :class:`Column` a column of ``arrow_type`` (and HF ``feature``) makes."""
+    """The :class:`Column` a column of ``arrow_type`` (and HF ``feature``) makes; a dictionary-
+    encoded column (pandas' ``category``) by its values' type."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
     for test, make in _rows():
         if test(arrow_type, feature):
             kind = make(arrow_type)
@@ -296,7 +323,7 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
     chosen = [by_name[n] for n in selected] if selected else list(columns)
     if label_column is not None:
         label = by_name[label_column]
-        if not isinstance(label.kind, PlainKind) or label.kind.hint is not None:
+        if not isinstance(label.kind, PlainKind) or label.kind.hint is not None or isinstance(label.kind, BoolKind):
             raise InvalidOptionError(f"{where}: --label-column {label_column!r} is not an integer column.")
         if label not in chosen:
             chosen.append(label)
@@ -305,4 +332,13 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
     if len(class_labels) == 1:
         return chosen, class_labels[0]
     return chosen, next((c for c in chosen if c.name == "label" and c.kind.hint is None
-                         and not isinstance(c.kind, FloatKind)), None)
+                         and not isinstance(c.kind, (FloatKind, BoolKind))), None)
+
+
+def check_field_names(columns: list[Column], where: str) -> None:
+    """Every column stored as a field has a name a field can have (it names files and members)."""
+    for column in columns:
+        problem = name_problem(column.name)
+        if problem is not None:
+            raise InvalidOptionError(f"{where}: column {column.name!r} cannot name a field ({problem}). Leave it out "
+                                     "with --columns, or rename the column.")

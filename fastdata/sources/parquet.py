@@ -24,8 +24,8 @@ from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
 from fastdata.sources.base import Protected, Source
-from fastdata.sources.columns import (CellContext, Column, check_class_label, choose, column_of, detect_image_bytes,
-                                      hf_features)
+from fastdata.sources.columns import (CellContext, Column, check_class_label, check_field_names, choose, column_of,
+                                      detect_image_bytes, hf_features)
 from fastdata.sources.tables import ArrowFiles, ObjectTable, ParquetFiles, has_parquet, is_parquet_spec, is_saved_dataset
 from fastdata.urls import is_url
 
@@ -83,6 +83,8 @@ class TableSource(Source):
         self.columns = detect_image_bytes(chosen, self._first_cells([c.name for c in chosen]))
         self.label = next((c for c in self.columns if label is not None and c.name == label.name), None)
         self.image = next((c for c in self.columns if c.kind.image), None)
+        if not self.is_classic:
+            check_field_names(self.columns, where)
         if self.image is None:
             raise InvalidOptionError(f"{where}: no column holds images (columns: {', '.join(c.name for c in every)}); "
                                      "fastdata stores samples with at least one image (an Image feature, or binary "
@@ -128,12 +130,13 @@ class TableSource(Source):
                     "--columns.")
 
     def _first_cells(self, names: list[str]) -> dict[str, Any]:
-        """The first row's cells (binary columns are told images by them)."""
+        """Each column's first cell that is not null, in the first group (binary columns are told
+        images by them)."""
         for number in range(len(self.tables)):
             if any(self.tables.groups(number)):
                 group = next(g for g, rows in enumerate(self.tables.groups(number)) if rows)
                 table = self.tables.read(number, group, names)
-                return {name: table.column(name)[0].as_py() for name in names}
+                return {name: _first_valid(table.column(name)) for name in names}
         return {}
 
     def _plan_rows(self) -> None:
@@ -264,6 +267,12 @@ class TableSource(Source):
         if root is not None:
             return [Protected(root.resolve(), f"source {self.kind} {'folder' if root.is_dir() else 'file'}")]
         return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
+
+
+def _first_valid(column: Any) -> Any:
+    """A column's first cell that is not null (None when all are)."""
+    valid = column.drop_null()
+    return valid[0].as_py() if len(valid) else None
 
 
 def _feature_words(feature: Any) -> str:

@@ -369,9 +369,11 @@ class ObjectTable:
                 "This datasets.Dataset has a transform (with_transform or set_transform): its items are what the "
                 "transform returns, which fastdata does not run. Convert the rows it transforms (ds.with_format(None)) "
                 "and transform them when reading, or store the transform's results with ds.map(...).")
-        if getattr(dataset, "_indices", None) is not None:  # a shuffled or selected view: its rows in order
-            dataset = dataset.flatten_indices()
         self.dataset = dataset
+        # a shuffled or selected view: its rows in its order, taken a group at a time (flatten_indices
+        # would write a copy of the whole table into the dataset's own folder)
+        indices = getattr(dataset, "_indices", None)
+        self.indices = indices.column(0) if indices is not None else None
         self.spec = f"datasets.Dataset({getattr(dataset, 'info', None) and dataset.info.dataset_name or ''})"
         self.paths = ["dataset"]
 
@@ -394,7 +396,10 @@ class ObjectTable:
         return [min(OBJECT_GROUP_ROWS, rows - start) for start in range(0, rows, OBJECT_GROUP_ROWS)]
 
     def read(self, number: int, group: int, columns: list[str]) -> Any:
-        return self.dataset.data.table.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS).select(columns)
+        table = self.dataset.data.table
+        if self.indices is None:
+            return table.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS).select(columns)
+        return table.select(columns).take(self.indices.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS))
 
     def read_relative(self, number: int, relative: str) -> bytes:
         with open(relative, "rb") as handle:  # datasets' own Image feature reads such paths as they are
