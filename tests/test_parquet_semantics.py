@@ -332,3 +332,49 @@ def test_a_shuffled_view_of_a_saved_dataset_converts_without_writing_into_its_fo
     assert manifest["count"] == 4
     assert [np.array_equal(_pixels_of(tmp_path / "view.npy", n), pixels(i)) for n, i in enumerate([4, 0, 5, 2])] == [
         True] * 4
+
+
+# --- nulls: the column's Arrow type gives the kind; a null is its empty value, or a bad row ---------
+
+
+EMPTY_VALUES = [("text", pa.string(), "x", ""), ("tags", pa.list_(pa.string()), ["a"], []),
+                ("blob", pa.binary(), b"\x00z", b""), ("meta", pa.struct([("a", pa.int32())]), {"a": 1}, None),
+                ("scores", pa.list_(pa.float32()), [1.5], np.empty(0, np.float32))]
+
+
+@pytest.mark.parametrize("name,arrow_type,value,empty", EMPTY_VALUES, ids=[case[0] for case in EMPTY_VALUES])
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_null_is_its_columns_empty_value_wherever_it_is(tmp_path: Path, name: str, arrow_type, value, empty,
+                                                          at: int) -> None:
+    path = tmp_path / "n.parquet"
+    cells = [None if i == at else value for i in range(3)]
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], name: pa.array(cells, arrow_type)}), path)
+    fastdata.convert(path, tmp_path / "n.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "n.npy")
+    for index in range(3):
+        got, expected = ds[index][name], empty if index == at else value
+        if name == "scores":
+            got, expected = np.asarray(got), np.asarray(expected, np.float32)
+            assert got.dtype == np.float32
+        assert np.array_equal(got, expected) if name == "scores" else got == expected
+    assert fastdata.verify(tmp_path / "n.npy").problems == ()
+
+
+NO_EMPTY = [("n", pa.int64(), 3, "an integer column"), ("w", pa.float32(), 1.5, "a float column"),
+            ("b", pa.bool_(), True, "a bool column"), ("box", pa.list_(pa.int16(), 2), [1, 2], "a fixed-size list column")]
+
+
+@pytest.mark.parametrize("name,arrow_type,value,what", NO_EMPTY, ids=[case[0] for case in NO_EMPTY])
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_null_where_the_kind_has_no_empty_value_is_a_bad_row(tmp_path: Path, name: str, arrow_type, value, what: str,
+                                                               at: int) -> None:
+    path = tmp_path / "n.parquet"
+    cells = [None if i == at else value for i in range(3)]
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], name: pa.array(cells, arrow_type)}), path)
+    with pytest.raises(BadSampleError) as raised:
+        fastdata.convert(path, tmp_path / "n.npy", workers=0)
+    assert str(raised.value) == (f"{path} row {at}: cannot read image (column {name!r}: null, and {what} has no empty "
+                                 "value (a row needs a value in it)). Re-run with --skip-bad to leave it out.")
+    assert not (tmp_path / "n.npy").exists()
+    manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
+    assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row {at}"]

@@ -76,6 +76,9 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
             found[name] = merged
     fields = []
     for name, made in found.items():
+        if made is None and kinds.get(name) == "json":  # JSON null in every probed sample: the hint says the kind
+            made = kind_of(name, {}, "json", first_name, image_field)
+            found[name] = made
         if made is None:
             raise FieldError(f"{first_name}: field {name!r} is None in every probed sample, so its kind is unknown. "
                              f"Say it: kinds={{{name!r}: 'json'}} (or another kind).")

@@ -73,13 +73,20 @@ class CellContext:
 
 
 class ColumnKind:
-    """How a column's cells become values; ``hint``: the :mod:`fastdata.fields` kind hint."""
+    """How a column's cells become values; ``hint``: the :mod:`fastdata.fields` kind hint;
+    ``what``: what messages call its columns."""
 
     hint: str | None = None
     image = False
+    what = "an integer column"
 
     def value(self, cell: Any, context: CellContext) -> Any:
         return cell
+
+    def empty(self) -> Any:
+        """What a null cell holds: the field's empty value, where its kind has one (the one rule
+        for nulls, wherever they are); else the row cannot be converted."""
+        raise ValueError(f"null, and {self.what} has no empty value (a row needs a value in it)")
 
     def encoded(self, cell: Any, context: CellContext) -> bytes:
         raise NotImplementedError
@@ -140,6 +147,9 @@ class FileStructKind(ImageStructKind):
     def value(self, cell: Any, context: CellContext) -> Any:
         return self.stored(cell, context)
 
+    def empty(self) -> Any:
+        return b""
+
 
 class PlainKind(ColumnKind):
     """Cells that are already values of their kind (ints, bools, text, bytes, JSON)."""
@@ -147,9 +157,19 @@ class PlainKind(ColumnKind):
     def __init__(self, hint: str | None = None):
         self.hint = hint
 
+    def empty(self) -> Any:
+        if self.hint in _EMPTY:
+            return _EMPTY[self.hint]()
+        return super().empty()
+
+
+_EMPTY: dict[str, Callable[[], Any]] = {"text": str, "text_list": list, "bytes": bytes, "json": lambda: None}
+
 
 class BoolKind(PlainKind):
     """Bools: a field of their own, never taken for the label."""
+
+    what = "a bool column"
 
 
 def check_class_label(label: Any, names: tuple[str, ...]) -> Any:
@@ -164,6 +184,8 @@ def check_class_label(label: Any, names: tuple[str, ...]) -> Any:
 class ClassLabelKind(PlainKind):
     """A ``ClassLabel`` column: ints checked against its names."""
 
+    what = "a ClassLabel column"
+
     def __init__(self, names: tuple[str, ...]):
         super().__init__()
         self.names = names
@@ -175,6 +197,8 @@ class ClassLabelKind(PlainKind):
 class FloatKind(ColumnKind):
     """Floats kept in the column's dtype (a float32 column stays float32)."""
 
+    what = "a float column"
+
     def __init__(self, dtype: str):
         self.dtype = np.dtype(dtype)
 
@@ -185,12 +209,17 @@ class FloatKind(ColumnKind):
 class ArrayKind(ColumnKind):
     """Lists of numbers as numpy arrays of the element dtype."""
 
+    what = "a fixed-size list column"
+
     def __init__(self, dtype: str, fixed: bool):
         self.dtype = np.dtype(dtype)
         self.hint = "array" if fixed else "array:variable"
 
     def value(self, cell: Any, context: CellContext) -> Any:
         return None if cell is None else np.asarray(cell, dtype=self.dtype)
+
+    def empty(self) -> Any:
+        return super().empty() if self.hint == "array" else np.empty(0, self.dtype)
 
 
 def _leaf(arrow_type: Any) -> tuple[Any, bool]:

@@ -208,8 +208,9 @@ class TableSource(Source):
         return CellContext(read, lambda path: self.tables.read_relative(number, path))
 
     def _value(self, column: Column, cells: dict[str, list[Any]], row: int, context: CellContext) -> Any:
+        cell = cells[column.name][row]
         try:
-            return column.kind.value(cells[column.name][row], context)
+            return column.kind.value(cell, context) if cell is not None or column.kind.image else column.kind.empty()
         except Exception as exc:  # noqa: BLE001 - Pillow and numpy raise many types for a bad cell
             raise CellError(column.name, _why(exc)) from exc
 
