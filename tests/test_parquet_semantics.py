@@ -378,3 +378,22 @@ def test_a_null_where_the_kind_has_no_empty_value_is_a_bad_row(tmp_path: Path, n
     assert not (tmp_path / "n.npy").exists()
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row {at}"]
+
+
+INSIDE = [("tags", pa.list_(pa.string()), ["a", None]), ("scores", pa.list_(pa.float32()), [1.5, None]),
+          ("grid", pa.list_(pa.list_(pa.int32())), [[1, 2], [3, None]]), ("box", pa.list_(pa.float32(), 2), [None, 1.0])]
+
+
+@pytest.mark.parametrize("name,arrow_type,cell", INSIDE, ids=[case[0] for case in INSIDE])
+def test_a_null_inside_a_list_is_a_bad_row_never_nan(tmp_path: Path, name: str, arrow_type, cell) -> None:
+    path = tmp_path / "n.parquet"
+    good = [[x if x is not None else 0 for x in part] if isinstance(part, list) else part or 2.0 for part in cell]
+    cells = [good, cell, good] if name != "tags" else [["b"], cell, ["c"]]
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], name: pa.array(cells, arrow_type)}), path)
+    with pytest.raises(BadSampleError) as raised:
+        fastdata.convert(path, tmp_path / "n.npy", workers=0)
+    assert str(raised.value) == (f"{path} row 1: cannot read image (column {name!r}: null inside its list, and a list's "
+                                 "elements have no empty value (every element needs a value)). Re-run with --skip-bad "
+                                 "to leave it out.")
+    manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
+    assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row 1"]

@@ -157,6 +157,11 @@ class PlainKind(ColumnKind):
     def __init__(self, hint: str | None = None):
         self.hint = hint
 
+    def value(self, cell: Any, context: CellContext) -> Any:
+        if self.hint == "text_list":
+            _no_null_inside(cell)
+        return cell
+
     def empty(self) -> Any:
         if self.hint in _EMPTY:
             return _EMPTY[self.hint]()
@@ -216,10 +221,22 @@ class ArrayKind(ColumnKind):
         self.hint = "array" if fixed else "array:variable"
 
     def value(self, cell: Any, context: CellContext) -> Any:
-        return None if cell is None else np.asarray(cell, dtype=self.dtype)
+        return None if cell is None else np.asarray(_no_null_inside(cell), dtype=self.dtype)
 
     def empty(self) -> Any:
         return super().empty() if self.hint == "array" else np.empty(0, self.dtype)
+
+
+def _no_null_inside(cell: list[Any]) -> list[Any]:
+    """``cell``, refused when an element of it (at any depth) is null: a list's elements have no
+    empty value (a float list's null would otherwise become nan)."""
+    for item in cell:
+        if item is None:
+            raise ValueError("null inside its list, and a list's elements have no empty value (every element needs "
+                             "a value)")
+        if isinstance(item, list):
+            _no_null_inside(item)
+    return cell
 
 
 def _leaf(arrow_type: Any) -> tuple[Any, bool]:
