@@ -397,3 +397,20 @@ def test_a_null_inside_a_list_is_a_bad_row_never_nan(tmp_path: Path, name: str, 
                                  "to leave it out.")
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row 1"]
+
+
+def test_a_streams_casts_are_honoured_or_refused(hub_like: Path, tmp_path: Path) -> None:
+    stream = datasets.load_dataset("parquet", data_files=[str(hub_like)], split="train", streaming=True)
+    gray = stream.cast_column("image", datasets.Image(mode="L"))
+    fastdata.convert(gray, tmp_path / "gray.npy", columns="image,label", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "gray.npy")
+    assert [np.array_equal(ds[i][0].numpy(), np.asarray(row["image"])[None]) for i, row in enumerate(gray)] == [True] * 8
+    renamed = stream.cast_column("label", datasets.ClassLabel(names=["x", "y", "z"]))
+    assert fastdata.convert(renamed, tmp_path / "xyz.npy", columns="image,label", workers=0)["classes"] == ["x", "y", "z"]
+    typed = stream.cast_column("weight", datasets.Value("float64"))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(typed, tmp_path / "o.npy", workers=0)
+    assert str(raised.value) == (
+        f"This datasets.IterableDataset casts column 'weight' from float (in {hub_like}) to double, which fastdata does "
+        "not apply. Convert the files as they are and cast when reading, or convert the Dataset the cast gives (load it "
+        "without streaming).")

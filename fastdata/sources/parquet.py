@@ -333,9 +333,12 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
     if is_hf_dataset(source):
         dataset = _one_dataset(source, split)
         if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps
-            paths, kept = dataset
+            paths, kept, features = dataset
             options["columns"] = _within_stream(columns, kept)
-            return TableSource(ParquetFiles(paths[0], paths=paths), kind="parquet", **options)
+            files = ParquetFiles(paths[0], paths=paths)
+            if features is not None:  # the stream's own (cast_column, features=), where they differ from the files'
+                files.cast(features)
+            return TableSource(files, kind="parquet", **options)
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -384,7 +387,8 @@ def _streamed(dataset: Any) -> Any:
             "Dataset, which fastdata converts), or give fastdata the Parquet files without the filters.")
     if plain and arguments.get("files") and not any(arguments.get("row_groups_list") or ()):
         kept = getattr(config, "columns", None)
-        return [os.fspath(path) for path in arguments["files"]], (tuple(kept) if kept is not None else None)
+        return [os.fspath(path) for path in arguments["files"]], (tuple(kept) if kept is not None else None), \
+            getattr(dataset, "features", None)
     raise InvalidOptionError(
         "This datasets.IterableDataset streams rows that its files do not hold as they are (map, filter or shuffle "
         "applied, or a builder other than Parquet), and it has no length, which fastdata plans a conversion by. "

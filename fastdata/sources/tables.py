@@ -130,6 +130,7 @@ class ParquetFiles:
         if not found:
             raise EmptySourceError(f"{spec!r} holds no .parquet files.")
         self.root, self.listed, self.config = root, paths is not None, config
+        self.features: dict[str, Any] | None = None  # a stream's features, read instead of the files' (cast)
         self.paths = found if self.listed else pick_split(found, root, split, spec, config)
         self._open: tuple[int, Any] | None = None
 
@@ -191,7 +192,24 @@ class ParquetFiles:
         return self._open[1]
 
     def schema(self, number: int) -> Any:
-        return self.file(number).schema_arrow
+        schema = self.file(number).schema_arrow
+        if self.features is not None:
+            schema = schema.with_metadata({b"huggingface": json.dumps({"info": {"features": self.features}}).encode()})
+        return schema
+
+    def cast(self, features: Any) -> None:
+        """Read the files as the ``datasets.Features`` ``features`` say (a stream's ``cast_column``
+        or ``features=``: ClassLabel names, ``Image(mode=...)``); a cast that changes a column's
+        Arrow type, which fastdata does not apply, is refused."""
+        schema = self.file(0).schema_arrow
+        for field in features.arrow_schema:
+            index = schema.get_field_index(field.name)
+            if index >= 0 and schema.field(index).type != field.type:
+                raise InvalidOptionError(
+                    f"This datasets.IterableDataset casts column {field.name!r} from {schema.field(index).type} (in "
+                    f"{self.name(0)}) to {field.type}, which fastdata does not apply. Convert the files as they are "
+                    "and cast when reading, or convert the Dataset the cast gives (load it without streaming).")
+        self.features = features.to_dict()
 
     def groups(self, number: int) -> list[int]:
         metadata = self.file(number).metadata
