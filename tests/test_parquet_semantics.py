@@ -277,7 +277,7 @@ def hub_like(tmp_path: Path) -> Path:
 # --- column types ---------------------------------------------------------------------------------
 
 
-def test_bool_category_and_audio_columns_convert_as_their_arrow_types_say(tmp_path: Path) -> None:
+def test_bool_category_audio_and_pdf_columns_convert_as_their_arrow_types_say(tmp_path: Path) -> None:
     import pandas as pd
 
     path = tmp_path / "typed.parquet"
@@ -289,11 +289,14 @@ def test_bool_category_and_audio_columns_convert_as_their_arrow_types_say(tmp_pa
     with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer column"):
         fastdata.convert(path, tmp_path / "o.npy", label_column="label", workers=0)
     sounds = [b"RIFF\x10\x00\x00\x00WAVEfmt %d" % i for i in range(3)]
-    audio = hf_dataset(range(3)).add_column("audio", [{"bytes": b, "path": None} for b in sounds])
-    audio.cast_column("audio", datasets.Audio(decode=False)).to_parquet(str(tmp_path / "audio.parquet"))
-    fastdata.convert(tmp_path / "audio.parquet", tmp_path / "audio.npy", columns="image,audio", workers=0)
-    ds = fastdata.open_dataset(tmp_path / "audio.npy")
-    assert [ds[i]["audio"] for i in range(3)] == sounds  # its files' bytes, never taken for an image
+    documents = [b"%%PDF-1.4 %d" % i for i in range(3)]
+    files = hf_dataset(range(3)).add_column("audio", [{"bytes": b, "path": None} for b in sounds])
+    files = files.add_column("doc", [{"bytes": b, "path": None} for b in documents])
+    files = files.cast_column("audio", datasets.Audio(decode=False)).cast_column("doc", datasets.Pdf(decode=False))
+    files.to_parquet(str(tmp_path / "files.parquet"))
+    fastdata.convert(tmp_path / "files.parquet", tmp_path / "files.npy", columns="image,audio,doc", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "files.npy")
+    assert [(ds[i]["audio"], ds[i]["doc"]) for i in range(3)] == list(zip(sounds, documents))  # never images
     assert np.array_equal(ds[2]["image"].permute(1, 2, 0).numpy(), pixels(2))
 
 
