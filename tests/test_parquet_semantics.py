@@ -222,6 +222,19 @@ def test_a_dataset_with_a_transform_is_refused(tmp_path: Path) -> None:
     assert fastdata.convert(transformed.with_format(None), tmp_path / "o.npy", workers=0)["count"] == 3
 
 
+def test_a_datasets_format_columns_are_the_columns_converted(tmp_path: Path) -> None:
+    shown = hf_dataset(range(3))
+    shown.set_format(None, columns=["image", "label"])
+    assert list(shown[0]) == ["image", "label"]
+    manifest = fastdata.convert(shown, tmp_path / "pair.npy", workers=0)
+    assert manifest["source"]["columns"] == ["image", "label"]
+    assert [int(fastdata.open_dataset(tmp_path / "pair.npy")[i][1]) for i in range(3)] == [0, 1, 2]
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(shown, tmp_path / "o.npy", columns="image,text", workers=0)
+    assert str(raised.value) == ("The datasets.Dataset gives only the columns image, label (its format's columns, "
+                                 "set_format), not text. Check columns=, or give the object those columns.")
+
+
 @pytest.mark.parametrize("store", ["raw", "encoded"])
 @pytest.mark.parametrize("given", ["dataset", "parquet"])
 def test_an_image_cast_to_a_mode_converts_in_that_mode(tmp_path: Path, given: str, store: str) -> None:
@@ -264,7 +277,7 @@ def test_a_stream_built_with_filters_is_refused_and_one_with_columns_converts_th
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(kept, tmp_path / "o.npy", columns="image,text", workers=0)
     assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, label (its columns=), "
-                                 "not text. Check columns=, or build the stream with them.")
+                                 "not text. Check columns=, or give the object those columns.")
 
 
 @pytest.fixture()

@@ -334,11 +334,14 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
         dataset = _one_dataset(source, split)
         if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps
             paths, kept, features = dataset
-            options["columns"] = _within_stream(columns, kept)
+            options["columns"] = _within(columns, kept, "The datasets.IterableDataset streams only the columns {} (its "
+                                         "columns=)")
             files = ParquetFiles(paths[0], paths=paths)
             if features is not None:  # the stream's own (cast_column, features=), where they differ from the files'
                 files.cast(features)
             return TableSource(files, kind="parquet", **options)
+        options["columns"] = _within(columns, _format_columns(dataset), "The datasets.Dataset gives only the columns "
+                                     "{} (its format's columns, set_format)")
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -396,16 +399,26 @@ def _streamed(dataset: Any) -> Any:
         "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
 
 
-def _within_stream(columns: tuple[str, ...] | None, kept: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    """The columns to convert from a stream built with ``columns=kept``: those, or the ones
-    asked for among them."""
+def _within(columns: tuple[str, ...] | None, kept: tuple[str, ...] | None, gives: str) -> tuple[str, ...] | None:
+    """The columns to convert from a datasets object whose items hold only the columns ``kept``
+    (a stream's ``columns=``, a Dataset's ``set_format(columns=...)``): those, or the ones asked
+    for among them; ``gives`` says which object, ``{}`` standing for the columns."""
     if kept is None or columns is None:
         return columns if kept is None else kept
     missing = [name for name in columns if name not in kept]
     if missing:
-        raise InvalidOptionError(f"The datasets.IterableDataset streams only the columns {', '.join(kept)} (its "
-                                 f"columns=), not {', '.join(missing)}. Check columns=, or build the stream with them.")
+        raise InvalidOptionError(f"{gives.format(', '.join(kept))}, not {', '.join(missing)}. Check columns=, or "
+                                 "give the object those columns.")
     return columns
+
+
+def _format_columns(dataset: Any) -> tuple[str, ...] | None:
+    """The columns ``dataset[i]`` holds where its format leaves others out (``set_format(columns=...)``)."""
+    form = getattr(dataset, "format", None) or {}
+    shown = form.get("columns")
+    if shown is None or form.get("output_all_columns") or list(shown) == list(dataset.column_names):
+        return None
+    return tuple(shown)
 
 
 def is_remote_table(url: Any) -> bool:
