@@ -430,3 +430,16 @@ def test_a_streams_casts_are_honoured_or_refused(hub_like: Path, tmp_path: Path)
         f"This datasets.IterableDataset casts column 'weight' from float (in {hub_like}) to double, which fastdata does "
         "not apply. Convert the files as they are and cast when reading, or convert the Dataset the cast gives (load it "
         "without streaming).")
+
+
+def test_configurations_on_s3_are_told_apart_as_the_local_ones(configs: Path, s3, tmp_path: Path) -> None:
+    from servers import upload
+
+    url = upload(s3, configs / "converted", "configs/converted")
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(url, tmp_path / "o.npy", split="train", workers=0)
+    assert str(raised.value) == (f"{url!r} holds the configurations en, fr (Hugging Face subsets); convert one at a "
+                                 "time: add --config en (or another), or give its folder.")
+    manifest = fastdata.convert(url, tmp_path / "fr.npy", config="fr", workers=0)
+    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
+    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
