@@ -164,6 +164,16 @@ def test_an_epoch_that_ends_does_not_wait_for_its_workers_to_exit_and_the_next_s
     assert loader._stopping == [] and loader._workers == []
 
 
+def test_epochs_with_fewer_batches_than_workers_print_nothing(capfd) -> None:
+    # the epoch ends (and its workers' control blocks go) before the idle workers have started
+    loader = fastdata.loader(TensorDataset(torch.arange(6)), batch_size=4, shuffle=False, backend="process",
+                             num_workers=4)
+    for _ in range(8):
+        assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5]]
+    loader.close()  # waits for the last workers: all they printed is in
+    assert capfd.readouterr().err == ""
+
+
 def _hang_at_exit(worker_id: int) -> None:
     """A worker whose exit hangs (a finalizer run at its exit sleeps for a minute)."""
     import multiprocessing.util
