@@ -174,6 +174,26 @@ def test_epochs_with_fewer_batches_than_workers_print_nothing(capfd) -> None:
     assert capfd.readouterr().err == ""
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_two_live_iterators_each_read_an_epoch_of_their_own(backend: str, persistent: bool) -> None:
+    # timeout=20: a batch that never comes fails the test instead of hanging it
+    dataset = TensorDataset(torch.arange(40))
+    serial = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    expected = [[batch[0].tolist() for batch in serial] for _ in range(5)]
+    loader = fastdata.loader(dataset, batch_size=4, seed=2, backend=backend, num_workers=2,
+                             persistent_workers=persistent, timeout=20)
+    peek = iter(loader)
+    first = next(peek)  # "peek, then train"
+    assert [batch[0].tolist() for batch in loader] == expected[1]
+    assert [first[0].tolist()] + [batch[0].tolist() for batch in peek] == expected[0]
+    pairs = [(a[0].tolist(), b[0].tolist()) for a, b in zip(loader, loader)]
+    assert [a for a, _ in pairs] == expected[2] and [b for _, b in pairs] == expected[3]
+    assert [batch[0].tolist() for batch in loader] == expected[4]
+    getattr(loader, "close", loader.shutdown)()
+
+
 def _hang_at_exit(worker_id: int) -> None:
     """A worker whose exit hangs (a finalizer run at its exit sleeps for a minute)."""
     import multiprocessing.util

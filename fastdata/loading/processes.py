@@ -19,6 +19,7 @@ outlives it (a killed main process's segments are removed by the next loader tha
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import pickle
@@ -80,10 +81,16 @@ class ProcessLoader(BatchLoader):
             self.slots = self.prefetch_factor + 1
         self.lend_limit = 0 if zero_copy else math.inf  # most batches lent at once per worker (0: copy every one)
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
+        self._serving = False  # an epoch is under way on this loader's workers
+        self._companions: list[ProcessLoader] = []  # idle loaders that served a second live iterator (below)
+        self._own_workers()
+
+    def _own_workers(self) -> None:
+        """No workers, segments or slots yet (a new loader, or a companion copied from one)."""
         self._workers: list[_Worker] = []
         self._stopping: list[_Worker] = []  # asked to stop at the end of an epoch; reaped once they exit
         self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
-        self._lending = Lending(zero_copy=bool(zero_copy))
+        self._lending = Lending(zero_copy=bool(self.zero_copy))
         self._forget_slots()
         self._finalizer = weakref.finalize(self, cleanup, self._workers, self._all_segments, self._lending,
                                            self._stopping)
@@ -217,6 +224,8 @@ class ProcessLoader(BatchLoader):
         slot segments no batch of which is held are kept for the next process loader (spares.keep_spare)."""
         cleanup(self._workers, self._all_segments, self._lending, self._stopping)  # held batches keep their memory mapped
         self._forget_slots()
+        while self._companions:
+            self._companions.pop().close()
 
     def _send(self, worker_id: int, message: tuple) -> None:
         try:
@@ -227,6 +236,39 @@ class ProcessLoader(BatchLoader):
     # --- one epoch ---------------------------------------------------------------------------
 
     def epoch_iter(self) -> Iterator[Any]:
+        if self._serving:  # another iterator of this loader is mid-epoch on its workers
+            yield from self._companion_epoch()
+            return
+        self._serving = True
+        try:
+            yield from self._workers_epoch()
+        finally:
+            self._serving = False
+
+    def _companion_epoch(self) -> Iterator[Any]:
+        """The epoch of an iterator that starts while another is mid-epoch on this loader's workers
+        ("peek, then train": ``it = iter(loader); next(it); for batch in loader``, or ``zip(loader,
+        loader)``): the next epoch of the same sampler, on workers of its own (a companion loader
+        with this one's options), as a DataLoader gives each iterator its own workers. With
+        ``persistent_workers`` the companion is kept for the next such iterator; :meth:`close`
+        closes it."""
+        if self._companions:
+            companion = self._companions.pop()
+        else:
+            companion = copy.copy(self)
+            companion._serving, companion._companions = False, []
+            companion._own_workers()
+        finished = False
+        try:
+            yield from companion.epoch_iter()
+            finished = True
+        finally:
+            if finished and self.persistent_workers:
+                self._companions.append(companion)
+            else:
+                companion.close()
+
+    def _workers_epoch(self) -> Iterator[Any]:
         batches = self.epoch_batches()
         self._start()
         for worker_id in range(self.num_workers):
