@@ -220,6 +220,7 @@ class AutoLoader(Resumable):
         self._meter = Meter()
         self._inner: Any = None
         self._inner_setting: Setting | None = None
+        self._tuning: object | None = None  # the iterator mid-epoch on self._inner, which it measures
         self._batches = 0  # batches handed out in this loader's life
         self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
@@ -254,31 +255,61 @@ class AutoLoader(Resumable):
         epoch = self.sampler.epoch - 1
         if self._began is None:
             self._began = time.perf_counter()
+        run = object()  # this iterator: it tunes while it is the newest (self._tuning)
+        self._leave_inner()
+        self._tuning = run
         done = 0
-        while done < len(batches):
-            setting = self._setting
-            inner = self._open(setting, batches[done:], epoch)
-            iterator = iter(inner)
-            try:
-                while True:
-                    begun = time.perf_counter()
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        break
-                    handed = time.perf_counter()
-                    self._meter.batch(len(batches[done]), handed - begun)
-                    done += 1
-                    self._batches += 1
-                    yield batch
-                    del batch
-                    self._meter.step(time.perf_counter() - handed)
-                    if self._measured() and self._setting != setting:
-                        break
-            finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
+        try:
+            while done < len(batches):
+                setting = self._setting
+                if self._tuning is run:
+                    inner = self._open(setting, batches[done:], epoch)
+                else:  # a newer iterator took the tuning: the rest on a fixed loader of this one's own
+                    own = Segment(self.sampler)
+                    own.batches, own.epoch = batches[done:], epoch
+                    inner = self._build(setting, own)
+                iterator = iter(inner)
+                try:
+                    while True:
+                        begun = time.perf_counter()
+                        try:
+                            batch = next(iterator)
+                        except StopIteration:
+                            break
+                        handed = time.perf_counter()
+                        tuning = self._tuning is run
+                        if tuning:
+                            self._meter.batch(len(batches[done]), handed - begun)
+                        done += 1
+                        self._batches += 1
+                        yield batch
+                        del batch
+                        if tuning and self._tuning is run:
+                            self._meter.step(time.perf_counter() - handed)
+                            if self._measured() and self._setting != setting:
+                                break
+                finally:
+                    close = getattr(iterator, "close", None)
+                    if close is not None:
+                        close()
+                    if inner is not self._inner:  # left to this iterator (_leave_inner), or its own
+                        _close(inner)
+        finally:
+            if self._tuning is run:
+                self._tuning = None
+
+    def _leave_inner(self) -> None:
+        """A new iterator starts while another is mid-epoch on the running setting's fixed loader
+        ("peek, then train", ``zip(loader, loader)``): that one keeps the loader (it closes it when it
+        ends) and reads on, no longer measured; the new one tunes, on a fixed loader of its own. Each
+        reads every batch of its epoch once, as with a fixed setting."""
+        if self._tuning is None or self._inner is None:
+            return
+        fetch = getattr(self._inner, "fetch", None)
+        if isinstance(fetch, TimedFetch):  # its time no longer counts
+            self._inner.fetch = fetch.fetch
+        self._inner = self._inner_setting = None
+        self._segment = Segment(self.sampler)  # the old one stays with the loader left behind
 
     def _open(self, setting: Setting, batches: list[np.ndarray], epoch: int) -> Any:
         """The fixed loader of ``setting`` over ``batches`` (kept while the setting stays)."""
@@ -319,22 +350,12 @@ class AutoLoader(Resumable):
 
     def _close_inner(self) -> None:
         inner, self._inner, self._inner_setting = self._inner, None, None
-        if inner is None:
-            return
-        for name in ("close", "shutdown"):
-            method = getattr(inner, name, None)
-            if method is not None:
-                method()
-                return
-        iterator = getattr(inner, "_iterator", None)  # a DataLoader with persistent workers
-        if iterator is not None:
-            inner._iterator = None
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+        if inner is not None:
+            _close(inner)
 
     def close(self) -> None:
-        """Stop the workers of the running setting."""
+        """Stop the workers of the running setting (an iterator still mid-epoch on a fixed loader
+        it was left stops that one's when it ends)."""
         self._close_inner()
 
     def __del__(self) -> None:
@@ -361,3 +382,18 @@ class AutoLoader(Resumable):
     def __repr__(self) -> str:
         return (f"AutoLoader(backend={self.backend!r}, running={self._setting.backend!r} x "
                 f"{self._setting.num_workers}, batch_size={self.batch_size}, batches={len(self)})")
+
+
+def _close(inner: Any) -> None:
+    """Stop the workers of a fixed loader."""
+    for name in ("close", "shutdown"):
+        method = getattr(inner, name, None)
+        if method is not None:
+            method()
+            return
+    iterator = getattr(inner, "_iterator", None)  # a DataLoader with persistent workers
+    if iterator is not None:
+        inner._iterator = None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
