@@ -12,6 +12,7 @@ the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,7 +20,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from fastdata.errors import SharedMemoryFullError
 from fastdata.loading.autotune import Search, decide, start
+from fastdata.loading.backends import get_backend
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
 from fastdata.loading.base import Resumable
 from fastdata.loading.samplers import BatchIndexSampler, Drawn
@@ -276,6 +279,10 @@ class AutoLoader(Resumable):
                             batch = next(iterator)
                         except StopIteration:
                             break
+                        except Exception as exc:
+                            if not self._fall_back(setting, exc):
+                                raise
+                            break  # the rest of the epoch on the setting fallen back to
                         handed = time.perf_counter()
                         tuning = self._tuning is run
                         if tuning:
@@ -346,6 +353,28 @@ class AutoLoader(Resumable):
         logger.info(message)
         self.tuning_log.append(log_entry(self._batches, decision.setting, window, message,
                                          elapsed_s=time.perf_counter() - (self._began or 0.0)))
+        return True
+
+    def _fall_back(self, setting: Setting, error: Exception) -> bool:
+        """Where /dev/shm has no room for worker processes' batches (Docker's default 64 MB): on to
+        threads (or, without them among the backends, ``num_workers=0``) for good, logged; False for
+        any other error (the loop gets it)."""
+        full = error if isinstance(error, SharedMemoryFullError) else error.__cause__
+        if not isinstance(full, SharedMemoryFullError):
+            return False
+        if self._setting != setting:  # fallen back already (another iterator): the rest on that setting
+            return True
+        left = tuple(name for name in self.budget.backends if not get_backend(name).crosses_process)
+        self.budget = dataclasses.replace(self.budget, backends=left or self.budget.backends,
+                                          max_workers=self.budget.max_workers if left else 0)
+        fallen = Setting(left[0], min(setting.num_workers, self.budget.limit(left[0]))) if left \
+            else setting.with_workers(0)
+        why = str(full).strip().splitlines()[-1].split("SharedMemoryFullError: ", 1)[-1]
+        message = f"num_workers {setting.num_workers} -> {fallen.num_workers} ({fallen.backend}): {why}"
+        logger.warning(message)
+        self.tuning_log.append(log_entry(self._batches, fallen, None, message,
+                                         elapsed_s=time.perf_counter() - (self._began or 0.0)))
+        self._restart(fallen)
         return True
 
     def _close_inner(self) -> None:

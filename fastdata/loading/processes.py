@@ -36,7 +36,8 @@ from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import preload_worker_imports, spare_core, stop_signals_held
+from fastdata.machine import (populate, preload_worker_imports, shared_memory_free, shared_memory_full, spare_core,
+                              stop_signals_held)
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -159,6 +160,7 @@ class ProcessLoader(BatchLoader):
                 free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
                 control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
+                populate(control.address, control.size, what="a worker's control block")  # no SIGBUS later
                 for position, slot in enumerate(free_slots):
                     FREE.pack_into(control.buf, self.slots * HEADER_BYTES + position * FREE.size, slot)
                 # the ends this process keeps: a forked worker inherits them and must close them, or a
@@ -373,6 +375,8 @@ class ProcessLoader(BatchLoader):
             # a closed loader's segment where one fits: its pages were written before (no first-write
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
+            if taken is None:
+                _check_room(worker_id, slot_bytes, self._slots_used(slot_bytes))
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
             spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
@@ -400,9 +404,15 @@ class ProcessLoader(BatchLoader):
         how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with code {code}"
         self.shutdown()
+        fix = "If it ran out of memory, use fewer workers or smaller batches."
+        if code == -signal.SIGBUS:  # what writing into a full /dev/shm does (where a slot could not be populated first)
+            free = shared_memory_free() or 0
+            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free / 2**20:.0f} MB free now): give the container "
+                   "more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or use "
+                   "backend='thread'.")
         return WorkerError(
             f"process backend: worker {worker_id} (pid {process.pid}) {how} while computing batch {number} "
-            f"(indices {describe_indices(indices)}). If it ran out of memory, use fewer workers or smaller batches."
+            f"(indices {describe_indices(indices)}). {fix}"
         )
 
     def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:
@@ -418,6 +428,14 @@ class ProcessLoader(BatchLoader):
         error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
         error.__cause__ = original
         return error
+
+
+def _check_room(worker_id: int, slot_bytes: int, slots: int) -> None:
+    """Refuse new slots that /dev/shm cannot hold: the worker writing into them would die of SIGBUS."""
+    free = shared_memory_free()
+    if free is not None and slot_bytes * slots > free:
+        raise shared_memory_full(slot_bytes * slots, f"worker {worker_id} ({slots} slots of "
+                                                     f"{slot_bytes / 2**20:.1f} MB for its batches)")
 
 
 def _poll(ready: Any, seconds: float) -> bool:
