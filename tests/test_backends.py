@@ -38,7 +38,7 @@ def segments() -> set[str]:
 
 def running_elsewhere(name: str) -> bool:
     """Whether segment ``name`` belongs to another live process (another test run on this machine)."""
-    pid = int(name[len(PREFIX):].split("_", 1)[0])
+    _, pid = shm.owner(name)
     return pid != os.getpid() and alive(pid)
 
 
@@ -684,7 +684,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     process = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=tmp_path)
     assert process.stdout.readline().strip() == "running"
-    mine = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    mine = {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))}
     assert mine, "the loader made no segment"
     if mode == "ctrl-c":
         process.send_signal(signal.SIGINT)
@@ -694,7 +694,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     if mode == "ctrl-c":  # the main traceback, none from workers (what came back is in the message)
         assert "KeyboardInterrupt" in stderr and stderr.count("Traceback") == 1, (
             process.returncode, stdout[-500:], stderr[-2000:])
-    left = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    left = {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))}
     if mode != "sigkill":
         assert left == set(), stderr
         return
@@ -702,7 +702,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     loader = fastdata.loader(TensorDataset(torch.zeros(4)), batch_size=2, backend="process", num_workers=1)
     list(loader)  # ... the next loader that starts removes what it left
     loader.close()
-    assert {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")} == set()
+    assert {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))} == set()
 
 
 def test_the_consumer_polls_only_where_a_core_is_left_for_it(monkeypatch):

@@ -158,3 +158,50 @@ def test_auto_falls_back_from_processes_when_dev_shm_is_too_small(small_shm: dic
     first, *later = result["log"]
     assert first[:2] == fallen and first[2].startswith(f"num_workers 2 -> {fallen[1]} ({fallen[0]}): /dev/shm has ")
     assert all(entry[0] == fallen[0] and entry[1] <= fallen[1] for entry in later)  # processes never tried again
+
+
+OTHER_NAMESPACE_SCRIPT = """
+    import os, sys
+    from fastdata.loading import shm
+
+    segment = shm.new_segment(4096)
+    print(segment.name, os.getpid(), flush=True)
+    sys.stdin.read()  # alive until the test closes stdin
+    shm.release(segment, unlink=True)
+"""
+
+
+def _dead_pid() -> int:
+    """A pid that no process of this namespace has."""
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return next(pid for pid in range(min(limit - 1, 300_000), 1000, -1) if not Path(f"/proc/{pid}").exists())
+
+
+def test_the_sweep_leaves_the_live_segments_of_another_pid_namespace_alone(tmp_path: Path) -> None:
+    from fastdata.loading import shm
+
+    flags = ["--pid", "--fork", "--mount-proc"] + ([] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+    _skip_unless_permitted(["unshare", *flags, "true"], "another PID namespace (unshare --pid)")
+    pid = _dead_pid()  # the other namespace's process gets this pid there; none has it here
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(OTHER_NAMESPACE_SCRIPT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")])))
+    command = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && {sys.executable} {script}"
+    other = subprocess.Popen(["unshare", *flags, "sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        name, its_pid = other.stdout.readline().split()
+        assert int(its_pid) == pid and shm.owner(name) == (shm.owner(name)[0], pid)
+        assert shm.owner(name)[0] != shm.pid_namespace()
+        dead_here = shm.new_segment(4096)  # a segment of this namespace's process `pid` (dead): swept
+        shm.release(dead_here, unlink=False)
+        stale = shm.segment_prefix(pid) + "0123456789ab"
+        os.rename(Path("/dev/shm") / dead_here.name, Path("/dev/shm") / stale)
+        assert name not in shm.stale_segments() and stale in shm.stale_segments()
+        swept = shm.sweep_stale_segments()
+        assert stale in swept and name not in swept
+        assert (Path("/dev/shm") / name).exists() and not (Path("/dev/shm") / stale).exists()
+    finally:
+        _, stderr = other.communicate("", timeout=60)
+    assert other.returncode == 0, stderr
+    assert not (Path("/dev/shm") / name).exists()  # its owner removed it

@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from fastdata.loading.shm import PREFIX, Segment, attach, unlink_name
+from fastdata.loading.shm import Segment, attach, segment_prefix, unlink_name
 
 SPARE_ENV = "FASTDATA_SHM_SPARE_BYTES"
 
@@ -79,7 +79,7 @@ def spare_limit() -> int:
 
 
 def _own(name: str) -> bool:
-    return name.startswith(f"{PREFIX}{os.getpid()}_")
+    return name.startswith(segment_prefix())
 
 
 def keep_spare(segment: Segment, slot_bytes: int = 0, leases: Sequence[Any] | None = None) -> bool:
