@@ -265,12 +265,7 @@ class AutoLoader(Resumable):
         try:
             while done < len(batches):
                 setting = self._setting
-                if self._tuning is run:
-                    inner = self._open(setting, batches[done:], epoch)
-                else:  # a newer iterator took the tuning: the rest on a fixed loader of this one's own
-                    own = Segment(self.sampler)
-                    own.batches, own.epoch = batches[done:], epoch
-                    inner = self._build(setting, own)
+                inner = self._loader_for(run, setting, batches[done:], epoch)
                 iterator = iter(inner)
                 try:
                     while True:
@@ -296,14 +291,27 @@ class AutoLoader(Resumable):
                             if self._measured() and self._setting != setting:
                                 break
                 finally:
-                    close = getattr(iterator, "close", None)
-                    if close is not None:
-                        close()
-                    if inner is not self._inner:  # left to this iterator (_leave_inner), or its own
-                        _close(inner)
+                    self._let_go(inner, iterator)
         finally:
             if self._tuning is run:
                 self._tuning = None
+
+    def _loader_for(self, run: object, setting: Setting, batches: list[np.ndarray], epoch: int) -> Any:
+        """The fixed loader iterator ``run`` reads ``batches`` with: the running setting's while it
+        tunes, else one of its own (a newer iterator took the tuning: :meth:`_leave_inner`)."""
+        if self._tuning is run:
+            return self._open(setting, batches, epoch)
+        own = Segment(self.sampler)
+        own.batches, own.epoch = batches, epoch
+        return self._build(setting, own)
+
+    def _let_go(self, inner: Any, iterator: Any) -> None:
+        """An iterator's pass over ``inner`` ended: ``inner`` stops unless it is the running one."""
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+        if inner is not self._inner:  # left to this iterator (_leave_inner), or its own
+            _close(inner)
 
     def _leave_inner(self) -> None:
         """A new iterator starts while another is mid-epoch on the running setting's fixed loader

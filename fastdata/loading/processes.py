@@ -36,8 +36,7 @@ from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import (populate, preload_worker_imports, shared_memory_free, shared_memory_full, spare_core,
-                              stop_signals_held)
+from fastdata.machine import populate, preload_worker_imports, shared_memory_free, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -375,8 +374,10 @@ class ProcessLoader(BatchLoader):
             # a closed loader's segment where one fits: its pages were written before (no first-write
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
-            if taken is None:
-                _check_room(worker_id, slot_bytes, self._slots_used(slot_bytes))
+            if taken is None:  # the worker writing into slots /dev/shm cannot hold would die of SIGBUS
+                used = self._slots_used(slot_bytes)
+                shm.check_room(slot_bytes * used, f"worker {worker_id} ({used} slots of {slot_bytes / 2**20:.1f} MB "
+                                                  "for its batches)")
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
             spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
@@ -428,14 +429,6 @@ class ProcessLoader(BatchLoader):
         error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
         error.__cause__ = original
         return error
-
-
-def _check_room(worker_id: int, slot_bytes: int, slots: int) -> None:
-    """Refuse new slots that /dev/shm cannot hold: the worker writing into them would die of SIGBUS."""
-    free = shared_memory_free()
-    if free is not None and slot_bytes * slots > free:
-        raise shared_memory_full(slot_bytes * slots, f"worker {worker_id} ({slots} slots of "
-                                                     f"{slot_bytes / 2**20:.1f} MB for its batches)")
 
 
 def _poll(ready: Any, seconds: float) -> bool:

@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from fastdata.machine import shared_memory_free, shared_memory_full
+
 try:  # POSIX shared memory, the module multiprocessing.shared_memory itself uses
     import _posixshmem
 except ImportError:  # pragma: no cover - Windows
@@ -115,6 +117,14 @@ def owner(name: str) -> tuple[str | None, int] | None:
     if len(parts) == 2 and parts[0].isdigit():
         return None, int(parts[0])
     return None
+
+
+def check_room(needed: int, what: str) -> None:
+    """Refuse, with :class:`~fastdata.errors.SharedMemoryFullError`, ``needed`` bytes of segments
+    that /dev/shm has no room for (``what`` needs them): written, they would kill with SIGBUS."""
+    free = shared_memory_free()
+    if free is not None and needed > free:
+        raise shared_memory_full(needed, what)
 
 
 def attach(name: str) -> Segment:
