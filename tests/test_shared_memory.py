@@ -113,6 +113,8 @@ SMALL_SHM_SCRIPT = """
         results["auto-" + backend] = {"begun": begun, "same": read == expected,
                                       "log": [[e["backend"], e["num_workers"], e["reason"]] for e in auto.tuning_log]}
         auto.close()
+    from fastdata.loading import spares
+    results["spare_bytes"] = [sum(size for _, size, _ in spares._spare), spares.spare_limit()]
     segment = shm.new_segment(32 << 20)  # more than /dev/shm holds (a new segment has no pages yet)
     try:
         populate(segment.address, 32 << 20)
@@ -205,3 +207,8 @@ def test_the_sweep_leaves_the_live_segments_of_another_pid_namespace_alone(tmp_p
         _, stderr = other.communicate("", timeout=60)
     assert other.returncode == 0, stderr
     assert not (Path("/dev/shm") / name).exists()  # its owner removed it
+
+
+def test_closed_loaders_keep_at_most_a_quarter_of_dev_shm_for_the_next(small_shm: dict) -> None:
+    kept, limit = small_shm["spare_bytes"]
+    assert limit == SMALL_SHM_MB * 2**20 // 4 and kept <= limit
