@@ -249,8 +249,9 @@ def shared_memory_free() -> int | None:
 
 
 def shared_memory_full(needed: int, what: str) -> Any:
-    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"worker 1's
-    slots"``) that needs ``needed`` bytes of /dev/shm (Docker gives a container 64 MB)."""
+    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"worker 1
+    (2 slots of 9.2 MB for its batches)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
+    container 64 MB)."""
     from fastdata.errors import SharedMemoryFullError
 
     free = shared_memory_free() or 0

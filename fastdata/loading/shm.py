@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from fastdata.machine import shared_memory_free, shared_memory_full
+from fastdata.machine import SHM_DIR, shared_memory_free, shared_memory_full
 
 try:  # POSIX shared memory, the module multiprocessing.shared_memory itself uses
     import _posixshmem
@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - Windows
 
 PREFIX = "fastdata_"
 ALIGN = 64
-_SHM_DIR = Path("/dev/shm")
+_SHM_DIR = Path(SHM_DIR)
 
 
 class Segment:
