@@ -88,6 +88,11 @@ class EngineError(FastdataError, RuntimeError):
     """The engine that runs a conversion's units failed (a lost worker, node or cluster)."""
 
 
+class SharedMemoryFullError(FastdataError, OSError):
+    """/dev/shm has too little room for the batches of worker processes; the message gives its free
+    space, what was needed and the fix (more shared memory, or threads)."""
+
+
 class PartsError(FastdataError, ValueError):
     """The parts of a job-array conversion are missing, run twice or do not match each other."""
 

@@ -212,11 +212,13 @@ def _madvise() -> Any:
     return _MADVISE[0]
 
 
-def populate(address: int, length: int) -> bool:
+def populate(address: int, length: int, *, what: str = "a batch") -> bool:
     """Map the pages of ``[address, address + length)`` (a range of a shared-memory mapping of
     this process) for writing, in one call, before they are written: no page fault for each
     one. False where the kernel has no such call (Linux before 5.14, other systems) or it fails
-    (the pages then fault in as they are written, as without it)."""
+    (the pages then fault in as they are written, as without it). Where /dev/shm has no room
+    for them (writing would kill this process with SIGBUS), :class:`SharedMemoryFullError`
+    (``what``: who needs the room, for its message)."""
     global _populate_works
     if not _populate_works or length <= 0:
         return False
@@ -229,4 +231,31 @@ def populate(address: int, length: int) -> bool:
         return False
     if failed and ctypes.get_errno() == errno.EINVAL:  # a kernel without it: not asked again
         _populate_works = False
+    elif failed and ctypes.get_errno() == errno.EFAULT:  # "a SIGBUS would have been generated": no room
+        raise shared_memory_full(length, what)
     return not failed
+
+
+SHM_DIR = "/dev/shm"
+
+
+def shared_memory_free() -> int | None:
+    """The bytes free in /dev/shm (None where there is none: macOS, Windows)."""
+    try:
+        stats = os.statvfs(SHM_DIR)
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def shared_memory_full(needed: int, what: str) -> Any:
+    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"worker 1
+    (2 slots of 9.2 MB for its batches)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
+    container 64 MB)."""
+    from fastdata.errors import SharedMemoryFullError
+
+    free = shared_memory_free() or 0
+    return SharedMemoryFullError(
+        f"/dev/shm has {free / 2**20:.0f} MB free, {what} needs {max(1, round(needed / 2**20))} MB: give the "
+        "container more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or "
+        "use backend='thread' (threads need no shared memory).")

@@ -150,3 +150,26 @@ def test_max_workers_bounds_every_setting():
     assert all(entry["num_workers"] <= 1 for entry in auto.tuning_log)
     assert np.all([auto.setting.num_workers <= 1])
     auto.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", ["per-sample", "npy"])
+@pytest.mark.parametrize("backend", ["auto", "process", "torch"])
+def test_two_live_iterators_each_read_every_sample_of_their_epoch_once(backend, source, request):
+    dataset = Numbers() if source == "per-sample" else request.getfixturevalue("npy")
+    fixed = fastdata.loader(dataset, batch_size=2, seed=4, num_workers=0)
+    expected = epochs(fixed, 5)
+    # timeout=20: a batch that never comes fails the test instead of hanging it
+    auto = fastdata.loader(dataset, batch_size=2, seed=4, num_workers="auto", backend=backend, timeout=20)
+    state = auto.state_dict()  # start with worker processes, as after tuning
+    state["tuned"] = {"backend": "process" if backend == "auto" else backend, "num_workers": 2, "prefetch": 2}
+    auto.load_state_dict(state)
+    assert auto.setting.num_workers >= 1 and auto.setting.backend in ("process", "torch")
+    peek = iter(auto)
+    first = next(peek)  # "peek, then train"
+    assert contents(auto) == expected[1]
+    assert contents([first]) + contents(peek) == expected[0]
+    pairs = list(zip(auto, auto))
+    assert contents(a for a, _ in pairs) == expected[2] and contents(b for _, b in pairs) == expected[3]
+    assert contents(auto) == expected[4]
+    auto.close()

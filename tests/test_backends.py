@@ -38,7 +38,7 @@ def segments() -> set[str]:
 
 def running_elsewhere(name: str) -> bool:
     """Whether segment ``name`` belongs to another live process (another test run on this machine)."""
-    pid = int(name[len(PREFIX):].split("_", 1)[0])
+    _, pid = shm.owner(name)
     return pid != os.getpid() and alive(pid)
 
 
@@ -162,6 +162,36 @@ def test_an_epoch_that_ends_does_not_wait_for_its_workers_to_exit_and_the_next_s
     assert all(worker not in loader._stopping for worker in stopping)  # reaped by the second epoch's start
     loader.close()
     assert loader._stopping == [] and loader._workers == []
+
+
+def test_epochs_with_fewer_batches_than_workers_print_nothing(capfd) -> None:
+    # the epoch ends (and its workers' control blocks go) before the idle workers have started
+    loader = fastdata.loader(TensorDataset(torch.arange(6)), batch_size=4, shuffle=False, backend="process",
+                             num_workers=4)
+    for _ in range(8):
+        assert [batch[0].tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5]]
+    loader.close()  # waits for the last workers: all they printed is in
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_two_live_iterators_each_read_an_epoch_of_their_own(backend: str, persistent: bool) -> None:
+    # timeout=20: a batch that never comes fails the test instead of hanging it
+    dataset = TensorDataset(torch.arange(40))
+    serial = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    expected = [[batch[0].tolist() for batch in serial] for _ in range(5)]
+    loader = fastdata.loader(dataset, batch_size=4, seed=2, backend=backend, num_workers=2,
+                             persistent_workers=persistent, timeout=20)
+    peek = iter(loader)
+    first = next(peek)  # "peek, then train"
+    assert [batch[0].tolist() for batch in loader] == expected[1]
+    assert [first[0].tolist()] + [batch[0].tolist() for batch in peek] == expected[0]
+    pairs = [(a[0].tolist(), b[0].tolist()) for a, b in zip(loader, loader)]
+    assert [a for a, _ in pairs] == expected[2] and [b for _, b in pairs] == expected[3]
+    assert [batch[0].tolist() for batch in loader] == expected[4]
+    getattr(loader, "close", loader.shutdown)()
 
 
 def _hang_at_exit(worker_id: int) -> None:
@@ -654,7 +684,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     process = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=tmp_path)
     assert process.stdout.readline().strip() == "running"
-    mine = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    mine = {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))}
     assert mine, "the loader made no segment"
     if mode == "ctrl-c":
         process.send_signal(signal.SIGINT)
@@ -664,7 +694,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     if mode == "ctrl-c":  # the main traceback, none from workers (what came back is in the message)
         assert "KeyboardInterrupt" in stderr and stderr.count("Traceback") == 1, (
             process.returncode, stdout[-500:], stderr[-2000:])
-    left = {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")}
+    left = {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))}
     if mode != "sigkill":
         assert left == set(), stderr
         return
@@ -672,7 +702,7 @@ def test_no_segment_outlives_the_main_process(tmp_path: Path, mode: str) -> None
     loader = fastdata.loader(TensorDataset(torch.zeros(4)), batch_size=2, backend="process", num_workers=1)
     list(loader)  # ... the next loader that starts removes what it left
     loader.close()
-    assert {name for name in segments() if name.startswith(f"{PREFIX}{process.pid}_")} == set()
+    assert {name for name in segments() if name.startswith(shm.segment_prefix(process.pid))} == set()
 
 
 def test_the_consumer_polls_only_where_a_core_is_left_for_it(monkeypatch):

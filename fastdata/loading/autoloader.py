@@ -12,6 +12,7 @@ the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,7 +20,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from fastdata.errors import SharedMemoryFullError
 from fastdata.loading.autotune import Search, decide, start
+from fastdata.loading.backends import get_backend
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
 from fastdata.loading.base import Resumable
 from fastdata.loading.samplers import BatchIndexSampler, Drawn
@@ -220,6 +223,7 @@ class AutoLoader(Resumable):
         self._meter = Meter()
         self._inner: Any = None
         self._inner_setting: Setting | None = None
+        self._tuning: object | None = None  # the iterator mid-epoch on self._inner, which it measures
         self._batches = 0  # batches handed out in this loader's life
         self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
@@ -254,31 +258,73 @@ class AutoLoader(Resumable):
         epoch = self.sampler.epoch - 1
         if self._began is None:
             self._began = time.perf_counter()
+        run = object()  # this iterator: it tunes while it is the newest (self._tuning)
+        self._leave_inner()
+        self._tuning = run
         done = 0
-        while done < len(batches):
-            setting = self._setting
-            inner = self._open(setting, batches[done:], epoch)
-            iterator = iter(inner)
-            try:
-                while True:
-                    begun = time.perf_counter()
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        break
-                    handed = time.perf_counter()
-                    self._meter.batch(len(batches[done]), handed - begun)
-                    done += 1
-                    self._batches += 1
-                    yield batch
-                    del batch
-                    self._meter.step(time.perf_counter() - handed)
-                    if self._measured() and self._setting != setting:
-                        break
-            finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
+        try:
+            while done < len(batches):
+                setting = self._setting
+                inner = self._loader_for(run, setting, batches[done:], epoch)
+                iterator = iter(inner)
+                try:
+                    while True:
+                        begun = time.perf_counter()
+                        try:
+                            batch = next(iterator)
+                        except StopIteration:
+                            break
+                        except Exception as exc:
+                            if not self._fall_back(setting, exc):
+                                raise
+                            break  # the rest of the epoch on the setting fallen back to
+                        handed = time.perf_counter()
+                        tuning = self._tuning is run
+                        if tuning:
+                            self._meter.batch(len(batches[done]), handed - begun)
+                        done += 1
+                        self._batches += 1
+                        yield batch
+                        del batch
+                        if tuning and self._tuning is run:
+                            self._meter.step(time.perf_counter() - handed)
+                            if self._measured() and self._setting != setting:
+                                break
+                finally:
+                    self._let_go(inner, iterator)
+        finally:
+            if self._tuning is run:
+                self._tuning = None
+
+    def _loader_for(self, run: object, setting: Setting, batches: list[np.ndarray], epoch: int) -> Any:
+        """The fixed loader iterator ``run`` reads ``batches`` with: the running setting's while it
+        tunes, else one of its own (a newer iterator took the tuning: :meth:`_leave_inner`)."""
+        if self._tuning is run:
+            return self._open(setting, batches, epoch)
+        own = Segment(self.sampler)
+        own.batches, own.epoch = batches, epoch
+        return self._build(setting, own)
+
+    def _let_go(self, inner: Any, iterator: Any) -> None:
+        """An iterator's pass over ``inner`` ended: ``inner`` stops unless it is the running one."""
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+        if inner is not self._inner:  # left to this iterator (_leave_inner), or its own
+            _close(inner)
+
+    def _leave_inner(self) -> None:
+        """A new iterator starts while another is mid-epoch on the running setting's fixed loader
+        ("peek, then train", ``zip(loader, loader)``): that one keeps the loader (it closes it when it
+        ends) and reads on, no longer measured; the new one tunes, on a fixed loader of its own. Each
+        reads every batch of its epoch once, as with a fixed setting."""
+        if self._tuning is None or self._inner is None:
+            return
+        fetch = getattr(self._inner, "fetch", None)
+        if isinstance(fetch, TimedFetch):  # its time no longer counts
+            self._inner.fetch = fetch.fetch
+        self._inner = self._inner_setting = None
+        self._segment = Segment(self.sampler)  # the old one stays with the loader left behind
 
     def _open(self, setting: Setting, batches: list[np.ndarray], epoch: int) -> Any:
         """The fixed loader of ``setting`` over ``batches`` (kept while the setting stays)."""
@@ -317,24 +363,36 @@ class AutoLoader(Resumable):
                                          elapsed_s=time.perf_counter() - (self._began or 0.0)))
         return True
 
+    def _fall_back(self, setting: Setting, error: Exception) -> bool:
+        """Where /dev/shm has no room for worker processes' batches (Docker's default 64 MB): on to
+        threads (or, without them among the backends, ``num_workers=0``) for good, logged; False for
+        any other error (the loop gets it)."""
+        full = error if isinstance(error, SharedMemoryFullError) else error.__cause__
+        if not isinstance(full, SharedMemoryFullError):
+            return False
+        if self._setting != setting:  # fallen back already (another iterator): the rest on that setting
+            return True
+        left = tuple(name for name in self.budget.backends if not get_backend(name).crosses_process)
+        self.budget = dataclasses.replace(self.budget, backends=left or self.budget.backends,
+                                          max_workers=self.budget.max_workers if left else 0)
+        fallen = Setting(left[0], min(setting.num_workers, self.budget.limit(left[0]))) if left \
+            else setting.with_workers(0)
+        why = str(full).strip().splitlines()[-1].split("SharedMemoryFullError: ", 1)[-1]
+        message = f"num_workers {setting.num_workers} -> {fallen.num_workers} ({fallen.backend}): {why}"
+        logger.warning(message)
+        self.tuning_log.append(log_entry(self._batches, fallen, None, message,
+                                         elapsed_s=time.perf_counter() - (self._began or 0.0)))
+        self._restart(fallen)
+        return True
+
     def _close_inner(self) -> None:
         inner, self._inner, self._inner_setting = self._inner, None, None
-        if inner is None:
-            return
-        for name in ("close", "shutdown"):
-            method = getattr(inner, name, None)
-            if method is not None:
-                method()
-                return
-        iterator = getattr(inner, "_iterator", None)  # a DataLoader with persistent workers
-        if iterator is not None:
-            inner._iterator = None
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+        if inner is not None:
+            _close(inner)
 
     def close(self) -> None:
-        """Stop the workers of the running setting."""
+        """Stop the workers of the running setting (an iterator still mid-epoch on a fixed loader
+        it was left stops that one's when it ends)."""
         self._close_inner()
 
     def __del__(self) -> None:
@@ -361,3 +419,18 @@ class AutoLoader(Resumable):
     def __repr__(self) -> str:
         return (f"AutoLoader(backend={self.backend!r}, running={self._setting.backend!r} x "
                 f"{self._setting.num_workers}, batch_size={self.batch_size}, batches={len(self)})")
+
+
+def _close(inner: Any) -> None:
+    """Stop the workers of a fixed loader."""
+    for name in ("close", "shutdown"):
+        method = getattr(inner, name, None)
+        if method is not None:
+            method()
+            return
+    iterator = getattr(inner, "_iterator", None)  # a DataLoader with persistent workers
+    if iterator is not None:
+        inner._iterator = None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

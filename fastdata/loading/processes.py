@@ -19,6 +19,7 @@ outlives it (a killed main process's segments are removed by the next loader tha
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import pickle
@@ -35,7 +36,7 @@ from fastdata.loading import shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import preload_worker_imports, spare_core, stop_signals_held
+from fastdata.machine import populate, preload_worker_imports, shared_memory_free, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -80,10 +81,16 @@ class ProcessLoader(BatchLoader):
             self.slots = self.prefetch_factor + 1
         self.lend_limit = 0 if zero_copy else math.inf  # most batches lent at once per worker (0: copy every one)
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
+        self._serving = False  # an epoch is under way on this loader's workers
+        self._companions: list[ProcessLoader] = []  # idle loaders that served a second live iterator (below)
+        self._own_workers()
+
+    def _own_workers(self) -> None:
+        """No workers, segments or slots yet (a new loader, or a companion copied from one)."""
         self._workers: list[_Worker] = []
         self._stopping: list[_Worker] = []  # asked to stop at the end of an epoch; reaped once they exit
         self._all_segments: dict[str, Any] = {}  # owned here: created and unlinked here, by name
-        self._lending = Lending(zero_copy=bool(zero_copy))
+        self._lending = Lending(zero_copy=bool(self.zero_copy))
         self._forget_slots()
         self._finalizer = weakref.finalize(self, cleanup, self._workers, self._all_segments, self._lending,
                                            self._stopping)
@@ -152,6 +159,7 @@ class ProcessLoader(BatchLoader):
                 free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
                 control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
+                populate(control.address, control.size, what="a worker's control block")  # no SIGBUS later
                 for position, slot in enumerate(free_slots):
                     FREE.pack_into(control.buf, self.slots * HEADER_BYTES + position * FREE.size, slot)
                 # the ends this process keeps: a forked worker inherits them and must close them, or a
@@ -217,6 +225,8 @@ class ProcessLoader(BatchLoader):
         slot segments no batch of which is held are kept for the next process loader (spares.keep_spare)."""
         cleanup(self._workers, self._all_segments, self._lending, self._stopping)  # held batches keep their memory mapped
         self._forget_slots()
+        while self._companions:
+            self._companions.pop().close()
 
     def _send(self, worker_id: int, message: tuple) -> None:
         try:
@@ -227,6 +237,39 @@ class ProcessLoader(BatchLoader):
     # --- one epoch ---------------------------------------------------------------------------
 
     def epoch_iter(self) -> Iterator[Any]:
+        if self._serving:  # another iterator of this loader is mid-epoch on its workers
+            yield from self._companion_epoch()
+            return
+        self._serving = True
+        try:
+            yield from self._workers_epoch()
+        finally:
+            self._serving = False
+
+    def _companion_epoch(self) -> Iterator[Any]:
+        """The epoch of an iterator that starts while another is mid-epoch on this loader's workers
+        ("peek, then train": ``it = iter(loader); next(it); for batch in loader``, or ``zip(loader,
+        loader)``): the next epoch of the same sampler, on workers of its own (a companion loader
+        with this one's options), as a DataLoader gives each iterator its own workers. With
+        ``persistent_workers`` the companion is kept for the next such iterator; :meth:`close`
+        closes it."""
+        if self._companions:
+            companion = self._companions.pop()
+        else:
+            companion = copy.copy(self)
+            companion._serving, companion._companions = False, []
+            companion._own_workers()
+        finished = False
+        try:
+            yield from companion.epoch_iter()
+            finished = True
+        finally:
+            if finished and self.persistent_workers:
+                self._companions.append(companion)
+            else:
+                companion.close()
+
+    def _workers_epoch(self) -> Iterator[Any]:
         batches = self.epoch_batches()
         self._start()
         for worker_id in range(self.num_workers):
@@ -331,6 +374,10 @@ class ProcessLoader(BatchLoader):
             # a closed loader's segment where one fits: its pages were written before (no first-write
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
+            if taken is None:  # the worker writing into slots /dev/shm cannot hold would die of SIGBUS
+                used = self._slots_used(slot_bytes)
+                shm.check_room(slot_bytes * used, f"worker {worker_id} ({used} slots of {slot_bytes / 2**20:.1f} MB "
+                                                  "for its batches)")
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
             spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
@@ -358,9 +405,15 @@ class ProcessLoader(BatchLoader):
         how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with code {code}"
         self.shutdown()
+        fix = "If it ran out of memory, use fewer workers or smaller batches."
+        if code == -signal.SIGBUS:  # what writing into a full /dev/shm does (where a slot could not be populated first)
+            free = shared_memory_free() or 0
+            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free / 2**20:.0f} MB free now): give the container "
+                   "more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or use "
+                   "backend='thread'.")
         return WorkerError(
             f"process backend: worker {worker_id} (pid {process.pid}) {how} while computing batch {number} "
-            f"(indices {describe_indices(indices)}). If it ran out of memory, use fewer workers or smaller batches."
+            f"(indices {describe_indices(indices)}). {fix}"
         )
 
     def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:

@@ -1,10 +1,14 @@
 """Shared memory for the ``process`` backend: named segments, the sweep of segments a killed
 process left behind, and packing a batch into a slot (and back).
 
-A segment is ``/dev/shm/fastdata_<pid>_<token>``: ``<pid>`` is the main process that created
-it. The main process creates and unlinks every segment; workers only attach. A main process
-killed before it could unlink leaves its segments behind; the next loader that starts removes
-every ``fastdata_*`` segment whose process no longer exists (:func:`sweep_stale_segments`).
+A segment is ``/dev/shm/fastdata_<ns>_<pid>_<token>``: ``<pid>`` is the main process that created
+it, ``<ns>`` its PID namespace (the inode of ``/proc/self/ns/pid``, in hex; left out where there
+is none). The main process creates and unlinks every segment; workers only attach. A main
+process killed before it could unlink leaves its segments behind; the next loader that starts
+removes every segment of its own PID namespace whose process no longer exists
+(:func:`sweep_stale_segments`). Where /dev/shm is shared across PID namespaces (containers run
+with ``--ipc=host``, pods sharing /dev/shm) a pid means another process in each, so the
+segments of other namespaces are never touched.
 
 A batch is packed by walking its structure (tuples, lists, dicts): every tensor or numpy array
 is placed in the slot (where it already lives when the dataset wrote it there through the
@@ -32,6 +36,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from fastdata.machine import SHM_DIR, shared_memory_free, shared_memory_full
+
 try:  # POSIX shared memory, the module multiprocessing.shared_memory itself uses
     import _posixshmem
 except ImportError:  # pragma: no cover - Windows
@@ -39,7 +45,7 @@ except ImportError:  # pragma: no cover - Windows
 
 PREFIX = "fastdata_"
 ALIGN = 64
-_SHM_DIR = Path("/dev/shm")
+_SHM_DIR = Path(SHM_DIR)
 
 
 class Segment:
@@ -83,7 +89,42 @@ class Segment:
 
 def new_segment(size: int) -> Segment:
     """A new segment of ``size`` bytes named after this process."""
-    return Segment(f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True, size=size)
+    return Segment(f"{segment_prefix()}{secrets.token_hex(6)}", create=True, size=size)
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace: the inode of ``/proc/self/ns/pid`` in hex (None without /proc)."""
+    try:
+        return f"{os.stat('/proc/self/ns/pid').st_ino:x}"
+    except OSError:
+        return None
+
+
+def segment_prefix(pid: int | None = None) -> str:
+    """How the names of the segments of process ``pid`` (this one by default) of this PID namespace begin."""
+    namespace = pid_namespace()
+    return f"{PREFIX}{'' if namespace is None else namespace + '_'}{os.getpid() if pid is None else pid}_"
+
+
+def owner(name: str) -> tuple[str | None, int] | None:
+    """The PID namespace (None: not recorded) and pid of the process that created segment ``name``;
+    None for a name fastdata does not make."""
+    if not name.startswith(PREFIX):
+        return None
+    parts = name[len(PREFIX):].split("_")
+    if len(parts) == 3 and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    if len(parts) == 2 and parts[0].isdigit():
+        return None, int(parts[0])
+    return None
+
+
+def check_room(needed: int, what: str) -> None:
+    """Refuse, with :class:`~fastdata.errors.SharedMemoryFullError`, ``needed`` bytes of segments
+    that /dev/shm has no room for (``what`` needs them): written, they would kill with SIGBUS."""
+    free = shared_memory_free()
+    if free is not None and needed > free:
+        raise shared_memory_full(needed, what)
 
 
 def attach(name: str) -> Segment:
@@ -119,17 +160,17 @@ def _alive(pid: int) -> bool:
 
 
 def stale_segments(directory: Path = _SHM_DIR) -> list[str]:
-    """Names of fastdata segments whose creating process is gone."""
+    """Names of the fastdata segments of this PID namespace whose creating process is gone (a pid
+    of another namespace says nothing here: its segments are left alone, as are those of a name
+    that records none, where this process has one)."""
     if not directory.is_dir():
         return []
+    namespace = pid_namespace()
     stale = []
     for entry in directory.iterdir():
-        name = entry.name
-        if not name.startswith(PREFIX):
-            continue
-        pid = name[len(PREFIX):].split("_", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            stale.append(name)
+        created = owner(entry.name)
+        if created is not None and created[0] == namespace and not _alive(created[1]):
+            stale.append(entry.name)
     return stale
 
 

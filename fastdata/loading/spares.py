@@ -30,7 +30,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from fastdata.loading.shm import PREFIX, Segment, attach, unlink_name
+from fastdata.loading.shm import Segment, attach, segment_prefix, unlink_name
+from fastdata.machine import SHM_DIR
 
 SPARE_ENV = "FASTDATA_SHM_SPARE_BYTES"
 
@@ -67,7 +68,7 @@ _exiting = False
 
 def spare_limit() -> int:
     """Bytes of closed loaders' segments kept for the next loader: ``FASTDATA_SHM_SPARE_BYTES``,
-    else 1/16 of the RAM, at most 2 GiB."""
+    else 1/16 of the RAM, at most 2 GiB and a quarter of /dev/shm (a container's is 64 MB)."""
     value = os.environ.get(SPARE_ENV)
     if value is not None and value.strip().isdigit():
         return int(value)
@@ -75,11 +76,16 @@ def spare_limit() -> int:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         ram = 0
-    return min(2 * 2**30, ram // 16)
+    try:
+        stats = os.statvfs(SHM_DIR)
+        shm_bytes = stats.f_blocks * stats.f_frsize
+    except (OSError, AttributeError):  # pragma: no cover - no /dev/shm (macOS)
+        shm_bytes = ram
+    return min(2 * 2**30, ram // 16, shm_bytes // 4)
 
 
 def _own(name: str) -> bool:
-    return name.startswith(f"{PREFIX}{os.getpid()}_")
+    return name.startswith(segment_prefix())
 
 
 def keep_spare(segment: Segment, slot_bytes: int = 0, leases: Sequence[Any] | None = None) -> bool:

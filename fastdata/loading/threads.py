@@ -29,6 +29,7 @@ class ThreadLoader(BatchLoader):
         self._pool: ThreadPoolExecutor | None = None
         self._numbers = itertools.count()
         self._lock = threading.Lock()
+        self._live = 0  # epochs under way on the pool (two live iterators share it: the last one ends it)
 
     def _start(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -53,6 +54,7 @@ class ThreadLoader(BatchLoader):
         limit = max(1, self.num_workers * self.prefetch_factor)
         upcoming = iter(enumerate(batches))
         completed = False
+        self._live += 1
         try:
             for number, indices in itertools.islice(upcoming, limit):
                 pending.append((number, indices, pool.submit(self._compute, indices)))
@@ -66,7 +68,8 @@ class ThreadLoader(BatchLoader):
         finally:
             for _, _, future in pending:
                 future.cancel()
-            if not self.persistent_workers:  # after an error (a timeout: a thread may hang) raise at once
+            self._live -= 1
+            if not self.persistent_workers and not self._live:  # after an error (a timeout: a thread may hang) raise at once
                 self.shutdown(wait=completed)
 
     def _result(self, number: int, indices: Any, future: Future) -> Any:

@@ -211,7 +211,10 @@ def worker_main(worker_id: int, num_workers: int, fetch: Any, tasks: Any, result
             except (OSError, EOFError):
                 pass
             return
-    worker = _Worker(worker_id, num_workers, fetch, tasks, results, free, ready, control, slots)
+    try:
+        worker = _Worker(worker_id, num_workers, fetch, tasks, results, free, ready, control, slots)
+    except FileNotFoundError:  # its control block is gone: the loader retired it before it started (an
+        return                 # epoch with fewer batches than workers ended first); nothing to do or say
     try:
         worker.run()
     except _Stop:

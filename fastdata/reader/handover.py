@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from fastdata.machine import populate
+from fastdata.machine import populate, shared_memory_full
 
 __all__ = ["BatchSlots", "SlotConvert", "as_tensor", "default_allocate", "share_batches", "shared_allocate",
            "slot_header"]
@@ -78,7 +78,11 @@ def default_allocate(as_read: bool = False) -> Callable | None:
 def _shared_tensor(nbytes: int) -> torch.Tensor | None:
     try:
         return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
-    except (AttributeError, RuntimeError, TypeError):  # a torch without it, or no shared memory here
+    except RuntimeError as exc:
+        if "No space left on device" in str(exc):  # /dev/shm is full: so would the DataLoader's copy be
+            raise shared_memory_full(nbytes, "a batch") from None  # (its failure is lost and the loop hangs)
+        return None  # no shared memory here
+    except (AttributeError, TypeError):  # a torch without it
         return None
 
 
