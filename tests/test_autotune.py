@@ -421,3 +421,43 @@ def test_lucky_windows_rarely_start_workers_for_raw_pixels():
                 search, _ = decide(search, measure(RAW, search.current, cores), budget)
             kept += search.best.num_workers > 0
         assert kept <= 5, (cores, kept)
+
+
+SLOW_IO = dataclasses.replace(RAW, io=0.05)  # the same gather behind a slow read (a cold cache, a network mount)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_fast_then_slow_then_fast_ends_at_the_serial_loop_wherever_the_slow_phase_ends(cores):
+    """A quick gather, then the same batches behind slow I/O, then quick again: however long the
+    slow phase lasts (so that it ends under every kind of trial, a switch to processes included),
+    the search settles where the quick gather is fastest."""
+    for slow_windows in range(3, 60):
+        search, decisions = run([(RAW, 30), (SLOW_IO, slow_windows), (RAW, 80)], cores)
+        assert search.settled is not None, slow_windows
+        assert search.best == Setting("thread", 0), (slow_windows, [d.reason for _, d in decisions][-4:])
+
+
+def test_a_switch_to_processes_measures_the_threads_again_and_sees_the_phase_end():
+    """The slow phase ends while 2 processes are tried after 16 threads: processes show no time to
+    produce a batch, so the threads are measured again before the switch is kept; their window
+    shows the phase change, and the search starts again from the serial loop."""
+    _, decisions = run([(RAW, 30), (SLOW_IO, 11), (RAW, 30)], 2)
+    reasons = [d.reason for n, d in decisions if n >= 40]
+    assert reasons[0] == "the loop still waits 100% with 16 threads: trying processes" or \
+        reasons[0].endswith("16 threads keep 0.1 cores busy (the GIL): trying processes")
+    assert reasons[1].startswith("16 -> 2 (process): 20317 -> 67368 samples/s")
+    assert reasons[1].endswith(": measuring 16 (thread) again before keeping it")
+    assert reasons[2] == "re-check: a batch takes 50.3 -> 0.3 ms to produce: starting again from num_workers=0"
+    assert decisions[-1][1].setting == Setting("thread", 0)
+
+
+def test_a_re_check_that_switches_backend_still_tries_fewer_workers():
+    """Decode-bound processes settle at the cores; the decode ends (raw pixels): the re-check tries
+    threads (faster than the processes' hand-over), then fewer of them, down to the serial loop.
+    (On 2 cores the processes keep the cores busy: the re-check tries fewer processes at once.)"""
+    search, decisions = run([(RAW, 30), (DECODE, 20), (RAW, 40)], 8)
+    assert [d.setting for n, d in decisions if n < 50][-1] == Setting("process", 8)
+    after = [d for n, d in decisions if n >= 50]
+    assert after[0].reason.startswith("re-check: rate") and after[0].setting.backend == "thread"
+    assert any(d.reason.endswith("trying fewer") for d in after)
+    assert search.best == Setting("thread", 0) and search.settled is not None

@@ -260,18 +260,26 @@ def _verdict(search: Search, window: Window, budget: Budget, *,
     that would start workers from the serial loop for a gain under :data:`CLEAR` is first parked,
     the serial loop measured again for a window, and the trial judged against the better of the
     two measurements (A, B, B, A: a rate that drifts over the trial, or two lucky windows in a row
-    on a shared machine, no longer start workers that cost CPU and memory for nothing)."""
+    on a shared machine, no longer start workers that cost CPU and memory for nothing). A switch to
+    a backend whose windows do not show the time to produce a batch (worker processes) is parked
+    the same way, whatever its gain: measured again, ``best`` shows whether the dataset's phase
+    changed during the trial (:func:`_phase_changed`; a slow phase that ended under the trial
+    would otherwise keep the processes for beating the slow phase's rate)."""
     best_window, trial, best = search.best_window, search.trial, search.best
     ratio = _ratio(best_window, window)
     change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
-    if not rechecked and best.num_workers == 0 and _keeps(search, ratio) and ratio < CLEAR:
+    modest = best.num_workers == 0 and ratio < CLEAR
+    unseen = trial.backend != best.backend and best_window.produce_s is not None and window.produce_s is None
+    if not rechecked and _keeps(search, ratio) and (modest or unseen):
         parked = dataclasses.replace(search, trial=None, recheck=(trial, window))
         return parked, Decision(best, f"{change}: measuring {best.num_workers} ({best.backend}) again "
                                       f"before keeping it")
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
-                          worker_bytes=search.worker_bytes, went_down=True)  # its count: the other's climb
+                          worker_bytes=search.worker_bytes, went_down=search.went_down or search.floor >= 0)
+            # its count: the other's climb, where that climb gained at every count below it; a re-check's
+            # switch measured none below it (a phase that ended): fewer are tried
             return _more_or_settle(kept, window, budget, f"kept {change}")
         return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
