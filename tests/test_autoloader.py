@@ -150,3 +150,97 @@ def test_max_workers_bounds_every_setting():
     assert all(entry["num_workers"] <= 1 for entry in auto.tuning_log)
     assert np.all([auto.setting.num_workers <= 1])
     auto.close()
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(prefetch_factor=0), "Invalid prefetch_factor 0. Use a number of batches per worker >= 1 (or None for 2)."),
+    (dict(prefetch_factor="4"), "Invalid prefetch_factor '4'. Use a number of batches per worker >= 1 (or None for "
+                                "2)."),
+    (dict(timeout=-1), "Invalid timeout -1. Use seconds >= 0 (0: wait as long as it takes)."),
+    (dict(timeout="5"), "Invalid timeout '5'. Use seconds >= 0 (0: wait as long as it takes)."),
+    (dict(worker_init_fn=3), "Invalid worker_init_fn 3. Use a function (or None)."),
+    (dict(collate_fn="stack"), "Invalid collate_fn 'stack'. Use a function (or None)."),
+    (dict(pin_memory="yes"), "Invalid pin_memory 'yes'. Use True or False."),
+    (dict(persistent_workers=1), "Invalid persistent_workers 1. Use True or False."),
+    (dict(multiprocessing_context="fork2"), "Invalid multiprocessing_context 'fork2'. Use one of 'fork', 'spawn', "
+                                            "'forkserver', a multiprocessing context, or None."),
+])
+def test_worker_options_are_checked_when_the_auto_loader_is_built(backend, options, message):
+    """Auto starts at num_workers=0: an option only workers use is checked when the loader is made,
+    not when the search first starts workers (after some batches, or never)."""
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.loader(Numbers(), batch_size=4, num_workers="auto", backend=backend, **options)
+    assert str(caught.value) == message
+
+
+def test_the_torch_backend_refuses_a_dataloader_option_when_built():
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.loader(Numbers(), batch_size=4, num_workers="auto", backend="torch", workers_seed=3)
+    assert str(caught.value) == "backend='torch' refuses these options: DataLoader.__init__() got an unexpected " \
+        "keyword argument 'workers_seed'"
+
+
+def test_a_multiprocessing_context_under_auto_on_the_torch_backend():
+    import multiprocessing
+
+    for context in ("fork", multiprocessing.get_context("fork")):
+        auto = fastdata.loader(Numbers(), batch_size=4, seed=1, num_workers="auto", backend="torch",
+                               multiprocessing_context=context)
+        assert epochs(auto, 2) == epochs(fastdata.loader(Numbers(), batch_size=4, seed=1, num_workers=0), 2)
+        auto.close()
+
+
+def test_tuned_and_the_log_keep_the_prefetch_factor_given():
+    auto = fastdata.loader(Numbers(), batch_size=2, seed=2, num_workers="auto", backend="thread", prefetch_factor=6)
+    assert auto.setting.prefetch == 6
+    auto.load_state_dict({**auto.state_dict(), "tuned": {"backend": "thread", "num_workers": 2, "prefetch": 2}})
+    assert auto.tuned == {"backend": "thread", "num_workers": 2, "prefetch_factor": 6, "persistent_workers": True}
+    epochs(auto, 4)  # a window at 2 workers holds three chunks of 13 batches (more than in flight)
+    assert auto.tuning_log and {entry["prefetch"] for entry in auto.tuning_log} == {6}
+    auto.close()
+
+
+def test_persistent_workers_false_is_reported_once():
+    with pytest.warns(UserWarning) as caught:
+        auto = fastdata.loader(Numbers(), batch_size=4, seed=1, num_workers="auto", persistent_workers=False)
+        epochs(auto, 2)
+    assert [str(w.message) for w in caught] == [
+        "num_workers='auto' keeps the workers of a setting for as long as it runs, across epochs: "
+        "persistent_workers=False is not used."]
+    assert caught[0].filename == __file__
+    auto.close()
+
+
+class FailsInWorkers(Dataset):
+    """Numbers whose sample ``bad`` fails when a worker (thread or process) reads it: the serial
+    loop reads it, so the epochs go on until the search has workers read it."""
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 120
+
+    def __getitem__(self, index: int):
+        import multiprocessing
+        import threading
+
+        in_worker = threading.current_thread().name.startswith("fastdata-loader") or \
+            multiprocessing.parent_process() is not None
+        if index == self.bad and in_worker:
+            raise KeyError(f"sample {index}")
+        return torch.full((2, 2), float(index)), index
+
+
+def test_a_worker_error_names_the_batch_of_the_epoch():
+    """The search's settings each read the rest of the epoch from where the last one stopped: an
+    error names the epoch's batch (as a fixed setting does), not the batch within that rest."""
+    from fastdata.loading.base import WorkerError
+
+    auto = fastdata.loader(FailsInWorkers(bad=81), batch_size=4, shuffle=False, num_workers="auto")
+    with pytest.raises(WorkerError) as caught:
+        epochs(auto, 6)
+    assert "batch 20 (indices [80, 81, 82, 83] (4 samples))" in str(caught.value), str(caught.value)
+    assert "KeyError: 'sample 81'" in str(caught.value)
+    auto.close()

@@ -13,6 +13,7 @@ the tuning. Every decision is logged on the ``fastdata`` logger (INFO) and kept 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -21,7 +22,7 @@ import numpy as np
 
 from fastdata.loading.autotune import Search, decide, start
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
-from fastdata.loading.base import Resumable
+from fastdata.loading.base import Resumable, WorkerError
 from fastdata.loading.samplers import BatchIndexSampler, Drawn
 
 logger = logging.getLogger("fastdata")
@@ -31,6 +32,7 @@ CHUNKS = 3  # a window's chunks: trimmed means of their time, wait and step per 
 TRIM = 0.2  # the share of chunks dropped at each end (the slowest and quickest) before the mean
 WINDOW_S = 0.25  # ... and lasts at least this long
 MEMORY_SHARE = 0.5  # the default memory budget: this share of the RAM available at the start
+_BATCH_NUMBER = re.compile(r"\bbatch (\d+) \(indices")  # how a backend's WorkerError names the batch
 
 
 class Segment:
@@ -194,6 +196,15 @@ class Meter:
                 "step_median_s": trimmed_mean(steps)}
 
 
+def _numbered(error: WorkerError, first: int) -> WorkerError:
+    """``error`` as the epoch's fixed loader would word it: the backend numbers the batches of the
+    segment it was given, which starts at the epoch's batch ``first``."""
+    if not first:
+        return error
+    text = _BATCH_NUMBER.sub(lambda match: f"batch {int(match.group(1)) + first} (indices", str(error), count=1)
+    return WorkerError(text)
+
+
 def trimmed_mean(values: list[float], *, trim: float = TRIM) -> float:
     """The mean of ``values`` without the ``trim`` share of them at each end (none of 1-4 values)."""
     ordered = sorted(values)
@@ -209,7 +220,7 @@ class AutoLoader(Resumable):
     num_workers = "auto"
 
     def __init__(self, dataset: Any, sampler: BatchIndexSampler, *, build: Callable[[Setting, Segment], Any],
-                 backend: str, budget: Budget):
+                 backend: str, budget: Budget, prefetch: int = 2):
         self.dataset = dataset
         self.sampler = self.index_sampler = self.batch_sampler = sampler
         self.batch_size = sampler.batch_size
@@ -223,7 +234,8 @@ class AutoLoader(Resumable):
         self._batches = 0  # batches handed out in this loader's life
         self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
-        self._restart(Setting(budget.backends[0], 0))
+        self.prefetch = prefetch  # the user's prefetch_factor: the search changes workers, not the depth
+        self._restart(Setting(budget.backends[0], 0, prefetch))
 
     def _restart(self, setting: Setting) -> None:
         self._search: Search = start(setting)
@@ -257,7 +269,7 @@ class AutoLoader(Resumable):
         done = 0
         while done < len(batches):
             setting = self._setting
-            inner = self._open(setting, batches[done:], epoch)
+            inner, first = self._open(setting, batches[done:], epoch), done
             iterator = iter(inner)
             try:
                 while True:
@@ -266,6 +278,8 @@ class AutoLoader(Resumable):
                         batch = next(iterator)
                     except StopIteration:
                         break
+                    except WorkerError as exc:
+                        raise _numbered(exc, first) from exc.__cause__
                     handed = time.perf_counter()
                     self._meter.batch(len(batches[done]), handed - begun)
                     done += 1
@@ -356,7 +370,7 @@ class AutoLoader(Resumable):
         tuned = state.get("tuned")
         if isinstance(tuned, dict) and tuned.get("backend") in self.budget.backends:
             workers = min(int(tuned.get("num_workers", 0)), self.budget.limit(tuned["backend"]))
-            self._restart(Setting(tuned["backend"], max(0, workers), int(tuned.get("prefetch", 2))))
+            self._restart(Setting(tuned["backend"], max(0, workers), self.prefetch))
 
     def __repr__(self) -> str:
         return (f"AutoLoader(backend={self.backend!r}, running={self._setting.backend!r} x "
