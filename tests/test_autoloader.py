@@ -244,3 +244,52 @@ def test_a_worker_error_names_the_batch_of_the_epoch():
     assert "batch 20 (indices [80, 81, 82, 83] (4 samples))" in str(caught.value), str(caught.value)
     assert "KeyError: 'sample 81'" in str(caught.value)
     auto.close()
+
+
+def test_a_worker_process_is_measured_by_what_it_adds_not_the_heap_it_shares():
+    """A process with a large heap forks a worker: the worker maps the whole heap (its RSS), but
+    shares it copy-on-write; the memory budget counts what the worker adds (its USS)."""
+    import psutil
+
+    heap = np.ones(300 * 2**20 // 8)  # 300 MB written in this process before the fork
+    loader = fastdata.loader(Numbers(), batch_size=4, num_workers=1, backend="process", persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    meter = autoloader.Meter()
+    meter.watch(processes=True)
+    meter.reset(skip=0, timed=False)
+    for _ in range(10):
+        meter.batch(4, 0.001)
+    window = meter.window(1)
+    worker = loader._workers[0].process.pid
+    assert psutil.Process(worker).memory_info().rss > 300 * 2**20  # the heap it maps
+    assert window.worker_bytes < 100 * 2**20, window.worker_bytes
+    del iterator
+    loader.close()
+    assert heap[-1] == 1.0
+
+
+class SlowReads(Dataset):
+    """Samples of 1 MiB behind a 2 ms read each (a dataset that waits on I/O: threads pay)."""
+
+    def __len__(self) -> int:
+        return 120
+
+    def __getitem__(self, index: int):
+        import time
+
+        time.sleep(0.002)
+        return np.full(2**18, index, dtype=np.float32)
+
+
+def test_memory_budget_bounds_threads_by_their_batches_in_flight():
+    """Each thread holds prefetch_factor batches of 4 MiB in flight: a 20 MB budget holds two."""
+    auto = fastdata.loader(SlowReads(), batch_size=4, seed=0, num_workers="auto", backend="thread",
+                           memory_budget="20MB")
+    for _ in range(3):
+        for batch in auto:
+            del batch
+    assert auto.tuning_log and max(entry["num_workers"] for entry in auto.tuning_log) <= 2, auto.tuning_log
+    assert any(entry["reason"].endswith("at the limit") or "(2 at most" in entry["reason"]
+               for entry in auto.tuning_log), auto.tuning_log
+    auto.close()

@@ -461,3 +461,25 @@ def test_a_re_check_that_switches_backend_still_tries_fewer_workers():
     assert after[0].reason.startswith("re-check: rate") and after[0].setting.backend == "thread"
     assert any(d.reason.endswith("trying fewer") for d in after)
     assert search.best == Setting("thread", 0) and search.settled is not None
+
+
+def test_the_memory_budget_counts_each_workers_batches_in_flight_and_a_process_own_memory():
+    budget = Budget(cores=8, memory_bytes=100 * 2**20)
+    assert budget.limit("thread") == 32 and budget.limit("process") == 8
+    assert budget.limit("thread", None, 10 * 2**20) == 10  # threads: their batches in flight
+    assert budget.limit("thread", 400 * 2**20, 10 * 2**20) == 10  # ... not a process's memory
+    assert budget.limit("process", 15 * 2**20, 10 * 2**20) == 4  # processes: both
+    assert budget.limit("process", 15 * 2**20) == 6
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_threads_stay_within_the_memory_budget(cores):
+    """I/O waits take threads past the cores, but no further than their batches in flight fit."""
+    budget = Budget(cores=cores, memory_bytes=200 * 2**20)
+    search, decisions = start(Setting("thread", 0)), []
+    for _ in range(60):
+        window = dataclasses.replace(simulate(IO_WAIT, search.current, cores), flight_bytes=50 * 2**20)
+        search, decision = decide(search, window, budget)
+        if decision is not None:
+            decisions.append(decision)
+    assert max(d.setting.num_workers for d in decisions) == 4 and search.best == Setting("thread", 4)

@@ -24,6 +24,7 @@ from fastdata.loading.autotune import Search, decide, start
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
 from fastdata.loading.base import Resumable, WorkerError
 from fastdata.loading.samplers import BatchIndexSampler, Drawn
+from fastdata.loading.shm import needed_bytes
 
 logger = logging.getLogger("fastdata")
 
@@ -85,11 +86,19 @@ class Meter:
         self._lock = threading.Lock()
         self.processes = False  # whether the running setting has worker processes
         self._kids: list[Any] | None = None
+        self.batch_bytes: int | None = None  # a batch's arrays, measured once per setting
         self.reset(skip=0, timed=False)
 
     def watch(self, *, processes: bool) -> None:
-        """A new setting: its worker processes (if any) are found again, once."""
+        """A new setting: its worker processes (if any) are found again, once, and a batch's
+        memory measured again (:meth:`weigh`)."""
         self.processes, self._kids = processes, None
+        self.batch_bytes = None
+
+    def weigh(self, batch: Any) -> None:
+        """The memory of a batch's arrays, from the first batch of a setting."""
+        if self.batch_bytes is None:
+            self.batch_bytes = needed_bytes(batch)
 
     def reset(self, *, skip: int, timed: bool) -> None:
         self.skip, self.timed = skip, timed
@@ -165,21 +174,30 @@ class Meter:
             return None
         import psutil
 
-        children = self._children()
-        rss = []
-        for child in children:
-            try:
-                rss.append(child.memory_info().rss)
-            except Exception:
-                pass
+        added = self.worker_bytes()
         with self._lock:
             produce = self.produce_s if self.timed else None
         return Window(batches=self.batches, samples=self.samples, wall_s=wall, wait_s=self.wait_s,
                       step_s=self.step_s, produce_s=produce,
                       busy_cores=(self.tree_cpu_s() - self.cpu_begun) / wall,
-                      worker_bytes=int(sum(rss) / len(rss)) if rss else None,
+                      worker_bytes=added, flight_bytes=prefetch * self.batch_bytes if self.batch_bytes else None,
                       available_bytes=psutil.virtual_memory().available,
                       **self._medians(chunk))
+
+    def worker_bytes(self) -> int | None:
+        """The memory a worker process adds, on average: its unique set (USS: pages no other
+        process maps). Not its RSS: a forked worker maps this process's whole heap, copy-on-write,
+        and only what it writes becomes its own."""
+        added = []
+        for child in self._children():
+            try:
+                added.append(child.memory_full_info().uss)
+            except Exception:  # a child that just ended, or no smaps to read: its RSS
+                try:
+                    added.append(child.memory_info().rss)
+                except Exception:
+                    pass
+        return int(sum(added) / len(added)) if added else None
 
     def _medians(self, chunk: int) -> dict[str, float]:
         """Per batch, the trimmed mean over the window's chunks of ``chunk`` batches: time, wait,
@@ -282,6 +300,7 @@ class AutoLoader(Resumable):
                         raise _numbered(exc, first) from exc.__cause__
                     handed = time.perf_counter()
                     self._meter.batch(len(batches[done]), handed - begun)
+                    self._meter.weigh(batch)
                     done += 1
                     self._batches += 1
                     yield batch

@@ -82,7 +82,8 @@ class Search:
     moved: int = 0  # settled windows in a row that moved by more than RECHECK
     tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
     went_down: bool = False  # removing workers was tried in this search
-    worker_bytes: int | None = None  # the memory of one worker process, once one was measured
+    worker_bytes: int | None = None  # the memory one worker process adds, once one was measured
+    flight_bytes: int | None = None  # the memory of one worker's batches in flight, once a batch was seen
     pending: Window | None = None  # the trial's first window, that would keep it: awaiting confirmation
     recheck: tuple[Setting, Window] | None = None  # a confirmed trial parked while ``best`` is measured again
 
@@ -102,13 +103,19 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     ``search.current`` is the decision's setting."""
     if window.worker_bytes:
         search = dataclasses.replace(search, worker_bytes=window.worker_bytes)
+    if window.flight_bytes:
+        search = dataclasses.replace(search, flight_bytes=window.flight_bytes)
     current = search.current
-    most = budget.limit(current.backend, search.worker_bytes)
+    most = _most(budget, current.backend, search)
     if current.num_workers > most:  # over the memory budget (or a bound that came with a resumed state)
+        each = budget.worker_cost(current.backend, search.worker_bytes, search.flight_bytes)
+        over = f"over the budget: {current.num_workers} workers of {each / 2**20:.0f} MiB each, " \
+               f"{budget.memory_bytes / 2**20:.0f} MiB allowed"
+        if search.trial is not None and search.best.num_workers <= _most(budget, search.best.backend, search):
+            return _settle(dataclasses.replace(search, trial=None), window,  # back to what fits
+                           f"undone {search.best.num_workers} -> {current.num_workers} ({current.backend}): {over}")
         fewer = current.with_workers(most)
-        return Search(best=fewer, tried=search.tried, worker_bytes=search.worker_bytes, ceiling=most + 1), Decision(
-            fewer, f"over the budget: {current.num_workers} workers of "
-                   f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
+        return Search(best=fewer, tried=search.tried, ceiling=most + 1, **_memory(search)), Decision(fewer, over)
     if search.settled is not None:
         return _watch(search, window, budget)
     if search.best_window is not None and _phase_changed(search.best_window, window):
@@ -116,7 +123,7 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         before, now = search.best_window.produce_per_batch_s, window.produce_per_batch_s
         reason = f"re-check: a batch takes {1000 * before:.1f} -> {1000 * now:.1f} ms to produce: starting again " \
                  f"from num_workers=0"
-        return dataclasses.replace(start(serial), worker_bytes=search.worker_bytes), Decision(serial, reason)
+        return dataclasses.replace(start(serial), **_memory(search)), Decision(serial, reason)
     if search.best_window is None:  # the start is measured twice, as a kept trial is
         return dataclasses.replace(search, best_window=window, trial=None), None
     if search.recheck is not None:  # ``best`` measured again: the trial's windows against the better of its two
@@ -128,6 +135,15 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         both = pooled(search.best_window, window)
         return _first(dataclasses.replace(search, best_window=both), both, budget)
     return _judge(search, window, budget)
+
+
+def _memory(search: Search) -> dict[str, int | None]:
+    """What was measured of a worker's memory (a new search keeps it)."""
+    return {"worker_bytes": search.worker_bytes, "flight_bytes": search.flight_bytes}
+
+
+def _most(budget: Budget, backend: str, search: Search) -> int:
+    return budget.limit(backend, search.worker_bytes, search.flight_bytes)
 
 
 def _pct(fraction: float) -> str:
@@ -169,7 +185,7 @@ def _first_step(best: Setting, window: Window) -> int:
 def _limit(search: Search, window: Window, budget: Budget) -> int:
     """The most workers the climb may try from ``best`` (budget, cores, what was found worse)."""
     best = search.best
-    most = budget.limit(best.backend, search.worker_bytes)
+    most = _most(budget, best.backend, search)
     if best.num_workers > 0 and _cores_busy(window, budget):
         if best.backend != "thread":
             most = min(most, best.num_workers)  # busy cores: no more worker processes
@@ -277,7 +293,7 @@ def _verdict(search: Search, window: Window, budget: Budget, *,
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
-                          worker_bytes=search.worker_bytes, went_down=search.went_down or search.floor >= 0)
+                          went_down=search.went_down or search.floor >= 0, **_memory(search))
             # its count: the other's climb, where that climb gained at every count below it; a re-check's
             # switch measured none below it (a phase that ended): fewer are tried
             return _more_or_settle(kept, window, budget, f"kept {change}")
@@ -337,7 +353,7 @@ def _other_backend(search: Search, window: Window, budget: Budget, count: int) -
     other = "process" if best.backend == "thread" else "thread"
     if best.backend not in ("thread", "process") or other not in budget.backends or other in search.tried:
         return None
-    workers = min(max(2, count), budget.limit(other, search.worker_bytes))  # one only overlaps
+    workers = min(max(2, count), _most(budget, other, search))  # one only overlaps
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET:
         return None
     if other == "thread" and _cores_busy(window, budget):
@@ -372,7 +388,7 @@ def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     if search.moved + 1 < RECHECK_WINDOWS:
         return dataclasses.replace(search, moved=search.moved + 1), None
     fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
-                   worker_bytes=search.worker_bytes)
+                   **_memory(search))
     climbed, decision = _first(fresh, window, budget)
     return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
 
