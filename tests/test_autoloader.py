@@ -293,3 +293,68 @@ def test_memory_budget_bounds_threads_by_their_batches_in_flight():
     assert any(entry["reason"].endswith("at the limit") or "(2 at most" in entry["reason"]
                for entry in auto.tuning_log), auto.tuning_log
     auto.close()
+
+
+class Phases(Dataset):
+    """Index arrays of a quick gather, behind a 1 ms read per sample while the file ``slow`` exists
+    (seen by every worker, thread or process)."""
+
+    supports_index_arrays = True
+
+    def __init__(self, slow: Path):
+        self.slow = slow
+        self.values = torch.arange(4000.0)
+
+    def __len__(self) -> int:
+        return 4000
+
+    def __getitem__(self, indices):
+        import time
+
+        if self.slow.exists():
+            time.sleep(0.001 * len(indices))
+        return self.values[torch.as_tensor(indices)]
+
+
+def run_until(loader, done, *, at_least_s: float, at_most_s: float) -> None:
+    """Epochs of ``loader`` (batches dropped) until ``done()`` after ``at_least_s``, or ``at_most_s``."""
+    import time
+
+    start = time.monotonic()
+    while time.monotonic() - start < at_most_s:
+        for batch in loader:
+            del batch
+            if time.monotonic() - start > at_most_s or (time.monotonic() - start > at_least_s and done()):
+                return
+
+
+def test_auto_goes_back_to_the_serial_loop_after_a_slow_phase(tmp_path, monkeypatch):
+    """A quick gather, then the same batches behind a slow read, then quick again: the search
+    settles on workers in the slow phase, and once it ends measures the serial loop again and
+    settles there (it had stayed at 2 processes, or at 14 threads, 4-8x slower than the serial
+    loop it left). Each phase runs until the search settled (at most 20-40 s)."""
+    monkeypatch.setattr(autoloader, "WINDOW_BATCHES", 8)  # windows as in use: two-batch ones are noisy here
+    monkeypatch.setattr(autoloader, "WINDOW_S", 0.25)
+    slow = tmp_path / "slow"
+    auto = fastdata.loader(Phases(slow), batch_size=8, seed=0, num_workers="auto")
+
+    def settled_serial() -> bool:
+        return bool(auto.tuning_log) and "settled: " in auto.tuning_log[-1]["reason"] and \
+            auto.setting.num_workers == 0
+
+    run_until(auto, settled_serial, at_least_s=1.0, at_most_s=20)
+    slow.touch()
+    began = len(auto.tuning_log)
+    run_until(auto, lambda: "settled: " in auto.tuning_log[-1]["reason"] and auto.setting.num_workers >= 4,
+              at_least_s=2.0, at_most_s=40)
+    during = auto.tuning_log[began:]
+    assert during[0]["reason"].startswith("num_workers 0 -> ") and "re-check: " in during[0]["reason"], during
+    assert during[-1]["num_workers"] >= 4 and "settled: " in during[-1]["reason"], during
+    slow.unlink()
+    began = len(auto.tuning_log)
+    run_until(auto, settled_serial, at_least_s=1.0, at_most_s=40)
+    after = auto.tuning_log[began:]
+    assert any("re-check: " in e["reason"] and e["reason"].endswith("starting again from num_workers=0")
+               for e in after), after
+    assert after[-1]["num_workers"] == 0 and "settled: " in after[-1]["reason"], after
+    auto.close()

@@ -293,9 +293,7 @@ def _verdict(search: Search, window: Window, budget: Budget, *,
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
-                          went_down=search.went_down or search.floor >= 0, **_memory(search))
-            # its count: the other's climb, where that climb gained at every count below it; a re-check's
-            # switch measured none below it (a phase that ended): fewer are tried
+                          went_down=True, **_memory(search))  # its count: the other's climb
             return _more_or_settle(kept, window, budget, f"kept {change}")
         return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
@@ -381,16 +379,32 @@ def _phase_changed(before: Window, now: Window) -> bool:
 
 
 def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
-    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows."""
+    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows:
+    from the current setting where the step moved (the data did not: the workers are the right
+    kind, their count is what may change), else from ``num_workers=0``, as a phase change during a
+    climb does (a slow phase that ended: a quick gather may be faster without any worker, and a
+    climb down from many workers stops where a few lose to many, never measuring none)."""
     moved = _moved(search.settled, window)
     if moved is None:
         return dataclasses.replace(search, moved=0), None
     if search.moved + 1 < RECHECK_WINDOWS:
         return dataclasses.replace(search, moved=search.moved + 1), None
+    if search.best.num_workers and not moved.startswith("step "):
+        serial = Setting(budget.backends[0], 0, search.best.prefetch)
+        return dataclasses.replace(start(serial), **_memory(search)), Decision(
+            serial, f"re-check: {moved}: starting again from num_workers=0")
     fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
                    **_memory(search))
     climbed, decision = _first(fresh, window, budget)
     return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
+
+
+def _cpu_per_batch(window: Window) -> float | None:
+    """CPU seconds of the process tree per batch (what worker processes show of a batch's cost:
+    they do not time their fetch)."""
+    if window.busy_cores is None:
+        return None
+    return window.busy_cores * (window.period_s or window.wall_s / max(1, window.batches))
 
 
 def _moved(before: Window | None, now: Window) -> str | None:
@@ -407,6 +421,9 @@ def _moved(before: Window | None, now: Window) -> str | None:
     old, new = before.produce_per_batch_s, now.produce_per_batch_s
     if old and new and abs(math.log(new / old)) > math.log(1 + 2 * RECHECK):  # a warm cache, a heavier transform
         return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms to produce"
+    old, new = _cpu_per_batch(before), _cpu_per_batch(now)
+    if old and new and abs(math.log(new / old)) > math.log(1 + RECHECK_RATE):  # workers that compute more or less
+        return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms of CPU"
     if (before.wait_fraction < WAIT_TARGET) != (now.wait_fraction < WAIT_TARGET) and \
             abs(now.wait_fraction - before.wait_fraction) > RECHECK:
         return f"wait in next() {_pct(before.wait_fraction)} -> {_pct(now.wait_fraction)} of the loop"
