@@ -35,8 +35,11 @@ The search is a hill climb on samples/s with back-off and hysteresis:
   cache that warmed) starts the search again, as at the start, from ``num_workers=0``: what the
   climb found so far belongs to the other phase.
 * Settled, each window is compared with the one it settled on: when the step, the rate, the time
-  to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
-  climb starts again from the current setting.
+  (or CPU) to produce a batch or the wait moves by more than :data:`RECHECK` for
+  :data:`RECHECK_WINDOWS` windows in a row (a slower step, a warm cache), the search starts again:
+  from the current setting where the step moved, from ``num_workers=0`` where the data did.
+* A switch from threads to processes (whose windows do not show the time to produce a batch) is
+  kept only after the threads are measured again, which shows a phase that ended under the trial.
 """
 
 from __future__ import annotations
