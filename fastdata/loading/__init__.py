@@ -350,6 +350,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
 
     from fastdata.loading.autoloader import MEMORY_SHARE, AutoLoader
     from fastdata.loading.autotune import Budget
+    from fastdata.loading.worker_options import check_worker_options
     from fastdata.machine import usable_cores
     from fastdata.quantities import parse_bytes, parse_count
 
@@ -370,7 +371,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
         if unknown:
             raise InvalidOptionError(f"Option {unknown[0]!r} does not apply to backend='auto'. It takes: "
                                      f"{', '.join(sorted(allowed))}.")
-    _check_worker_options(dataset, kwargs, backends)
+    check_worker_options(dataset, kwargs, backends)
     limit = parse_count(max_workers, flag="max_workers", minimum=0, allow_none=True)
     memory = parse_bytes(memory_budget, flag="memory_budget") if memory_budget is not None \
         else int(MEMORY_SHARE * psutil.virtual_memory().available)
@@ -381,41 +382,6 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
     return AutoLoader(dataset, sampler, build=_FixedBuilder(dataset, kwargs, padding), backend=backend or "auto",
                       budget=budget, prefetch=kwargs.get("prefetch_factor") or 2)
 
-
-def _check_worker_options(dataset: Any, kwargs: dict[str, Any], backends: tuple[str, ...]) -> None:
-    """The options that only workers use, checked when the auto loader is built (it starts at
-    ``num_workers=0``, and would meet a bad one only when it first starts workers); with
-    ``persistent_workers=False``, a warning that workers stay while a setting runs."""
-    import multiprocessing
-    import warnings
-
-    prefetch = kwargs.get("prefetch_factor")
-    if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
-        raise InvalidOptionError(f"Invalid prefetch_factor {prefetch!r}. Use a number of batches per worker >= 1 "
-                                 f"(or None for 2).")
-    timeout = kwargs.get("timeout", 0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise InvalidOptionError(f"Invalid timeout {timeout!r}. Use seconds >= 0 (0: wait as long as it takes).")
-    for name in ("worker_init_fn", "collate_fn"):
-        value = kwargs.get(name)
-        if value is not None and not callable(value):
-            raise InvalidOptionError(f"Invalid {name} {value!r}. Use a function (or None).")
-    for name in ("pin_memory", "persistent_workers"):
-        if not isinstance(kwargs.get(name, False), bool):
-            raise InvalidOptionError(f"Invalid {name} {kwargs[name]!r}. Use True or False.")
-    context = kwargs.get("multiprocessing_context")
-    methods = multiprocessing.get_all_start_methods()
-    if context is not None and not isinstance(context, multiprocessing.context.BaseContext) and context not in methods:
-        raise InvalidOptionError(f"Invalid multiprocessing_context {context!r}. Use one of "
-                                 f"{', '.join(map(repr, methods))}, a multiprocessing context, or None.")
-    if "torch" in backends:  # a DataLoader checks its own options (and any other one given) when made
-        try:
-            DataLoader(dataset, batch_size=None, num_workers=1, **{**kwargs, "persistent_workers": True})
-        except (TypeError, ValueError) as exc:
-            raise InvalidOptionError(f"backend='torch' refuses these options: {exc}") from exc
-    if kwargs.get("persistent_workers") is False:
-        warnings.warn("num_workers='auto' keeps the workers of a setting for as long as it runs, across epochs: "
-                      "persistent_workers=False is not used.", UserWarning, stacklevel=4)
 
 
 class _FixedBuilder:
