@@ -383,7 +383,6 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
                       budget=budget, prefetch=kwargs.get("prefetch_factor") or 2)
 
 
-
 class _FixedBuilder:
     """``build(setting, sampler)`` -> the fixed loader of one setting over ``sampler`` (workers kept
     across epochs while the setting runs)."""

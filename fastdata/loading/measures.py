@@ -47,7 +47,7 @@ class Window:
     step_s: float
     produce_s: float | None = None
     busy_cores: float | None = None
-    worker_bytes: int | None = None  # memory one worker process adds (its USS: not the pages it shares), None for threads
+    worker_bytes: int | None = None  # memory a worker process adds (its USS, not what it shares); None for threads
     flight_bytes: int | None = None  # memory of one worker's batches in flight (prefetch x a batch's arrays)
     available_bytes: int | None = None
     period_s: float | None = None
