@@ -421,3 +421,75 @@ def test_lucky_windows_rarely_start_workers_for_raw_pixels():
                 search, _ = decide(search, measure(RAW, search.current, cores), budget)
             kept += search.best.num_workers > 0
         assert kept <= 5, (cores, kept)
+
+
+SLOW_IO = dataclasses.replace(RAW, io=0.05)  # the same gather behind a slow read (a cold cache, a network mount)
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_fast_then_slow_then_fast_ends_at_the_serial_loop_wherever_the_slow_phase_ends(cores):
+    """A quick gather, then the same batches behind slow I/O, then quick again: however long the
+    slow phase lasts (so that it ends under every kind of trial, a switch to processes included),
+    the search settles where the quick gather is fastest."""
+    for slow_windows in range(3, 60):
+        search, decisions = run([(RAW, 30), (SLOW_IO, slow_windows), (RAW, 80)], cores)
+        assert search.settled is not None, slow_windows
+        assert search.best == Setting("thread", 0), (slow_windows, [d.reason for _, d in decisions][-4:])
+
+
+def test_a_switch_to_processes_measures_the_threads_again_and_sees_the_phase_end():
+    """The slow phase ends while 2 processes are tried after 16 threads: processes show no time to
+    produce a batch, so the threads are measured again before the switch is kept; their window
+    shows the phase change, and the search starts again from the serial loop."""
+    _, decisions = run([(RAW, 30), (SLOW_IO, 11), (RAW, 30)], 2)
+    reasons = [d.reason for n, d in decisions if n >= 40]
+    assert reasons[0] == "the loop still waits 100% with 16 threads: trying processes" or \
+        reasons[0].endswith("16 threads keep 0.1 cores busy (the GIL): trying processes")
+    assert reasons[1].startswith("16 -> 2 (process): 20317 -> 67368 samples/s")
+    assert reasons[1].endswith(": measuring 16 (thread) again before keeping it")
+    assert reasons[2] == "re-check: a batch takes 50.3 -> 0.3 ms to produce: starting again from num_workers=0"
+    assert decisions[-1][1].setting == Setting("thread", 0)
+
+
+def test_a_re_check_after_the_data_changed_starts_again_from_the_serial_loop():
+    """Decode-bound processes settle at the cores; the decode ends (raw pixels, read fastest with
+    no worker): the re-check starts again from num_workers=0 instead of climbing down from 8
+    workers (which stopped where fewer workers lost to more, never measuring none)."""
+    search, decisions = run([(RAW, 30), (DECODE, 20), (RAW, 40)], 8)
+    assert [d.setting for n, d in decisions if n < 50][-1] == Setting("process", 8)
+    after = [d for n, d in decisions if n >= 50]
+    assert after[0].reason == "re-check: rate 12308 -> 80000 samples/s: starting again from num_workers=0"
+    assert after[0].setting == Setting("thread", 0)
+    assert search.best == Setting("thread", 0) and search.settled is not None
+
+
+def test_processes_whose_rate_holds_while_their_cpu_per_batch_drops_are_rechecked():
+    """30 processes on 64 cores, bound by the hand-over both while each batch is a 20 ms Python
+    transform and once it is a quick gather: the rate does not move, the CPU per batch does."""
+    search, decisions = run([(RAW, 30), (PYTHON, 30), (RAW, 40)], 64)
+    assert [d.setting for n, d in decisions if n < 60][-1] == Setting("process", 30)
+    after = [d for n, d in decisions if n >= 60]
+    assert after[0].reason == "re-check: a batch takes 21.6 -> 1.9 ms of CPU: starting again from num_workers=0"
+    assert search.best == Setting("thread", 0) and search.settled is not None
+
+
+def test_the_memory_budget_counts_each_workers_batches_in_flight_and_a_process_own_memory():
+    budget = Budget(cores=8, memory_bytes=100 * 2**20)
+    assert budget.limit("thread") == 32 and budget.limit("process") == 8
+    assert budget.limit("thread", None, 10 * 2**20) == 10  # threads: their batches in flight
+    assert budget.limit("thread", 400 * 2**20, 10 * 2**20) == 10  # ... not a process's memory
+    assert budget.limit("process", 15 * 2**20, 10 * 2**20) == 4  # processes: both
+    assert budget.limit("process", 15 * 2**20) == 6
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_threads_stay_within_the_memory_budget(cores):
+    """I/O waits take threads past the cores, but no further than their batches in flight fit."""
+    budget = Budget(cores=cores, memory_bytes=200 * 2**20)
+    search, decisions = start(Setting("thread", 0)), []
+    for _ in range(60):
+        window = dataclasses.replace(simulate(IO_WAIT, search.current, cores), flight_bytes=50 * 2**20)
+        search, decision = decide(search, window, budget)
+        if decision is not None:
+            decisions.append(decision)
+    assert max(d.setting.num_workers for d in decisions) == 4 and search.best == Setting("thread", 4)

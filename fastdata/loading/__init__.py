@@ -350,6 +350,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
 
     from fastdata.loading.autoloader import MEMORY_SHARE, AutoLoader
     from fastdata.loading.autotune import Budget
+    from fastdata.loading.worker_options import check_worker_options
     from fastdata.machine import usable_cores
     from fastdata.quantities import parse_bytes, parse_count
 
@@ -370,6 +371,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
         if unknown:
             raise InvalidOptionError(f"Option {unknown[0]!r} does not apply to backend='auto'. It takes: "
                                      f"{', '.join(sorted(allowed))}.")
+    check_worker_options(dataset, kwargs, backends)
     limit = parse_count(max_workers, flag="max_workers", minimum=0, allow_none=True)
     memory = parse_bytes(memory_budget, flag="memory_budget") if memory_budget is not None \
         else int(MEMORY_SHARE * psutil.virtual_memory().available)
@@ -378,7 +380,7 @@ def _auto_loader(dataset: Any, batch_size: int, shuffle: bool, num_workers: Any,
     sampler.arrange = getattr(dataset, "arrange_batch", None)  # a mix groups each batch per source
     budget = Budget(cores=usable_cores(), memory_bytes=memory, max_workers=limit, backends=backends)
     return AutoLoader(dataset, sampler, build=_FixedBuilder(dataset, kwargs, padding), backend=backend or "auto",
-                      budget=budget)
+                      budget=budget, prefetch=kwargs.get("prefetch_factor") or 2)
 
 
 class _FixedBuilder:
@@ -391,10 +393,10 @@ class _FixedBuilder:
     def __call__(self, setting: Any, sampler: Any) -> Any:
         row = get_backend(setting.backend)
         options = dict(self.kwargs)
-        if not (row.dataloader_options or "multiprocessing_context" in row.options):
-            options.pop("multiprocessing_context", None)
+        if not (setting.num_workers and (row.dataloader_options or "multiprocessing_context" in row.options)):
+            options.pop("multiprocessing_context", None)  # a DataLoader refuses it at num_workers=0
         if setting.num_workers:
-            options.setdefault("prefetch_factor", setting.prefetch)
+            options["prefetch_factor"] = setting.prefetch
             options["persistent_workers"] = True
         else:
             options.pop("prefetch_factor", None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -24,8 +25,9 @@ from fastdata.errors import SharedMemoryFullError
 from fastdata.loading.autotune import Search, decide, start
 from fastdata.loading.backends import get_backend
 from fastdata.loading.measures import Budget, Setting, Window, log_entry
-from fastdata.loading.base import Resumable
+from fastdata.loading.base import Resumable, WorkerError
 from fastdata.loading.samplers import BatchIndexSampler, Drawn
+from fastdata.loading.shm import needed_bytes
 
 logger = logging.getLogger("fastdata")
 
@@ -34,6 +36,7 @@ CHUNKS = 3  # a window's chunks: trimmed means of their time, wait and step per 
 TRIM = 0.2  # the share of chunks dropped at each end (the slowest and quickest) before the mean
 WINDOW_S = 0.25  # ... and lasts at least this long
 MEMORY_SHARE = 0.5  # the default memory budget: this share of the RAM available at the start
+_BATCH_NUMBER = re.compile(r"\bbatch (\d+) \(indices")  # how a backend's WorkerError names the batch
 
 
 class Segment:
@@ -86,11 +89,19 @@ class Meter:
         self._lock = threading.Lock()
         self.processes = False  # whether the running setting has worker processes
         self._kids: list[Any] | None = None
+        self.batch_bytes: int | None = None  # a batch's arrays, measured once per setting
         self.reset(skip=0, timed=False)
 
     def watch(self, *, processes: bool) -> None:
-        """A new setting: its worker processes (if any) are found again, once."""
+        """A new setting: its worker processes (if any) are found again, once, and a batch's
+        memory measured again (:meth:`weigh`)."""
         self.processes, self._kids = processes, None
+        self.batch_bytes = None
+
+    def weigh(self, batch: Any) -> None:
+        """The memory of a batch's arrays, from the first batch of a setting."""
+        if self.batch_bytes is None:
+            self.batch_bytes = needed_bytes(batch)
 
     def reset(self, *, skip: int, timed: bool) -> None:
         self.skip, self.timed = skip, timed
@@ -166,21 +177,30 @@ class Meter:
             return None
         import psutil
 
-        children = self._children()
-        rss = []
-        for child in children:
-            try:
-                rss.append(child.memory_info().rss)
-            except Exception:
-                pass
+        added = self.worker_bytes()
         with self._lock:
             produce = self.produce_s if self.timed else None
         return Window(batches=self.batches, samples=self.samples, wall_s=wall, wait_s=self.wait_s,
                       step_s=self.step_s, produce_s=produce,
                       busy_cores=(self.tree_cpu_s() - self.cpu_begun) / wall,
-                      worker_bytes=int(sum(rss) / len(rss)) if rss else None,
+                      worker_bytes=added, flight_bytes=prefetch * self.batch_bytes if self.batch_bytes else None,
                       available_bytes=psutil.virtual_memory().available,
                       **self._medians(chunk))
+
+    def worker_bytes(self) -> int | None:
+        """The memory a worker process adds, on average: its unique set (USS: pages no other
+        process maps). Not its RSS: a forked worker maps this process's whole heap, copy-on-write,
+        and only what it writes becomes its own."""
+        added = []
+        for child in self._children():
+            try:
+                added.append(child.memory_full_info().uss)
+            except Exception:  # a child that just ended, or no smaps to read: its RSS
+                try:
+                    added.append(child.memory_info().rss)
+                except Exception:
+                    pass
+        return int(sum(added) / len(added)) if added else None
 
     def _medians(self, chunk: int) -> dict[str, float]:
         """Per batch, the trimmed mean over the window's chunks of ``chunk`` batches: time, wait,
@@ -195,6 +215,15 @@ class Meter:
             return {}
         return {"period_s": trimmed_mean(periods), "wait_per_batch_s": trimmed_mean(waits),
                 "step_median_s": trimmed_mean(steps)}
+
+
+def _numbered(error: WorkerError, first: int) -> WorkerError:
+    """``error`` as the epoch's fixed loader would word it: the backend numbers the batches of the
+    segment it was given, which starts at the epoch's batch ``first``."""
+    if not first:
+        return error
+    text = _BATCH_NUMBER.sub(lambda match: f"batch {int(match.group(1)) + first} (indices", str(error), count=1)
+    return WorkerError(text)
 
 
 def trimmed_mean(values: list[float], *, trim: float = TRIM) -> float:
@@ -212,7 +241,7 @@ class AutoLoader(Resumable):
     num_workers = "auto"
 
     def __init__(self, dataset: Any, sampler: BatchIndexSampler, *, build: Callable[[Setting, Segment], Any],
-                 backend: str, budget: Budget):
+                 backend: str, budget: Budget, prefetch: int = 2):
         self.dataset = dataset
         self.sampler = self.index_sampler = self.batch_sampler = sampler
         self.batch_size = sampler.batch_size
@@ -227,7 +256,8 @@ class AutoLoader(Resumable):
         self._batches = 0  # batches handed out in this loader's life
         self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
-        self._restart(Setting(budget.backends[0], 0))
+        self.prefetch = prefetch  # the user's prefetch_factor: the search changes workers, not the depth
+        self._restart(Setting(budget.backends[0], 0, prefetch))
 
     def _restart(self, setting: Setting) -> None:
         self._search: Search = start(setting)
@@ -265,7 +295,7 @@ class AutoLoader(Resumable):
         try:
             while done < len(batches):
                 setting = self._setting
-                inner = self._loader_for(run, setting, batches[done:], epoch)
+                inner, first = self._loader_for(run, setting, batches[done:], epoch), done
                 iterator = iter(inner)
                 try:
                     while True:
@@ -275,13 +305,16 @@ class AutoLoader(Resumable):
                         except StopIteration:
                             break
                         except Exception as exc:
-                            if not self._fall_back(setting, exc):
-                                raise
-                            break  # the rest of the epoch on the setting fallen back to
+                            if self._fall_back(setting, exc):
+                                break  # the rest of the epoch on the setting fallen back to
+                            if isinstance(exc, WorkerError):
+                                raise _numbered(exc, first) from exc.__cause__
+                            raise
                         handed = time.perf_counter()
                         tuning = self._tuning is run
                         if tuning:
                             self._meter.batch(len(batches[done]), handed - begun)
+                            self._meter.weigh(batch)
                         done += 1
                         self._batches += 1
                         yield batch
@@ -414,7 +447,7 @@ class AutoLoader(Resumable):
         tuned = state.get("tuned")
         if isinstance(tuned, dict) and tuned.get("backend") in self.budget.backends:
             workers = min(int(tuned.get("num_workers", 0)), self.budget.limit(tuned["backend"]))
-            self._restart(Setting(tuned["backend"], max(0, workers), int(tuned.get("prefetch", 2))))
+            self._restart(Setting(tuned["backend"], max(0, workers), self.prefetch))
 
     def __repr__(self) -> str:
         return (f"AutoLoader(backend={self.backend!r}, running={self._setting.backend!r} x "

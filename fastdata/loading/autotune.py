@@ -35,8 +35,11 @@ The search is a hill climb on samples/s with back-off and hysteresis:
   cache that warmed) starts the search again, as at the start, from ``num_workers=0``: what the
   climb found so far belongs to the other phase.
 * Settled, each window is compared with the one it settled on: when the step, the rate, the time
-  to produce a batch or the wait moves by more than :data:`RECHECK` for two windows in a row (a slower step, a warm cache), the
-  climb starts again from the current setting.
+  (or CPU) to produce a batch or the wait moves by more than :data:`RECHECK` for
+  :data:`RECHECK_WINDOWS` windows in a row (a slower step, a warm cache), the search starts again:
+  from the current setting where the step moved, from ``num_workers=0`` where the data did.
+* A switch from threads to processes (whose windows do not show the time to produce a batch) is
+  kept only after the threads are measured again, which shows a phase that ended under the trial.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class Search:
     moved: int = 0  # settled windows in a row that moved by more than RECHECK
     tried: frozenset = field(default_factory=frozenset)  # backends climbed in this search
     went_down: bool = False  # removing workers was tried in this search
-    worker_bytes: int | None = None  # the memory of one worker process, once one was measured
+    worker_bytes: int | None = None  # the memory one worker process adds, once one was measured
+    flight_bytes: int | None = None  # the memory of one worker's batches in flight, once a batch was seen
     pending: Window | None = None  # the trial's first window, that would keep it: awaiting confirmation
     recheck: tuple[Setting, Window] | None = None  # a confirmed trial parked while ``best`` is measured again
 
@@ -102,13 +106,19 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
     ``search.current`` is the decision's setting."""
     if window.worker_bytes:
         search = dataclasses.replace(search, worker_bytes=window.worker_bytes)
+    if window.flight_bytes:
+        search = dataclasses.replace(search, flight_bytes=window.flight_bytes)
     current = search.current
-    most = budget.limit(current.backend, search.worker_bytes)
+    most = _most(budget, current.backend, search)
     if current.num_workers > most:  # over the memory budget (or a bound that came with a resumed state)
+        each = budget.worker_cost(current.backend, search.worker_bytes, search.flight_bytes)
+        over = f"over the budget: {current.num_workers} workers of {each / 2**20:.0f} MiB each, " \
+               f"{budget.memory_bytes / 2**20:.0f} MiB allowed"
+        if search.trial is not None and search.best.num_workers <= _most(budget, search.best.backend, search):
+            return _settle(dataclasses.replace(search, trial=None), window,  # back to what fits
+                           f"undone {search.best.num_workers} -> {current.num_workers} ({current.backend}): {over}")
         fewer = current.with_workers(most)
-        return Search(best=fewer, tried=search.tried, worker_bytes=search.worker_bytes, ceiling=most + 1), Decision(
-            fewer, f"over the budget: {current.num_workers} workers of "
-                   f"{(search.worker_bytes or 0) / 2**20:.0f} MiB each, {budget.memory_bytes / 2**20:.0f} MiB allowed")
+        return Search(best=fewer, tried=search.tried, ceiling=most + 1, **_memory(search)), Decision(fewer, over)
     if search.settled is not None:
         return _watch(search, window, budget)
     if search.best_window is not None and _phase_changed(search.best_window, window):
@@ -116,7 +126,7 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         before, now = search.best_window.produce_per_batch_s, window.produce_per_batch_s
         reason = f"re-check: a batch takes {1000 * before:.1f} -> {1000 * now:.1f} ms to produce: starting again " \
                  f"from num_workers=0"
-        return dataclasses.replace(start(serial), worker_bytes=search.worker_bytes), Decision(serial, reason)
+        return dataclasses.replace(start(serial), **_memory(search)), Decision(serial, reason)
     if search.best_window is None:  # the start is measured twice, as a kept trial is
         return dataclasses.replace(search, best_window=window, trial=None), None
     if search.recheck is not None:  # ``best`` measured again: the trial's windows against the better of its two
@@ -128,6 +138,15 @@ def decide(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         both = pooled(search.best_window, window)
         return _first(dataclasses.replace(search, best_window=both), both, budget)
     return _judge(search, window, budget)
+
+
+def _memory(search: Search) -> dict[str, int | None]:
+    """What was measured of a worker's memory (a new search keeps it)."""
+    return {"worker_bytes": search.worker_bytes, "flight_bytes": search.flight_bytes}
+
+
+def _most(budget: Budget, backend: str, search: Search) -> int:
+    return budget.limit(backend, search.worker_bytes, search.flight_bytes)
 
 
 def _pct(fraction: float) -> str:
@@ -169,7 +188,7 @@ def _first_step(best: Setting, window: Window) -> int:
 def _limit(search: Search, window: Window, budget: Budget) -> int:
     """The most workers the climb may try from ``best`` (budget, cores, what was found worse)."""
     best = search.best
-    most = budget.limit(best.backend, search.worker_bytes)
+    most = _most(budget, best.backend, search)
     if best.num_workers > 0 and _cores_busy(window, budget):
         if best.backend != "thread":
             most = min(most, best.num_workers)  # busy cores: no more worker processes
@@ -260,18 +279,24 @@ def _verdict(search: Search, window: Window, budget: Budget, *,
     that would start workers from the serial loop for a gain under :data:`CLEAR` is first parked,
     the serial loop measured again for a window, and the trial judged against the better of the
     two measurements (A, B, B, A: a rate that drifts over the trial, or two lucky windows in a row
-    on a shared machine, no longer start workers that cost CPU and memory for nothing)."""
+    on a shared machine, no longer start workers that cost CPU and memory for nothing). A switch to
+    a backend whose windows do not show the time to produce a batch (worker processes) is parked
+    the same way, whatever its gain: measured again, ``best`` shows whether the dataset's phase
+    changed during the trial (:func:`_phase_changed`; a slow phase that ended under the trial
+    would otherwise keep the processes for beating the slow phase's rate)."""
     best_window, trial, best = search.best_window, search.trial, search.best
     ratio = _ratio(best_window, window)
     change = f"{best.num_workers} -> {trial.num_workers} ({trial.backend}): {_rate_words(best_window, window)}"
-    if not rechecked and best.num_workers == 0 and _keeps(search, ratio) and ratio < CLEAR:
+    modest = best.num_workers == 0 and ratio < CLEAR
+    unseen = trial.backend != best.backend and best_window.produce_s is not None and window.produce_s is None
+    if not rechecked and _keeps(search, ratio) and (modest or unseen):
         parked = dataclasses.replace(search, trial=None, recheck=(trial, window))
         return parked, Decision(best, f"{change}: measuring {best.num_workers} ({best.backend}) again "
                                       f"before keeping it")
     if trial.backend != best.backend:
         if _keeps(search, ratio):
             kept = Search(best=trial, best_window=window, tried=search.tried | {trial.backend},
-                          worker_bytes=search.worker_bytes, went_down=True)  # its count: the other's climb
+                          went_down=True, **_memory(search))  # its count: the other's climb
             return _more_or_settle(kept, window, budget, f"kept {change}")
         return _settle(dataclasses.replace(search, trial=None), window, f"undone {change}")
     if search.direction < 0:
@@ -329,7 +354,7 @@ def _other_backend(search: Search, window: Window, budget: Budget, count: int) -
     other = "process" if best.backend == "thread" else "thread"
     if best.backend not in ("thread", "process") or other not in budget.backends or other in search.tried:
         return None
-    workers = min(max(2, count), budget.limit(other, search.worker_bytes))  # one only overlaps
+    workers = min(max(2, count), _most(budget, other, search))  # one only overlaps
     if workers < 1 or window.wait_fraction < 4 * WAIT_TARGET:
         return None
     if other == "thread" and _cores_busy(window, budget):
@@ -357,16 +382,32 @@ def _phase_changed(before: Window, now: Window) -> bool:
 
 
 def _watch(search: Search, window: Window, budget: Budget) -> tuple[Search, Decision | None]:
-    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows."""
+    """Settled: start a new climb when the loop's rates move for :data:`RECHECK_WINDOWS` windows:
+    from the current setting where the step moved (the data did not: the workers are the right
+    kind, their count is what may change), else from ``num_workers=0``, as a phase change during a
+    climb does (a slow phase that ended: a quick gather may be faster without any worker, and a
+    climb down from many workers stops where a few lose to many, never measuring none)."""
     moved = _moved(search.settled, window)
     if moved is None:
         return dataclasses.replace(search, moved=0), None
     if search.moved + 1 < RECHECK_WINDOWS:
         return dataclasses.replace(search, moved=search.moved + 1), None
+    if search.best.num_workers and not moved.startswith("step "):
+        serial = Setting(budget.backends[0], 0, search.best.prefetch)
+        return dataclasses.replace(start(serial), **_memory(search)), Decision(
+            serial, f"re-check: {moved}: starting again from num_workers=0")
     fresh = Search(best=search.best, best_window=window, tried=frozenset({search.best.backend}),
-                   worker_bytes=search.worker_bytes)
+                   **_memory(search))
     climbed, decision = _first(fresh, window, budget)
     return climbed, Decision(decision.setting, f"re-check: {moved}; {decision.reason}")
+
+
+def _cpu_per_batch(window: Window) -> float | None:
+    """CPU seconds of the process tree per batch (what worker processes show of a batch's cost:
+    they do not time their fetch)."""
+    if window.busy_cores is None:
+        return None
+    return window.busy_cores * (window.period_s or window.wall_s / max(1, window.batches))
 
 
 def _moved(before: Window | None, now: Window) -> str | None:
@@ -383,6 +424,9 @@ def _moved(before: Window | None, now: Window) -> str | None:
     old, new = before.produce_per_batch_s, now.produce_per_batch_s
     if old and new and abs(math.log(new / old)) > math.log(1 + 2 * RECHECK):  # a warm cache, a heavier transform
         return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms to produce"
+    old, new = _cpu_per_batch(before), _cpu_per_batch(now)
+    if old and new and abs(math.log(new / old)) > math.log(1 + RECHECK_RATE):  # workers that compute more or less
+        return f"a batch takes {1000 * old:.1f} -> {1000 * new:.1f} ms of CPU"
     if (before.wait_fraction < WAIT_TARGET) != (now.wait_fraction < WAIT_TARGET) and \
             abs(now.wait_fraction - before.wait_fraction) > RECHECK:
         return f"wait in next() {_pct(before.wait_fraction)} -> {_pct(now.wait_fraction)} of the loop"

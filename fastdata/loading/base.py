@@ -9,9 +9,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.errors import FastdataError
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.worker_options import check_prefetch_factor
 
 
 class WorkerError(FastdataError, RuntimeError):
@@ -105,11 +106,7 @@ class BatchLoader(Resumable):
         self.batch_size = sampler.batch_size
         self.num_workers = num_workers
         self.fetch = BatchFetcher(dataset, collate_fn, padding)
-        if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
-                                            or prefetch_factor < 1):
-            raise InvalidOptionError(f"Invalid prefetch_factor {prefetch_factor!r}. Use a number of batches per worker "
-                                     f">= 1 (or None for 2).")
-        self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+        self.prefetch_factor = check_prefetch_factor(prefetch_factor)
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         if pin_memory and not torch.cuda.is_available():  # what the DataLoader does without an accelerator

@@ -47,7 +47,8 @@ class Window:
     step_s: float
     produce_s: float | None = None
     busy_cores: float | None = None
-    worker_bytes: int | None = None  # memory of one worker (RSS of a process, None for threads)
+    worker_bytes: int | None = None  # memory a worker process adds (its USS, not what it shares); None for threads
+    flight_bytes: int | None = None  # memory of one worker's batches in flight (prefetch x a batch's arrays)
     available_bytes: int | None = None
     period_s: float | None = None
     wait_per_batch_s: float | None = None
@@ -84,15 +85,23 @@ class Budget:
     max_workers: int | None = None
     backends: tuple[str, ...] = ("thread", "process")
 
-    def limit(self, backend: str, worker_bytes: int | None = None) -> int:
+    def limit(self, backend: str, worker_bytes: int | None = None, flight_bytes: int | None = None) -> int:
         """The most workers of ``backend``: the cores for processes (they compute), a few per core
-        for threads (they may wait on I/O); the user's bound; what the memory budget holds."""
+        for threads (they may wait on I/O); the user's bound; what the memory budget holds
+        (:meth:`worker_cost` each)."""
         most = self.cores if backend != "thread" else max(MIN_THREADS, THREADS_PER_CORE * self.cores)
         if self.max_workers is not None:
             most = min(most, self.max_workers)
-        if worker_bytes and backend != "thread":
-            most = min(most, max(0, self.memory_bytes // worker_bytes))
+        cost = self.worker_cost(backend, worker_bytes, flight_bytes)
+        if cost:
+            most = min(most, max(0, self.memory_bytes // cost))
         return max(0, most)
+
+    @staticmethod
+    def worker_cost(backend: str, worker_bytes: int | None, flight_bytes: int | None) -> int:
+        """The memory one worker of ``backend`` adds: its batches in flight, and for a process
+        what it holds of its own (0 where nothing was measured yet)."""
+        return (flight_bytes or 0) + (0 if backend == "thread" else worker_bytes or 0)
 
 
 @dataclass(frozen=True)
