@@ -256,7 +256,9 @@ class Mix(torch.utils.data.Dataset):
     def check_order_identity(self, saved: Any) -> None:
         """Refuse a state saved over another mix (one line, naming what differs)."""
         if saved is None:
-            return
+            raise InvalidOptionError("Cannot resume: the saved state is not of a fastdata.mix (its 'dataset' is None "
+                                     "or missing), but this loader reads one. Resume over the dataset it was saved "
+                                     "with.")
         mine = self.order_identity()
         if saved.get("seed") != mine["seed"]:
             raise InvalidOptionError(
