@@ -379,9 +379,13 @@ def _cut(pixels: np.ndarray, draw: Draw, height: int, width: int) -> np.ndarray:
     return pixels[top:bottom, left:right]
 
 
-def _region_box(*args: Any) -> np.ndarray:
-    pixels = region.box(*args)  # None: the decoder used without it decides
-    return DECODERS[_whole_decoder()].box(*args) if pixels is None else pixels
+def _region_box(data: bytes, draw: Draw, scale: int, height: int, width: int, mode: str,
+                accurate: bool = False) -> np.ndarray:
+    """The region decode's box; an ``accurate`` one (a small image) decoded whole, as Pillow
+    decodes it (a region's edge would be upsampled without the pixels beyond it)."""
+    args = (data, draw, scale, height, width, mode)
+    pixels = None if accurate else region.box(*args)  # None: the decoder used without it decides
+    return DECODERS[_whole_decoder()].box(*args, accurate) if pixels is None else pixels
 
 
 @dataclass(frozen=True)

@@ -172,16 +172,13 @@ class _Handle:
     instance that decoded without merged upsampling decodes with it (a 4:2:0 JPEG at another DCT
     scale), and the ``turbojpeg`` wheel's library is 3.0 beta (crashes seen here when reused)."""
 
-    def __init__(self, fast: bool = True) -> None:
-        self.fast = fast  # the fast IDCT and chroma upsampling (False: as Pillow decodes)
-
     def __enter__(self) -> "_Handle":
         self.lib = require()
         self.pointer = self.lib.tj3Init(_DECOMPRESS)
         if not self.pointer:
             raise MemoryError("tj3Init failed to make a TurboJPEG decompressor")
-        for parameter, value in ((_STOP_ON_WARNING, 1), (_FAST_UPSAMPLE, int(self.fast)), (_FAST_DCT, int(self.fast))):
-            self.lib.tj3Set(self.pointer, parameter, value)
+        for parameter in (_STOP_ON_WARNING, _FAST_UPSAMPLE, _FAST_DCT):
+            self.lib.tj3Set(self.pointer, parameter, 1)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -202,15 +199,14 @@ def header(data: bytes) -> tuple[int, int] | None:
         return handle.lib.tj3Get(handle.pointer, _JPEG_HEIGHT), handle.lib.tj3Get(handle.pointer, _JPEG_WIDTH)
 
 
-def decode(data: bytes, scale: int, region: tuple[int, int, int, int], mode: str,
-           accurate: bool = False) -> np.ndarray | None:
+def decode(data: bytes, scale: int, region: tuple[int, int, int, int], mode: str) -> np.ndarray | None:
     """The pixels of ``region`` (top, left, bottom, right in the image at 1/``scale``), uint8 HWC
     in ``mode`` ("RGB", "BGR" or "L"); None where TurboJPEG reports a warning or an error, and for a file
     that does not end with the EOI marker (a truncated one: the region decode stops after the
     box's last row, so it would not see the damage that the whole-image decode refuses)."""
     if mode not in _PIXEL_FORMAT or not data.endswith(_EOI):
         return None
-    with _Handle(fast=not accurate) as handle:
+    with _Handle() as handle:
         return _decode(handle, data, scale, region, mode)
 
 
@@ -235,13 +231,12 @@ def _decode(handle: _Handle, data: bytes, scale: int, region: tuple[int, int, in
     return pixels[:, left - start:]
 
 
-def box(data: bytes, draw: Any, scale: int, height: int, width: int, mode: str,
-        accurate: bool = False) -> np.ndarray | None:
+def box(data: bytes, draw: Any, scale: int, height: int, width: int, mode: str) -> np.ndarray | None:
     """The pixels of ``draw``'s box (a :class:`fastdata.reader.fused.Draw`) in a ``height`` x
     ``width`` JPEG at 1/``scale``, as the fused decode cuts it from the whole image at that scale
     (:func:`scaled_region`): uint8 HWC. None for a box that is the whole image (nothing to skip)
-    and where :func:`decode` gives None. ``accurate``: the exact IDCT and smooth chroma upsampling."""
+    and where :func:`decode` gives None."""
     scaled = (-(-height // scale), -(-width // scale))
     scale = decoded_scale(height, width, *scaled)  # the scale simplejpeg picks for that size
     region = scaled_region(draw, scale, *scaled)
-    return None if region == (0, 0, *scaled) else decode(data, scale, region, mode, accurate)
+    return None if region == (0, 0, *scaled) else decode(data, scale, region, mode)
