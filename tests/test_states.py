@@ -80,6 +80,14 @@ def test_a_missing_key_is_refused(key):
                                 "state as state_dict() saved it.")
 
 
+def test_numpy_integers_in_a_state_are_integers():
+    """``loader.set_epoch(np.int64(e))`` (a loop over ``np.arange``) saves a numpy epoch: it resumes."""
+    state = {**saved_state(), "epoch": np.int64(1), "consumed": np.int64(3)}
+    loader = make_loader()
+    loader.load_state_dict(state)
+    assert [sorted(b.tolist()) for (b,) in loader] == expected_reads(saved_state())
+
+
 def test_a_list_of_states_is_checked_state_by_state():
     good = saved_state()
     with pytest.raises(InvalidOptionError, match=r"^Invalid state: epoch='0' \(allowed: an integer"):

@@ -4,13 +4,15 @@ field instead of resuming in another order (or failing deep inside).
 
 A state is what :meth:`fastdata.loading.samplers.EpochSampler.state_at` writes (version 2; version
 1, from before state versions, lacks ``version``, ``order`` and ``earlier``), plus what a loader
-adds: ``backend``, a mix's ``dataset`` and auto's ``tuned``. Integers are ints (not bools, floats
-or strings), flags are bools; nothing is coerced.
+adds: ``backend``, a mix's ``dataset`` and auto's ``tuned``. Integers are integers (Python's or
+numpy's; not bools, floats or strings), flags are bools; nothing is coerced.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import numpy as np
 
 from fastdata.errors import InvalidOptionError
 from fastdata.loading.order import MAX_STAGES, STATE_VERSION
@@ -25,8 +27,8 @@ _LAYOUT = ("world_size", "batch_size", "even", "drop_last", "consumed")  # an en
 def _count(low: int, high: int = _INT64_MAX) -> Callable[[Any], str | None]:
     """A check of an int (not a bool) from ``low`` to ``high``: None if fine, else what is allowed."""
     def check(value: Any) -> str | None:
-        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-            return None
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value <= high:
+            return None  # numpy's too: set_epoch(np.int64(e)) saves one
         return f"an integer from {low} to {'2**63 - 1' if high == _INT64_MAX else high}"
     return check
 
