@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import fastdata
 from fastdata.errors import FastdataError, InvalidOptionError
+from fastdata.loading.mix import Mix
 from fastdata.loading.order import Layout, epoch_sequence, layout_of
-from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler, epoch_indices
 
 SAMPLES, BATCH = 30, 4
 FIX = "Resume from a state as state_dict() saved it, or start the next epoch without it (loader.set_epoch(epoch))."
@@ -24,10 +25,10 @@ def make_loader(dataset=None):
     return fastdata.loader(dataset, batch_size=BATCH, backend="thread", num_workers=0)
 
 
-def saved_state() -> dict:
+def saved_state(dataset=None) -> dict:
     """A real state: seed 3, three batches of epoch 1 handed out."""
-    loader = fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH, seed=3,
-                             backend="thread", num_workers=0)
+    dataset = torch.utils.data.TensorDataset(torch.arange(SAMPLES)) if dataset is None else dataset
+    loader = fastdata.loader(dataset, batch_size=BATCH, seed=3, backend="thread", num_workers=0)
     loader.set_epoch(1)
     batches = iter(loader)
     for _ in range(3):
@@ -95,17 +96,22 @@ def test_a_list_of_states_is_checked_state_by_state():
 
 
 class Codes(torch.utils.data.Dataset):
+    """Sample ``i`` is ``base + i``."""
+
     supports_index_arrays = True
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
 
     def __len__(self) -> int:
         return SAMPLES // 2
 
     def __getitem__(self, index):
-        return torch.as_tensor(np.asarray(index))
+        return torch.as_tensor(np.asarray(index) + self.base)
 
 
 def test_a_mix_state_and_a_plain_one_are_not_taken_for_each_other():
-    mix = fastdata.mix([Codes(), Codes()], [1, 1])
+    mix = fastdata.mix([Codes(), Codes(1000)], [1, 1])
     mix_state = make_loader(mix).state_dict()
     with pytest.raises(InvalidOptionError) as error:
         make_loader().load_state_dict(mix_state)
@@ -151,21 +157,38 @@ def expected_reads(state: dict) -> list[list[int]]:
     return [sorted(left[i:i + BATCH]) for i in range(0, len(left), BATCH)]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _samples(dataset, batches: list[list[int]], epoch: int) -> list[list[int]]:
+    """The samples (sorted per batch) that batches of positions read: a mix's through its order."""
+    if not isinstance(dataset, Mix):
+        return batches
+    return [sorted(dataset[epoch_indices(np.array(batch, dtype=np.int64), epoch)].tolist()) for batch in batches]
+
+
+def _values(batch) -> list[int]:
+    return sorted((batch[0] if isinstance(batch, (list, tuple)) else batch).tolist())
+
+
+@pytest.mark.parametrize("kind", ["tensors", "mix"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
 @given(changes=st.lists(CHANGE, min_size=1, max_size=3))
-def test_any_crafted_state_resumes_correctly_or_is_refused_in_one_line(changes):
-    state = saved_state()
+def test_any_crafted_state_resumes_correctly_or_is_refused_in_one_line(kind, changes):
+    dataset = fastdata.mix([Codes(0), Codes(1000)], [2, 1], seed=4) if kind == "mix" else None
+    state = saved_state(dataset)
     for action, key, value in changes:
         if action == "drop":
             state.pop(key, None)
         else:
             state[key] = value
-    loader = make_loader()
+    loader = make_loader(dataset)
     try:
         loader.load_state_dict(state)
     except FastdataError as error:  # anything else (ZeroDivisionError, TypeError, ...) fails the test
         assert "\n" not in str(error) and str(error).endswith(".")
+        event("refused")
         return
-    resumed = [sorted(batch.tolist()) for (batch,) in loader]
-    assert resumed == expected_reads(state)
-    assert sorted(i for (batch,) in loader for i in batch.tolist()) == list(range(SAMPLES))  # the next epoch, whole
+    event("resumed")
+    resumed = [_values(batch) for batch in loader]
+    assert resumed == _samples(loader.dataset, expected_reads(state), state["epoch"])
+    whole = sorted(i for batch in loader for i in _values(batch))  # the next epoch, whole
+    assert whole == sorted(i for b in _samples(loader.dataset, [list(range(SAMPLES))], state["epoch"] + 1) for i in b)
