@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -327,6 +328,22 @@ def test_a_computed_permutation_is_a_bijection(size, seed, streams):
 def test_sources_unlike_in_structure_or_dtype_are_refused_at_build(sources, message):
     with pytest.raises(InvalidOptionError, match=message):
         fastdata.mix(sources, [1, 1])
+
+
+class RandomlyShifted(Codes):
+    """A source whose reads draw from the global random generators, as random transforms do."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(index) + int(torch.randint(0, 9, ())) + int(np.random.randint(9)) + \
+            random.randrange(9)
+
+
+def test_building_a_mix_leaves_the_global_random_generators_as_they_were():
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    expected = (torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random())
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    fastdata.mix([RandomlyShifted(5, 0), RandomlyShifted(5, 100)], [1, 1])
+    assert (torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random()) == expected
 
 
 def test_an_iterable_source_is_refused_naming_its_map_style_reader(two_converted, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import operator
+import random
 from collections.abc import Mapping, Set
 from typing import Any, Sequence
 
@@ -124,8 +125,10 @@ def _difference(first: Any, other: Any, where: str = "") -> tuple[str, Any, Any]
 def check_alike(datasets: Sequence[Any]) -> None:
     """Refuse sources whose first samples differ in structure (tuple length, dict keys) or in a
     field's dtype: one rule, whatever the backend (a batch of them is one array per field).
-    Shapes may differ (a ``pad=`` loader or a ``collate_fn`` may join them)."""
-    kinds = [_kind(dataset[0]) for dataset in datasets]
+    Shapes may differ (a ``pad=`` loader or a ``collate_fn`` may join them). The reads leave the
+    global random generators (torch's, numpy's, Python's) as they found them: a source's random
+    transforms draw nothing that the caller's next draws would miss."""
+    kinds = _first_samples(datasets)
     for number, kind in enumerate(kinds[1:], start=1):
         difference = _difference(kinds[0], kind)
         if difference is not None:
@@ -136,3 +139,14 @@ def check_alike(datasets: Sequence[Any]) -> None:
                 f"({type(datasets[number]).__name__}) {_shown(kind)} ({field}: {_shown(mine)} against "
                 f"{_shown(theirs)}). A batch holds one type per field: give the sources transforms (or convert "
                 "them) so that their samples are alike.")
+
+
+def _first_samples(datasets: Sequence[Any]) -> list[Any]:
+    """The kind of each dataset's sample 0, the global random states restored afterwards."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return [_kind(dataset[0]) for dataset in datasets]
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
