@@ -14,6 +14,10 @@ speed: seeded 64x64 RGB images, converted once under benchmarks/data/mix/, per `
   per cell; samples/s and CPU seconds per 1,000 samples (this process and its workers: getrusage,
   and psutil for the live persistent ones). The result is the mix's rate over its slower source's:
   of the medians, and the median of the per-round ratios (robust to a loaded machine's drift).
+large: a mix over a large cheap source (``--large SIZE:LENGTH``, default 5e7 samples with 1e5 per
+  epoch, and 5e6 with the default length, the sum), each in a fresh interpreter: seconds to build,
+  to the first batch of epochs 0 and 1, to the whole first epoch, and the peak RSS over the RSS
+  after the imports (``--only-large`` measures only these: about 20 s on 2 cores).
 state: ``len(json.dumps(state))`` and ``len(pickle.dumps(state))`` of a mix loader's state after a
   resume into another layout (one earlier layout recorded), for a mix of 10**9 samples.
 proportions: a mix of three cheap sources (weights 0.7/0.2/0.1, ``--length`` samples per epoch):
@@ -188,6 +192,49 @@ def proportions(length: int) -> dict[str, Any]:
     return {"length": length, "weights": weights, "max_gap_per_epoch": per_epoch, "max_gap_per_rank": per_rank}
 
 
+def large_case(size: int, length: int | None, batch_size: int) -> dict[str, Any]:
+    """One mix over a source of ``size`` samples (and a small one), in this process: seconds to
+    build it, to the first batch of epochs 0 and 1, to a whole epoch 0, and the peak RSS over the
+    RSS after the imports (both from getrusage/psutil, MB)."""
+    base = psutil.Process().memory_info().rss
+    started = time.perf_counter()
+    mix = fastdata.mix([Codes(size, 0), Codes(1000, 10**12)], [1, 1], length=length)
+    built = time.perf_counter()
+    loader = fastdata.loader(mix, batch_size=batch_size, seed=0, backend="thread", num_workers=0)
+    row: dict[str, Any] = {"size": size, "length": len(mix), "batch_size": batch_size,
+                           "build_s": built - started}
+    for epoch in range(2):
+        before = time.perf_counter()
+        batches = iter(loader)
+        next(batches)
+        row[f"first_batch_s_epoch{epoch}"] = time.perf_counter() - before
+        if epoch == 0 and len(mix) <= 10**6:
+            sum(1 for _ in batches)
+            row["epoch_s"] = time.perf_counter() - before
+        del batches
+    row["peak_rss_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base) / 2**20
+    return row
+
+
+def large(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """:func:`large_case` per ``--large`` case, each in a fresh interpreter (its own peak RSS)."""
+    import subprocess
+    import sys
+
+    rows = []
+    for case in args.large:
+        size, length = case.split(":")
+        command = [sys.executable, __file__, "--large-case", f"{size}:{length}", "--batch-size", str(args.batch_size)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"large: source of {row['size']:,} + 1,000, length {row['length']:,}: build {row['build_s']:.2f} s, "
+              f"first batch {row['first_batch_s_epoch0']:.3f} s (epoch 1: {row['first_batch_s_epoch1']:.3f} s)"
+              + (f", epoch {row['epoch_s']:.2f} s" if "epoch_s" in row else "")
+              + f", peak RSS +{row['peak_rss_mb']:.0f} MB", flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=8000, help="images in source a (b has half)")
@@ -196,12 +243,24 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=100_000, help="samples per epoch of the proportions mix")
     parser.add_argument("--stores", default="raw,encoded", help="raw (memcpy-bound), encoded (JPEG, decode-bound)")
     parser.add_argument("--settings", default="torch:0,thread:2,process:2", help="backend:num_workers,...")
+    parser.add_argument("--large", default="50000000:100000,5000000:none",
+                        help="SIZE:LENGTH,... mixes over a large source (LENGTH none: the sum of the lengths)")
+    parser.add_argument("--only-large", action="store_true", help="measure the large mixes only")
+    parser.add_argument("--large-case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.large_case:
+        size, length = args.large_case.split(":")
+        print(json.dumps(large_case(int(size), None if length == "none" else int(length), args.batch_size)))
+        return
+    args.large = [case for case in args.large.split(",") if case]
+    if args.only_large:
+        print(json.dumps({"cpu_count": os.cpu_count(), "large": large(args)}, indent=2))
+        return
     args.stores = args.stores.split(",")
     args.settings = [(s.split(":")[0], int(s.split(":")[1])) for s in args.settings.split(",")]
     document = {"machine": machine_info(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                 "args": {k: v for k, v in vars(args).items()}, "speed": speed(args), "state": state_size(),
-                "proportions": proportions(args.length)}
+                "proportions": proportions(args.length), "large": large(args)}
     print(f"state: {document['state']['json_bytes']} bytes as JSON, {document['state']['pickle_bytes']} pickled")
     print(f"proportions: largest gap per epoch {max(document['proportions']['max_gap_per_epoch']):.6f}, "
           f"per rank of 4 {max(document['proportions']['max_gap_per_rank']):.4f}; os.cpu_count()={os.cpu_count()}")

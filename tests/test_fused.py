@@ -312,6 +312,24 @@ def test_fused_jpeg_is_close_to_decode_then_crop_on_the_same_box(images, name: s
         assert scales & {2, 4}  # the DCT scaling really ran
 
 
+@pytest.mark.parametrize("decoder", ["simplejpeg", "region", "pil"])
+@pytest.mark.parametrize(("height", "width"), [(8, 8), (17, 33), (33, 17), (64, 48)])
+def test_a_small_jpeg_the_crop_enlarges_keeps_the_floor(decoder: str, height: int, width: int) -> None:
+    """Thumbnails (4:2:0, colour detail a couple of pixels apart) whose box the resize enlarges
+    to 224x224: decoded exactly (no fast IDCT or chroma upsampling, whose errors the enlargement
+    would keep: 23-27 dB before), they stay above the floor against Pillow on the same box."""
+    if decoder == "simplejpeg":
+        pytest.importorskip("simplejpeg")
+    if decoder == "region" and fused.region.library() is None:
+        pytest.skip("no libturbojpeg 3")
+    jpeg = _encode(photo(height, width, seed=height * width, detail_px=2, edge_rows=1), "JPEG")
+    plan = _train_plan()
+    worst = min(psnr(fused.fused_decode(jpeg, plan, generator=torch.Generator().manual_seed(seed), decoder=decoder),
+                     fused.fallback_decode(jpeg, plan, generator=torch.Generator().manual_seed(seed)))
+                for seed in range(12))
+    assert worst >= MIN_PSNR_DB
+
+
 def test_the_scale_is_read_from_the_decoded_size() -> None:
     """Pillow's draft may decode a larger image than asked (2003 // ceil(2003 / 4) == 3: 1/2)."""
     assert fused.decoded_scale(1501, 2003, 751, 1002) == 2

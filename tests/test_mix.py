@@ -4,8 +4,10 @@ format and backend, ranks, state_dict and elastic resume; a plain DataLoader wit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -86,7 +88,9 @@ def test_a_source_is_read_without_replacement_until_exhausted_then_anew():
     for epoch in range(6):
         sources, inner = mix.plan(epoch)
         for source in (0, 1):
-            drawn[source] += inner[sources == source].tolist()  # in draw order
+            in_draw_order = mix.draws(source, epoch, np.arange(mix.counts[source])).tolist()
+            assert sorted(inner[sources == source].tolist()) == sorted(in_draw_order)  # the epoch's positions
+            drawn[source] += in_draw_order
     assert len(drawn[0]) == 1800 and sorted(drawn[0][:1000]) == list(range(1000))  # each once, then ...
     assert len(set(drawn[0][1000:1800])) == 800 and drawn[0][1000:1800] != drawn[0][:800]  # ... a new permutation
     for cycle in range(len(drawn[1]) // 7):  # the small source, up-sampled: every cycle a permutation of it
@@ -222,11 +226,124 @@ def test_a_state_of_another_mix_is_refused():
     (["codes"], [float("nan")], {}, r"^Invalid weights \[nan\]"),
     (["codes"], [1], {"length": -1}, r"^Invalid length -1. Use a number of samples per epoch >= 0"),
     (["empty"], [1], {}, r"^Dataset 0 \(Codes\) is empty: a mix cannot draw from it. Leave it out.$"),
+    (["codes"], [1], {"seed": -1}, r"^Invalid seed -1. Use an integer >= 0.$"),
+    (["codes"], [1], {"seed": np.bool_(True)}, r"^Invalid seed np.True_. Use an integer >= 0.$"),
+    (["codes", "codes"], {0: 3, 1: 1}, {}, r"^Invalid weights \{0: 3, 1: 1\}: a dict does not say which dataset each "
+                                           r"weight is for. Give a list of 2 numbers, one per dataset in the order of "
+                                           r"datasets.$"),
+    (["codes"], {1}, {}, r"^Invalid weights \{1\}: a set does not say which dataset"),
+    (["codes"], [1], {"length": 10**12}, r"^Invalid length: length=1000000000000 is more than 4294967296 samples per "
+                                         r"epoch \(an epoch's shuffled order holds 8 bytes a sample: 8e\+03 GB\). Pass "
+                                         r"a shorter length=: the sources' draws go on from epoch to epoch, so more "
+                                         r"epochs of it read the same samples.$"),
+    (["codes"], [1], {"length": 10**19}, r"^Invalid length: length=10000000000000000000 is more than 4294967296"),
+    (["huge"], [1], {}, r"^Invalid length: the sum of the datasets' lengths \(1099511627776\) is more than "),
+    (["codes"], [1], {"length": 2.0}, r"^Invalid length 2.0. Use a number of samples per epoch >= 0"),
 ])
 def test_bad_mix_options_are_refused(datasets, weights, options, message):
-    made = {"codes": Codes(3, 0), "empty": Codes(0, 0)}
+    made = {"codes": Codes(3, 0), "empty": Codes(0, 0), "huge": Codes(2**40, 0)}
     with pytest.raises(InvalidOptionError, match=message):
         fastdata.mix([made[d] for d in datasets], weights, **options)
+
+
+def test_numpy_integers_are_taken_for_length_and_seed():
+    plain = fastdata.mix([Codes(50, 0), Codes(7, 100_000)], [2, 1], length=40, seed=3)
+    numpy = fastdata.mix([Codes(50, 0), Codes(7, 100_000)], [2, 1], length=np.int64(40), seed=np.int64(3))
+    assert numpy.length == 40 and numpy.seed == 3 and type(numpy.seed) is int
+    assert [a.tolist() for a in numpy.plan(1)] == [a.tolist() for a in plain.plan(1)]
+
+
+def test_weights_whose_sum_overflows_are_the_proportions_they_say():
+    mix = fastdata.mix([Codes(50, 0), Codes(7, 100_000)], [1e308, 1e308], length=41)
+    assert mix.counts.tolist() == [21, 20]
+    assert np.bincount(mix.plan(0)[0], minlength=2).tolist() == [21, 20]
+
+
+def test_a_mix_rebuilt_with_weights_scaled_alike_resumes():
+    """Weights scaled by 2 give the same counts, so the same order: its state is taken."""
+    make = lambda weights: fastdata.loader(fastdata.mix([Codes(30, 0), Codes(8, 100_000)], weights, seed=9),  # noqa: E731
+                                           batch_size=4, seed=0)
+    loader = make([2, 1])
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    rest = [b.tolist() for b in batches]
+    resumed = make([4, 2])
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest and len(rest) == 7
+
+
+def test_a_state_saved_before_computed_orders_is_refused_in_one_line():
+    mix = fastdata.mix([Codes(30, 0), Codes(8, 100_000)], [2, 1], seed=9)
+    loader = fastdata.loader(mix, batch_size=4, seed=0)
+    old = hashlib.blake2b(b"38|[2.0, 1.0]|[30, 8]", digest_size=8).hexdigest()  # the earlier digest of this mix
+    with pytest.raises(InvalidOptionError) as error:
+        loader.load_state_dict({**loader.state_dict(), "dataset": {"seed": 9, "digest": old}})
+    assert str(error.value) == (
+        "Cannot resume: the saved state is of this mix as an earlier fastdata ordered it (each epoch's order differs "
+        "now). Finish that epoch with the fastdata that saved it, or start the next epoch without the state "
+        "(loader.set_epoch(state['epoch'] + 1)).")
+
+
+def test_a_huge_source_is_drawn_from_without_an_array_of_it():
+    """A source of 2**40 samples (an index array of it: 8 TB): each epoch's draws are still distinct
+    samples of it, and the epochs go on through it."""
+    mix = fastdata.mix([Codes(2**40, 0), Codes(10, 2**41)], [9, 1], length=2000, seed=5)
+    loader = fastdata.loader(mix, batch_size=256, seed=1)
+    seen = [np.concatenate([b.numpy() for b in loader]) for _ in range(2)]
+    for codes in seen:
+        big = codes[codes < 2**40]
+        assert len(big) == 1800 and len(np.unique(big)) == 1800 and big.max() > 2**39
+    assert not set(seen[0][seen[0] < 2**40].tolist()) & set(seen[1][seen[1] < 2**40].tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 3000), seed=st.integers(0, 2**64), streams=st.lists(st.integers(0, 2**64 - 1), min_size=1,
+                                                                               max_size=3))
+def test_a_computed_permutation_is_a_bijection(size, seed, streams):
+    from fastdata.loading.permutation import permuted, round_keys, stream_keys
+
+    keys = round_keys(seed, 7)
+    assert sorted(permuted(np.arange(size), size, keys).tolist()) == list(range(size))
+    values = np.repeat(np.arange(size), len(streams))
+    per_stream = stream_keys(keys, np.tile(np.array(streams, dtype=np.uint64), size))
+    images = permuted(values, size, per_stream).reshape(size, len(streams))
+    for column in range(len(streams)):
+        assert sorted(images[:, column].tolist()) == list(range(size))
+
+
+@pytest.mark.parametrize(("sources", "message"), [
+    ([TensorDataset(torch.zeros(4, 2, dtype=torch.uint8)), TensorDataset(torch.zeros(4, 2))],
+     r"^A mix's sources give samples of different structures or types: source 0 \(TensorDataset\) gives \(uint8\), "
+     r"source 1 \(TensorDataset\) \(float32\) \(\[0\]: uint8 against float32\). A batch holds one type per field: "
+     r"give the sources transforms \(or convert them\) so that their samples are alike.$"),
+    ([TensorDataset(torch.zeros(4, 2), torch.zeros(4)), TensorDataset(torch.zeros(4, 2))],
+     r"^A mix's sources give samples of different structures or types: source 0 \(TensorDataset\) gives "
+     r"\(float32, float32\), source 1 \(TensorDataset\) \(float32\) \(the sample: \(float32, float32\) against "
+     r"\(float32\)\)"),
+    ([Codes(3, 0), PerSample(3, 0)], r"^A mix's sources give samples of different structures or types: source 0 "
+                                     r"\(Codes\) gives int64, source 1 \(PerSample\) \(int64, int64\)"),
+])
+def test_sources_unlike_in_structure_or_dtype_are_refused_at_build(sources, message):
+    with pytest.raises(InvalidOptionError, match=message):
+        fastdata.mix(sources, [1, 1])
+
+
+class RandomlyShifted(Codes):
+    """A source whose reads draw from the global random generators, as random transforms do."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(index) + int(torch.randint(0, 9, ())) + int(np.random.randint(9)) + \
+            random.randrange(9)
+
+
+def test_building_a_mix_leaves_the_global_random_generators_as_they_were():
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    expected = (torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random())
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    fastdata.mix([RandomlyShifted(5, 0), RandomlyShifted(5, 100)], [1, 1])
+    assert (torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random()) == expected
 
 
 def test_an_iterable_source_is_refused_naming_its_map_style_reader(two_converted, tmp_path):

@@ -444,7 +444,7 @@ class AutoLoader(Resumable):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        tuned = state.get("tuned")
+        tuned = state.get("tuned") if isinstance(state, dict) else None  # a list of ranks' states: the position only
         if isinstance(tuned, dict) and tuned.get("backend") in self.budget.backends:
             workers = min(int(tuned.get("num_workers", 0)), self.budget.limit(tuned["backend"]))
             self._restart(Setting(tuned["backend"], max(0, workers), self.prefetch))

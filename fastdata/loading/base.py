@@ -11,7 +11,7 @@ import torch
 
 from fastdata.errors import FastdataError
 from fastdata.loading.fetch import BatchFetcher
-from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler, earliest
 from fastdata.loading.worker_options import check_prefetch_factor
 
 
@@ -78,9 +78,13 @@ class Resumable:
         the new ranks (every rank of the saved job is taken to have handed out as many batches as
         the one that saved, or all of its own). Backend and ``num_workers`` may differ. Its seed
         comes from the state; another dataset (length, mix) or explicit seed is refused."""
+        state = earliest(state, kind=type(self.index_sampler).__name__)  # every field checked before any is used
         check = getattr(self.dataset, "check_order_identity", None)
-        if check is not None and isinstance(state, dict):
+        if check is not None:
             check(state.get("dataset"))
+        elif state.get("dataset") is not None:
+            raise InvalidOptionError(f"Cannot resume: the saved state is of a fastdata.mix, but this loader reads "
+                                     f"{type(self.dataset).__name__}. Build the loader over the mix it was saved with.")
         self.index_sampler.load_state_dict(state)
         self._position = None
 

@@ -5,13 +5,18 @@ Epoch ``e`` of a mix of ``length`` samples over sources ``0..K-1`` of lengths ``
 
 * **counts**: source ``k`` gives exactly ``c_k`` samples, ``length * w_k / sum(w)`` rounded by the
   largest remainder (so the counts add up to ``length``, each within one of its exact share);
-* **interleaving**: the ``length`` positions of the epoch get their sources from one seeded
-  permutation of ``[0]*c_0 + [1]*c_1 + ...``;
-* **draws**: source ``k``'s ``j``-th position of epoch ``e`` is its draw ``e * c_k + j``; draw ``d``
-  reads sample ``perm_k(d // n_k)[d % n_k]``, where ``perm_k(cycle)`` is a seeded permutation of
+* **interleaving**: position ``p`` of epoch ``e`` goes to slot ``s = P_e(p)`` of
+  ``[0]*c_0 + [1]*c_1 + ...``, where ``P_e`` is a seeded permutation of ``range(length)``: slot
+  ``s`` is source ``k``'s ``j``-th (``j = s - c_0 - ... - c_{k-1}``);
+* **draws**: source ``k``'s ``j``-th slot of epoch ``e`` is its draw ``e * c_k + j``; draw ``d``
+  reads sample ``perm_k(d // n_k)(d % n_k)``, where ``perm_k(cycle)`` is a seeded permutation of
   ``range(n_k)``. A source is read without replacement until exhausted, then from a new permutation:
   a small source is up-sampled (each of its samples ``c_k / n_k`` times per epoch, give or take one),
   a large one gives new samples each epoch until it has given them all.
+
+The permutations are computed for the positions asked for, never stored
+(:mod:`fastdata.loading.permutation`): a mix holds no array of its positions or its sources'
+samples, so a source of 10**9 samples costs what one of 10 does.
 
 The loader's sampler then orders (and splits across ranks) ``range(length)`` as for any dataset:
 mixing is one more level of the same order. The epoch a read is in comes with ``fastdata.loader``'s
@@ -21,7 +26,6 @@ index arrays (and lists); a plain ``DataLoader`` needs :meth:`Mix.set_epoch`.
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,6 +33,8 @@ import torch
 
 from fastdata.errors import InvalidOptionError
 from fastdata.loading.fetch import accepts_index_arrays, read_samples
+from fastdata.loading.mixchecks import check_alike, checked_datasets, checked_length, checked_seed, checked_weights
+from fastdata.loading.permutation import permuted, round_keys, stream_keys
 from fastdata.loading.samplers import EpochList, epoch_indices
 
 _SALT = 0x6D6978  # "mix": keeps the interleaving's stream apart from a sampler's of the same seed
@@ -36,8 +42,11 @@ _SALT = 0x6D6978  # "mix": keeps the interleaving's stream apart from a sampler'
 
 def largest_remainder(length: int, weights: Sequence[float]) -> np.ndarray:
     """Integer counts in the proportions of ``weights`` that add up to ``length``: each share's
-    floor, then one more for the largest remainders (ties to the earlier source)."""
+    floor, then one more for the largest remainders (ties to the earlier source). Weights scaled
+    by a power of 2 give the same counts (they are first scaled by their largest, so their sum never
+    overflows)."""
     weights = np.asarray(weights, dtype=np.float64)
+    weights = weights / weights.max()
     exact = length * weights / weights.sum()
     counts = np.floor(exact).astype(np.int64)
     short = length - int(counts.sum())
@@ -56,21 +65,18 @@ class Mix(torch.utils.data.Dataset):
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float], *, length: int | None = None,
                  seed: int = 0, with_source: bool = False):
-        self.datasets = _checked_datasets(datasets)
-        self.weights = _checked_weights(weights, len(self.datasets))
+        self.datasets = checked_datasets(datasets)
+        self.weights = checked_weights(weights, len(self.datasets))
         self.lengths = np.array([len(d) for d in self.datasets], dtype=np.int64)
-        total = int(self.lengths.sum()) if length is None else length
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise InvalidOptionError(f"Invalid length {length!r}. Use a number of samples per epoch >= 0 "
-                                     "(or None: the sum of the datasets' lengths).")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidOptionError(f"Invalid seed {seed!r}. Use an integer.")
-        self.length = total
-        self.seed = seed
+        self.length = checked_length(length, self.lengths)
+        self.seed = checked_seed(seed)
         self.with_source = bool(with_source)
-        self.counts = largest_remainder(total, self.weights)
+        self.counts = largest_remainder(self.length, self.weights)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)  # each source's first slot
         self.epoch = 0
-        self._plan: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._keys = [round_keys(self.seed, source, _SALT) for source in range(len(self.datasets))]
+        self._order_keys = round_keys(self.seed, len(self.datasets), _SALT, _SALT)
+        check_alike(self.datasets)
         self._batched = all(accepts_index_arrays(dataset) for dataset in self.datasets)
         self._labels = [f"source {k} ({type(d).__name__})" for k, d in enumerate(self.datasets)]
 
@@ -89,37 +95,30 @@ class Mix(torch.utils.data.Dataset):
 
     def plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``(source, index)`` of every position of ``epoch``: int16 source ids and int64 indices
-        into them (cached for the last epoch asked for, per process)."""
-        if self._plan is not None and self._plan[0] == epoch:
-            return self._plan[1], self._plan[2]
-        rng = np.random.default_rng([self.seed, epoch, _SALT])
-        sources = rng.permutation(np.repeat(np.arange(len(self.datasets), dtype=np.int16), self.counts))
-        indices = np.empty(self.length, dtype=np.int64)
-        for source, count in enumerate(self.counts.tolist()):
-            if count:
-                indices[sources == source] = self._draws(source, epoch * count + np.arange(count))
-        self._plan = (epoch, sources, indices)
-        return sources, indices
+        into them (computed for all ``length`` positions: :meth:`locate` computes a few)."""
+        return self.locate(np.arange(self.length), epoch)
 
-    def _draws(self, source: int, draws: np.ndarray) -> np.ndarray:
-        """The samples of source ``source``'s draws ``draws`` (consecutive): each cycle through it
-        a new permutation."""
+    def draws(self, source: int, epoch: int, slots: np.ndarray) -> np.ndarray:
+        """The samples of source ``source``'s slots ``slots`` of ``epoch`` (its draws ``epoch *
+        c_k + slots``): each cycle through the source a new permutation."""
         size = int(self.lengths[source])
-        cycles = draws // size
-        out = np.empty(len(draws), dtype=np.int64)
-        for cycle in range(int(cycles[0]), int(cycles[-1]) + 1):
-            mine = cycles == cycle
-            perm = np.random.default_rng([self.seed, source, cycle, _SALT]).permutation(size)
-            out[mine] = perm[draws[mine] % size]
-        return out
+        first_cycle, offset = divmod(epoch * int(self.counts[source]), size)  # Python ints: any epoch
+        draws = offset + slots
+        cycles = (np.uint64(first_cycle % 2**64) + (draws // size).astype(np.uint64))  # wraps past 2**64 cycles
+        return permuted(draws % size, size, stream_keys(self._keys[source], cycles))
 
     def locate(self, indices: Any, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(sources, source_indices)`` of mix indices ``indices`` in ``epoch`` (default: the
-        one ``indices`` carry, else :meth:`set_epoch`'s)."""
+        one ``indices`` carry, else :meth:`set_epoch`'s): int16 and int64 arrays."""
         epoch = self.epoch_of(indices) if epoch is None else int(epoch)
-        positions = self._positions(indices)
-        sources, inner = self.plan(epoch)
-        return sources[positions], inner[positions]
+        slots = permuted(self._positions(indices), self.length,
+                         stream_keys(self._order_keys, np.array([epoch % 2**64], dtype=np.uint64)))
+        sources = (np.searchsorted(self.starts, slots, side="right") - 1).astype(np.int16)
+        inner = np.empty(len(slots), dtype=np.int64)
+        for source in np.unique(sources).tolist():
+            mine = sources == source
+            inner[mine] = self.draws(source, epoch, slots[mine] - self.starts[source])
+        return sources, inner
 
     def source_of(self, index: Any, epoch: int | None = None) -> Any:
         """The source id (position in ``datasets``) of mix index ``index`` (an int, or an int64
@@ -249,34 +248,41 @@ class Mix(torch.utils.data.Dataset):
 
     def order_identity(self) -> dict[str, Any]:
         """What a loader's state records of this mix (a few bytes whatever the sources): its seed
-        and a digest of its length, weights and source lengths."""
-        text = f"{self.length}|{self.weights.tolist()}|{self.lengths.tolist()}"
-        return {"seed": self.seed, "digest": hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}
+        and a digest of what its order depends on: its length, counts per source (weights scaled
+        alike give the same) and source lengths."""
+        return {"seed": self.seed, "digest": _digest(f"computed|{self.length}|{self.counts.tolist()}|"
+                                                     f"{self.lengths.tolist()}")}
 
     def check_order_identity(self, saved: Any) -> None:
         """Refuse a state saved over another mix (one line, naming what differs)."""
         if saved is None:
-            return
+            raise InvalidOptionError("Cannot resume: the saved state is not of a fastdata.mix (its 'dataset' is None "
+                                     "or missing), but this loader reads one. Resume over the dataset it was saved "
+                                     "with.")
         mine = self.order_identity()
         if saved.get("seed") != mine["seed"]:
             raise InvalidOptionError(
                 f"Cannot resume: the saved state is of a mix with seed={saved.get('seed')!r} but this mix has "
                 f"seed={mine['seed']!r}. Build the mix with seed={saved.get('seed')!r}.")
+        if saved.get("digest") == _digest(f"{self.length}|{self.weights.tolist()}|{self.lengths.tolist()}"):
+            raise InvalidOptionError(
+                "Cannot resume: the saved state is of this mix as an earlier fastdata ordered it (each epoch's "
+                "order differs now). Finish that epoch with the fastdata that saved it, or start the next epoch "
+                "without the state (loader.set_epoch(state['epoch'] + 1)).")
         if saved.get("digest") != mine["digest"]:
             raise InvalidOptionError(
                 "Cannot resume: the saved state is of another mix (its length, weights or datasets' lengths "
                 f"differ from this one's: length={self.length}, weights={self.weights.tolist()}, "
                 f"lengths={self.lengths.tolist()}). Build the mix as it was when the state was saved.")
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_plan"] = None  # each process computes its epochs' plans (a pickle stays small)
-        return state
-
     def __repr__(self) -> str:
         parts = ", ".join(f"{type(d).__name__}({n}) x {w:g}" for d, n, w in
                           zip(self.datasets, self.lengths.tolist(), self.weights.tolist()))
         return f"Mix([{parts}], length={self.length}, seed={self.seed})"
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def mix(datasets: Sequence[Any], weights: Sequence[float], *, length: int | None = None, seed: int = 0,
@@ -290,33 +296,3 @@ def mix(datasets: Sequence[Any], weights: Sequence[float], *, length: int | None
     ``mix.source_of(i)`` names a sample's source; ``with_source=True`` adds it to every sample."""
     return Mix(datasets, weights, length=length, seed=seed, with_source=with_source)
 
-
-def _checked_datasets(datasets: Any) -> list[Any]:
-    if isinstance(datasets, (str, bytes)) or not isinstance(datasets, Sequence) or not datasets:
-        raise InvalidOptionError(f"Invalid datasets {datasets!r:.100}. Give a non-empty list of map-style datasets.")
-    for number, dataset in enumerate(datasets):
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            reader = getattr(type(dataset), "map_reader", None)
-            fix = (f"Use fastdata.{reader.__name__}({str(getattr(dataset, 'path', 'PATH'))!r}) for the same data, "
-                   "map-style." if reader is not None else "Give its map-style counterpart.")
-            raise InvalidOptionError(f"mix needs map-style datasets (random access by index), but dataset {number} is "
-                                     f"the iterable {type(dataset).__name__}. {fix}")
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise InvalidOptionError(f"Dataset {number} ({type(dataset).__name__}) is not a map-style dataset: it "
-                                     "needs __getitem__ and __len__.")
-        if len(dataset) == 0:
-            raise InvalidOptionError(f"Dataset {number} ({type(dataset).__name__}) is empty: a mix cannot draw "
-                                     "from it. Leave it out.")
-    return list(datasets)
-
-
-def _checked_weights(weights: Any, count: int) -> np.ndarray:
-    try:
-        values = [float(w) for w in weights] if not isinstance(weights, (str, bytes)) else None
-    except (TypeError, ValueError):
-        values = None
-    if values is None or len(values) != count or not all(math.isfinite(w) and w >= 0 for w in values) \
-            or not sum(values) > 0:
-        raise InvalidOptionError(f"Invalid weights {weights!r:.100}. Give {count} finite numbers >= 0, one per "
-                                 "dataset, not all 0 (they need not add up to 1).")
-    return np.array(values, dtype=np.float64)

@@ -115,12 +115,3 @@ def epoch_sequence(order: np.ndarray, stages: list[tuple[Layout, int]]) -> np.nd
         order = order[remaining(len(order), layout, consumed)]
     return order
 
-
-def state_version(state: dict[str, Any]) -> int:
-    """The state's format version; a newer one than this fastdata reads is refused."""
-    version = state.get("version", 1)
-    if not isinstance(version, int) or not 1 <= version <= STATE_VERSION:
-        raise InvalidOptionError(
-            f"Cannot resume: the state has version {version!r}, but this fastdata reads state versions 1 to "
-            f"{STATE_VERSION}. Upgrade fastdata to resume from it.")
-    return version

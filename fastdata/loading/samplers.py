@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import Sampler
 
 from fastdata.errors import InvalidOptionError
-from fastdata.loading.order import (MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items,
-                                    state_version)
+from fastdata.loading.order import MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items
+from fastdata.loading.states import checked_state
 
 
 def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -236,9 +236,13 @@ class EpochSampler(Sampler):
                        bool(state.get("drop_last", False)))
         stages = [layout_of(entry) for entry in state.get("earlier", [])]
         consumed = int(state["consumed"])
-        total = len(epoch_sequence(np.empty(self.length), stages))
-        if not 0 <= consumed <= most_items(total, saved):
-            raise InvalidOptionError(f"Invalid state: consumed={consumed} of an epoch of {most_items(total, saved)}.")
+        total = self.length
+        for number, (layout, done) in enumerate([*stages, (saved, consumed)]):
+            if done > most_items(total, layout):
+                field = "consumed" if number == len(stages) else f"earlier[{number}] consumed"
+                raise InvalidOptionError(f"Invalid state: {field}={done} of an epoch of {most_items(total, layout)} "
+                                         "batches. Resume from a state as state_dict() saved it.")
+            total = len(epoch_sequence(np.empty(total), [(layout, done)]))
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self._pass = None
@@ -346,19 +350,16 @@ class ChunkShuffleSampler(EpochSampler):
 def earliest(states: Any, *, kind: str) -> Any:
     """``states`` itself, or of a list of states (every rank's), the earliest position."""
     if not isinstance(states, (list, tuple)) or not states:
-        return states
+        return checked_state(states, kind=kind)
     for state in states:
-        if not isinstance(state, dict) or not {"epoch", "consumed"} <= set(state):
-            raise InvalidOptionError(f"Not a {kind} state: expected a dict from state_dict(), got {state!r:.200}.")
+        checked_state(state, kind=kind)
     return min(states, key=lambda state: (state["epoch"], len(state.get("earlier", [])), state["consumed"]))
 
 
 def check_state(state: Any, sampler: EpochSampler, *, kind: str) -> None:
     """Refuse a saved position that cannot continue this sampler's order: not a state, a newer
     state version, another dataset length, another order, another explicit seed."""
-    if not isinstance(state, dict) or not {"seed", "epoch", "consumed"} <= set(state):
-        raise InvalidOptionError(f"Not a {kind} state: expected a dict from state_dict(), got {state!r:.200}.")
-    state_version(state)
+    checked_state(state, kind=kind)
     if state.get("length", sampler.length) != sampler.length:
         raise InvalidOptionError(
             f"Cannot resume: the saved state has dataset length={state['length']!r} but this loader has "
