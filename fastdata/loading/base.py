@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.errors import FastdataError
+from fastdata.errors import FastdataError, InvalidOptionError
 from fastdata.loading.fetch import BatchFetcher
 from fastdata.loading.samplers import BatchIndexSampler, earliest
 from fastdata.loading.worker_options import check_prefetch_factor
