@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 import fastdata

@@ -11,7 +11,6 @@ import json
 import pickle
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st

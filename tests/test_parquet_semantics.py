@@ -6,7 +6,6 @@ and casts, streaming options, nulls and column types (tables written here by ``p
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

@@ -22,7 +22,7 @@ from PIL import Image
 
 import fastdata
 from conftest import convert_to, output_contents, pattern, save
-from fastdata.errors import BadSampleError, InvalidOptionError, ManifestError, OutputExistsError
+from fastdata.errors import BadSampleError, InvalidOptionError, OutputExistsError
 from fastdata.remote import Cache
 
 pytest.importorskip("moto.server")

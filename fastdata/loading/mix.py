@@ -35,7 +35,7 @@ from fastdata.errors import InvalidOptionError
 from fastdata.loading.fetch import accepts_index_arrays, read_samples
 from fastdata.loading.mixchecks import check_alike, checked_datasets, checked_length, checked_seed, checked_weights
 from fastdata.loading.permutation import permuted, round_keys, stream_keys
-from fastdata.loading.samplers import EpochList, epoch_indices
+from fastdata.loading.samplers import epoch_indices
 
 _SALT = 0x6D6978  # "mix": keeps the interleaving's stream apart from a sampler's of the same seed
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.errors import InvalidOptionError
 
 STATE_VERSION = 2  # 1: fastdata up to 0.x (no "version" key, no layout change on resume)
 MAX_STAGES = 16  # resumes into another layout within one epoch that a state records

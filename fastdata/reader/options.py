@@ -5,7 +5,7 @@ pixels and labels into samples or a collated batch, for map-style and iterable r
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
