@@ -30,7 +30,7 @@ from fastdata.sources import fingerprint
 from fastdata.sources.base import Protected
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions, check_pixels, exif_transpose
-from fastdata.sources.base import Source
+from fastdata.sources.base import Source, class_names
 
 Record = dict[str, Any]
 
@@ -303,7 +303,7 @@ class TorchvisionRecordSource(Source):
         self.record_type = type(dataset).__name__
         self.keys = [str(i) for i in range(len(dataset))]
         self.labels = None
-        self.class_to_idx = _class_to_idx(dataset)
+        self.classes, self.class_to_idx = _class_names(dataset)
         self.layout = self.spec.layout
         self.structure = self.spec.structure(dataset)
         self.kinds = dict(self.spec.kinds)
@@ -438,15 +438,15 @@ def categories_of(dataset: Any) -> dict[str, str]:
     return {str(key): str(category["name"]) for key, category in sorted(dataset.coco.cats.items())}
 
 
-def _class_to_idx(dataset: Any) -> dict[str, int]:
-    """Class names by the ids the records' labels hold: the dataset's own ``class_to_idx``,
-    COCO's categories, the VOC detection classes the wrapper numbers its labels by."""
+def _class_names(dataset: Any) -> tuple[list[Any] | None, dict[str, int]]:
+    """The classes and class names by the ids the records' labels hold: the dataset's own
+    (:func:`~fastdata.sources.base.class_names`), none for COCO, the VOC detection classes the
+    wrapper numbers its labels by."""
     name = type(dataset).__name__
     if name == "CocoDetection":  # ids with gaps (1..90): kept as the source's "categories", not as classes
-        return {}
+        return None, {}
     if name == "VOCDetection":
-        return {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
-    mapping = getattr(dataset, "class_to_idx", None)
-    if isinstance(mapping, dict) and mapping:
-        return {str(k): int(v) for k, v in mapping.items()}
-    return {}
+        return None, {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
+    if not isinstance(getattr(dataset, "class_to_idx", None), dict):
+        return None, {}
+    return class_names(dataset)

@@ -1,0 +1,131 @@
+"""torchvision datasets on roots laid out as torchvision's own test fakes (``tv_fakes``), read by
+the real torchvision classes, converted from the CLI (``torchvision:NAME``) and from Python
+(``fastdata.convert(dataset)``) into every format that keeps fields: each converted dataset
+opens, verifies, and gives back what the dataset gives, sample by sample, with the same
+structure (a bare tensor stays bare, a None stays None) and the classes as the dataset has them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torchvision.datasets as tv_datasets
+from PIL import Image
+
+import fastdata
+import tv_fakes
+from conftest import FIELD_FORMATS, SUFFIXES
+from fastdata.cli import main
+from fastdata.errors import CorruptManifestError
+from fastdata.formats.tar import TarIndexedDataset
+
+
+def reader(path: Path, **options: Any) -> Any:
+    return TarIndexedDataset(path, **options) if path.suffix == ".tar" else fastdata.open_dataset(path, **options)
+
+
+def assert_same(got: Any, expected: Any, where: str = "sample") -> None:
+    """``got`` is ``expected``: same types and nesting, equal pixels (and modes), arrays, numbers."""
+    same_type = isinstance(got, Image.Image) if isinstance(expected, Image.Image) else type(got) is type(expected)
+    assert same_type, f"{where}: {type(got).__name__} where the source gave {type(expected).__name__}"
+    if isinstance(expected, Image.Image):
+        assert (got.mode, got.size, got.tobytes()) == (expected.mode, expected.size, expected.tobytes()), where
+    elif isinstance(expected, torch.Tensor):
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape) and torch.equal(got, expected), where
+    elif isinstance(expected, np.ndarray):
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape) and np.array_equal(got, expected), where
+    elif isinstance(expected, (tuple, list)):
+        assert len(got) == len(expected), where
+        for position, (a, b) in enumerate(zip(got, expected)):
+            assert_same(a, b, f"{where}[{position}]")
+    else:
+        assert got == expected, where
+
+
+def convert_both(name: str, root: Path, dataset: Any, out: Path, fmt: str, capsys, *options: str,
+                 split: str | None = None) -> list[Path]:
+    """``dataset`` converted from the CLI (``torchvision:NAME`` with ``options``) and from Python."""
+    cli_out, python_out = out / f"cli{SUFFIXES[fmt]}", out / f"python{SUFFIXES[fmt]}"
+    flags = [flag for option in options for flag in ("--source-option", option)] + (["--split", split] if split else [])
+    status = main(["convert", f"torchvision:{name}", "--root", str(root), str(cli_out), "--format", fmt,
+                   "--store", "encoded", "--workers", "0", *flags])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert captured.out.startswith(f"wrote {len(dataset)} samples to {cli_out}")
+    fastdata.convert(dataset, python_out, format=fmt, store="encoded", workers=0)
+    return [cli_out, python_out]
+
+
+def assert_read_back(outputs: list[Path], dataset: Any) -> None:
+    for out in outputs:
+        assert fastdata.verify(out, deep=True).ok, fastdata.verify(out).problems
+        ds = reader(out, image_format="pil")
+        assert len(ds) == len(dataset)
+        for index in range(len(dataset)):
+            assert_same(ds[index], dataset[index], f"{out.name} sample {index}")
+
+
+@pytest.fixture
+def places_without_md5(monkeypatch):
+    """torchvision's Places365 compares its devkit files' MD5 with the real download's, which
+    files written here cannot match (torchvision's own fakes run with the check patched): only
+    that comparison is replaced (by "the file exists")."""
+    import torchvision.datasets.places365
+
+    monkeypatch.setattr(torchvision.datasets.places365, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+
+
+# --- classes as the source has them -------------------------------------------------------------
+
+CLASSES = {  # name -> (root maker, the dataset on that root)
+    "ImageNet": (tv_fakes.make_imagenet, lambda root: tv_datasets.ImageNet(str(root))),
+    "Imagenette": (tv_fakes.make_imagenette, lambda root: tv_datasets.Imagenette(str(root))),
+    "Places365": (tv_fakes.make_places365, lambda root: tv_datasets.Places365(str(root))),
+    "StanfordCars": (tv_fakes.make_stanford_cars, lambda root: tv_datasets.StanfordCars(str(root))),
+}
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_classes_with_several_names_or_their_own_numbers_are_kept(tmp_path: Path, capsys, places_without_md5,
+                                                                    name: str, fmt: str) -> None:
+    """ImageNet and Imagenette give each class a tuple of names (``class_to_idx``: several names
+    per index); Places365's fake numbers its three classes 0, 8, 30; StanfordCars' fake names
+    three classes alike. Each converts, opens, verifies, and keeps both lists as they were."""
+    make, create = CLASSES[name]
+    make(tmp_path / "root")
+    dataset = create(tmp_path / "root")
+    outputs = convert_both(name, tmp_path / "root", dataset, tmp_path, fmt, capsys)
+    assert_read_back(outputs, dataset)
+    for out in outputs:
+        ds = reader(out)
+        assert ds.classes == list(dataset.classes) and ds.class_to_idx == dataset.class_to_idx
+    if name == "ImageNet":
+        assert reader(outputs[0]).classes == [("tench", "Tinca tinca"), ("goldfish", "Carassius auratus")]
+
+
+class NegativeClass(torch.utils.data.Dataset):
+    """A dataset whose ``class_to_idx`` holds an index no label can have."""
+
+    class_to_idx = {"cat": -1}
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.new("RGB", (4, 4), (index, 0, 0)), 0
+
+
+def test_an_output_whose_manifest_its_readers_refuse_is_not_published(tmp_path: Path) -> None:
+    out = tmp_path / "bad.npy"
+    with pytest.raises(CorruptManifestError) as caught:
+        fastdata.convert(NegativeClass(), out, workers=0)
+    assert str(caught.value).endswith(
+        "'class_to_idx' maps 'cat' to -1; expected a class index from 0. Nothing was written to "
+        f"{str(out)!r}: this is a fastdata bug; please report it with the source's description.")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
