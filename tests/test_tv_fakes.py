@@ -129,3 +129,49 @@ def test_an_output_whose_manifest_its_readers_refuse_is_not_published(tmp_path: 
         "'class_to_idx' maps 'cat' to -1; expected a class index from 0. Nothing was written to "
         f"{str(out)!r}: this is a fastdata bug; please report it with the source's description.")
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# --- array-backed datasets and option text ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+@pytest.mark.parametrize("what", ["train", "test", "nist"])
+def test_qmnist_label_tables_give_the_class_or_the_whole_row(tmp_path: Path, capsys, what: str, fmt: str) -> None:
+    """QMNIST's ``.targets`` is an (N, 8) table: its items give the class (``compat=True``, the
+    default) or the whole row (``compat=false``, typed as text on the command line)."""
+    tv_fakes.make_qmnist(tmp_path / "root", what)
+    for compat in (True, False):
+        dataset = tv_datasets.QMNIST(str(tmp_path / "root"), what=what, compat=compat)
+        out = tmp_path / str(compat)
+        outputs = convert_both("QMNIST", tmp_path / "root", dataset, out, fmt, capsys, f"what={what}",
+                               f"compat={str(compat).lower()}")
+        assert_read_back(outputs, dataset)
+    row = reader(out / f"cli{SUFFIXES[fmt]}")[0][1]
+    assert (row.dtype, row.shape) == (torch.int64, (8,))  # QMNIST reads its int32 table as int64
+
+
+@pytest.mark.parametrize("text, split, count", [("false", "test", 1), ("False", "test", 1), ("no", "test", 1),
+                                                 ("0", "test", 1), ("true", "train", 2), ("TRUE", "train", 2)])
+def test_train_option_text_chooses_the_split(tmp_path: Path, capsys, text: str, split: str, count: int) -> None:
+    tv_fakes.make_mnist(tmp_path / "root")
+    out = tmp_path / "mnist.npy"
+    assert main(["convert", "torchvision:MNIST", "--root", str(tmp_path / "root"), str(out), "--source-option",
+                 f"train={text}", "--workers", "0", "--quiet"]) == 0
+    expected = tv_datasets.MNIST(str(tmp_path / "root"), train=split == "train")
+    ds = fastdata.open_dataset(out, image_format="pil")
+    assert ds.manifest["source"]["split"] == split and len(ds) == count
+    assert_read_back([out], expected)
+
+
+@pytest.mark.parametrize("option, message", [
+    ("train=flase", "--source-option train='flase': torchvision:MNIST's 'train' takes true or false, which 'flase' "
+                    "is not. Give e.g. train=false."),
+    ("train=false", "torchvision:MNIST: --split 'train' and --source-option train=False disagree. Give one of them."),
+])
+def test_option_text_that_is_not_understood_is_refused(tmp_path: Path, capsys, option: str, message: str) -> None:
+    tv_fakes.make_mnist(tmp_path / "root")
+    out = tmp_path / "mnist.npy"
+    assert main(["convert", "torchvision:MNIST", "--root", str(tmp_path / "root"), str(out), "--source-option",
+                 option, "--split", "train", "--workers", "0"]) == 1
+    assert capsys.readouterr().err == f"fastdata: error: {message}\n"
+    assert not out.exists()

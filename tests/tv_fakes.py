@@ -130,6 +130,17 @@ def _idx_file(path: Path, array: np.ndarray) -> None:
     path.write_bytes(header + array.astype(array.dtype.newbyteorder(">")).tobytes())
 
 
+def make_mnist(root: Path, name: str = "MNIST") -> dict[str, Any]:
+    """``<name>/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte`` as MNISTTestCase writes them
+    (train: 2 images, test: 1), both splits (the class checks that all four files exist)."""
+    raw = root / name / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, count in (("train", 2), ("t10k", 1)):
+        _idx_file(raw / f"{prefix}-images-idx3-ubyte", _RNG.integers(0, 256, (count, 28, 28), dtype=np.uint8))
+        _idx_file(raw / f"{prefix}-labels-idx1-ubyte", _RNG.integers(0, 10, count).astype(np.uint8))
+    return {}
+
+
 def make_qmnist(root: Path, what: str = "train") -> dict[str, Any]:
     """``QMNIST/raw/qmnist-<what>-images-idx3-ubyte`` (N, 28, 28) and ``-labels-idx2-int``, an
     (N, 8) int32 table (class, NIST writer id, ...), as QMNISTTestCase writes them."""

@@ -269,7 +269,8 @@ def has_array_fast_path(dataset: Any) -> bool:
     if dtype not in ("uint8", "torch.uint8") or not shape:
         return False
     fits = len(shape) == 3 or (len(shape) == 4 and shape[3] == 3)
-    return fits and len(targets) == shape[0]
+    # one label per row: QMNIST's .targets is an (N, 8) table, of which its items give one column
+    return fits and len(targets) == shape[0] and len(getattr(targets, "shape", (len(targets),))) == 1
 
 
 def dataset_length(dataset: Any, name: str) -> int:
