@@ -175,3 +175,96 @@ def test_option_text_that_is_not_understood_is_refused(tmp_path: Path, capsys, o
                  option, "--split", "train", "--workers", "0"]) == 1
     assert capsys.readouterr().err == f"fastdata: error: {message}\n"
     assert not out.exists()
+
+
+# --- structure as the source gives it -------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Image.Image.getdata is deprecated:DeprecationWarning")  # torchvision's reader
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_phototour_patches_come_back_as_bare_tensors(tmp_path: Path, capsys, fmt: str) -> None:
+    """PhotoTour's train items are bare uint8 (64, 64) tensors: read back bare, of that shape
+    (not a 1-tuple, not a (1, 64, 64) image), one at a time and in batches."""
+    tv_fakes.make_phototour(tmp_path / "root")
+    dataset = tv_datasets.PhotoTour(str(tmp_path / "root"), "liberty")
+    outputs = convert_both("PhotoTour", tmp_path / "root", dataset, tmp_path, fmt, capsys, "name=liberty")
+    for out in outputs:
+        assert fastdata.verify(out, deep=True).ok
+        ds = reader(out)
+        for index in range(len(dataset)):
+            assert_same(ds[index], dataset[index], f"{out.name} sample {index}")
+        batch = next(iter(fastdata.loader(ds, batch_size=5)))
+        assert_same(batch, torch.stack([dataset[i] for i in range(5)]))
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_targets_that_are_none_come_back_none(tmp_path: Path, capsys, fmt: str) -> None:
+    """OxfordIIITPet with no target types gives ``(image, None)`` (so does CelebA): kept so."""
+    import tv_layouts
+
+    tv_layouts.make_pets(tmp_path / "root")
+    dataset = tv_datasets.OxfordIIITPet(str(tmp_path / "root"), target_types=[])
+    outputs = convert_both("OxfordIIITPet", tmp_path / "root", dataset, tmp_path, fmt, capsys, "target_types=")
+    assert_read_back(outputs, dataset)
+    assert reader(outputs[0], image_format="pil")[0][1] is None
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+@pytest.mark.parametrize("target_type", ["color", "instance", "semantic"])
+def test_cityscapes_targets_as_the_fakes_give_them(tmp_path: Path, capsys, fmt: str, target_type: str) -> None:
+    """The color target keeps its alpha (RGBA); the fake's instance and semantic targets are
+    colour images (no ids): both paths keep them as the images they are."""
+    tv_fakes.make_cityscapes(tmp_path / "root")
+    dataset = tv_datasets.Cityscapes(str(tmp_path / "root"), target_type=target_type)
+    outputs = convert_both("Cityscapes", tmp_path / "root", dataset, tmp_path, fmt, capsys,
+                           f"target_type={target_type}")
+    assert_read_back(outputs, dataset)
+    assert {reader(out, image_format="pil")[0][1].mode for out in outputs} == {"RGBA" if target_type == "color"
+                                                                              else "RGB"}
+
+
+# --- values torchvision gives that were refused ------------------------------------------------------
+
+STEREO_AND_FLOW = {  # name -> (root maker, the dataset on that root, options); targets None or of each image's size
+    "Kitti2012Stereo": (tv_fakes.make_kitti2012_stereo, lambda root, split: tv_datasets.Kitti2012Stereo(root, split)),
+    "Kitti2015Stereo": (tv_fakes.make_kitti2015_stereo, lambda root, split: tv_datasets.Kitti2015Stereo(root, split)),
+    "KittiFlow": (tv_fakes.make_kitti_flow, lambda root, split: tv_datasets.KittiFlow(root, split)),
+    "HD1K": (tv_fakes.make_hd1k, lambda root, split: tv_datasets.HD1K(root, split)),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities of TorchVision are deprecated")
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", sorted(STEREO_AND_FLOW))
+def test_none_targets_and_arrays_of_the_image_size_convert(tmp_path: Path, capsys, name: str, split: str,
+                                                          fmt: str) -> None:
+    """Stereo datasets' valid masks (always None) and test splits' targets (None) read back
+    None; disparities and flows whose size follows each image's store without a hint."""
+    make, create = STEREO_AND_FLOW[name]
+    make(tmp_path / "root", split)
+    dataset = create(str(tmp_path / "root"), split)
+    outputs = convert_both(name, tmp_path / "root", dataset, tmp_path, fmt, capsys, split=split)
+    assert_read_back(outputs, dataset)
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_crestereo_and_sbd_boundaries_convert(tmp_path: Path, capsys, fmt: str) -> None:
+    tv_fakes.make_crestereo(tmp_path / "stereo")
+    dataset = tv_datasets.CREStereo(str(tmp_path / "stereo"))
+    assert_read_back(convert_both("CREStereo", tmp_path / "stereo", dataset, tmp_path / "a", fmt, capsys), dataset)
+    tv_fakes.make_sbd(tmp_path / "sbd")
+    dataset = tv_datasets.SBDataset(str(tmp_path / "sbd"), mode="boundaries")
+    assert_read_back(convert_both("SBD", tmp_path / "sbd", dataset, tmp_path / "b", fmt, capsys, "mode=boundaries"),
+                     dataset)
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_voc_fake_colour_masks_of_another_size_convert_alike(tmp_path: Path, capsys, fmt: str) -> None:
+    """The fake's SegmentationClass files are colour images of their own size (no class ids):
+    the CLI keeps them as images, as Python does (a palette mask of another size is refused on
+    both paths: test_tv_fields)."""
+    tv_fakes.make_voc_segmentation(tmp_path / "root")
+    dataset = tv_datasets.VOCSegmentation(str(tmp_path / "root"), year="2012")
+    assert_read_back(convert_both("VOCSegmentation", tmp_path / "root", dataset, tmp_path, fmt, capsys, "year=2012"),
+                     dataset)

@@ -265,3 +265,27 @@ def make_voc_segmentation(root: Path, year: str = "2012") -> dict[str, Any]:
     image_folder(base, "JPEGImages", lambda i: f"{i:06d}.jpg", 5)
     image_folder(base, "SegmentationClass", lambda i: f"{i:06d}.png", 5)
     return {"year": year}
+
+
+def make_cityscapes(root: Path, mode: str = "fine", split: str = "train") -> dict[str, Any]:
+    """``gt{Fine,Coarse}/<split>/<city>/<city>_000000_000000_gt<Mode>_{instanceIds,labelIds}.png``
+    (RGB, 10 x 10: the fake's ids are colour images), ``..._color.png`` (RGBA) and
+    ``..._polygons.json``, and ``leftImg8bit/<split>/<city>/..._leftImg8bit.png`` (drawn sizes);
+    two cities for train, one otherwise, as CityScapesTestCase writes them."""
+    import json
+
+    cities = ["bochum", "bremen"] if split == "train" else ["bochum"]
+    polygons = {"imgHeight": 1024, "imgWidth": 2048, "objects": [
+        {"label": "sky", "polygon": [[1241, 0], [1234, 156], [1478, 197], [1611, 172], [1606, 0]]}]}
+    for gt, splits in (("Coarse", ("train", "train_extra", "val")), ("Fine", ("train", "test", "val"))):
+        for folder in splits:
+            for city in cities:
+                base = root / f"gt{gt}" / folder / city
+                image_file(base, f"{city}_000000_000000_gt{gt}_instanceIds.png")
+                image_file(base, f"{city}_000000_000000_gt{gt}_labelIds.png")
+                image_file(base, f"{city}_000000_000000_gt{gt}_color.png", (4, 10, 10))
+                (base / f"{city}_000000_000000_gt{gt}_polygons.json").write_text(json.dumps(polygons))
+    for folder in ("test", "train_extra", "train", "val"):
+        for city in cities:
+            image_folder(root / "leftImg8bit" / folder, city, lambda i, c=city: f"{c}_000000_000000_leftImg8bit.png", 1)
+    return {"mode": mode, "split": split}

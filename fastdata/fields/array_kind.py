@@ -111,6 +111,10 @@ class ArrayKind(ShapedKind):
         if old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
                 and old.shape[1:] == new.shape[1:] and old.shape:
             return variable_array(old.name, old.dtype, old.shape[1:], old.meta)
+        if old.shape != new.shape and old.dtype == new.dtype and old.shape is not None and new.shape is not None \
+                and len(old.shape) == len(new.shape) and old.meta.get("tv_tensor") != BOXES:
+            # other dimensions vary too (a (2, H, W) flow of each image's size): each value an .npy
+            return Field(old.name, "array", dtype=old.dtype, encoding="npy", meta=dict(old.meta, ndim=len(old.shape)))
         return old
 
     def check(self, f: Field, value: Any, where: str) -> Any:

@@ -166,7 +166,9 @@ def _celeba_targets(dataset: Any) -> list[str]:
 def _pet(source: "TorchvisionRecordSource", index: int) -> Record:
     image, target = source.dataset[index]
     types = source.dataset._target_types
-    values = [] if target is None else (list(target) if len(types) > 1 else [target])
+    if not types:  # no target types: torchvision gives (image, None)
+        return {"image": image, "target": None}
+    values = list(target) if len(types) > 1 else [target]
     return {"image": image, **{_PET_NAMES[kind]: value for kind, value in zip(types, values)}}
 
 
@@ -179,7 +181,9 @@ def _celeba(source: "TorchvisionRecordSource", index: int) -> Record:
     tv_tensors = _tv().tv_tensors
     image, target = source.dataset[index]
     types = source.dataset.target_type
-    values = [] if target is None else (list(target) if len(types) > 1 else [target])
+    if not types:  # no target types: torchvision gives (image, None)
+        return {"image": image, "target": None}
+    values = list(target) if len(types) > 1 else [target]
     record: Record = {"image": image}
     for kind, value in zip(types, values):
         if kind == "bbox":
@@ -193,6 +197,7 @@ def _celeba(source: "TorchvisionRecordSource", index: int) -> Record:
 
 
 _CITYSCAPES_NAMES = {"semantic": "mask", "color": "color", "polygon": "polygon"}
+_ID_MODES = ("I;16", "I;16B", "I;16L", "I", "L")  # the instance-id images the wrapper reads
 
 
 def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
@@ -207,7 +212,9 @@ def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
     values = list(target) if len(types) > 1 else [target]
     record: Record = {"image": image}
     for kind, value in zip(types, values):
-        if kind == "instance":
+        if kind == "instance" and value.mode not in _ID_MODES:  # no instance ids (a colour image): kept as it is
+            record["instance"] = value
+        elif kind == "instance":
             wrapped = source.instance_wrapper(value)
             masks = wrapped["masks"]  # (K, 1, H, W): the wrapper stacks (1, H, W) masks; (K, H, W) like COCO's
             record["masks"] = _tv().tv_tensors.wrap(masks.reshape(masks.shape[0], *masks.shape[-2:]), like=masks)
