@@ -150,9 +150,11 @@ class ArrayKind(ShapedKind):
                 raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have (K, {rest}) "
                                  "(the trailing shape must not change).")
         elif tuple(array.shape) != f.shape:
+            first_only = array.ndim == len(f.shape) and array.ndim and tuple(array.shape[1:]) == f.shape[1:]
+            hint, what = ("array:variable", "its first dimension") if first_only else ("array:ragged", "its shape")
             raise FieldError(
-                f"{where} has shape {tuple(array.shape)}; the first samples have {f.shape}. If its first dimension "
-                f"varies, say so: kinds={{{f.name!r}: 'array:variable'}}."
+                f"{where} has shape {tuple(array.shape)}; the first samples have {f.shape}. If {what} varies, say "
+                f"so: kinds={{{f.name!r}: {hint!r}}} (from the CLI, as the dataset's fastdata_kinds)."
             )
         return array
 
