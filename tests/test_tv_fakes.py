@@ -268,3 +268,18 @@ def test_voc_fake_colour_masks_of_another_size_convert_alike(tmp_path: Path, cap
     dataset = tv_datasets.VOCSegmentation(str(tmp_path / "root"), year="2012")
     assert_read_back(convert_both("VOCSegmentation", tmp_path / "root", dataset, tmp_path, fmt, capsys, "year=2012"),
                      dataset)
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_cityscapes_16_bit_instance_ids_from_python_keep_their_values(tmp_path: Path, fmt: str) -> None:
+    """The real layout's 16-bit instance ids (class * 1000 + instance): from Python they are kept
+    exactly and read back as the ``I;16`` image the dataset gives (they were cut to 8 bits)."""
+    import tv_layouts
+
+    tv_layouts.make_cityscapes(tmp_path / "root")
+    dataset = tv_datasets.Cityscapes(str(tmp_path / "root"), target_type="instance")
+    out = tmp_path / f"city{SUFFIXES[fmt]}"
+    fastdata.convert(dataset, out, format=fmt, store="encoded", workers=0)
+    assert_read_back([out], dataset)
+    ids = reader(out, image_format="pil")[0][1]
+    assert ids.mode == "I;16" and sorted(np.unique(np.asarray(ids)).tolist()) == [7, 23, 24000, 24001, 26000]
