@@ -283,3 +283,17 @@ def test_cityscapes_16_bit_instance_ids_from_python_keep_their_values(tmp_path: 
     assert_read_back([out], dataset)
     ids = reader(out, image_format="pil")[0][1]
     assert ids.mode == "I;16" and sorted(np.unique(np.asarray(ids)).tolist()) == [7, 23, 24000, 24001, 26000]
+
+
+def test_dataset_folder_has_no_command_line_form(tmp_path: Path, capsys) -> None:
+    """DatasetFolder needs a loader function: the CLI says so and how to convert it instead."""
+    tv_fakes.image_folder(tmp_path / "root", "a", lambda i: f"a_{i}.png", 2)
+    assert main(["convert", "torchvision:DatasetFolder", "--root", str(tmp_path / "root"), str(tmp_path / "o.npy"),
+                 "--workers", "0"]) == 1
+    assert capsys.readouterr().err == (
+        "fastdata: error: torchvision:DatasetFolder needs a function as its 'loader' argument, which the command line "
+        "cannot give: convert it from Python, fastdata.convert(DatasetFolder(root, loader, ...), OUTPUT) (an image "
+        "folder converts from the command line as it is: fastdata convert FOLDER OUTPUT).\n")
+    dataset = tv_datasets.DatasetFolder(str(tmp_path / "root"), tv_datasets.folder.pil_loader, extensions=("png",))
+    fastdata.convert(dataset, tmp_path / "python.npy", store="encoded", workers=0)
+    assert_read_back([tmp_path / "python.npy"], dataset)

@@ -153,7 +153,7 @@ def coerce_option(cls: type, key: str, value: Any) -> Any:
         return text.lower() == "true"
     number = _literal(text)
     if isinstance(number, (int, float)) and not isinstance(number, bool) and (
-            not types or int in types and isinstance(number, int) or float in types):
+            not types or (int in types and isinstance(number, int)) or float in types):
         return number
     if not types:
         return number
@@ -293,6 +293,11 @@ def _check_needed(name: str, cls: type, kwargs: dict[str, Any]) -> None:
     for param in inspect.signature(cls).parameters.values():
         if param.default is inspect.Parameter.empty and param.kind is param.POSITIONAL_OR_KEYWORD \
                 and param.name != "self" and param.name not in kwargs:
+            if collections.abc.Callable in _accepted_types(cls, param):  # DatasetFolder's loader
+                raise InvalidOptionError(
+                    f"torchvision:{name} needs a function as its {param.name!r} argument, which the command line "
+                    f"cannot give: convert it from Python, fastdata.convert({cls.__name__}(root, {param.name}, ...), "
+                    "OUTPUT) (an image folder converts from the command line as it is: fastdata convert FOLDER OUTPUT).")
             raise InvalidOptionError(f"torchvision:{name} needs its {param.name!r} argument. "
                                      f"Give it with --source-option {param.name}=VALUE.")
     if cls.__name__ in ("CocoDetection", "CocoCaptions"):
