@@ -297,3 +297,22 @@ def test_dataset_folder_has_no_command_line_form(tmp_path: Path, capsys) -> None
     dataset = tv_datasets.DatasetFolder(str(tmp_path / "root"), tv_datasets.folder.pil_loader, extensions=("png",))
     fastdata.convert(dataset, tmp_path / "python.npy", store="encoded", workers=0)
     assert_read_back([tmp_path / "python.npy"], dataset)
+
+
+@pytest.mark.filterwarnings("ignore:Image.Image.getdata is deprecated:DeprecationWarning")  # torchvision's reader
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_tuples_of_numbers_and_0d_tensors_come_back_as_given(tmp_path: Path, capsys, fmt: str) -> None:
+    """INaturalist with several target types gives a tuple of ints (read back a tuple, not a
+    list); PhotoTour's test split gives (patch, patch, 0-d int64 tensor) (read back a tensor)."""
+    tv_fakes.make_inaturalist(tmp_path / "nat")
+    dataset = tv_datasets.INaturalist(str(tmp_path / "nat"), target_type=["kingdom", "phylum", "full"])
+    assert_read_back(convert_both("INaturalist", tmp_path / "nat", dataset, tmp_path / "a", fmt, capsys,
+                                  "target_type=kingdom,phylum,full"), dataset)
+    tv_fakes.make_phototour(tmp_path / "tour")
+    dataset = tv_datasets.PhotoTour(str(tmp_path / "tour"), "liberty", train=False)
+    outputs = convert_both("PhotoTour", tmp_path / "tour", dataset, tmp_path / "b", fmt, capsys, "name=liberty",
+                           "train=false")
+    for out in outputs:
+        ds = reader(out)
+        for index in range(len(dataset)):
+            assert_same(ds[index], dataset[index], f"{out.name} sample {index}")

@@ -289,3 +289,12 @@ def make_cityscapes(root: Path, mode: str = "fine", split: str = "train") -> dic
         for city in cities:
             image_folder(root / "leftImg8bit" / folder, city, lambda i, c=city: f"{c}_000000_000000_leftImg8bit.png", 1)
     return {"mode": mode, "split": split}
+
+
+def make_inaturalist(root: Path, version: str = "2021_train") -> dict[str, Any]:
+    """``<version>/<id>_<kingdom>_<phylum>_..._<species>/image_000<i>.jpg``, three per category."""
+    for category in ("00000_Akingdom_0phylum_Aclass_Aorder_Afamily_Agenus_Aspecies",
+                     "00001_Akingdom_1phylum_Aclass_Border_Afamily_Bgenus_Aspecies",
+                     "00002_Akingdom_2phylum_Cclass_Corder_Cfamily_Cgenus_Cspecies"):
+        image_folder(root / version, category, lambda i: f"image_{i + 1:04d}.jpg", 3)
+    return {"version": version}

@@ -124,8 +124,9 @@ def _meta_problem(value: dict[str, Any]) -> str | None:
          and all(_is_int(v, 0, 255) for v in meta["palette"]), "a list of up to 1024 values from 0 to 255"),
         ("ndim", (value.get("encoding") != "npy" and "ndim" not in meta) or _is_int(meta.get("ndim"), 0, _MAX_DIMENSIONS),
          f"the number of dimensions (0 to {_MAX_DIMENSIONS}) of an array stored as .npy values"),
-        ("as", meta.get("as") in (None, "numpy") or (meta.get("as") == "tensor" and kind == "image")
-         or (meta.get("as") == "pil" and kind == "array"), "'numpy' (or 'tensor' for an image, 'pil' for an array)"),
+        ("as", meta.get("as") in (None, "numpy") or (meta.get("as") == "tensor" and kind in ("image", "int"))
+         or (meta.get("as") == "pil" and kind == "array") or (meta.get("as") == "tuple" and kind == "json"),
+         "'numpy' (or 'tensor' for an image or int, 'pil' for an array, 'tuple' for JSON)"),
         (CLASS_IDS, meta.get(CLASS_IDS) in (None, True, False), "true or false"),
         (MEMBER_KEY, meta.get(MEMBER_KEY) in (None, False) or (meta[MEMBER_KEY] is True and kind == "text"),
          "true (on a text field) or false"),
