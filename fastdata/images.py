@@ -33,6 +33,7 @@ GRAYSCALE_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L"
 _WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
 MODES = ("auto", "RGB", "L")
 CHANNELS = {"L": 1, "RGB": 3}
+FIELD_CHANNELS = {**CHANNELS, "RGBA": 4}  # an extra image field also keeps its alpha (Cityscapes' color target)
 
 
 def is_grayscale(mode: str) -> bool:

@@ -217,15 +217,27 @@ def _image_problems(origin: str, manifest: dict[str, Any]) -> list[str]:
 
 
 def _class_problems(origin: str, manifest: dict[str, Any]) -> list[str]:
+    """``classes`` lists each class as a name or a list of its names (a source may give one
+    class several, or one name to several classes); ``class_to_idx`` maps names to indices, as
+    the source had them (not necessarily the positions in ``classes``)."""
     classes = manifest.get("classes")
     class_to_idx = manifest.get("class_to_idx")
     if not isinstance(classes, list) or not isinstance(class_to_idx, dict) or \
-            not all(isinstance(name, str) for name in classes):
-        return [f"{origin}: 'classes' {classes!r} and 'class_to_idx' {class_to_idx!r} must be a list of names "
-                "and a mapping."]
-    if class_to_idx != {name: i for i, name in enumerate(classes)}:
-        return [f"{origin}: 'class_to_idx' does not number 'classes' in order 0..{len(classes) - 1}."]
+            not all(isinstance(entry, str) or (isinstance(entry, list) and all(isinstance(name, str) for name in entry))
+                    for entry in classes):
+        return [f"{origin}: 'classes' {str(classes)[:80]!r} and 'class_to_idx' {str(class_to_idx)[:80]!r} must be a "
+                "list of names (or lists of names) and a mapping."]
+    bad = next((name for name, index in class_to_idx.items() if not _is_count(index)), None)
+    if bad is not None:
+        return [f"{origin}: 'class_to_idx' maps {bad!r} to {class_to_idx[bad]!r}; expected a class index from 0."]
     return []
+
+
+def class_count(manifest: dict[str, Any]) -> int:
+    """How many class indices a dataset's labels may hold: its ``classes``, or more where its
+    ``class_to_idx`` numbers a class beyond them (a source's own numbering)."""
+    indices = [index for index in (manifest.get("class_to_idx") or {}).values() if isinstance(index, int)]
+    return max(len(manifest.get("classes") or ()), max(indices, default=-1) + 1)
 
 
 def _files_problems(origin: str, manifest: dict[str, Any], *, directory: bool) -> list[str]:

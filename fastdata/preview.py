@@ -297,7 +297,10 @@ def _class_fields(manifest: dict[str, Any]) -> tuple[str, ...]:
 def _class_names(manifest: dict[str, Any]) -> dict[int, str]:
     mapping = manifest.get("class_to_idx")
     if isinstance(mapping, dict) and mapping:
-        return {int(v): str(k) for k, v in mapping.items()}
+        names: dict[int, str] = {}
+        for name, index in mapping.items():  # a class's first name, where it has several
+            names.setdefault(int(index), str(name))
+        return names
     classes = manifest.get("classes")
     if isinstance(classes, list) and classes:
         return {i: str(name) for i, name in enumerate(classes)}

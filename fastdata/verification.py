@@ -28,7 +28,9 @@ from fastdata.fields import CLASS_IDS, Field, Schema
 from fastdata.fields.schema import NO_LABEL
 from fastdata.formats import get_format, manifest_problems, require_manifest
 from fastdata.formats.stored import single_file_problem
-from fastdata.manifest import CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, file_checksum, manifest_checksum
+from fastdata.manifest import (
+    CHECKSUM_ALGORITHM, MANIFEST_CHECKSUM_KEY, MANIFEST_NAME, class_count, file_checksum, manifest_checksum,
+)
 from fastdata.remote.dataset import RemoteOptions, locate
 from fastdata.urls import is_url
 
@@ -163,7 +165,7 @@ def check_reader(path: Path, manifest: dict[str, Any], spec: Any, *, deep: bool,
     if len(labels) != manifest["count"]:
         problems.append(f"{str(path)!r}: {len(labels)} labels but the manifest says {manifest['count']} samples.")
     if has_label_column(manifest):
-        problems += check_label_range(path, labels, len(manifest["classes"]))
+        problems += check_label_range(path, labels, class_count(manifest))
     problems += check_class_ids(path, manifest, by_index)
     if deep:
         problems += _decode_all(reader, progress or (lambda count, total: None))
@@ -210,7 +212,7 @@ def class_id_fields(manifest: dict[str, Any]) -> list[Field]:
 def check_class_ids(path: Path, manifest: dict[str, Any], reader: Any) -> list[str]:
     """Every value of a :func:`class_id_fields` field must index the manifest's classes (or be
     :data:`NO_LABEL`); each field's out-of-range ids are one problem naming the samples."""
-    classes = len(manifest.get("classes") or ())
+    classes = class_count(manifest)
     problems = []
     for f in class_id_fields(manifest):
         bad: list[tuple[int, int]] = []  # (sample, its first id out of range), in sample order

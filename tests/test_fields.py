@@ -267,7 +267,11 @@ def bad_dataset(change):
     (lambda s: s.update(points=np.zeros((2, 3))), "sample 10: field 'points' has shape (2, 3); the first samples have "
                                                   "(K, 2) (the trailing shape must not change)."),
     (lambda s: s.update(attrs=np.arange(5, dtype=np.int16)), "sample 10: field 'attrs' has shape (5,); the first samples "
-     "have (4,). If its first dimension varies, say so: kinds={'attrs': 'array:variable'}."),
+     "have (4,). If its first dimension varies, say so: kinds={'attrs': 'array:variable'} (from the CLI, as the "
+     "dataset's fastdata_kinds)."),
+    (lambda s: s.update(attrs=np.arange(4, dtype=np.int16)[None]), "sample 10: field 'attrs' has shape (1, 4); the "
+     "first samples have (4,). If its shape varies, say so: kinds={'attrs': 'array:ragged'} (from the CLI, as the "
+     "dataset's fastdata_kinds)."),
     (lambda s: s.update(blob="text"), "sample 10: field 'blob' is a str; the first samples have bytes there."),
     (lambda s: s.update(meta={1, 2}), "sample 10: field 'meta' holds something that is not plain JSON data (only dicts "
      "with str keys, lists, str, int, finite float, bool, None). Convert it in the dataset."),

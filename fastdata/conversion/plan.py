@@ -248,6 +248,7 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         shape=shape,
         encoding=encoding,
         class_to_idx=src.class_to_idx,
+        classes=src.classes,
         geometry=options.geometry,
         jpeg_quality=options.reencode[1] if options.reencode else None,
     )
@@ -264,12 +265,14 @@ def plan_record(job: Job) -> dict[str, Any]:
     """A job's plan as JSON (a part's record), for :func:`plan_from_record`."""
     plan = job.plan
     return {"count": plan.count, "store": plan.store, "mode": plan.mode, "shape": list(plan.shape) if plan.shape else None,
-            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "jpeg_quality": plan.jpeg_quality,
+            "encoding": plan.encoding, "class_to_idx": plan.class_to_idx, "classes": plan.classes,
+            "jpeg_quality": plan.jpeg_quality,
             "schema": plan.schema.to_json() if plan.schema is not None else None}
 
 
 def plan_from_record(record: dict[str, Any], options: ConvertOptions) -> Plan:
     return Plan(count=record["count"], store=record["store"], mode=record["mode"], channels=CHANNELS[record["mode"]],
                 shape=tuple(record["shape"]) if record["shape"] else None, encoding=record["encoding"],
-                class_to_idx=record["class_to_idx"], geometry=options.geometry, jpeg_quality=record["jpeg_quality"],
+                class_to_idx=record["class_to_idx"], classes=record.get("classes"), geometry=options.geometry,
+                jpeg_quality=record["jpeg_quality"],
                 schema=Schema.from_json(record["schema"]) if record.get("schema") else None)

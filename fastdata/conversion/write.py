@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable
 
 from fastdata.conversion import journal
 from fastdata._version import __version__
-from fastdata.errors import BadSampleError, ConversionInterrupted
-from fastdata.formats import FormatSpec
+from fastdata.errors import BadSampleError, ConversionInterrupted, CorruptManifestError
+from fastdata.formats import FormatSpec, manifest_problems
 from fastdata.formats.base import Plan
 from fastdata.conversion.options import ConvertOptions
 from fastdata.files import remove_path
@@ -121,15 +121,25 @@ def written_once(target: Target, fields: dict[str, Any], options: ConvertOptions
         if state is None:
             journal.start(target.output, key=target.key, fields=fields, fingerprint=target.fingerprint)
         manifest = write(state)
+        check_written(target, manifest)
         publish(target.partial, target.output, replace=existing is not None)
     return manifest
+
+
+def check_written(target: Target, manifest: dict[str, Any]) -> None:
+    """Refuse to publish an output whose manifest its own readers would refuse (the partial
+    output is then removed): a conversion never reports "wrote" for a dataset that cannot be opened."""
+    problems = manifest_problems(target.partial, manifest)
+    if problems:
+        raise CorruptManifestError(f"{problems[0]} Nothing was written to {str(target.output)!r}: this is a fastdata "
+                                   "bug; please report it with the source's description.")
 
 
 def build_manifest(spec: FormatSpec, plan: Plan, options: ConvertOptions, source: dict[str, Any], written: int,
                    skipped: dict[int, dict[str, str]]) -> dict[str, Any]:
     """The manifest of a finished conversion (the writer adds ``files`` and its layout); ``source``
     is the source's description."""
-    classes = sorted(plan.class_to_idx, key=plan.class_to_idx.__getitem__)
+    classes = plan.class_list
     manifest = {
         "format": spec.name,
         "layout_version": spec.layout_version,

@@ -10,6 +10,7 @@ import math
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image
 
 from fastdata.fields.kinds import (
     ARRAY_DTYPES, KINDS, FieldError, FieldKind, Hint, Stored, as_numpy, describe_type, is_array, little_endian,
@@ -18,6 +19,7 @@ from fastdata.fields.kinds import (
 from fastdata.fields.schema import Field
 
 BOXES = "BoundingBoxes"
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I", "F")  # PIL modes of 16/32-bit values, which images (uint8) cannot keep
 
 
 def variable_array(name: str, dtype: str, rest: tuple, meta: dict) -> Field:
@@ -75,6 +77,11 @@ class ArrayKind(ShapedKind):
         """A hinted array (``"array"``, ``"array:variable"``, ``"array:ragged"``), and boxes
         (unless hinted an image or a mask)."""
         tv = tv_type(value)
+        if isinstance(value, Image.Image) and value.mode in WIDE_MODES and image_field is not None and \
+                (hint.kind is None or hint.kind == self.name):
+            # 16/32-bit values beside the image (Cityscapes' instance ids, a depth map): their exact
+            # values, each of its own size, given back as the PIL image they were
+            return Field(name, "array", dtype=str(np.asarray(value).dtype), encoding="npy", meta={"as": "pil", "ndim": 2})
         if hint.kind == self.name and is_array(value) and tv != BOXES:
             array = _dtype_checked(name, as_numpy(value), sample)
             meta = {"tv_tensor": tv} if tv in ("Mask", "Image") else ({"as": "numpy"} if isinstance(value, np.ndarray) else {})
@@ -111,9 +118,15 @@ class ArrayKind(ShapedKind):
         if old.shape != new.shape and old.dtype == new.dtype and len(old.shape) == len(new.shape) \
                 and old.shape[1:] == new.shape[1:] and old.shape:
             return variable_array(old.name, old.dtype, old.shape[1:], old.meta)
+        if old.shape != new.shape and old.dtype == new.dtype and old.shape is not None and new.shape is not None \
+                and len(old.shape) == len(new.shape) and old.meta.get("tv_tensor") != BOXES:
+            # other dimensions vary too (a (2, H, W) flow of each image's size): each value an .npy
+            return Field(old.name, "array", dtype=old.dtype, encoding="npy", meta=dict(old.meta, ndim=len(old.shape)))
         return old
 
     def check(self, f: Field, value: Any, where: str) -> Any:
+        if f.meta.get("as") == "pil" and isinstance(value, Image.Image) and value.mode in WIDE_MODES:
+            value = np.asarray(value)
         if not is_array(value):
             raise FieldError(f"{where} is a {describe_type(value)}; the first samples have an array there.")
         tv = tv_type(value)
@@ -146,9 +159,11 @@ class ArrayKind(ShapedKind):
                 raise FieldError(f"{where} has shape {tuple(array.shape)}; the first samples have (K, {rest}) "
                                  "(the trailing shape must not change).")
         elif tuple(array.shape) != f.shape:
+            first_only = array.ndim == len(f.shape) and array.ndim and tuple(array.shape[1:]) == f.shape[1:]
+            hint, what = ("array:variable", "its first dimension") if first_only else ("array:ragged", "its shape")
             raise FieldError(
-                f"{where} has shape {tuple(array.shape)}; the first samples have {f.shape}. If its first dimension "
-                f"varies, say so: kinds={{{f.name!r}: 'array:variable'}}."
+                f"{where} has shape {tuple(array.shape)}; the first samples have {f.shape}. If {what} varies, say "
+                f"so: kinds={{{f.name!r}: {hint!r}}} (from the CLI, as the dataset's fastdata_kinds)."
             )
         return array
 
@@ -232,6 +247,8 @@ class ArrayKind(ShapedKind):
             from torchvision import tv_tensors
 
             return getattr(tv_tensors, f.meta["tv_tensor"])(torch.from_numpy(np.array(array)))
+        if f.meta.get("as") == "pil":
+            return Image.fromarray(np.ascontiguousarray(array))  # uint16: I;16, int32: I, float32: F
         if f.meta.get("as") == "numpy" or image_format == "numpy":
             return np.array(array)
         return torch.from_numpy(np.array(array))

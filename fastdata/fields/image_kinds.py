@@ -11,9 +11,9 @@ from PIL import Image
 
 from fastdata.errors import ShapeMismatchError
 from fastdata.fields.array_kind import ShapedKind, check_member_array, npy_bytes
-from fastdata.fields.kinds import FieldError, Hint, Stored, as_numpy, describe_type, is_array, tv_type
+from fastdata.fields.kinds import FieldError, Hint, Stored, as_numpy, describe_type, is_array, is_tensor, tv_type
 from fastdata.fields.schema import Field
-from fastdata.images import CHANNELS, encode, pixels, to_mode, to_pil
+from fastdata.images import FIELD_CHANNELS, encode, pixels, to_mode, to_pil
 
 MASK_MODES = ("L", "P", "1")
 _ORIGINAL_SUFFIXES = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
@@ -98,24 +98,27 @@ class ImageKind(SpatialKind):
     """PIL images and ``tv_tensors.Image``; extra images get the image's geometry and storage."""
 
     name, default_name, infer_rank = "image", "image", 20
-    stored = Stored(("uint8",), ("raw", "png", "jpeg", "original"), tuple(CHANNELS), "spatial", 3)
+    stored = Stored(("uint8",), ("raw", "png", "jpeg", "original"), tuple(FIELD_CHANNELS), "spatial", 3)
     tv_tensors = ("Image",)
 
     def infer(self, name: str, value: Any, hint: Hint, sample: str, image_field: str | None) -> Field | None:
         tv = tv_type(value)
         if tv == "Image" or isinstance(value, Image.Image) or hint.kind == self.name:
-            return Field(name, "image", dtype="uint8", meta={"tv_tensor": "Image"} if tv == "Image" else {})
+            plain = tv is None and is_tensor(value) and value.ndim == 2  # (H, W), given back so (PhotoTour)
+            meta = {"tv_tensor": "Image"} if tv == "Image" else ({"as": "tensor"} if plain else {})
+            return Field(name, "image", dtype="uint8", meta=meta)
         return None
 
     def planned(self, f: Field, plan: Any, probe: Any, keeps_file: bool) -> Field:
-        mode = probe.mode if isinstance(probe, Image.Image) and probe.mode in CHANNELS else plan.mode
+        mode = probe.mode if isinstance(probe, Image.Image) and probe.mode in FIELD_CHANNELS else plan.mode
         if keeps_file:
             return Field(f.name, f.kind, "uint8", None, "original", mode, f.meta)
         shape = None
         if plan.store == "raw":
             width, height = plan.geometry.output_size(*probe.size) if probe is not None else (0, 0)
-            shape = (height, width, CHANNELS[mode])
-        encoding = "raw" if plan.store == "raw" else (plan.encoding if plan.encoding in ("png", "jpeg") else "png")
+            shape = (height, width, FIELD_CHANNELS[mode])
+        lossy = plan.encoding == "jpeg" and mode != "RGBA"  # JPEG has no alpha: an RGBA field stays PNG
+        encoding = "raw" if plan.store == "raw" else ("jpeg" if lossy else "png")
         return Field(f.name, "image", "uint8", shape, encoding, mode, f.meta)
 
     def converted(self, f: Field, value: Any, plan: Any, sample: str) -> bytes:
@@ -142,10 +145,12 @@ class ImageKind(SpatialKind):
         import torch
         from torchvision import tv_tensors  # torchvision only for datasets with fields
 
+        if f.meta.get("as") == "tensor":  # the source's plain (H, W) tensor
+            return torch.from_numpy(array[:, :, 0])
         return tv_tensors.Image(torch.from_numpy(array).permute(2, 0, 1))
 
     def batch_tensor(self, f: Field, tensor: Any) -> Any:
-        return tensor.permute(0, 3, 1, 2)
+        return tensor[..., 0] if f.meta.get("as") == "tensor" else tensor.permute(0, 3, 1, 2)
 
 
 class MaskKind(SpatialKind):
@@ -157,7 +162,8 @@ class MaskKind(SpatialKind):
     tv_tensors = ("Mask",)
 
     def infer(self, name: str, value: Any, hint: Hint, sample: str, image_field: str | None) -> Field | None:
-        hinted = hint.kind == self.name and (isinstance(value, Image.Image) or is_array(value))
+        # a colour image hinted a mask holds no class ids: it is an image, as it is unhinted
+        hinted = hint.kind == self.name and (value.mode in MASK_MODES if isinstance(value, Image.Image) else is_array(value))
         palette = hint.kind is None and image_field is not None and isinstance(value, Image.Image) and value.mode == "P"
         if not (tv_type(value) == "Mask" or hinted or palette):
             return None

@@ -10,7 +10,7 @@ import numpy as np
 
 from fastdata.fields.kinds import (
     ARRAY_DTYPES, FieldError, FieldKind, Hint, Stored, as_numpy, describe_type, is_array, little_endian,
-    tv_type,
+    is_tensor, tv_type,
 )
 from fastdata.fields.schema import Field
 
@@ -51,7 +51,10 @@ class IntKind(ScalarKind):
             return Field(name, "int", dtype="int64", shape=())
         array = self.zero_d(value)
         if array is not None and array.dtype.kind in "iub":
-            return Field(name, "int", dtype="bool" if array.dtype.kind == "b" else "int64", shape=())
+            dtype = "bool" if array.dtype.kind == "b" else "int64"
+            # a 0-d torch tensor of that dtype (CelebA's identity, PhotoTour's match flag) is given back as one
+            tensor = is_tensor(value) and str(array.dtype) == dtype
+            return Field(name, "int", dtype=dtype, shape=(), meta={"as": "tensor"} if tensor else {})
         return None
 
     def check(self, f: Field, value: Any, where: str) -> Any:
@@ -83,7 +86,12 @@ class IntKind(ScalarKind):
         return int(data.strip())
 
     def read_value(self, f: Field, stored: Any, image_format: str, canvas: Any) -> Any:
-        return bool(stored) if f.dtype == "bool" else int(stored)
+        value = bool(stored) if f.dtype == "bool" else int(stored)
+        if f.meta.get("as") == "tensor":
+            import torch
+
+            return torch.tensor(value, dtype=torch.bool if f.dtype == "bool" else torch.int64)
+        return value
 
     def stacked(self, f: Field, rows: np.ndarray) -> np.ndarray:
         return rows if f.dtype == "bool" else rows.astype(np.int64, copy=False)

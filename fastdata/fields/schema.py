@@ -43,7 +43,7 @@ from fastdata.fields.codecs import member_suffix
 from fastdata.fields.kinds import (  # noqa: F401 - ARRAY_DTYPES, RAGGED, VARIABLE, FieldError: importable from here too
     ARRAY_DTYPES, KINDS, RAGGED, VARIABLE, FieldError, FieldKind, Stored,
 )
-from fastdata.images import CHANNELS
+from fastdata.images import FIELD_CHANNELS
 
 LAYOUTS = ("tuple", "dict")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -99,7 +99,7 @@ def _shape_problem(value: dict[str, Any], rule: Stored) -> str | None:
         return f"has shape {_shown(shape)}; a {value['kind']} is a scalar (shape [])"
     if rule.shape == "spatial":
         expected = rule.ndim
-        channels = CHANNELS.get(value.get("mode"))
+        channels = FIELD_CHANNELS.get(value.get("mode"))
         if len(shape) != expected or 0 in shape or (expected == 3 and shape[2] != channels):
             return f"has shape {_shown(shape)}; a raw {value['kind']} in mode {value.get('mode')!r} is " + (
                 f"[height, width, {channels}]" if expected == 3 else "[height, width]")
@@ -125,7 +125,9 @@ def _meta_problem(value: dict[str, Any]) -> str | None:
          and all(_is_int(v, 0, 255) for v in meta["palette"]), "a list of up to 1024 values from 0 to 255"),
         ("ndim", (value.get("encoding") != "npy" and "ndim" not in meta) or _is_int(meta.get("ndim"), 0, _MAX_DIMENSIONS),
          f"the number of dimensions (0 to {_MAX_DIMENSIONS}) of an array stored as .npy values"),
-        ("as", meta.get("as") in (None, "numpy"), "'numpy'"),
+        ("as", meta.get("as") in (None, "numpy") or (meta.get("as") == "tensor" and kind in ("image", "int"))
+         or (meta.get("as") == "pil" and kind == "array") or (meta.get("as") == "tuple" and kind == "json"),
+         "'numpy' (or 'tensor' for an image or int, 'pil' for an array, 'tuple' for JSON)"),
         (CLASS_IDS, meta.get(CLASS_IDS) in (None, True, False), "true or false"),
         (MEMBER_KEY, meta.get(MEMBER_KEY) in (None, False) or (meta[MEMBER_KEY] is True and kind == "text"),
          "true (on a text field) or false"),
@@ -152,10 +154,12 @@ def stored_field_problem(value: dict[str, Any]) -> str | None:
 
 def structure_problem(structure: Any, layout: str, names: set[str]) -> str | None:
     """What is wrong with a stored schema's ``structure`` (None: nothing, or no structure): a
-    list for the tuple layout, an object for the dict layout, nested lists and objects at most
+    list for the tuple layout (or one field's name: a bare value), an object for the dict layout, nested lists and objects at most
     32 deep whose leaves name fields of the schema."""
     if structure is None:
         return None
+    if isinstance(structure, str) and layout == "tuple":  # a bare value: the sample is that one field
+        return None if structure in names else f"structure names {_shown(structure)}, which is no field of the schema"
     if not isinstance(structure, list if layout == "tuple" else dict):
         return f"structure {_shown(structure)} is not a {'list' if layout == 'tuple' else 'object'} ({layout} layout)"
     pending, nodes = [(structure, 1)], 0

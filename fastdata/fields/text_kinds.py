@@ -99,7 +99,11 @@ class JsonKind(BytesValuedKind):
                 "lists, str, int, finite float, bool, None). Convert it in the dataset, or return the arrays as "
                 "fields of their own."
             )
-        return Field(name, "json")
+        return Field(name, "json", meta={"as": "tuple"} if isinstance(value, tuple) else {})  # INaturalist's tuple
+
+    def read_value(self, f: Field, stored: Any, image_format: str, canvas: Any) -> Any:
+        value = f.load(stored)
+        return tuple(value) if f.meta.get("as") == "tuple" and isinstance(value, list) else value
 
     def check(self, f: Field, value: Any, where: str) -> Any:
         if isinstance(value, (bytes, bytearray)):  # JSON as it was stored (a WebDataset .json member): kept as is

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from fastdata.fields.kinds import Hint, describe_type, inference_order, tv_type
 from fastdata.fields.schema import Field, FieldError, Schema
 from fastdata.fields.text_kinds import json_plain
+from fastdata.images import to_pil
 
 # --- values -> kinds: each kind claims its own (fastdata.fields.kinds) -----------------------
 
@@ -74,20 +77,39 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
             if merged is None:
                 check_value(found[name], value, sample)  # the error that says what differs
             found[name] = merged
-    fields = []
-    for name, made in found.items():
-        if made is None and kinds.get(name) == "json":  # JSON null in every probed sample: the hint says the kind
-            made = kind_of(name, {}, "json", first_name, image_field)
-            found[name] = made
-        if made is None:
-            raise FieldError(f"{first_name}: field {name!r} is None in every probed sample, so its kind is unknown. "
-                             f"Say it: kinds={{{name!r}: 'json'}} (or another kind).")
-        fields.append(made)
+    # a field None in every probed sample (a stereo dataset's valid mask, a test split's targets):
+    # kept as JSON null, which every format stores in a few bytes and reads back as None
+    fields = [made if made is not None else Field(name, "json") for name, made in found.items()]
+    fields = [_ragged(f) if _follows_image(f, records, image_field) else f for f in fields]
     # boxes name their canvas image once it is known
     fields = [f if f.meta.get("tv_tensor") != "BoundingBoxes" or f.meta.get("canvas_size_of")
               else Field(f.name, f.kind, f.dtype, f.shape, f.encoding, f.mode, dict(f.meta, canvas_size_of=image_field))
               for f in fields]
     return Schema(tuple(fields), layout, structure)
+
+
+def _follows_image(f: Field, records: list[tuple[str, dict[str, Any]]], image_field: str | None) -> bool:
+    """Whether ``f`` is a fixed-shape array whose last two dimensions are its sample's image's
+    (H, W) in a probed sample (optical flow (2, H, W), a disparity (1, H, W), SBD's (20, H, W)
+    boundaries): images differ in size, so such a field is stored ragged from the start."""
+    if f.kind != "array" or f.encoding == "npy" or f.variable or len(f.shape) < 2 or image_field is None:
+        return False
+    for _, values in records:
+        image, value = values.get(image_field), values.get(f.name)
+        if value is None or image is None:
+            continue
+        try:
+            width, height = to_pil(image).size
+        except (TypeError, ValueError):
+            return False
+        if tuple(np.shape(value)[-2:]) == (height, width):
+            return True
+    return False
+
+
+def _ragged(f: Field) -> Field:
+    """``f`` stored as one ``.npy`` per value: every dimension may vary (``"array:ragged"``)."""
+    return Field(f.name, f.kind, f.dtype, None, "npy", f.mode, dict(f.meta, ndim=len(f.shape)))
 
 
 def check_value(f: Field, value: Any, sample: str) -> Any:
@@ -106,7 +128,7 @@ def check_value(f: Field, value: Any, sample: str) -> Any:
 
 
 def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], str, Any]:
-    """A dataset item (tuple, dict, or a tuple holding a dict, as torchvision's
+    """A dataset item (a bare value, tuple, dict, or a tuple holding a dict, as torchvision's
     ``wrap_dataset_for_transforms_v2`` gives, or a tuple holding a tuple of images, masks or
     arrays, as torchvision's datasets with several target types give, ``(image, (label,
     mask))``) as (flat named values, layout, structure)."""
@@ -117,9 +139,9 @@ def flatten(item: Any, names: list[str] | None = None) -> tuple[dict[str, Any], 
                 raise FieldError(f"dict keys must be str field names, got {key!r}")
             values[key] = value
         return values, "dict", {k: k for k in values}
-    if not isinstance(item, (tuple, list)):
-        item = (item,)
     values: dict[str, Any] = {}
+    if not isinstance(item, (tuple, list)):  # a bare value (PhotoTour's patches): given back bare
+        return values, "tuple", _flatten_tuple((item,), names, values, set())[0]
     return values, "tuple", _flatten_tuple(item, names, values, set())
 
 

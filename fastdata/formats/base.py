@@ -56,6 +56,16 @@ class Plan:
     schema: Any = None
     """The :class:`fastdata.fields.Schema` of samples with fields beyond ``(image, label)``;
     None for the classic two-field sample (stored exactly as always)."""
+    classes: list[Any] | None = None
+    """The source's class list as it has it (:attr:`fastdata.sources.base.Source.classes`);
+    None: the names of ``class_to_idx`` in index order."""
+
+    @property
+    def class_list(self) -> list[Any]:
+        """The manifest's ``classes``: the source's list, else ``class_to_idx``'s names by index."""
+        if self.classes is not None:
+            return list(self.classes)
+        return sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
 
     @property
     def extras(self) -> list:

@@ -117,6 +117,9 @@ class ReaderOutput:
         return "\n".join(lines)
 
     def _set_classes(self, manifest: dict[str, Any]) -> None:
-        """Class names (index = label) and their mapping, like torchvision's ImageFolder."""
-        self.classes = list(manifest.get("classes") or [])
-        self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
+        """Class names (index = label) and their mapping as the source had them, like
+        torchvision's: a class with several names is a tuple of them (``ImageNet``)."""
+        self.classes = [tuple(entry) if isinstance(entry, list) else entry for entry in manifest.get("classes") or []]
+        mapping = manifest.get("class_to_idx")
+        self.class_to_idx = dict(mapping) if isinstance(mapping, dict) and mapping else \
+            {name: index for index, name in enumerate(self.classes)}

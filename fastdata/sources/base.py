@@ -17,6 +17,24 @@ from PIL import Image
 from fastdata.images import ReadOptions
 
 
+def class_names(dataset: Any) -> tuple[list[Any] | None, dict[str, int]]:
+    """A dataset's ``classes`` and ``class_to_idx`` as it has them, as JSON can hold them: a
+    class's several names (a tuple) become a list, names and keys become text (a name is text in
+    every torchvision dataset but the test fakes). ``classes`` is None where the dataset has
+    no list of them; ``class_to_idx`` is made from ``classes`` where the dataset has none."""
+    listed = getattr(dataset, "classes", None)
+    classes = None
+    if isinstance(listed, (list, tuple)) and listed:
+        classes = [[str(part) for part in entry] if isinstance(entry, (list, tuple)) else str(entry)
+                   for entry in listed]
+    mapping = getattr(dataset, "class_to_idx", None)
+    if isinstance(mapping, dict) and mapping:
+        return classes, {str(name): int(index) for name, index in mapping.items()}
+    names = {name: index for index, entry in enumerate(classes or ())
+             for name in (entry if isinstance(entry, list) else [entry])}
+    return classes, names
+
+
 @dataclass(frozen=True)
 class Protected:
     """A path the conversion reads from: OUTPUT may not be it, be inside it (unless
@@ -38,6 +56,10 @@ class Source:
     keys: list[str]
     labels: np.ndarray | None  # known up front, or None when only loading tells
     class_to_idx: dict[str, int]
+    classes: list[Any] | None = None
+    """The class names as the source lists them, index = label, where it lists them: an entry is
+    a name, or a list of names where the source gives several to one class (torchvision's
+    ``ImageNet`` and ``Imagenette``: a tuple per class). None: ``class_to_idx`` numbers them."""
     has_files = False
     layout: str = "tuple"
     """How readers give a sample back: ``"tuple"`` (values in field order) or ``"dict"`` (by name)."""

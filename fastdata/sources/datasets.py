@@ -15,7 +15,7 @@ from PIL import Image
 from fastdata.sources import fingerprint
 from fastdata.errors import EmptySourceError, InvalidOptionError
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, to_pil
-from fastdata.sources.base import Protected
+from fastdata.sources.base import Protected, class_names
 from fastdata.fields import FieldError, Schema
 from fastdata.fields.values import check_value, digest_value, flatten, flatten_as, kind_of
 from fastdata.sources.base import Source
@@ -35,7 +35,7 @@ class DatasetSource(Source):
         self.kinds = dict(kinds or getattr(dataset, "fastdata_kinds", None) or {})
         self.keys = [str(i) for i in range(len(dataset))]
         self.labels = None
-        self.class_to_idx = _class_to_idx(dataset)
+        self.classes, self.class_to_idx = class_names(dataset)
         self._description = description or {
             "type": "dataset",
             "class": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
@@ -269,17 +269,8 @@ def has_array_fast_path(dataset: Any) -> bool:
     if dtype not in ("uint8", "torch.uint8") or not shape:
         return False
     fits = len(shape) == 3 or (len(shape) == 4 and shape[3] == 3)
-    return fits and len(targets) == shape[0]
-
-
-def _class_to_idx(dataset: Any) -> dict[str, int]:
-    mapping = getattr(dataset, "class_to_idx", None)
-    if isinstance(mapping, dict) and mapping:
-        return {str(k): int(v) for k, v in mapping.items()}
-    classes = getattr(dataset, "classes", None)
-    if classes:
-        return {str(name): i for i, name in enumerate(classes)}
-    return {}
+    # one label per row: QMNIST's .targets is an (N, 8) table, of which its items give one column
+    return fits and len(targets) == shape[0] and len(getattr(targets, "shape", (len(targets),))) == 1
 
 
 def dataset_length(dataset: Any, name: str) -> int:

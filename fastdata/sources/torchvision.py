@@ -101,11 +101,13 @@ def split_keywords(name: str, cls: type, split: str | None, options: dict[str, A
             raise InvalidOptionError(f"torchvision:{name} has no split, so --split {split!r} does not apply{how}. "
                                      "Drop --split.")
         return {}, None
-    if spec.argument in options and spec.argument != "train":
-        if split is not None and split != options[spec.argument]:
+    if spec.argument in options:  # the split given as the dataset's own option (train=false: the test split)
+        given = options[spec.argument]
+        named = ("train" if given else "test") if spec.argument == "train" else str(given)
+        if split is not None and split != named:
             raise InvalidOptionError(f"torchvision:{name}: --split {split!r} and --source-option "
-                                     f"{spec.argument}={options[spec.argument]!r} disagree. Give one of them.")
-        split = str(options[spec.argument])
+                                     f"{spec.argument}={given!r} disagree. Give one of them.")
+        split = named
     split = spec.default if split is None else split
     allowed = spec.values(options) if spec.values is not None else None
     if allowed is not None and split not in allowed:
@@ -116,29 +118,54 @@ def split_keywords(name: str, cls: type, split: str | None, options: dict[str, A
     return {spec.argument: split}, split
 
 
+_TRUE, _FALSE, _NONE = ("true", "yes", "on", "1"), ("false", "no", "off", "0"), ("none", "null")
+
+
 def coerce_option(cls: type, key: str, value: Any) -> Any:
     """A ``--source-option`` value as the type ``cls``'s constructor expects.
 
-    Only text is converted (Python values pass as given): a parameter typed or defaulting to
-    ``str`` keeps it (``year=2012`` stays ``"2012"``, as VOC wants), a list-typed one takes a
-    comma list (``target_types=category,segmentation``; empty: an empty list), ``bool`` takes true/false/1/0, and
-    bracketed text and anything else (or a parameter with no type) is read as a Python literal
-    when it is one (``size=1000``, ``image_size=(1,28,28)``)."""
+    Only text is converted (Python values pass as given): ``none``/``None`` is None where the
+    parameter takes None; a parameter typed or defaulting to ``str`` keeps the text (``year=2012``
+    stays ``"2012"``, as VOC wants), a list-typed one takes a comma list
+    (``target_types=category,segmentation``; empty: an empty list), ``bool`` takes
+    true/false/yes/no/on/off/1/0 in any case, ``int`` and ``float`` take numbers, bracketed text
+    is a Python tuple or list (``image_size=(1,28,28)``), and a parameter with no type takes any
+    of these (else the text). Text a typed parameter cannot take is refused, naming what it takes."""
     if not isinstance(value, str):
         return value
     param = inspect.signature(cls).parameters.get(key)
     types = _accepted_types(cls, param) if param is not None else set()
-    if value.strip()[:1] in ("(", "["):
-        literal = _literal(value)
+    text = value.strip()
+    if text.lower() in _NONE and (type(None) in types or (param is not None and param.default is None) or not types):
+        return None
+    types.discard(type(None))
+    if text[:1] in ("(", "["):
+        literal = _literal(text)
         if isinstance(literal, (list, tuple)):
             return literal
-    if types & {list, tuple, collections.abc.Sequence} and ("," in value or not value.strip() or str not in types):
+    if types & {list, tuple, collections.abc.Sequence} and ("," in value or not text or str not in types):
         return [part.strip() for part in value.split(",") if part.strip()]
     if str in types:
         return value
-    if bool in types and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    return _literal(value)
+    if bool in types and text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    if not types and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    number = _literal(text)
+    if isinstance(number, (int, float)) and not isinstance(number, bool) and (
+            not types or (int in types and isinstance(number, int)) or float in types):
+        return number
+    if not types:
+        return number
+    raise InvalidOptionError(
+        f"--source-option {key}={value!r}: torchvision:{cls.__name__}'s {key!r} takes "
+        f"{' or '.join(sorted(_TYPE_WORDS.get(t, t.__name__) for t in types))}, which {value!r} is not. "
+        f"Give e.g. {key}={_EXAMPLES.get(sorted(types, key=str)[0], 'VALUE')}."
+    )
+
+
+_TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", dict: "a mapping"}
+_EXAMPLES = {bool: "false", int: "1", float: "0.5"}
 
 
 def _literal(value: str) -> Any:
@@ -160,7 +187,7 @@ def _accepted_types(cls: type, param: inspect.Parameter) -> set[Any]:
     pending = [annotation]
     while pending:
         item = pending.pop()
-        if item is inspect.Parameter.empty or item is type(None):
+        if item is inspect.Parameter.empty or item is type(None) or item is typing.Any:
             continue
         origin = typing.get_origin(item)
         if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
@@ -171,6 +198,8 @@ def _accepted_types(cls: type, param: inspect.Parameter) -> set[Any]:
             found.add(item)
     if not found and param.default is not inspect.Parameter.empty and param.default is not None:
         found.add(type(param.default))
+    if found and (annotation is type(None) or type(None) in typing.get_args(annotation)):
+        found.add(type(None))  # Optional[...]: None is taken too
     return found
 
 
@@ -264,6 +293,11 @@ def _check_needed(name: str, cls: type, kwargs: dict[str, Any]) -> None:
     for param in inspect.signature(cls).parameters.values():
         if param.default is inspect.Parameter.empty and param.kind is param.POSITIONAL_OR_KEYWORD \
                 and param.name != "self" and param.name not in kwargs:
+            if collections.abc.Callable in _accepted_types(cls, param):  # DatasetFolder's loader
+                raise InvalidOptionError(
+                    f"torchvision:{name} needs a function as its {param.name!r} argument, which the command line "
+                    f"cannot give: convert it from Python, fastdata.convert({cls.__name__}(root, {param.name}, ...), "
+                    "OUTPUT) (an image folder converts from the command line as it is: fastdata convert FOLDER OUTPUT).")
             raise InvalidOptionError(f"torchvision:{name} needs its {param.name!r} argument. "
                                      f"Give it with --source-option {param.name}=VALUE.")
     if cls.__name__ in ("CocoDetection", "CocoCaptions"):

@@ -30,7 +30,7 @@ from fastdata.sources import fingerprint
 from fastdata.sources.base import Protected
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions, check_pixels, exif_transpose
-from fastdata.sources.base import Source
+from fastdata.sources.base import Source, class_names
 
 Record = dict[str, Any]
 
@@ -166,7 +166,9 @@ def _celeba_targets(dataset: Any) -> list[str]:
 def _pet(source: "TorchvisionRecordSource", index: int) -> Record:
     image, target = source.dataset[index]
     types = source.dataset._target_types
-    values = [] if target is None else (list(target) if len(types) > 1 else [target])
+    if not types:  # no target types: torchvision gives (image, None)
+        return {"image": image, "target": None}
+    values = list(target) if len(types) > 1 else [target]
     return {"image": image, **{_PET_NAMES[kind]: value for kind, value in zip(types, values)}}
 
 
@@ -179,7 +181,9 @@ def _celeba(source: "TorchvisionRecordSource", index: int) -> Record:
     tv_tensors = _tv().tv_tensors
     image, target = source.dataset[index]
     types = source.dataset.target_type
-    values = [] if target is None else (list(target) if len(types) > 1 else [target])
+    if not types:  # no target types: torchvision gives (image, None)
+        return {"image": image, "target": None}
+    values = list(target) if len(types) > 1 else [target]
     record: Record = {"image": image}
     for kind, value in zip(types, values):
         if kind == "bbox":
@@ -193,6 +197,7 @@ def _celeba(source: "TorchvisionRecordSource", index: int) -> Record:
 
 
 _CITYSCAPES_NAMES = {"semantic": "mask", "color": "color", "polygon": "polygon"}
+_ID_MODES = ("I;16", "I;16B", "I;16L", "I", "L")  # the instance-id images the wrapper reads
 
 
 def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
@@ -207,7 +212,9 @@ def _cityscapes(source: "TorchvisionRecordSource", index: int) -> Record:
     values = list(target) if len(types) > 1 else [target]
     record: Record = {"image": image}
     for kind, value in zip(types, values):
-        if kind == "instance":
+        if kind == "instance" and value.mode not in _ID_MODES:  # no instance ids (a colour image): kept as it is
+            record["instance"] = value
+        elif kind == "instance":
             wrapped = source.instance_wrapper(value)
             masks = wrapped["masks"]  # (K, 1, H, W): the wrapper stacks (1, H, W) masks; (K, H, W) like COCO's
             record["masks"] = _tv().tv_tensors.wrap(masks.reshape(masks.shape[0], *masks.shape[-2:]), like=masks)
@@ -303,7 +310,7 @@ class TorchvisionRecordSource(Source):
         self.record_type = type(dataset).__name__
         self.keys = [str(i) for i in range(len(dataset))]
         self.labels = None
-        self.class_to_idx = _class_to_idx(dataset)
+        self.classes, self.class_to_idx = _class_names(dataset)
         self.layout = self.spec.layout
         self.structure = self.spec.structure(dataset)
         self.kinds = dict(self.spec.kinds)
@@ -438,15 +445,15 @@ def categories_of(dataset: Any) -> dict[str, str]:
     return {str(key): str(category["name"]) for key, category in sorted(dataset.coco.cats.items())}
 
 
-def _class_to_idx(dataset: Any) -> dict[str, int]:
-    """Class names by the ids the records' labels hold: the dataset's own ``class_to_idx``,
-    COCO's categories, the VOC detection classes the wrapper numbers its labels by."""
+def _class_names(dataset: Any) -> tuple[list[Any] | None, dict[str, int]]:
+    """The classes and class names by the ids the records' labels hold: the dataset's own
+    (:func:`~fastdata.sources.base.class_names`), none for COCO, the VOC detection classes the
+    wrapper numbers its labels by."""
     name = type(dataset).__name__
     if name == "CocoDetection":  # ids with gaps (1..90): kept as the source's "categories", not as classes
-        return {}
+        return None, {}
     if name == "VOCDetection":
-        return {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
-    mapping = getattr(dataset, "class_to_idx", None)
-    if isinstance(mapping, dict) and mapping:
-        return {str(k): int(v) for k, v in mapping.items()}
-    return {}
+        return None, {category: index for index, category in enumerate(VOC_DETECTION_CATEGORIES)}
+    if not isinstance(getattr(dataset, "class_to_idx", None), dict):
+        return None, {}
+    return class_names(dataset)

@@ -39,9 +39,11 @@ def write_fixed_attributes(file: h5py.File, classes: list[str]) -> None:
     """The root attributes, all of fixed size: they live in the object header and are read
     without HDF5's global heap, whose damaged object sizes can make a read spin forever. The
     ``classes`` attribute is left out when it would not fit in the header (the manifest always
-    has ``class_to_idx``)."""
+    has ``class_to_idx``), and when a class has several names (the manifest has them all)."""
     file.attrs["fastdata_format"] = np.bytes_(FORMAT)
     file.attrs["layout_version"] = np.int64(LAYOUT_VERSION)
+    if not all(isinstance(name, str) for name in classes):
+        return
     encoded = [name.encode("utf-8") for name in classes]
     length = max((len(name) for name in encoded), default=0) or 1
     if length * len(encoded) <= MAX_ATTRIBUTE_BYTES:
@@ -194,8 +196,7 @@ class HDF5Writer(Writer):
         manifest["hdf5"] = self._layout(file)
         for name, entry in manifest["files"].items():
             file[name].attrs[CHECKSUM_ALGORITHM] = np.bytes_(entry[CHECKSUM_ALGORITHM])
-        classes = sorted(self.plan.class_to_idx, key=self.plan.class_to_idx.__getitem__)
-        write_fixed_attributes(file, classes)
+        write_fixed_attributes(file, self.plan.class_list)
         write_manifest(file, json.dumps(seal_manifest(manifest), ensure_ascii=False))
         file.close()
         if self.field_dir is not None:
