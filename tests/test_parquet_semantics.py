@@ -355,7 +355,8 @@ def test_a_shuffled_view_of_a_saved_dataset_converts_without_writing_into_its_fo
 
 EMPTY_VALUES = [("text", pa.string(), "x", ""), ("tags", pa.list_(pa.string()), ["a"], []),
                 ("blob", pa.binary(), b"\x00z", b""), ("meta", pa.struct([("a", pa.int32())]), {"a": 1}, None),
-                ("scores", pa.list_(pa.float32()), [1.5], np.empty(0, np.float32))]
+                ("scores", pa.list_(pa.float32()), [1.5], np.empty(0, np.float32)),
+                ("boxes", pa.list_(pa.list_(pa.float32(), 4)), [[1, 2, 3, 4]], np.empty((0, 4), np.float32))]
 
 
 @pytest.mark.parametrize("name,arrow_type,value,empty", EMPTY_VALUES, ids=[case[0] for case in EMPTY_VALUES])
@@ -369,11 +370,31 @@ def test_a_null_is_its_columns_empty_value_wherever_it_is(tmp_path: Path, name: 
     ds = fastdata.open_dataset(tmp_path / "n.npy")
     for index in range(3):
         got, expected = ds[index][name], empty if index == at else value
-        if name == "scores":
-            got, expected = np.asarray(got), np.asarray(expected, np.float32)
-            assert got.dtype == np.float32
-        assert np.array_equal(got, expected) if name == "scores" else got == expected
+        if isinstance(empty, np.ndarray):
+            got, expected = np.asarray(got), np.asarray(expected, empty.dtype)
+            assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert np.array_equal(got, expected) if isinstance(empty, np.ndarray) else got == expected
     assert fastdata.verify(tmp_path / "n.npy").problems == ()
+
+
+def test_a_later_null_in_a_list_of_lists_takes_the_first_rows_trailing_shape(tmp_path: Path) -> None:
+    path = tmp_path / "g.parquet"
+    grid = pa.array([[[1, 2]], None, [[3, 4], [5, 6]]], pa.list_(pa.list_(pa.int32())))
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], "grid": grid}), path)
+    fastdata.convert(path, tmp_path / "g.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "g.npy")
+    assert [np.asarray(ds[i]["grid"]).shape for i in range(3)] == [(1, 2), (0, 2), (2, 2)]
+    assert np.asarray(ds[1]["grid"]).dtype == np.int32
+
+
+def test_an_empty_list_of_fixed_size_lists_keeps_their_size(tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    boxes = pa.array([[], [[1, 2, 3, 4]], [], [[5, 6, 7, 8], [9, 10, 11, 12]]], pa.list_(pa.list_(pa.float32(), 4)))
+    pq.write_table(pa.table({"image": [png(i) for i in range(4)], "boxes": boxes}), path)
+    fastdata.convert(path, tmp_path / "e.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "e.npy")
+    assert [np.asarray(ds[i]["boxes"]).shape for i in range(4)] == [(0, 4), (1, 4), (0, 4), (2, 4)]
+    assert np.array_equal(ds[3]["boxes"], np.arange(5, 13, dtype=np.float32).reshape(2, 4))
 
 
 NO_EMPTY = [("n", pa.int64(), 3, "an integer column"), ("w", pa.float32(), 1.5, "a float column"),
