@@ -159,17 +159,20 @@ def _labelled(labels: list[int]):
     return dataset.cast_column("label", datasets.ClassLabel(names=NAMES))
 
 
+@pytest.mark.parametrize("suffix", ["npy", "h5", "tar"])
 @pytest.mark.parametrize("columns", ["image,label", None])
-def test_an_unlabelled_test_split_converts_with_label_minus_one_and_verifies(tmp_path: Path, columns) -> None:
+def test_an_unlabelled_test_split_converts_with_label_minus_one_and_verifies(tmp_path: Path, columns,
+                                                                             suffix: str) -> None:
+    from test_parquet import records
+
     path = tmp_path / "test-00000-of-00001.parquet"
-    _labelled([-1, -1, -1]).to_parquet(str(path))
-    out = tmp_path / "test.npy"
+    _labelled([-1, 0, -1, 2]).to_parquet(str(path))
+    out = tmp_path / f"test.{suffix}"
     manifest = fastdata.convert(path, out, columns=columns, workers=0)
-    assert manifest["count"] == 3 and manifest["classes"] == NAMES
-    ds = fastdata.open_dataset(out)
-    got = [ds[i][1] if columns else ds[i]["label"] for i in range(3)]
-    assert [int(label) for label in got] == [-1, -1, -1]
-    assert fastdata.verify(out).problems == ()
+    assert manifest["count"] == 4 and manifest["classes"] == NAMES
+    got = [sample[1] if columns else sample["label"] for sample in records(out)]
+    assert [int(label) for label in got] == [-1, 0, -1, 2]
+    assert fastdata.verify(out).problems == () and fastdata.verify(out, deep=True).problems == ()
 
 
 def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leaves_it_out(tmp_path: Path) -> None:
