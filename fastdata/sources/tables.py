@@ -230,8 +230,8 @@ class ParquetFiles:
         if self.fs is not None:
             with self.fs.open(joined, "rb") as handle:
                 return handle.read()
-        real, real_folder = os.path.realpath(joined), os.path.realpath(folder or ".")
-        if not real.startswith(real_folder.rstrip(os.sep) + os.sep):  # a symbolic link out of the folder
+        real = _real_inside(folder or ".", joined)
+        if real is None:  # a symbolic link out of the folder
             raise ValueError(f"image path {relative!r} leads through a symbolic link out of the folder of the Parquet "
                              "file; only files inside it are read")
         with open(real, "rb") as handle:
@@ -274,12 +274,17 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
 
 
+def _real_inside(folder: str | Path, path: str | Path) -> str | None:
+    """``path`` with its links resolved, where it lies inside ``folder`` (links resolved too);
+    None where it lies outside."""
+    real = os.path.realpath(path)
+    return real if real.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep) else None
+
+
 def _inside(folder: Path, name: Any, what: str) -> Path:
     """``folder / name``, refused unless it lies inside ``folder`` once links are resolved (a
     saved dataset's files are its own, never ``../`` or an absolute path elsewhere)."""
-    real_folder = os.path.realpath(folder)
-    real = os.path.realpath(folder / str(name))
-    if not isinstance(name, str) or not real.startswith(real_folder.rstrip(os.sep) + os.sep):
+    if not isinstance(name, str) or _real_inside(folder, folder / name) is None:
         raise InvalidOptionError(f"{str(folder)!r}: its {what} {name!r}, which lies outside the folder; fastdata reads "
                                  "only a saved dataset's own files. Save the dataset again with save_to_disk.")
     return folder / name
