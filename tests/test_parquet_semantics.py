@@ -210,6 +210,27 @@ def test_class_label_names_that_differ_between_shards_are_refused_naming_the_fil
     assert fastdata.convert(folder, tmp_path / "o.npy", columns="image,text", workers=0)["count"] == 5
 
 
+def test_shards_whose_features_are_written_differently_but_mean_the_same_convert(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    first, second = folder / "train-00000-of-00002.parquet", folder / "train-00001-of-00002.parquet"
+    hf_dataset(range(3)).to_parquet(str(first))
+    table = pq.read_table(first)
+    document = json.loads(table.schema.metadata[b"huggingface"])
+    features = document["info"]["features"]
+    features["scores"] = {"_type": "Sequence", "feature": {"dtype": "float32", "_type": "Value"}}  # older datasets
+    del features["text"]  # a column written without its feature: the same text column
+    second_table = pq.read_table(first).replace_schema_metadata({b"huggingface": json.dumps(document).encode()})
+    pq.write_table(second_table, second)
+    manifest = fastdata.convert(folder, tmp_path / "o.npy", workers=0)
+    assert manifest["count"] == 6 and manifest["classes"] == NAMES
+    gray = hf_dataset(range(3)).cast_column("image", datasets.Image(mode="L"))
+    gray.to_parquet(str(second))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(folder, tmp_path / "gray.npy", workers=0)
+    assert str(raised.value).startswith(f"{second}: column 'image' is the feature {{")
+
+
 # --- what ds[i] gives: transforms and casts ------------------------------------------------------
 
 

@@ -116,13 +116,15 @@ class TableSource(Source):
                     raise InvalidOptionError(
                         f"{self.tables.name(number)}: column {name!r} is {schema.field(index).type}, but it is "
                         f"{first.field(name).type} in {self.tables.name(0)}. Every file needs the same column types.")
-            self._check_features(number, hf_features(first), hf_features(schema), names)
+            self._check_features(number, first, schema, names)
 
-    def _check_features(self, number: int, first: dict[str, Any], features: dict[str, Any], names: list[str]) -> None:
-        """File ``number`` records the first file's Hugging Face feature for every chosen column
-        (ClassLabel names above all: a label means the class its own file names)."""
+    def _check_features(self, number: int, first_schema: Any, schema: Any, names: list[str]) -> None:
+        """File ``number``'s Hugging Face features mean what the first file's do for every chosen
+        column (ClassLabel names above all: a label means the class its own file names); how
+        they are written (``Sequence`` or ``List``, a ``Value`` left out) does not matter."""
+        first, features = hf_features(first_schema), hf_features(schema)
         for name in names:
-            if features.get(name) != first.get(name):
+            if _meaning(schema, features, name) != _meaning(first_schema, first, name):
                 raise InvalidOptionError(
                     f"{self.tables.name(number)}: column {name!r} is {_feature_words(features.get(name))}, but it is "
                     f"{_feature_words(first.get(name))} in {self.tables.name(0)}. Every file needs the same features "
@@ -268,6 +270,13 @@ class TableSource(Source):
         if root is not None:
             return [Protected(root.resolve(), f"source {self.kind} {'folder' if root.is_dir() else 'file'}")]
         return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
+
+
+def _meaning(schema: Any, features: dict[str, Any], name: str) -> tuple[Any, ...]:
+    """What column ``name`` of ``schema`` (with its HF ``features``) converts as: its kind,
+    ClassLabel names and image mode."""
+    column = column_of(name, schema.field(name).type, features.get(name), "")
+    return type(column.kind), column.kind.hint, column.names, getattr(column.kind, "mode", None)
 
 
 def _first_valid(column: Any) -> Any:
