@@ -337,6 +337,18 @@ def test_bool_category_audio_and_pdf_columns_convert_as_their_arrow_types_say(tm
     assert np.array_equal(ds[2]["image"].permute(1, 2, 0).numpy(), pixels(2))
 
 
+def test_a_stream_of_dictionary_encoded_columns_converts_their_values(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "typed.parquet"
+    pd.DataFrame({"image": [png(i) for i in range(3)], "kind": pd.Categorical(["a", "b", "a"])}).to_parquet(path)
+    stream = datasets.load_dataset("parquet", data_files=[str(path)], split="train", streaming=True)
+    assert [row["kind"] for row in stream] == ["a", "b", "a"]  # datasets streams the values, as a string column
+    fastdata.convert(stream, tmp_path / "typed.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "typed.npy")
+    assert [ds[i]["kind"] for i in range(3)] == ["a", "b", "a"]
+
+
 def test_a_binary_image_column_whose_first_cell_is_null_is_still_the_image_column(tmp_path: Path) -> None:
     path = tmp_path / "n.parquet"
     pq.write_table(pa.table({"image": [None, png(1), png(2)], "label": [0, 1, 2]}), path)

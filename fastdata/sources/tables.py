@@ -201,10 +201,16 @@ class ParquetFiles:
         """Read the files as the ``datasets.Features`` ``features`` say (a stream's ``cast_column``
         or ``features=``: ClassLabel names, ``Image(mode=...)``); a cast that changes a column's
         Arrow type, which fastdata does not apply, is refused."""
+        pa = require_pyarrow("Reading Parquet")
         schema = self.file(0).schema_arrow
         for field in features.arrow_schema:
             index = schema.get_field_index(field.name)
-            if index >= 0 and schema.field(index).type != field.type:
+            if index < 0:
+                continue
+            stored = schema.field(index).type
+            if pa.types.is_dictionary(stored):  # streamed as its values (pandas' category): read so here too
+                stored = stored.value_type
+            if stored != field.type:
                 raise InvalidOptionError(
                     f"This datasets.IterableDataset casts column {field.name!r} from {schema.field(index).type} (in "
                     f"{self.name(0)}) to {field.type}, which fastdata does not apply. Convert the files as they are "
