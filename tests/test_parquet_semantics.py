@@ -256,7 +256,13 @@ def test_a_datasets_format_columns_are_the_columns_converted(tmp_path: Path) -> 
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(shown, tmp_path / "o.npy", columns="image,text", workers=0)
     assert str(raised.value) == ("The datasets.Dataset gives only the columns image, label (its format's columns, "
-                                 "set_format), not text. Check columns=, or give the object those columns.")
+                                 "set_format), not text. Check columns= and label_column=, or give the object those columns.")
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(shown.with_format(None, columns=["image", "text"]), tmp_path / "o.npy", label_column="label",
+                         workers=0)
+    assert str(raised.value) == ("The datasets.Dataset gives only the columns image, text (its format's columns, "
+                                 "set_format), not label. Check columns= and label_column=, or give the object those "
+                                 "columns.")
 
 
 @pytest.mark.parametrize("store", ["raw", "encoded"])
@@ -301,7 +307,14 @@ def test_a_stream_built_with_filters_is_refused_and_one_with_columns_converts_th
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(kept, tmp_path / "o.npy", columns="image,text", workers=0)
     assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, label (its columns=), "
-                                 "not text. Check columns=, or give the object those columns.")
+                                 "not text. Check columns= and label_column=, or give the object those columns.")
+    text_only = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
+                                      columns=["image", "text"])
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(text_only, tmp_path / "o.npy", label_column="label", workers=0)
+    assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, text (its columns=), "
+                                 "not label. Check columns= and label_column=, or give the object those columns.")
+    assert not (tmp_path / "o.npy").exists()
 
 
 @pytest.fixture()

@@ -343,14 +343,14 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
         dataset = _one_dataset(source, split)
         if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps
             paths, kept, features = dataset
-            options["columns"] = _within(columns, kept, "The datasets.IterableDataset streams only the columns {} (its "
-                                         "columns=)")
+            options["columns"] = _within(columns, label_column, kept, "The datasets.IterableDataset streams only the "
+                                         "columns {} (its columns=)")
             files = ParquetFiles(paths[0], paths=paths)
             if features is not None:  # the stream's own (cast_column, features=), where they differ from the files'
                 files.cast(features)
             return TableSource(files, kind="parquet", **options)
-        options["columns"] = _within(columns, _format_columns(dataset), "The datasets.Dataset gives only the columns "
-                                     "{} (its format's columns, set_format)")
+        options["columns"] = _within(columns, label_column, _format_columns(dataset), "The datasets.Dataset gives only "
+                                     "the columns {} (its format's columns, set_format)")
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -408,17 +408,20 @@ def _streamed(dataset: Any) -> Any:
         "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
 
 
-def _within(columns: tuple[str, ...] | None, kept: tuple[str, ...] | None, gives: str) -> tuple[str, ...] | None:
+def _within(columns: tuple[str, ...] | None, label_column: str | None, kept: tuple[str, ...] | None,
+            gives: str) -> tuple[str, ...] | None:
     """The columns to convert from a datasets object whose items hold only the columns ``kept``
     (a stream's ``columns=``, a Dataset's ``set_format(columns=...)``): those, or the ones asked
-    for among them; ``gives`` says which object, ``{}`` standing for the columns."""
-    if kept is None or columns is None:
-        return columns if kept is None else kept
-    missing = [name for name in columns if name not in kept]
+    for among them (the label column too); ``gives`` says which object, ``{}`` standing for the
+    columns."""
+    if kept is None:
+        return columns
+    asked = list(columns or ()) + ([label_column] if label_column is not None else [])
+    missing = [name for name in dict.fromkeys(asked) if name not in kept]
     if missing:
-        raise InvalidOptionError(f"{gives.format(', '.join(kept))}, not {', '.join(missing)}. Check columns=, or "
-                                 "give the object those columns.")
-    return columns
+        raise InvalidOptionError(f"{gives.format(', '.join(kept))}, not {', '.join(missing)}. Check columns= and "
+                                 "label_column=, or give the object those columns.")
+    return kept if columns is None else columns
 
 
 def _format_columns(dataset: Any) -> tuple[str, ...] | None:
