@@ -112,19 +112,26 @@ def configs(tmp_path_factory) -> Path:
     return root
 
 
+def _check_configurations(source: Path | str, tmp_path: Path) -> None:
+    """``source`` (the ``configs`` fixture's layout, local or a URL) is refused naming its
+    configurations, and ``config="fr"`` converts fr's three rows."""
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(source, tmp_path / "o.npy", split="train", workers=0)
+    assert str(raised.value) == (f"{str(source)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
+                                 "at a time: add --config en (or another), or give its folder.")
+    assert not (tmp_path / "o.npy").exists()
+    manifest = fastdata.convert(source, tmp_path / "fr.npy", config="fr", workers=0)
+    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
+    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+
+
 @pytest.mark.parametrize("layout", ["pushed", "converted"])
 def test_several_configurations_are_refused_by_name_and_one_is_picked_by_config_or_path(
         configs: Path, tmp_path: Path, capsys, layout: str) -> None:
     from test_parquet import cli
 
     root = configs / layout
-    with pytest.raises(InvalidOptionError) as raised:
-        fastdata.convert(root, tmp_path / "o.npy", split="train", workers=0)
-    assert str(raised.value) == (f"{str(root)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
-                                 "at a time: add --config en (or another), or give its folder.")
-    manifest = fastdata.convert(root, tmp_path / "fr.npy", config="fr", workers=0)
-    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
-    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+    _check_configurations(root, tmp_path)
     with pytest.raises(InvalidOptionError, match=r"holds the splits test, train; convert one at a time"):
         fastdata.convert(root, tmp_path / "o.npy", config="en", workers=0)
     assert fastdata.convert(root / "en", tmp_path / "en.npy", split="train", workers=0)["count"] == 4
@@ -505,11 +512,4 @@ def test_a_streams_casts_are_honoured_or_refused(hub_like: Path, tmp_path: Path)
 def test_configurations_on_s3_are_told_apart_as_the_local_ones(configs: Path, s3, tmp_path: Path) -> None:
     from servers import upload
 
-    url = upload(s3, configs / "converted", "configs/converted")
-    with pytest.raises(InvalidOptionError) as raised:
-        fastdata.convert(url, tmp_path / "o.npy", split="train", workers=0)
-    assert str(raised.value) == (f"{url!r} holds the configurations en, fr (Hugging Face subsets); convert one at a "
-                                 "time: add --config en (or another), or give its folder.")
-    manifest = fastdata.convert(url, tmp_path / "fr.npy", config="fr", workers=0)
-    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
-    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+    _check_configurations(upload(s3, configs / "converted", "configs/converted"), tmp_path)
