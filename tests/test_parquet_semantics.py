@@ -57,6 +57,24 @@ def test_image_paths_through_links_out_of_the_folder_are_refused(tmp_path: Path)
     assert manifest["count"] == 1 and np.array_equal(_pixels_of(tmp_path / "ok.npy", 0), pixels(0))
 
 
+def test_image_paths_in_a_hub_cache_snapshot_follow_its_links_to_the_repos_blobs(tmp_path: Path) -> None:
+    repo = tmp_path / "hub" / "datasets--org--name"  # huggingface_hub's cache: snapshot files link to ../../blobs
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    (snapshot / "img").mkdir(parents=True)
+    blobs.mkdir()
+    (tmp_path / "secret.png").write_bytes(png(9))
+    for index in range(2):
+        (blobs / f"b{index}").write_bytes(png(index))
+        (snapshot / "img" / f"{index}.png").symlink_to(f"../../../blobs/b{index}")
+    (snapshot / "img" / "out.png").symlink_to("../../../../../secret.png")  # out of the repo's folder: refused
+    cells = [{"bytes": None, "path": f"img/{name}.png"} for name in ("0", "1", "out")]
+    pq.write_table(pa.table({"image": pa.array(cells, IMAGE), "label": [0, 1, 2]}), blobs / "parquet")
+    (snapshot / "train.parquet").symlink_to("../../blobs/parquet")
+    manifest = fastdata.convert(snapshot, tmp_path / "o.npy", workers=0, skip_bad=True)
+    assert [s["key"] for s in manifest["skipped"]] == [f"{snapshot / 'train.parquet'} row 2"]
+    assert [np.array_equal(_pixels_of(tmp_path / "o.npy", i), pixels(i)) for i in range(2)] == [True, True]
+
+
 def _saved(tmp_path: Path) -> Path:
     saved = tmp_path / "saved"
     datasets.DatasetDict({"train": hf_dataset(range(4)), "test": hf_dataset(range(2))}).save_to_disk(str(saved))

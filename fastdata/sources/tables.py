@@ -24,6 +24,7 @@ PARQUET = ".parquet"
 OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
 _GLOB = re.compile(r"[*?\[]")
+_HUB_CACHE_REPO = re.compile(r"(datasets|models|spaces)--.+")  # huggingface_hub's cache folder of one repository
 _DEPTH = 3  # how deep a folder is searched for Parquet files (data/train/x.parquet)
 
 
@@ -236,7 +237,7 @@ class ParquetFiles:
         if self.fs is not None:
             with self.fs.open(joined, "rb") as handle:
                 return handle.read()
-        real = _real_inside(folder or ".", joined)
+        real = _real_inside(_link_root(folder or "."), joined)
         if real is None:  # a symbolic link out of the folder
             raise ValueError(f"image path {relative!r} leads through a symbolic link out of the folder of the Parquet "
                              "file; only files inside it are read")
@@ -285,6 +286,17 @@ def _real_inside(folder: str | Path, path: str | Path) -> str | None:
     None where it lies outside."""
     real = os.path.realpath(path)
     return real if real.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep) else None
+
+
+def _link_root(folder: str) -> str:
+    """The folder whose files links inside ``folder`` may lead to: ``folder`` itself, or in a
+    huggingface_hub cache snapshot (``datasets--ORG--NAME/snapshots/REV/``, whose files link to
+    the repository's ``blobs/``) the repository's folder."""
+    parts = Path(os.path.abspath(folder)).parts
+    for index in range(len(parts) - 2, 0, -1):
+        if parts[index] == "snapshots" and _HUB_CACHE_REPO.fullmatch(parts[index - 1]):
+            return str(Path(*parts[:index]))
+    return folder
 
 
 def _inside(folder: Path, name: Any, what: str) -> Path:
