@@ -56,6 +56,24 @@ def test_image_paths_through_links_out_of_the_folder_are_refused(tmp_path: Path)
     assert manifest["count"] == 1 and np.array_equal(_pixels_of(tmp_path / "ok.npy", 0), pixels(0))
 
 
+def test_image_paths_in_a_hub_cache_snapshot_follow_its_links_to_the_repos_blobs(tmp_path: Path) -> None:
+    repo = tmp_path / "hub" / "datasets--org--name"  # huggingface_hub's cache: snapshot files link to ../../blobs
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    (snapshot / "img").mkdir(parents=True)
+    blobs.mkdir()
+    (tmp_path / "secret.png").write_bytes(png(9))
+    for index in range(2):
+        (blobs / f"b{index}").write_bytes(png(index))
+        (snapshot / "img" / f"{index}.png").symlink_to(f"../../../blobs/b{index}")
+    (snapshot / "img" / "out.png").symlink_to("../../../../../secret.png")  # out of the repo's folder: refused
+    cells = [{"bytes": None, "path": f"img/{name}.png"} for name in ("0", "1", "out")]
+    pq.write_table(pa.table({"image": pa.array(cells, IMAGE), "label": [0, 1, 2]}), blobs / "parquet")
+    (snapshot / "train.parquet").symlink_to("../../blobs/parquet")
+    manifest = fastdata.convert(snapshot, tmp_path / "o.npy", workers=0, skip_bad=True)
+    assert [s["key"] for s in manifest["skipped"]] == [f"{snapshot / 'train.parquet'} row 2"]
+    assert [np.array_equal(_pixels_of(tmp_path / "o.npy", i), pixels(i)) for i in range(2)] == [True, True]
+
+
 def _saved(tmp_path: Path) -> Path:
     saved = tmp_path / "saved"
     datasets.DatasetDict({"train": hf_dataset(range(4)), "test": hf_dataset(range(2))}).save_to_disk(str(saved))
@@ -111,19 +129,26 @@ def configs(tmp_path_factory) -> Path:
     return root
 
 
+def _check_configurations(source: Path | str, tmp_path: Path) -> None:
+    """``source`` (the ``configs`` fixture's layout, local or a URL) is refused naming its
+    configurations, and ``config="fr"`` converts fr's three rows."""
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(source, tmp_path / "o.npy", split="train", workers=0)
+    assert str(raised.value) == (f"{str(source)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
+                                 "at a time: add --config en (or another), or give its folder.")
+    assert not (tmp_path / "o.npy").exists()
+    manifest = fastdata.convert(source, tmp_path / "fr.npy", config="fr", workers=0)
+    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
+    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+
+
 @pytest.mark.parametrize("layout", ["pushed", "converted"])
 def test_several_configurations_are_refused_by_name_and_one_is_picked_by_config_or_path(
         configs: Path, tmp_path: Path, capsys, layout: str) -> None:
     from test_parquet import cli
 
     root = configs / layout
-    with pytest.raises(InvalidOptionError) as raised:
-        fastdata.convert(root, tmp_path / "o.npy", split="train", workers=0)
-    assert str(raised.value) == (f"{str(root)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
-                                 "at a time: add --config en (or another), or give its folder.")
-    manifest = fastdata.convert(root, tmp_path / "fr.npy", config="fr", workers=0)
-    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
-    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+    _check_configurations(root, tmp_path)
     with pytest.raises(InvalidOptionError, match=r"holds the splits test, train; convert one at a time"):
         fastdata.convert(root, tmp_path / "o.npy", config="en", workers=0)
     assert fastdata.convert(root / "en", tmp_path / "en.npy", split="train", workers=0)["count"] == 4
@@ -158,17 +183,20 @@ def _labelled(labels: list[int]):
     return dataset.cast_column("label", datasets.ClassLabel(names=NAMES))
 
 
+@pytest.mark.parametrize("suffix", ["npy", "h5", "tar"])
 @pytest.mark.parametrize("columns", ["image,label", None])
-def test_an_unlabelled_test_split_converts_with_label_minus_one_and_verifies(tmp_path: Path, columns) -> None:
+def test_an_unlabelled_test_split_converts_with_label_minus_one_and_verifies(tmp_path: Path, columns,
+                                                                             suffix: str) -> None:
+    from test_parquet import records
+
     path = tmp_path / "test-00000-of-00001.parquet"
-    _labelled([-1, -1, -1]).to_parquet(str(path))
-    out = tmp_path / "test.npy"
+    _labelled([-1, 0, -1, 2]).to_parquet(str(path))
+    out = tmp_path / f"test.{suffix}"
     manifest = fastdata.convert(path, out, columns=columns, workers=0)
-    assert manifest["count"] == 3 and manifest["classes"] == NAMES
-    ds = fastdata.open_dataset(out)
-    got = [ds[i][1] if columns else ds[i]["label"] for i in range(3)]
-    assert [int(label) for label in got] == [-1, -1, -1]
-    assert fastdata.verify(out).problems == ()
+    assert manifest["count"] == 4 and manifest["classes"] == NAMES
+    got = [sample[1] if columns else sample["label"] for sample in records(out)]
+    assert [int(label) for label in got] == [-1, 0, -1, 2]
+    assert fastdata.verify(out).problems == () and fastdata.verify(out, deep=True).problems == ()
 
 
 def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leaves_it_out(tmp_path: Path) -> None:
@@ -206,6 +234,27 @@ def test_class_label_names_that_differ_between_shards_are_refused_naming_the_fil
     assert fastdata.convert(folder, tmp_path / "o.npy", columns="image,text", workers=0)["count"] == 5
 
 
+def test_shards_whose_features_are_written_differently_but_mean_the_same_convert(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    first, second = folder / "train-00000-of-00002.parquet", folder / "train-00001-of-00002.parquet"
+    hf_dataset(range(3)).to_parquet(str(first))
+    table = pq.read_table(first)
+    document = json.loads(table.schema.metadata[b"huggingface"])
+    features = document["info"]["features"]
+    features["scores"] = {"_type": "Sequence", "feature": {"dtype": "float32", "_type": "Value"}}  # older datasets
+    del features["text"]  # a column written without its feature: the same text column
+    second_table = pq.read_table(first).replace_schema_metadata({b"huggingface": json.dumps(document).encode()})
+    pq.write_table(second_table, second)
+    manifest = fastdata.convert(folder, tmp_path / "o.npy", workers=0)
+    assert manifest["count"] == 6 and manifest["classes"] == NAMES
+    gray = hf_dataset(range(3)).cast_column("image", datasets.Image(mode="L"))
+    gray.to_parquet(str(second))
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(folder, tmp_path / "gray.npy", workers=0)
+    assert str(raised.value).startswith(f"{second}: column 'image' is the feature {{")
+
+
 # --- what ds[i] gives: transforms and casts ------------------------------------------------------
 
 
@@ -231,7 +280,13 @@ def test_a_datasets_format_columns_are_the_columns_converted(tmp_path: Path) -> 
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(shown, tmp_path / "o.npy", columns="image,text", workers=0)
     assert str(raised.value) == ("The datasets.Dataset gives only the columns image, label (its format's columns, "
-                                 "set_format), not text. Check columns=, or give the object those columns.")
+                                 "set_format), not text. Check columns= and label_column=, or give the object those columns.")
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(shown.with_format(None, columns=["image", "text"]), tmp_path / "o.npy", label_column="label",
+                         workers=0)
+    assert str(raised.value) == ("The datasets.Dataset gives only the columns image, text (its format's columns, "
+                                 "set_format), not label. Check columns= and label_column=, or give the object those "
+                                 "columns.")
 
 
 @pytest.mark.parametrize("store", ["raw", "encoded"])
@@ -276,7 +331,14 @@ def test_a_stream_built_with_filters_is_refused_and_one_with_columns_converts_th
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(kept, tmp_path / "o.npy", columns="image,text", workers=0)
     assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, label (its columns=), "
-                                 "not text. Check columns=, or give the object those columns.")
+                                 "not text. Check columns= and label_column=, or give the object those columns.")
+    text_only = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
+                                      columns=["image", "text"])
+    with pytest.raises(InvalidOptionError) as raised:
+        fastdata.convert(text_only, tmp_path / "o.npy", label_column="label", workers=0)
+    assert str(raised.value) == ("The datasets.IterableDataset streams only the columns image, text (its columns=), "
+                                 "not label. Check columns= and label_column=, or give the object those columns.")
+    assert not (tmp_path / "o.npy").exists()
 
 
 @pytest.fixture()
@@ -310,6 +372,18 @@ def test_bool_category_audio_and_pdf_columns_convert_as_their_arrow_types_say(tm
     ds = fastdata.open_dataset(tmp_path / "files.npy")
     assert [(ds[i]["audio"], ds[i]["doc"]) for i in range(3)] == list(zip(sounds, documents))  # never images
     assert np.array_equal(ds[2]["image"].permute(1, 2, 0).numpy(), pixels(2))
+
+
+def test_a_stream_of_dictionary_encoded_columns_converts_their_values(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "typed.parquet"
+    pd.DataFrame({"image": [png(i) for i in range(3)], "kind": pd.Categorical(["a", "b", "a"])}).to_parquet(path)
+    stream = datasets.load_dataset("parquet", data_files=[str(path)], split="train", streaming=True)
+    assert [row["kind"] for row in stream] == ["a", "b", "a"]  # datasets streams the values, as a string column
+    fastdata.convert(stream, tmp_path / "typed.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "typed.npy")
+    assert [ds[i]["kind"] for i in range(3)] == ["a", "b", "a"]
 
 
 def test_a_binary_image_column_whose_first_cell_is_null_is_still_the_image_column(tmp_path: Path) -> None:
@@ -354,7 +428,8 @@ def test_a_shuffled_view_of_a_saved_dataset_converts_without_writing_into_its_fo
 
 EMPTY_VALUES = [("text", pa.string(), "x", ""), ("tags", pa.list_(pa.string()), ["a"], []),
                 ("blob", pa.binary(), b"\x00z", b""), ("meta", pa.struct([("a", pa.int32())]), {"a": 1}, None),
-                ("scores", pa.list_(pa.float32()), [1.5], np.empty(0, np.float32))]
+                ("scores", pa.list_(pa.float32()), [1.5], np.empty(0, np.float32)),
+                ("boxes", pa.list_(pa.list_(pa.float32(), 4)), [[1, 2, 3, 4]], np.empty((0, 4), np.float32))]
 
 
 @pytest.mark.parametrize("name,arrow_type,value,empty", EMPTY_VALUES, ids=[case[0] for case in EMPTY_VALUES])
@@ -368,11 +443,31 @@ def test_a_null_is_its_columns_empty_value_wherever_it_is(tmp_path: Path, name: 
     ds = fastdata.open_dataset(tmp_path / "n.npy")
     for index in range(3):
         got, expected = ds[index][name], empty if index == at else value
-        if name == "scores":
-            got, expected = np.asarray(got), np.asarray(expected, np.float32)
-            assert got.dtype == np.float32
-        assert np.array_equal(got, expected) if name == "scores" else got == expected
+        if isinstance(empty, np.ndarray):
+            got, expected = np.asarray(got), np.asarray(expected, empty.dtype)
+            assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert np.array_equal(got, expected) if isinstance(empty, np.ndarray) else got == expected
     assert fastdata.verify(tmp_path / "n.npy").problems == ()
+
+
+def test_a_later_null_in_a_list_of_lists_takes_the_first_rows_trailing_shape(tmp_path: Path) -> None:
+    path = tmp_path / "g.parquet"
+    grid = pa.array([[[1, 2]], None, [[3, 4], [5, 6]]], pa.list_(pa.list_(pa.int32())))
+    pq.write_table(pa.table({"image": [png(i) for i in range(3)], "grid": grid}), path)
+    fastdata.convert(path, tmp_path / "g.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "g.npy")
+    assert [np.asarray(ds[i]["grid"]).shape for i in range(3)] == [(1, 2), (0, 2), (2, 2)]
+    assert np.asarray(ds[1]["grid"]).dtype == np.int32
+
+
+def test_an_empty_list_of_fixed_size_lists_keeps_their_size(tmp_path: Path) -> None:
+    path = tmp_path / "e.parquet"
+    boxes = pa.array([[], [[1, 2, 3, 4]], [], [[5, 6, 7, 8], [9, 10, 11, 12]]], pa.list_(pa.list_(pa.float32(), 4)))
+    pq.write_table(pa.table({"image": [png(i) for i in range(4)], "boxes": boxes}), path)
+    fastdata.convert(path, tmp_path / "e.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "e.npy")
+    assert [np.asarray(ds[i]["boxes"]).shape for i in range(4)] == [(0, 4), (1, 4), (0, 4), (2, 4)]
+    assert np.array_equal(ds[3]["boxes"], np.arange(5, 13, dtype=np.float32).reshape(2, 4))
 
 
 NO_EMPTY = [("n", pa.int64(), 3, "an integer column"), ("w", pa.float32(), 1.5, "a float column"),
@@ -434,11 +529,4 @@ def test_a_streams_casts_are_honoured_or_refused(hub_like: Path, tmp_path: Path)
 def test_configurations_on_s3_are_told_apart_as_the_local_ones(configs: Path, s3, tmp_path: Path) -> None:
     from servers import upload
 
-    url = upload(s3, configs / "converted", "configs/converted")
-    with pytest.raises(InvalidOptionError) as raised:
-        fastdata.convert(url, tmp_path / "o.npy", split="train", workers=0)
-    assert str(raised.value) == (f"{url!r} holds the configurations en, fr (Hugging Face subsets); convert one at a "
-                                 "time: add --config en (or another), or give its folder.")
-    manifest = fastdata.convert(url, tmp_path / "fr.npy", config="fr", workers=0)
-    assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
-    assert [np.array_equal(_pixels_of(tmp_path / "fr.npy", i), pixels(10 + i)) for i in range(3)] == [True] * 3
+    _check_configurations(upload(s3, configs / "converted", "configs/converted"), tmp_path)

@@ -216,15 +216,23 @@ class ArrayKind(ColumnKind):
 
     what = "a fixed-size list column"
 
-    def __init__(self, dtype: str, fixed: bool):
+    def __init__(self, dtype: str, fixed: bool, inner: tuple[int, ...] | None = ()):
+        """``inner``: the shape under the first level where every inner level has a fixed size
+        (a list of boxes: ``(4,)``), else None."""
         self.dtype = np.dtype(dtype)
         self.hint = "array" if fixed else "array:variable"
+        self.inner = inner
 
     def value(self, cell: Any, context: CellContext) -> Any:
-        return None if cell is None else np.asarray(_no_null_inside(cell), dtype=self.dtype)
+        array = np.asarray(_no_null_inside(cell), dtype=self.dtype)
+        return array.reshape(0, *self.inner) if array.size == 0 and self.inner else array  # [] of boxes: (0, 4)
 
     def empty(self) -> Any:
-        return super().empty() if self.hint == "array" else np.empty(0, self.dtype)
+        """An empty array (of the inner shape where the type gives it; else None, which the field
+        fills with its own trailing shape)."""
+        if self.hint == "array":
+            return super().empty()
+        return None if self.inner is None else np.empty((0, *self.inner), self.dtype)
 
 
 def _no_null_inside(cell: list[Any]) -> list[Any]:
@@ -250,6 +258,21 @@ def _leaf(arrow_type: Any) -> tuple[Any, bool]:
     return arrow_type, fixed
 
 
+def _inner_shape(arrow_type: Any) -> tuple[int, ...] | None:
+    """The shape of a list's elements where every level under the first has a fixed size
+    (``()`` for a list of numbers), else None."""
+    import pyarrow as pa
+
+    shape = []
+    arrow_type = arrow_type.value_type
+    while _is_list(arrow_type):
+        if not pa.types.is_fixed_size_list(arrow_type):
+            return None
+        shape.append(arrow_type.list_size)
+        arrow_type = arrow_type.value_type
+    return tuple(shape)
+
+
 def _numeric(arrow_type: Any) -> bool:
     import pyarrow as pa
 
@@ -270,7 +293,8 @@ def _list_kind(arrow_type: Any) -> ColumnKind:
         inner = arrow_type.value_type
         return PlainKind("text_list") if pa.types.is_string(inner) or pa.types.is_large_string(inner) else PlainKind("json")
     if _numeric(leaf):
-        return ArrayKind(leaf.to_pandas_dtype().__name__ if not pa.types.is_boolean(leaf) else "bool", fixed)
+        return ArrayKind(leaf.to_pandas_dtype().__name__ if not pa.types.is_boolean(leaf) else "bool", fixed,
+                         _inner_shape(arrow_type))
     return PlainKind("json")
 
 

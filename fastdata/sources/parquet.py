@@ -116,13 +116,15 @@ class TableSource(Source):
                     raise InvalidOptionError(
                         f"{self.tables.name(number)}: column {name!r} is {schema.field(index).type}, but it is "
                         f"{first.field(name).type} in {self.tables.name(0)}. Every file needs the same column types.")
-            self._check_features(number, hf_features(first), hf_features(schema), names)
+            self._check_features(number, first, schema, names)
 
-    def _check_features(self, number: int, first: dict[str, Any], features: dict[str, Any], names: list[str]) -> None:
-        """File ``number`` records the first file's Hugging Face feature for every chosen column
-        (ClassLabel names above all: a label means the class its own file names)."""
+    def _check_features(self, number: int, first_schema: Any, schema: Any, names: list[str]) -> None:
+        """File ``number``'s Hugging Face features mean what the first file's do for every chosen
+        column (ClassLabel names above all: a label means the class its own file names); how
+        they are written (``Sequence`` or ``List``, a ``Value`` left out) does not matter."""
+        first, features = hf_features(first_schema), hf_features(schema)
         for name in names:
-            if features.get(name) != first.get(name):
+            if _meaning(schema, features, name) != _meaning(first_schema, first, name):
                 raise InvalidOptionError(
                     f"{self.tables.name(number)}: column {name!r} is {_feature_words(features.get(name))}, but it is "
                     f"{_feature_words(first.get(name))} in {self.tables.name(0)}. Every file needs the same features "
@@ -270,6 +272,13 @@ class TableSource(Source):
         return [Protected(path.resolve(), f"source {self.kind} file") for path in self.tables.local_files()]
 
 
+def _meaning(schema: Any, features: dict[str, Any], name: str) -> tuple[Any, ...]:
+    """What column ``name`` of ``schema`` (with its HF ``features``) converts as: its kind,
+    ClassLabel names and image mode."""
+    column = column_of(name, schema.field(name).type, features.get(name), "")
+    return type(column.kind), column.kind.hint, column.names, getattr(column.kind, "mode", None)
+
+
 def _first_valid(column: Any) -> Any:
     """A column's first cell that is not null (None when all are)."""
     valid = column.drop_null()
@@ -334,14 +343,14 @@ def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_c
         dataset = _one_dataset(source, split)
         if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps
             paths, kept, features = dataset
-            options["columns"] = _within(columns, kept, "The datasets.IterableDataset streams only the columns {} (its "
-                                         "columns=)")
+            options["columns"] = _within(columns, label_column, kept, "The datasets.IterableDataset streams only the "
+                                         "columns {} (its columns=)")
             files = ParquetFiles(paths[0], paths=paths)
             if features is not None:  # the stream's own (cast_column, features=), where they differ from the files'
                 files.cast(features)
             return TableSource(files, kind="parquet", **options)
-        options["columns"] = _within(columns, _format_columns(dataset), "The datasets.Dataset gives only the columns "
-                                     "{} (its format's columns, set_format)")
+        options["columns"] = _within(columns, label_column, _format_columns(dataset), "The datasets.Dataset gives only "
+                                     "the columns {} (its format's columns, set_format)")
         return TableSource(ObjectTable(dataset), kind="datasets", **options)
     if not is_url(text) and is_saved_dataset(Path(text)):
         return TableSource(ArrowFiles(Path(text), split=split), kind="saved", **options)
@@ -399,17 +408,20 @@ def _streamed(dataset: Any) -> Any:
         "fastdata streams by row groups itself, or the Dataset before .to_iterable_dataset().")
 
 
-def _within(columns: tuple[str, ...] | None, kept: tuple[str, ...] | None, gives: str) -> tuple[str, ...] | None:
+def _within(columns: tuple[str, ...] | None, label_column: str | None, kept: tuple[str, ...] | None,
+            gives: str) -> tuple[str, ...] | None:
     """The columns to convert from a datasets object whose items hold only the columns ``kept``
     (a stream's ``columns=``, a Dataset's ``set_format(columns=...)``): those, or the ones asked
-    for among them; ``gives`` says which object, ``{}`` standing for the columns."""
-    if kept is None or columns is None:
-        return columns if kept is None else kept
-    missing = [name for name in columns if name not in kept]
+    for among them (the label column too); ``gives`` says which object, ``{}`` standing for the
+    columns."""
+    if kept is None:
+        return columns
+    asked = list(columns or ()) + ([label_column] if label_column is not None else [])
+    missing = [name for name in dict.fromkeys(asked) if name not in kept]
     if missing:
-        raise InvalidOptionError(f"{gives.format(', '.join(kept))}, not {', '.join(missing)}. Check columns=, or "
-                                 "give the object those columns.")
-    return columns
+        raise InvalidOptionError(f"{gives.format(', '.join(kept))}, not {', '.join(missing)}. Check columns= and "
+                                 "label_column=, or give the object those columns.")
+    return kept if columns is None else columns
 
 
 def _format_columns(dataset: Any) -> tuple[str, ...] | None:

@@ -24,6 +24,7 @@ PARQUET = ".parquet"
 OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
 _GLOB = re.compile(r"[*?\[]")
+_HUB_CACHE_REPO = re.compile(r"(datasets|models|spaces)--.+")  # huggingface_hub's cache folder of one repository
 _DEPTH = 3  # how deep a folder is searched for Parquet files (data/train/x.parquet)
 
 
@@ -201,10 +202,16 @@ class ParquetFiles:
         """Read the files as the ``datasets.Features`` ``features`` say (a stream's ``cast_column``
         or ``features=``: ClassLabel names, ``Image(mode=...)``); a cast that changes a column's
         Arrow type, which fastdata does not apply, is refused."""
+        pa = require_pyarrow("Reading Parquet")
         schema = self.file(0).schema_arrow
         for field in features.arrow_schema:
             index = schema.get_field_index(field.name)
-            if index >= 0 and schema.field(index).type != field.type:
+            if index < 0:
+                continue
+            stored = schema.field(index).type
+            if pa.types.is_dictionary(stored):  # streamed as its values (pandas' category): read so here too
+                stored = stored.value_type
+            if stored != field.type:
                 raise InvalidOptionError(
                     f"This datasets.IterableDataset casts column {field.name!r} from {schema.field(index).type} (in "
                     f"{self.name(0)}) to {field.type}, which fastdata does not apply. Convert the files as they are "
@@ -230,8 +237,8 @@ class ParquetFiles:
         if self.fs is not None:
             with self.fs.open(joined, "rb") as handle:
                 return handle.read()
-        real, real_folder = os.path.realpath(joined), os.path.realpath(folder or ".")
-        if not real.startswith(real_folder.rstrip(os.sep) + os.sep):  # a symbolic link out of the folder
+        real = _real_inside(_link_root(folder or "."), joined)
+        if real is None:  # a symbolic link out of the folder
             raise ValueError(f"image path {relative!r} leads through a symbolic link out of the folder of the Parquet "
                              "file; only files inside it are read")
         with open(real, "rb") as handle:
@@ -274,12 +281,28 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file())
 
 
+def _real_inside(folder: str | Path, path: str | Path) -> str | None:
+    """``path`` with its links resolved, where it lies inside ``folder`` (links resolved too);
+    None where it lies outside."""
+    real = os.path.realpath(path)
+    return real if real.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep) else None
+
+
+def _link_root(folder: str) -> str:
+    """The folder whose files links inside ``folder`` may lead to: ``folder`` itself, or in a
+    huggingface_hub cache snapshot (``datasets--ORG--NAME/snapshots/REV/``, whose files link to
+    the repository's ``blobs/``) the repository's folder."""
+    parts = Path(os.path.abspath(folder)).parts
+    for index in range(len(parts) - 2, 0, -1):
+        if parts[index] == "snapshots" and _HUB_CACHE_REPO.fullmatch(parts[index - 1]):
+            return str(Path(*parts[:index]))
+    return folder
+
+
 def _inside(folder: Path, name: Any, what: str) -> Path:
     """``folder / name``, refused unless it lies inside ``folder`` once links are resolved (a
     saved dataset's files are its own, never ``../`` or an absolute path elsewhere)."""
-    real_folder = os.path.realpath(folder)
-    real = os.path.realpath(folder / str(name))
-    if not isinstance(name, str) or not real.startswith(real_folder.rstrip(os.sep) + os.sep):
+    if not isinstance(name, str) or _real_inside(folder, folder / name) is None:
         raise InvalidOptionError(f"{str(folder)!r}: its {what} {name!r}, which lies outside the folder; fastdata reads "
                                  "only a saved dataset's own files. Save the dataset again with save_to_disk.")
     return folder / name
