@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import sys
 import threading
 from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.errors import BadSampleError, ShapeMismatchError
+from fastdata.errors import BadSampleError, RemoteError, ShapeMismatchError, SourceReadError
 from fastdata.fields import FieldError
 from fastdata.fields.values import check_record
 from fastdata.conversion.spatial import moves_with_image, store_field, transform_fields
@@ -150,7 +151,7 @@ class Job:
                     label, payload = self.sample(index)
                 else:
                     label, payload, stored = self.sample_record(index)
-            except (ShapeMismatchError, ModeConflict):
+            except (ShapeMismatchError, ModeConflict, SourceReadError, RemoteError):  # not the sample's fault
                 raise
             except FieldError as exc:
                 if not self.options.skip_bad:
@@ -198,8 +199,19 @@ _WORKER_JOB: Job | None = None
 def _init_worker(job: Job) -> None:
     global _WORKER_JOB
     become_worker()
+    _one_torch_thread()
     disable_pillow_limit()
     _WORKER_JOB = job
+
+
+def _one_torch_thread() -> None:
+    """torch on one intra-op thread in this worker, as in the loader's workers: the pool forks
+    after the parent may have run an OpenMP region (reading the first sample of a Dataset that
+    uses torch ops), and libgomp's threads do not survive a fork (its next parallel region waits
+    for them for ever); one thread runs no region. torch not imported: nothing to do."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _worker_chunk(indices: list[int]) -> Batch:

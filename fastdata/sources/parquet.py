@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, SourceReadError
 from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
@@ -176,6 +176,8 @@ class TableSource(Source):
             try:
                 table = self.tables.read(number, int(self.group_numbers[group]), [c.name for c in self.columns])
                 cells: Any = {c.name: table.column(c.name).to_pylist() for c in self.columns}
+            except SourceReadError:  # the network or the disk, not the group: no row of it is cached as bad
+                raise
             except InvalidOptionError as exc:  # the file itself cannot be opened: every row of it fails
                 cells = exc
             except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
@@ -193,6 +195,8 @@ class TableSource(Source):
     def _value(self, column: Column, cells: dict[str, list[Any]], row: int, context: CellContext) -> Any:
         try:
             return column.kind.value(cells[column.name][row], context)
+        except SourceReadError:
+            raise
         except Exception as exc:  # noqa: BLE001 - Pillow and numpy raise many types for a bad cell
             raise CellError(column.name, _why(exc)) from exc
 
@@ -218,6 +222,8 @@ class TableSource(Source):
         cells, row, number = self._cells(index)
         try:
             return column.kind.encoded(cells[column.name][row], self._context(number, ReadOptions()))
+        except SourceReadError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a missing path, a null cell
             raise CellError(column.name, _why(exc)) from exc
 

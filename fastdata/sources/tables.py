@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata.errors import EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError, SourceReadError
 from fastdata.extras import require
 from fastdata.urls import is_url
 
@@ -93,8 +93,8 @@ class ParquetFiles:
         """``spec``: a file, folder, glob or URL; or, with ``paths`` (files of one file system, as
         a streaming ``datasets.IterableDataset`` lists them), the first of them."""
         require_pyarrow(f"Reading Parquet ({spec!r})")
-        self.spec = spec
-        self.fs = None
+        self.spec, self.storage_options = spec, storage_options
+        self.fs, self._pid = None, os.getpid()
         if is_url(spec):
             from fastdata.remote.filesystem import filesystem
 
@@ -140,28 +140,48 @@ class ParquetFiles:
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__, _open=None)
 
+    def _here(self) -> None:
+        """In a process other than the one that opened them (a forked conversion worker), drop
+        the inherited open file and filesystem: each process opens its own (an fsspec async
+        filesystem, s3fs, HTTP, gcsfs, adlfs, is not fork-safe: it fails or hangs in a child)."""
+        if self._pid != os.getpid():
+            self._pid, self._open = os.getpid(), None
+            if self.fs is not None:
+                from fastdata.remote.filesystem import filesystem
+
+                self.fs = filesystem(self.spec, self.storage_options)[0]  # fsspec's instance cache is per process
+
     def __len__(self) -> int:
         return len(self.paths)
 
     def name(self, number: int) -> str:
         """How messages name file ``number``: its URL, or its path."""
         path = self.paths[number]
-        if self.fs is None:
+        if self.fs is None or "://" in path:  # fsspec's HTTP filesystem keeps whole URLs as paths
             return path
         scheme = self.spec.split("://", 1)[0]
         return f"{scheme}://{path}"
 
     def file(self, number: int) -> Any:
         """The open ``pyarrow.parquet.ParquetFile`` (one kept open per process)."""
+        self._here()
         if self._open is None or self._open[0] != number:
             import pyarrow.parquet as pq
 
             if self._open is not None:
                 self._open[1].close()
-            source = self.fs.open(self.paths[number], "rb") if self.fs is not None else self.paths[number]
             try:
+                source = self.paths[number] if self.fs is None else _Reads(self._remote_open(number), self.name(number),
+                                                                            self.storage_options)
                 self._open = (number, pq.ParquetFile(source))
-            except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid / OSError for a damaged file
+            except FastdataError:
+                raise
+            except OSError as exc:
+                if exc.errno is None:  # pyarrow's OSError for a damaged file has no errno
+                    raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file "
+                                             f"({str(exc)[:160]}).") from exc
+                raise read_failure(exc, self.name(number)) from exc
+            except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid for a damaged file
                 raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({str(exc)[:160]}).") from exc
         return self._open[1]
 
@@ -172,8 +192,20 @@ class ParquetFiles:
         metadata = self.file(number).metadata
         return [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
 
+    def _remote_open(self, number: int) -> Any:
+        try:
+            return self.fs.open(self.paths[number], "rb")
+        except Exception as exc:  # noqa: BLE001 - the backend's errors: a missing object, the network
+            raise read_failure(exc, self.name(number), self.storage_options) from exc
+
     def read(self, number: int, group: int, columns: list[str]) -> Any:
-        return self.file(number).read_row_group(group, columns=columns)
+        parquet = self.file(number)
+        try:
+            return parquet.read_row_group(group, columns=columns)
+        except OSError as exc:
+            if exc.errno is None or isinstance(exc, FastdataError):  # damaged bytes, or a read failure already named
+                raise
+            raise read_failure(exc, self.name(number)) from exc
 
     def read_relative(self, number: int, relative: str) -> bytes:
         """The file at ``relative`` to data file ``number``'s folder; never outside that folder."""
@@ -185,8 +217,14 @@ class ParquetFiles:
             raise ValueError(f"image path {relative!r} lies outside the folder of the Parquet file; only paths inside "
                              "it are read")
         if self.fs is not None:
-            with self.fs.open(joined, "rb") as handle:
-                return handle.read()
+            self._here()
+            try:
+                with self.fs.open(joined, "rb") as handle:
+                    return handle.read()
+            except FileNotFoundError:  # the cell names a missing file: the sample's fault
+                raise
+            except Exception as exc:  # noqa: BLE001 - the network: no sample's fault
+                raise read_failure(exc, f"{self.name(number)}: image {relative!r}", self.storage_options) from exc
         with open(joined, "rb") as handle:
             return handle.read()
 
@@ -218,6 +256,49 @@ class ParquetFiles:
 
     def local_files(self) -> list[Path]:
         return [Path(p) for p in self.paths] if self.fs is None else []
+
+
+class _Reads:
+    """A remote Parquet file for pyarrow, whose failed reads are read failures
+    (:class:`~fastdata.errors.SourceReadError`), never taken for damaged bytes: pyarrow re-raises
+    what a Python file raises as it is."""
+
+    def __init__(self, handle: Any, name: str, storage_options: dict[str, Any] | None):
+        self.handle, self.name, self.storage_options = handle, name, storage_options
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.handle, attribute)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.handle, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - the backend's errors
+            raise read_failure(exc, self.name, self.storage_options) from exc
+
+    def read(self, *args: Any) -> Any:
+        return self._call("read", *args)
+
+    def readinto(self, *args: Any) -> Any:
+        return self._call("readinto", *args)
+
+    def seek(self, *args: Any) -> Any:
+        return self._call("seek", *args)
+
+    def tell(self) -> Any:
+        return self._call("tell")
+
+
+def read_failure(exc: BaseException, name: str, storage_options: dict[str, Any] | None = None) -> SourceReadError:
+    """The error for reading ``name`` failing with ``exc`` (the network, the disk, a file gone)."""
+    from fastdata.remote.failures import one_line
+    from fastdata.remote.filesystem import scrub
+
+    cause = scrub(f"{type(exc).__name__}: {one_line(str(exc))}"[:200], storage_options)
+    if isinstance(exc, FileNotFoundError):
+        return SourceReadError(f"{name}: not found ({cause}). Check the path or URL; a file that was removed while "
+                               "converting needs the source as it was.")
+    return SourceReadError(f"{name}: cannot be read ({cause}). This is a read failure, not a damaged sample "
+                           "(--skip-bad does not skip it): check the network or the disk, then run again.")
 
 
 def is_saved_dataset(path: Path) -> bool:
