@@ -247,3 +247,61 @@ def _environment() -> dict[str, str]:
     from conftest import ROOT
 
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+# --- memory and the order of checks --------------------------------------------------------
+
+
+GROUP_ROWS_LARGE = 3000  # 38 KB images: a single row group of 110 MB
+
+MEMORY = """
+import sys
+import fastdata, fastdata.conversion, fastdata.sources.parquet, pyarrow.parquet
+
+def high_water():  # this process's peak RSS (VmHWM: ru_maxrss would include the parent's, kept across exec)
+    line = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+before = high_water()
+fastdata.convert(sys.argv[1], sys.argv[2], workers=0, store="encoded")
+print(high_water() - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak RSS from /proc")
+def test_converting_one_large_row_group_holds_it_once_not_several_times(tmp_path: Path) -> None:
+    """The peak memory a conversion adds, converting a file that is one 110 MB row group: under
+    twice the group (it was 4.4 times: the group in Arrow, as Python lists, a probe's second read)."""
+    import subprocess
+
+    tile = np.random.default_rng(9).integers(0, 256, (100, 128, 3), dtype=np.uint8)
+    images = []
+    for index in range(GROUP_ROWS_LARGE):
+        tile[0, 0, 0] = index % 256
+        out = io.BytesIO()
+        Image.fromarray(tile).save(out, "PNG", compress_level=0)
+        images.append(out.getvalue())
+    group_bytes = sum(map(len, images))
+    path = tmp_path / "group.parquet"
+    pq.write_table(pa.table({"image": images, "label": [i % 3 for i in range(GROUP_ROWS_LARGE)]}), path,
+                   row_group_size=GROUP_ROWS_LARGE)
+    del images
+    process = subprocess.Popen([sys.executable, "-c", MEMORY, str(path), str(tmp_path / "out.npy")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
+    stdout, stderr = finish(process, timeout=240, what="the conversion of one large row group")
+    assert process.returncode == 0, stderr
+    added = int(stdout.split()[-1])
+    assert added < 2 * group_bytes, (added, group_bytes)
+    assert len(fastdata.open_dataset(tmp_path / "out.npy")) == GROUP_ROWS_LARGE
+
+
+def test_a_locked_output_is_refused_before_the_source_is_opened(tmp_path: Path) -> None:
+    import os
+
+    from fastdata.conversion.locks import ConversionLock
+    from fastdata.errors import OutputLockedError
+
+    out = tmp_path / "out.npy"
+    with ConversionLock(out):
+        with pytest.raises(OutputLockedError, match=rf"^Another conversion is writing '{out}' \(process {os.getpid()} "):
+            fastdata.convert(tmp_path / "not-there.parquet", out)

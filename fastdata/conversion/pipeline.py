@@ -41,7 +41,7 @@ def _reason(exc: BaseException) -> str:
         return "file not found (broken symlink?)"
     if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
         return str(exc)
-    text = str(exc) or type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__  # one line (pyarrow's and others' texts span several)
     if "truncated" in text.lower():  # Pillow says this several ways ("Truncated File Read", ...)
         return "image file is truncated"
     return text[:200]
@@ -80,7 +80,11 @@ class Job:
     def fail(self, index: int, exc: BaseException, stage: str) -> BadSampleError:
         """The error for a sample that failed while reading its header (``stage="read"``) or
         decoding it (``"decode"``); dataset sources fail while loading the sample either way."""
-        what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
+        image = getattr(getattr(self.src, "image", None), "name", None)  # a table's image column
+        if isinstance(exc, CellError) and exc.column != image:  # a table's other column: not the image's fault
+            what = "cannot convert sample"
+        else:
+            what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
         return BadSampleError(
             f"{self.src.sample_name(index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
         )
@@ -244,6 +248,7 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         if self.workers > 1 and self.count > 64:
+            self.job.src.forget()  # the probe's rows: neither kept by this process nor inherited
             with stop_signals_held():
                 self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
         return self

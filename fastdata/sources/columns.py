@@ -228,10 +228,21 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
     for test, make in _rows():
         if test(arrow_type, feature):
             kind = make(arrow_type)
-            names = tuple(feature["names"]) if (feature or {}).get("_type") == "ClassLabel" else None
-            return Column(name, kind, names)
+            return Column(name, kind, _class_names(name, feature, where))
     raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
                              "Leave it out with --columns.")
+
+
+def _class_names(name: str, feature: dict[str, Any] | None, where: str) -> tuple[str, ...] | None:
+    """A ``ClassLabel`` feature's class names (None for another feature)."""
+    if (feature or {}).get("_type") != "ClassLabel":
+        return None
+    names = feature.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidOptionError(f"{where}: column {name!r} is a ClassLabel whose metadata lists no class names "
+                                 f"(names: {names!r}); the file's Hugging Face metadata is damaged. Write the file "
+                                 "again with datasets, or pass --label-column to read the labels as plain integers.")
+    return tuple(names)
 
 
 def detect_image_bytes(columns: list[Column], first_cells: dict[str, Any]) -> list[Column]:

@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from fastdata.errors import EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError, SourceReadError
 from fastdata.extras import require
@@ -22,6 +22,7 @@ from fastdata.urls import is_url
 
 PARQUET = ".parquet"
 OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
+READ_BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read this much at a time
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
 _GLOB = re.compile(r"[*?\[]")
 _DEPTH = 3  # how deep a folder is searched for Parquet files (data/train/x.parquet)
@@ -173,16 +174,18 @@ class ParquetFiles:
             try:
                 source = self.paths[number] if self.fs is None else _Reads(self._remote_open(number), self.name(number),
                                                                             self.storage_options)
-                self._open = (number, pq.ParquetFile(source))
+                # read page by page (no column chunk read whole, no row group buffered ahead): memory stays
+                # within a slice of rows (:meth:`slices`) however large the row group
+                self._open = (number, pq.ParquetFile(source, pre_buffer=False, buffer_size=READ_BUFFER_BYTES))
             except FastdataError:
                 raise
             except OSError as exc:
                 if exc.errno is None:  # pyarrow's OSError for a damaged file has no errno
                     raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file "
-                                             f"({str(exc)[:160]}).") from exc
+                                             f"({_one_line(exc)}).") from exc
                 raise read_failure(exc, self.name(number)) from exc
             except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid for a damaged file
-                raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({str(exc)[:160]}).") from exc
+                raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({_one_line(exc)}).") from exc
         return self._open[1]
 
     def schema(self, number: int) -> Any:
@@ -191,6 +194,21 @@ class ParquetFiles:
     def groups(self, number: int) -> list[int]:
         metadata = self.file(number).metadata
         return [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Row group ``group`` of file ``number`` as record batches of ``rows`` rows, read as they
+        are asked for (never the whole group at once)."""
+        batches = self.file(number).iter_batches(batch_size=rows, row_groups=[group], columns=columns,
+                                                 use_threads=False)
+        while True:
+            try:
+                yield next(batches)
+            except StopIteration:
+                return
+            except OSError as exc:
+                if exc.errno is None or isinstance(exc, FastdataError):  # damaged bytes, or a read failure named
+                    raise
+                raise read_failure(exc, self.name(number)) from exc
 
     def _remote_open(self, number: int) -> Any:
         try:
@@ -288,6 +306,13 @@ class _Reads:
         return self._call("tell")
 
 
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    """pyarrow's text for ``exc`` on one line (it spans several: a message, then its context)."""
+    from fastdata.remote.failures import one_line
+
+    return one_line(str(exc))[:limit]
+
+
 def read_failure(exc: BaseException, name: str, storage_options: dict[str, Any] | None = None) -> SourceReadError:
     """The error for reading ``name`` failing with ``exc`` (the network, the disk, a file gone)."""
     from fastdata.remote.failures import one_line
@@ -317,17 +342,22 @@ class ArrowFiles:
         try:
             state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
             self.paths = [str(folder / entry["filename"]) for entry in state["_data_files"]]
+            if not self.paths:
+                raise ValueError("its list of data files is empty")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidOptionError(f"{str(folder)!r}: its state.json does not list the dataset's Arrow files "
-                                     f"({exc}); was it written by datasets' save_to_disk?") from exc
+                                     f"({type(exc).__name__}: {exc}); was it written by datasets' save_to_disk?") from exc
         self.folder = folder
         self._open: tuple[int, Any] | None = None
 
     def _split_folder(self, folder: Path, split: str | None) -> Path:
         try:
             splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({exc}).") from exc
+            if not isinstance(splits, list) or not splits or not all(isinstance(name, str) for name in splits):
+                raise ValueError(f"'splits' is {splits!r}, not a list of split names")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({type(exc).__name__}: "
+                                     f"{exc}); was it written by datasets' save_to_disk?") from exc
         if split is None:
             if len(splits) == 1:
                 return folder / splits[0]
@@ -354,7 +384,7 @@ class ArrowFiles:
                 reader = pa.ipc.open_stream(pa.memory_map(self.paths[number], "r"))
                 self._open = (number, (reader.schema, list(reader)))
             except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged or missing file
-                raise InvalidOptionError(f"{self.paths[number]}: not a readable Arrow file ({str(exc)[:160]}).") from exc
+                raise InvalidOptionError(f"{self.paths[number]}: not a readable Arrow file ({_one_line(exc)}).") from exc
         return self._open[1][1]
 
     def schema(self, number: int) -> Any:
@@ -374,9 +404,17 @@ class ArrowFiles:
         return [batch.num_rows for batch in self.batches(number)]
 
     def read(self, number: int, group: int, columns: list[str]) -> Any:
+        """Record batch ``group``'s ``columns``, checked in full first: its buffers lie in the
+        memory-mapped file, and a damaged offset would read outside them (a crash, not an error)."""
         import pyarrow as pa
 
-        return pa.Table.from_batches([self.batches(number)[group]]).select(columns)
+        table = pa.Table.from_batches([self.batches(number)[group]]).select(columns)
+        table.validate(full=True)
+        return table
+
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Record batch ``group`` of file ``number`` in batches of ``rows`` rows (memory-mapped: no copy)."""
+        return iter(self.read(number, group, columns).to_batches(max_chunksize=rows))
 
     def read_relative(self, number: int, relative: str) -> bytes:
         raise ValueError(f"image path {relative!r} without bytes: a saved dataset keeps its images' bytes")
@@ -428,6 +466,10 @@ class ObjectTable:
 
     def read(self, number: int, group: int, columns: list[str]) -> Any:
         return self.dataset.data.table.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS).select(columns)
+
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Group ``group`` of the table in batches of ``rows`` rows (slices of it: no copy)."""
+        return iter(self.read(number, group, columns).to_batches(max_chunksize=rows))
 
     def read_relative(self, number: int, relative: str) -> bytes:
         with open(relative, "rb") as handle:  # datasets' own Image feature reads such paths as they are
