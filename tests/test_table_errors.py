@@ -176,3 +176,78 @@ def test_a_damaged_arrow_file_converts_or_is_refused_in_one_line(originals, tmp_
     arrow = next(folder.glob("*.arrow"))
     arrow.write_bytes(damaged(arrow.read_bytes(), edits, cut))
     good_or_one_line(folder, tmp_path / "out.npy")
+
+
+# --- wording ---------------------------------------------------------------------------------------
+
+
+def image_table(count: int = 3, **columns) -> "pa.Table":
+    return pa.table({"image": [png(i) for i in range(count)], "label": [i % 3 for i in range(count)], **columns})
+
+
+def test_parquet_files_deeper_than_searched_are_named_not_taken_for_an_image_folder(tmp_path: Path) -> None:
+    deep = tmp_path / "src/a/b/c"
+    deep.mkdir(parents=True)
+    pq.write_table(image_table(), deep / "x.parquet")
+    error = refused(tmp_path / "src", tmp_path)
+    assert str(error) == (f"{str(tmp_path / 'src')!r}: its .parquet files lie more than 3 folders deep (such as "
+                          f"{str(deep / 'x.parquet')!r}), deeper than a folder is searched. Give the folder that holds "
+                          f"them, or a glob: '{tmp_path / 'src' / '**' / '*.parquet'}'.")
+    assert fastdata.convert(f"{tmp_path}/src/**/*.parquet", tmp_path / "glob.npy", workers=0)["count"] == 3
+
+
+def test_a_file_of_no_split_left_out_by_split_is_named(tmp_path: Path, caplog) -> None:
+    (tmp_path / "src").mkdir()
+    pq.write_table(image_table(), tmp_path / "src/train-00000-of-00001.parquet")
+    pq.write_table(image_table(2), tmp_path / "src/extra.parquet")
+    with caplog.at_level("WARNING", logger="fastdata"):
+        manifest = fastdata.convert(tmp_path / "src", tmp_path / "out.npy", split="train", workers=0)
+    assert manifest["count"] == 3
+    assert [r.getMessage() for r in caplog.records if "split" in r.getMessage()] == [
+        f"{str(tmp_path / 'src')!r}: --split train leaves out extra.parquet, which belongs to no split"]
+
+
+def test_split_on_a_folder_of_one_saved_dataset_is_refused(tmp_path: Path) -> None:
+    hf_dataset().save_to_disk(str(tmp_path / "saved"))
+    error = refused(tmp_path / "saved", tmp_path, split="test")
+    assert str(error) == (f"{str(tmp_path / 'saved')!r} holds one dataset (save_to_disk of a Dataset), not splits; "
+                          "--split test has nothing to pick. Leave out --split.")
+
+
+def test_a_list_of_images_column_names_the_columns_to_keep(tmp_path: Path) -> None:
+    features = datasets.Features({"image": datasets.Image(), "more": datasets.List(datasets.Image()),
+                                  "label": datasets.Value("int64")})
+    cell = {"bytes": png(1), "path": None}
+    datasets.Dataset.from_dict({"image": [cell] * 2, "more": [[cell, cell]] * 2, "label": [0, 1]},
+                               features=features).to_parquet(str(tmp_path / "x.parquet"))
+    error = refused(tmp_path / "x.parquet", tmp_path)
+    assert str(error) == (f"{tmp_path / 'x.parquet'}: column 'more' holds a list of images, which fastdata does not "
+                          "convert (one image per field). Leave it out: --columns image,label.")
+    assert fastdata.convert(tmp_path / "x.parquet", tmp_path / "kept.npy", columns="image,label", workers=0)["count"] == 2
+
+
+def test_a_map_column_is_stored_as_a_json_object(tmp_path: Path) -> None:
+    maps = pa.array([[("a", 1), ("b", 2)], [], [("c", 3)]], pa.map_(pa.string(), pa.int64()))
+    pq.write_table(image_table(m=maps), tmp_path / "x.parquet")
+    fastdata.convert(tmp_path / "x.parquet", tmp_path / "out.npy", workers=0)
+    ds = fastdata.open_dataset(tmp_path / "out.npy")
+    assert [ds[i]["m"] for i in range(3)] == [{"a": 1, "b": 2}, {}, {"c": 3}]
+
+
+def test_an_image_path_naming_a_folder_says_so(tmp_path: Path) -> None:
+    (tmp_path / "img/folder").mkdir(parents=True)
+    table = pa.table({"image": [{"bytes": None, "path": "img/folder"}], "label": [0]})
+    pq.write_table(table, tmp_path / "x.parquet")
+    error = refused(tmp_path / "x.parquet", tmp_path)
+    assert str(error) == (f"{tmp_path / 'x.parquet'} row 0: cannot read image (column 'image': image path "
+                          f"{str(tmp_path / 'img/folder')!r} names a folder, not an image file). Re-run with --skip-bad "
+                          "to leave it out.")
+
+
+def test_an_iterable_dataset_with_a_format_converts_as_the_dataset_does(tmp_path: Path) -> None:
+    streamed = hf_dataset().to_iterable_dataset().with_format("torch")
+    manifest = fastdata.convert(streamed, tmp_path / "out.npy", workers=0)
+    assert manifest["count"] == 8
+    ds = fastdata.open_dataset(tmp_path / "out.npy")
+    assert [int(ds[i]["label"]) for i in range(8)] == [i % 3 for i in range(8)]
+    assert [ds[i]["text"] for i in range(8)] == [f"t{i}" for i in range(8)]

@@ -120,6 +120,14 @@ class PlainKind(ColumnKind):
         self.hint = hint
 
 
+class ImageListKind(PlainKind):
+    """A list of images (``List(Image())``): fastdata stores one image per field, so such a column
+    is refused when chosen (:func:`choose`), naming ``--columns``."""
+
+    def __init__(self) -> None:
+        super().__init__("json")
+
+
 class FloatKind(ColumnKind):
     """Floats kept in the column's dtype (a float32 column stays float32)."""
 
@@ -196,6 +204,7 @@ def _rows() -> list[tuple[Callable[[Any, dict | None], bool], Callable[[Any], Co
         (lambda t, f: pa.types.is_floating(t), lambda t: FloatKind(t.to_pandas_dtype().__name__)),
         (lambda t, f: pa.types.is_string(t) or pa.types.is_large_string(t), lambda t: PlainKind("text")),
         (lambda t, f: pa.types.is_binary(t) or pa.types.is_large_binary(t), lambda t: PlainKind("bytes")),
+        (lambda t, f: _is_list(t) and _is_image_struct(t.value_type, (f or {}).get("feature")), lambda t: ImageListKind()),
         (lambda t, f: _is_list(t), _list_kind),
         (lambda t, f: pa.types.is_struct(t) or pa.types.is_map(t), lambda t: PlainKind("json")),
     ]
@@ -263,6 +272,11 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
             raise InvalidOptionError(f"{where}: has no column {name!r} (columns: {available}). Check --columns and "
                                      "--label-column.")
     chosen = [by_name[n] for n in selected] if selected else list(columns)
+    for column in chosen:
+        if isinstance(column.kind, ImageListKind):
+            others = ",".join(c.name for c in chosen if not isinstance(c.kind, ImageListKind))
+            raise InvalidOptionError(f"{where}: column {column.name!r} holds a list of images, which fastdata does not "
+                                     f"convert (one image per field). Leave it out: --columns {others}.")
     if label_column is not None:
         label = by_name[label_column]
         if not isinstance(label.kind, PlainKind) or label.kind.hint is not None:

@@ -121,7 +121,7 @@ class TableSource(Source):
                 group = next(g for g, rows in enumerate(self.tables.groups(number)) if rows)
                 try:
                     batch = next(self.tables.slices(number, group, names, 1))  # one row read, not its group
-                    return {name: batch.column(name)[0].as_py() for name in names}
+                    return {name: batch.column(name)[0].as_py(maps_as_pydicts="strict") for name in names}
                 except (FastdataError, StopIteration):
                     raise
                 except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
@@ -281,7 +281,8 @@ class _Cursor:
             batch = next(self.batches, None)
             if batch is None:  # fewer rows than the metadata said
                 raise ValueError(f"it ends before row {self.first}")
-            self.rows, self.cells = batch.num_rows, {c.name: batch.column(c.name).to_pylist() for c in source.columns}
+            self.rows, self.cells = batch.num_rows, {c.name: batch.column(c.name).to_pylist(maps_as_pydicts="strict")
+                                                   for c in source.columns}
         except SourceReadError:  # the network or the disk, not the group: nothing kept as bad
             source.forget()
             raise
@@ -298,6 +299,8 @@ def _why(exc: BaseException) -> str:
         return "not a recognised image file"
     if isinstance(exc, FileNotFoundError):
         return f"image file not found ({exc.filename or exc})"
+    if isinstance(exc, IsADirectoryError):
+        return f"image path {exc.filename!r} names a folder, not an image file"
     return (one_line(str(exc)) or type(exc).__name__)[:200]
 
 
@@ -379,8 +382,8 @@ def _streamed(dataset: Any) -> Any:
     gives other rows than its files hold: refused."""
     iterable = getattr(dataset, "_ex_iterable", None)
     arguments = getattr(iterable, "kwargs", None) or {}
-    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
-        and getattr(dataset, "_formatting", None) is None
+    # a format (with_format("torch")) changes only the Python type of what it yields: fastdata reads the rows itself
+    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None
     if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
         datasets = require("datasets", extra="hf", feature="Converting a datasets.IterableDataset")
         return datasets.concatenate_datasets(list(arguments["shards"]))

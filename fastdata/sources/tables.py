@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -21,6 +22,7 @@ from fastdata.extras import require
 from fastdata.urls import is_url
 
 PARQUET = ".parquet"
+logger = logging.getLogger("fastdata")
 OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
 READ_BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read this much at a time
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
@@ -53,6 +55,9 @@ def pick_split(paths: list[str], root: str, split: str | None, spec: str) -> lis
         if split not in by_split:
             raise InvalidOptionError(f"{spec!r} has no split {split!r} (splits: {', '.join(names) or 'none named'}). "
                                      "Check --split.")
+        if by_split.get(None):  # files of no split: not silently left out
+            logger.warning("%r: --split %s leaves out %s, which belong%s to no split", spec, split,
+                           ", ".join(posixpath.basename(p) for p in by_split[None]), "" if len(by_split[None]) > 1 else "s")
         return by_split[split]
     if len(by_split) > 1:
         raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add --split "
@@ -72,10 +77,14 @@ def _walk_local(root: Path, depth: int = _DEPTH) -> list[str]:
     return found
 
 
+_DEEPER = 8  # how deep a folder is looked into for Parquet files too deep to read, which are then named
+
+
 def has_parquet(path: Path) -> bool:
-    """Whether a local folder holds Parquet files (at most three folders deep)."""
+    """Whether a local folder holds Parquet files (those deeper than three folders too: the
+    conversion then says where they are, rather than taking the folder for an image folder)."""
     try:
-        return bool(_walk_local(path))
+        return bool(_walk_local(path, _DEEPER))
     except OSError:
         return False
 
@@ -119,7 +128,13 @@ class ParquetFiles:
         if path.is_file():
             return str(path.parent), [str(path)]
         if path.is_dir():
-            return str(path), _walk_local(path)
+            found = _walk_local(path)
+            deeper = [] if found else _walk_local(path, _DEEPER)
+            if deeper:
+                raise InvalidOptionError(f"{spec!r}: its .parquet files lie more than {_DEPTH} folders deep (such as "
+                                         f"{deeper[0]!r}), deeper than a folder is searched. Give the folder that holds "
+                                         f"them, or a glob: '{os.path.join(spec, '**', '*.parquet')}'.")
+            return str(path), found
         raise SourceNotFoundError(f"Source {spec!r} does not exist.")
 
     def _list_remote(self, path: str) -> tuple[str, list[str]]:
@@ -339,6 +354,9 @@ class ArrowFiles:
         self.spec = str(folder)
         if (folder / "dataset_dict.json").is_file():
             folder = self._split_folder(folder, split)
+        elif split is not None:
+            raise InvalidOptionError(f"{str(folder)!r} holds one dataset (save_to_disk of a Dataset), not splits; "
+                                     f"--split {split} has nothing to pick. Leave out --split.")
         try:
             state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
             self.paths = [str(folder / entry["filename"]) for entry in state["_data_files"]]
