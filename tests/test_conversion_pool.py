@@ -17,6 +17,7 @@ from PIL import Image
 
 import fastdata
 from conftest import finish, run_fastdata
+from test_parquet import pixels, png  # 6x5 images that encode their row
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -24,21 +25,6 @@ pq = pytest.importorskip("pyarrow.parquet")
 FILES, ROWS, GROUP_ROWS = 3, 40, 16  # 120 rows: more than the pool's threshold (64)
 # one file larger than fsspec's read-ahead block (5 MB, which the parent's probe would have fetched whole)
 NOISE_ROWS, NOISE_GROUP_ROWS = 480, 20
-
-
-def pixels(index: int) -> np.ndarray:
-    """A 6x5 RGB image that encodes ``index`` (a lost or swapped row shows)."""
-    array = np.zeros((6, 5, 3), np.uint8)
-    array[..., 0] = index
-    array[..., 1] = 255 - index
-    array[index % 6, index % 5, 2] = 200
-    return array
-
-
-def png(index: int) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels(index)).save(out, "PNG")
-    return out.getvalue()
 
 
 def write_shards(folder: Path) -> Path:

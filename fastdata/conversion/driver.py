@@ -44,7 +44,7 @@ from fastdata.formats import get_format, require_manifest
 from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
 from fastdata.files import remove_path
-from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputWriteError, PartsError, RemoteError
+from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputLockedError, OutputWriteError, PartsError, RemoteError
 from fastdata.remote.cachedir import write_error, writing_to
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset, open_remote
 from fastdata.remote.filesystem import scrub
@@ -114,7 +114,12 @@ def refuse_early(output: Path, options: ConvertOptions) -> None:
     if not (options.overwrite or options.resume):
         check_existing(output, overwrite=False, resume=False)
     if output.parent.is_dir():
-        with ConversionLock(output):
+        try:
+            with ConversionLock(output):
+                pass
+        except OutputLockedError:
+            raise
+        except OSError:  # a folder it cannot write in: run_conversion names it, with the fix
             pass
 
 
