@@ -103,16 +103,15 @@ def convert(
     if options.part is not None:
         src, reopen = open_source(source, options), source_argument(source, options)
         return restarting(lambda mode: convert_part(src, output, options, progress, source=reopen, mode=mode))
-    refuse_early(output, options)
+    refuse_early(output)
     return run_conversion(open_source(source, options), output, options, progress)
 
 
-def refuse_early(output: Path, options: ConvertOptions) -> None:
-    """What is refused before the source is opened (which may list a bucket or read every
-    file's metadata): an existing output without ``--overwrite``/``--resume``, and an output
-    that another conversion is writing. :func:`run_conversion` checks both again, holding the lock."""
-    if not (options.overwrite or options.resume):
-        check_existing(output, overwrite=False, resume=False)
+def refuse_early(output: Path) -> None:
+    """An output that another conversion is writing, refused before the source is opened (which
+    may list a bucket or read every file's metadata); :func:`run_conversion` takes the lock for
+    the conversion. (An existing output is refused once the source is open: whether it is the
+    source itself, which the message then says, needs the source's paths.)"""
     if output.parent.is_dir():
         try:
             with ConversionLock(output):
