@@ -16,10 +16,13 @@ process per case, whole runs including start-up:
 Then the peak memory (RSS of the process tree, sampled every 20 ms) of converting one file holding
 the large set's rows ``--copies`` times (250 MB by default) in one process (``--workers 0``),
 above that of a process that only imports what the conversion imports (fastdata, pyarrow,
-Pillow), against ``--budget-mb`` (the file is larger than that budget).
+Pillow), against ``--budget-mb`` (the file is larger than that budget). Last, the peak memory of
+converting one file that is a single row group of ``--group-mb`` MB (the large set's rows repeated;
+``df.to_parquet()`` writes groups of up to 1 Mi rows): in one process, and with the default
+workers under fork and under spawn (the whole process tree).
 
     python benchmarks/bench_parquet.py --small 20000 --large 2000 --out /tmp/bench-parquet
-    python benchmarks/bench_parquet.py --memory-only --out /tmp/bench-parquet   # the memory line alone
+    python benchmarks/bench_parquet.py --memory-only --out /tmp/bench-parquet   # the memory lines alone
 
 Rows are printed as JSON, then a table; ``os.cpu_count()`` is printed. Nothing here is a test.
 """
@@ -55,8 +58,10 @@ print(rows, size)
 """
 
 FASTDATA = r"""
-import sys, fastdata
-workers = int(sys.argv[4]) if len(sys.argv) > 4 else None
+import multiprocessing, sys, fastdata
+workers = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "default" else None
+if len(sys.argv) > 5:
+    multiprocessing.set_start_method(sys.argv[5])  # the conversion pool's start method
 m = fastdata.convert(sys.argv[1], sys.argv[2], store=sys.argv[3], workers=workers)
 print(m["count"])
 """
@@ -126,6 +131,23 @@ def repeated(data: Path, folder: Path, copies: int) -> Path:
     return folder
 
 
+def one_group(data: Path, folder: Path, group_mb: int) -> Path:
+    """One Parquet file holding ``data``'s rows repeated to ``group_mb`` MB, in a single row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = folder / "train-00000-of-00001.parquet"
+    if target.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = [pq.read_table(path) for path in sorted(data.glob("*.parquet"))]
+    table = pa.concat_tables(tables)
+    copies = max(1, -(-group_mb * 2**20 // table.nbytes))
+    whole = pa.concat_tables([table] * copies)
+    pq.write_table(whole, target, row_group_size=whole.num_rows)
+    return folder
+
+
 def tree_rss(pid: int) -> int:
     import psutil
 
@@ -173,6 +195,8 @@ def main() -> None:
                         help="the memory measurement's file: the large set's rows this many times over, one file")
     parser.add_argument("--budget-mb", type=int, default=100,
                         help="the memory budget (above an import-only process) that the large file exceeds")
+    parser.add_argument("--group-mb", type=int, default=300,
+                        help="the single row group's size for the last memory measurement (MB)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="bench-parquet-"))
@@ -209,15 +233,42 @@ def main() -> None:
     baseline = run_case(BASELINE)
     memory = run_case(FASTDATA, str(data), str(out), "encoded", "0")
     print(json.dumps({"case": "memory", "baseline": baseline, "convert_workers_0": memory}), flush=True)
+    grouped = _one_group_memory(work, args.group_mb)
     print(f"\nos.cpu_count() = {os.cpu_count()}")
     if not rows:
-        return _memory_line(made, memory, baseline, args.budget_mb, None)
+        _memory_line(made, memory, baseline, args.budget_mb, None)
+        return _group_line(grouped, baseline)
     print(f"{'set':6} {'case':18} {'samples/s':>10} {'wall s':>8} {'CPU ms/sample':>14} {'peak RSS MB':>12}")
     for row in rows:
         print(f"{row['set']:6} {row['case']:18} {row['samples_per_s']:>10} {row['wall_s']:>8} "
               f"{row['cpu_ms_per_sample']:>14} {row['peak_rss_mb']:>12}")
     large = next(r for r in rows if r["set"] == "large" and r["case"] == "fastdata encoded")
     _memory_line(made, memory, baseline, args.budget_mb, large["peak_rss_mb"])
+    _group_line(grouped, baseline)
+
+
+def _one_group_memory(work: Path, group_mb: int) -> dict:
+    """Peak RSS converting one file of a single ``group_mb`` MB row group: in one process, and
+    with the default workers forked and spawned."""
+    data = one_group(work / "large-data", work / f"large-group-{group_mb}mb", group_mb)
+    made = sum(p.stat().st_size for p in data.glob("*.parquet")) / 2**20
+    cases = {"workers 0": ("0",), "default workers, fork": ("default", "fork"),
+             "default workers, spawn": ("default", "spawn")}
+    result = {"group_mb": round(made, 1)}
+    for label, extra in cases.items():
+        out = work / "large-group.npy"
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+        result[label] = run_case(FASTDATA, str(data), str(out), "encoded", *extra)
+    print(json.dumps({"case": "one row group", **result}), flush=True)
+    return result
+
+
+def _group_line(grouped: dict, baseline: dict) -> None:
+    print(f"peak memory converting one file of a single {grouped['group_mb']} MB row group (the whole process "
+          f"tree; a process that only imports: {baseline['peak_rss_mb']} MB):")
+    for label, case in grouped.items():
+        if label != "group_mb":
+            print(f"  {label:24} {case['peak_rss_mb']:>8} MB RSS  {case['wall_s']:>7} s")
 
 
 def _memory_line(made_mb: float, memory: dict, baseline: dict, budget_mb: int, pooled_mb: float | None) -> None:

@@ -121,6 +121,11 @@ class RemoteUnavailableError(RemoteError, ConnectionError):
     """The server did not answer (after every retry), or answered with an error."""
 
 
+class SourceReadError(FastdataError, OSError):
+    """Reading the source's bytes failed (the network, the disk): no sample is at fault, so
+    ``--skip-bad`` does not skip it; the message names the file and the cause."""
+
+
 class CacheWriteError(FastdataError, OSError):
     """The local cache of remote files (``cache_dir``) cannot be written: its disk is full, or
     it is read-only or not writable; the message names the folder and the fix."""

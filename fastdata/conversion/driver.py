@@ -44,7 +44,7 @@ from fastdata.formats import get_format, require_manifest
 from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
 from fastdata.files import remove_path
-from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputWriteError, PartsError, RemoteError
+from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputLockedError, OutputWriteError, PartsError, RemoteError
 from fastdata.remote.cachedir import write_error, writing_to
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset, open_remote
 from fastdata.remote.filesystem import scrub
@@ -103,7 +103,23 @@ def convert(
     if options.part is not None:
         src, reopen = open_source(source, options), source_argument(source, options)
         return restarting(lambda mode: convert_part(src, output, options, progress, source=reopen, mode=mode))
+    refuse_early(output)
     return run_conversion(open_source(source, options), output, options, progress)
+
+
+def refuse_early(output: Path) -> None:
+    """An output that another conversion is writing, refused before the source is opened (which
+    may list a bucket or read every file's metadata); :func:`run_conversion` takes the lock for
+    the conversion. (An existing output is refused once the source is open: whether it is the
+    source itself, which the message then says, needs the source's paths.)"""
+    if output.parent.is_dir():
+        try:
+            with ConversionLock(output):
+                pass
+        except OutputLockedError:
+            raise
+        except OSError:  # a folder it cannot write in: run_conversion names it, with the fix
+            pass
 
 
 def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,

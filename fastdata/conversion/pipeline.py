@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import sys
 import threading
 from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.errors import BadSampleError, ShapeMismatchError
+from fastdata.errors import BadSampleError, RemoteError, ShapeMismatchError, SourceReadError
 from fastdata.fields import FieldError
 from fastdata.fields.values import check_record
 from fastdata.conversion.spatial import moves_with_image, store_field, transform_fields
@@ -40,7 +41,7 @@ def _reason(exc: BaseException) -> str:
         return "file not found (broken symlink?)"
     if isinstance(exc, (Image.DecompressionBombError, TooManyPixelsError)):
         return str(exc)
-    text = str(exc) or type(exc).__name__
+    text = " ".join(str(exc).split()) or type(exc).__name__  # one line (pyarrow's and others' texts span several)
     if "truncated" in text.lower():  # Pillow says this several ways ("Truncated File Read", ...)
         return "image file is truncated"
     return text[:200]
@@ -79,7 +80,11 @@ class Job:
     def fail(self, index: int, exc: BaseException, stage: str) -> BadSampleError:
         """The error for a sample that failed while reading its header (``stage="read"``) or
         decoding it (``"decode"``); dataset sources fail while loading the sample either way."""
-        what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
+        image = getattr(getattr(self.src, "image", None), "name", None)  # a table's image column
+        if isinstance(exc, CellError) and exc.column != image:  # a table's other column: not the image's fault
+            what = "cannot convert sample"
+        else:
+            what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
         return BadSampleError(
             f"{self.src.sample_name(index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
         )
@@ -150,7 +155,7 @@ class Job:
                     label, payload = self.sample(index)
                 else:
                     label, payload, stored = self.sample_record(index)
-            except (ShapeMismatchError, ModeConflict):
+            except (ShapeMismatchError, ModeConflict, SourceReadError, RemoteError):  # not the sample's fault
                 raise
             except FieldError as exc:
                 if not self.options.skip_bad:
@@ -198,8 +203,19 @@ _WORKER_JOB: Job | None = None
 def _init_worker(job: Job) -> None:
     global _WORKER_JOB
     become_worker()
+    _one_torch_thread()
     disable_pillow_limit()
     _WORKER_JOB = job
+
+
+def _one_torch_thread() -> None:
+    """torch on one intra-op thread in this worker, as in the loader's workers: the pool forks
+    after the parent may have run an OpenMP region (reading the first sample of a Dataset that
+    uses torch ops), and libgomp's threads do not survive a fork (its next parallel region waits
+    for them for ever); one thread runs no region. torch not imported: nothing to do."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _worker_chunk(indices: list[int]) -> Batch:
@@ -232,6 +248,7 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         if self.workers > 1 and self.count > 64:
+            self.job.src.forget()  # the probe's rows: neither kept by this process nor inherited
             with stop_signals_held():
                 self.pool = multiprocessing.get_context().Pool(self.workers, _init_worker, (self.job,))
         return self

@@ -95,6 +95,10 @@ class Source:
         """Paths this source reads, which the output may not be, lie in, or contain."""
         return []
 
+    def forget(self) -> None:
+        """Drop what this process keeps of the samples it read (a table's current rows): called
+        before a conversion pool forks, whose workers read their own."""
+
     def take(self, start: int, stop: int) -> "Source | None":
         """Samples ``start:stop`` as a small source of their own (index 0 is ``start``), for work
         sent to another machine; None when this source cannot be cut (it is then sent whole)."""

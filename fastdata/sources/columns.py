@@ -199,6 +199,14 @@ class ClassLabelKind(PlainKind):
         return check_class_label(cell, self.names)
 
 
+class ImageListKind(PlainKind):
+    """A list of images (``List(Image())``): fastdata stores one image per field, so such a column
+    is refused when chosen (:func:`choose`), naming ``--columns``."""
+
+    def __init__(self) -> None:
+        super().__init__("json")
+
+
 class FloatKind(ColumnKind):
     """Floats kept in the column's dtype (a float32 column stays float32)."""
 
@@ -326,6 +334,7 @@ def _rows() -> list[tuple[Callable[[Any, dict | None], bool], Callable[[Any], Co
         (lambda t, f: pa.types.is_floating(t), lambda t: FloatKind(t.to_pandas_dtype().__name__)),
         (lambda t, f: pa.types.is_string(t) or pa.types.is_large_string(t), lambda t: PlainKind("text")),
         (lambda t, f: pa.types.is_binary(t) or pa.types.is_large_binary(t), lambda t: PlainKind("bytes")),
+        (lambda t, f: _is_list(t) and _is_image_struct(t.value_type, (f or {}).get("feature")), lambda t: ImageListKind()),
         (lambda t, f: _is_list(t), _list_kind),
         (lambda t, f: pa.types.is_struct(t) or pa.types.is_map(t), lambda t: PlainKind("json")),
     ]
@@ -363,7 +372,7 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
     for test, make in _rows():
         if test(arrow_type, feature):
             kind = make(arrow_type)
-            names = tuple(feature["names"]) if (feature or {}).get("_type") == "ClassLabel" else None
+            names = _class_names(name, feature, where)
             if names is not None and type(kind) is PlainKind and kind.hint is None:
                 kind = ClassLabelKind(names)
             if type(kind) is ImageStructKind and (feature or {}).get("mode"):
@@ -371,6 +380,18 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
             return Column(name, kind, names)
     raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
                              "Leave it out with --columns.")
+
+
+def _class_names(name: str, feature: dict[str, Any] | None, where: str) -> tuple[str, ...] | None:
+    """A ``ClassLabel`` feature's class names (None for another feature)."""
+    if (feature or {}).get("_type") != "ClassLabel":
+        return None
+    names = feature.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidOptionError(f"{where}: column {name!r} is a ClassLabel whose metadata lists no class names "
+                                 f"(names: {names!r}); the file's Hugging Face metadata is damaged. Write the file "
+                                 "again with datasets, or pass --label-column to read the labels as plain integers.")
+    return tuple(names)
 
 
 def detect_image_bytes(columns: list[Column], first_cells: dict[str, Any]) -> list[Column]:
@@ -391,6 +412,11 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
             raise InvalidOptionError(f"{where}: has no column {name!r} (columns: {available}). Check --columns and "
                                      "--label-column.")
     chosen = [by_name[n] for n in selected] if selected else list(columns)
+    for column in chosen:
+        if isinstance(column.kind, ImageListKind):
+            others = ",".join(c.name for c in chosen if not isinstance(c.kind, ImageListKind))
+            raise InvalidOptionError(f"{where}: column {column.name!r} holds a list of images, which fastdata does not "
+                                     f"convert (one image per field). Leave it out: --columns {others}.")
     if label_column is not None:
         label = by_name[label_column]
         if not isinstance(label.kind, PlainKind) or label.kind.hint is not None or isinstance(label.kind, BoolKind):

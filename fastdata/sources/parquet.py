@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import FastdataError, InvalidOptionError, SourceReadError
 from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
+from fastdata.remote.failures import one_line
 from fastdata.sources.base import Protected, Source
 from fastdata.sources.columns import (CellContext, Column, check_class_label, check_field_names, choose, column_of,
                                       detect_image_bytes, hf_features)
@@ -137,8 +138,21 @@ class TableSource(Source):
         for number in range(len(self.tables)):
             if any(self.tables.groups(number)):
                 group = next(g for g, rows in enumerate(self.tables.groups(number)) if rows)
-                table = self.tables.read(number, group, names)
-                return {name: _first_valid(table.column(name)) for name in names}
+                try:
+                    found: dict[str, Any] = {}
+                    for batch in self.tables.slices(number, group, names, SLICE_ROWS):  # slices, not the group
+                        for name in names:
+                            if found.get(name) is None:
+                                found[name] = _first_valid(batch.column(name))
+                        if all(found.get(name) is not None for name in names):
+                            break
+                    return {name: found.get(name) for name in names}
+                except FastdataError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
+                    raise InvalidOptionError(
+                        f"{self.tables.name(number)}: row group {group} cannot be read ({type(exc).__name__}: "
+                        f"{one_line(str(exc))[:160]}); the file is damaged. Write it again, or leave it out.") from exc
         return {}
 
     def _plan_rows(self) -> None:
@@ -187,24 +201,23 @@ class TableSource(Source):
         return f"{self.tables.name(int(self.group_files[group]))} row {int(self.group_firsts[group]) + row}"
 
     def _cells(self, index: int) -> tuple[dict[str, list[Any]], int, int]:
-        """The columns (as Python lists) of the group row ``index`` lies in, the row in the group
-        and the file; one group is kept per process, the last read."""
+        """The columns (as Python lists) of the slice of :data:`SLICE_ROWS` rows that row
+        ``index`` lies in, the row in the slice and the file. A group is read forwards, one slice
+        at a time (a process reads its rows in order): one slice is kept per process, the last
+        read, and a row before it opens its group again."""
         group, row = self._locate(index)
-        if self._group is None or self._group[0] != group:
-            number = int(self.group_files[group])
-            try:
-                table = self.tables.read(number, int(self.group_numbers[group]), [c.name for c in self.columns])
-                cells: Any = {c.name: table.column(c.name).to_pylist() for c in self.columns}
-            except InvalidOptionError as exc:  # the file itself cannot be opened: every row of it fails
-                cells = exc
-            except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
-                cells = ValueError(f"row group {int(self.group_numbers[group])} cannot be read "
-                                   f"({type(exc).__name__}: {str(exc)[:120]})")
-            self._group = (group, cells)
-        cells = self._group[1]
-        if isinstance(cells, Exception):
-            raise cells
-        return cells, row, int(self.group_files[group])
+        cursor = self._group
+        if cursor is None or cursor.group != group or row < cursor.first:
+            cursor = self._group = _Cursor(group)
+        while isinstance(cursor.cells, dict) and row >= cursor.first + cursor.rows:
+            cursor.next_slice(self)
+        if isinstance(cursor.cells, Exception):
+            raise cursor.cells
+        return cursor.cells, row - cursor.first, int(self.group_files[group])
+
+    def forget(self) -> None:
+        """Drop the slice this process holds (the parent's probe), before the pool forks."""
+        self._group = None
 
     def _context(self, number: int, read: ReadOptions) -> CellContext:
         return CellContext(read, lambda path: self.tables.read_relative(number, path))
@@ -213,6 +226,8 @@ class TableSource(Source):
         cell = cells[column.name][row]
         try:
             return column.kind.value(cell, context) if cell is not None or column.kind.image else column.kind.empty()
+        except SourceReadError:
+            raise
         except Exception as exc:  # noqa: BLE001 - Pillow and numpy raise many types for a bad cell
             raise CellError(column.name, _why(exc)) from exc
 
@@ -232,6 +247,8 @@ class TableSource(Source):
         label = cells[self.label.name][row]
         if isinstance(label, bool) or not isinstance(label, int):
             raise CellError(self.label.name, f"the label is {label!r}, not an integer")
+        if not -2**63 <= label < 2**63:  # a uint64 cell: labels are stored as int64
+            raise CellError(self.label.name, f"the label {label} does not fit a 64-bit signed integer")
         if self.label.names is not None:
             try:
                 check_class_label(label, self.label.names)
@@ -243,6 +260,8 @@ class TableSource(Source):
         cells, row, number = self._cells(index)
         try:
             return column.kind.encoded(cells[column.name][row], self._context(number, ReadOptions()))
+        except SourceReadError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a missing path, a null cell
             raise CellError(column.name, _why(exc)) from exc
 
@@ -282,7 +301,7 @@ def _meaning(schema: Any, features: dict[str, Any], name: str) -> tuple[Any, ...
 def _first_valid(column: Any) -> Any:
     """A column's first cell that is not null (None when all are)."""
     valid = column.drop_null()
-    return valid[0].as_py() if len(valid) else None
+    return valid[0].as_py(maps_as_pydicts="strict") if len(valid) else None
 
 
 def _feature_words(feature: Any) -> str:
@@ -295,6 +314,38 @@ def _feature_words(feature: Any) -> str:
     return f"the feature {text if len(text) <= 80 else text[:77] + '...'}"
 
 
+SLICE_ROWS = 64  # rows of a group turned into Python values at a time
+
+
+class _Cursor:
+    """Where a process is in one row group: the slice it holds (``cells``, from row ``first``,
+    ``rows`` long; or the error that reading the group met, which every later row of it gives)."""
+
+    def __init__(self, group: int):
+        self.group, self.first, self.rows = group, 0, 0
+        self.batches: Any = None
+        self.cells: dict[str, list[Any]] | Exception = {}
+
+    def next_slice(self, source: "TableSource") -> None:
+        number, group = int(source.group_files[self.group]), int(source.group_numbers[self.group])
+        self.first += self.rows
+        try:
+            if self.batches is None:
+                self.batches = source.tables.slices(number, group, [c.name for c in source.columns], SLICE_ROWS)
+            batch = next(self.batches, None)
+            if batch is None:  # fewer rows than the metadata said
+                raise ValueError(f"it ends before row {self.first}")
+            self.rows, self.cells = batch.num_rows, {c.name: batch.column(c.name).to_pylist(maps_as_pydicts="strict")
+                                                   for c in source.columns}
+        except SourceReadError:  # the network or the disk, not the group: nothing kept as bad
+            source.forget()
+            raise
+        except InvalidOptionError as exc:  # the file itself cannot be opened: every row of it fails
+            self.cells = exc
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged row group
+            self.cells = ValueError(f"row group {group} cannot be read ({type(exc).__name__}: {one_line(str(exc))[:120]})")
+
+
 def _why(exc: BaseException) -> str:
     from PIL import UnidentifiedImageError
 
@@ -302,7 +353,9 @@ def _why(exc: BaseException) -> str:
         return "not a recognised image file"
     if isinstance(exc, FileNotFoundError):
         return f"image file not found ({exc.filename or exc})"
-    return (str(exc) or type(exc).__name__)[:200]
+    if isinstance(exc, IsADirectoryError):
+        return f"image path {exc.filename!r} names a folder, not an image file"
+    return (one_line(str(exc)) or type(exc).__name__)[:200]
 
 
 def is_hf_dataset(value: Any) -> bool:
@@ -329,9 +382,23 @@ def is_table_source(source: Any) -> bool:
     return is_saved_dataset(path) or (path.is_dir() and has_parquet(path))
 
 
-def table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_column: str | None = None,
-                 split: str | None = None, storage_options: dict[str, Any] | None = None,
-                 config: str | None = None) -> TableSource:
+def table_source(source: Any, **options: Any) -> TableSource:
+    """The :class:`TableSource` ``source`` names (see :func:`is_table_source`); ``options`` as
+    :func:`_table_source` takes them. A file whose schema or metadata pyarrow cannot read (a
+    damaged file) is refused in one line naming it."""
+    try:
+        return _table_source(source, **options)
+    except FastdataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow's many errors for damaged bytes
+        shown = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+        raise InvalidOptionError(f"{os.fspath(shown)}: cannot be read as a table ({type(exc).__name__}: "
+                                 f"{one_line(str(exc))[:160]}); its data is damaged. Write it again.") from exc
+
+
+def _table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_column: str | None = None,
+                  split: str | None = None, storage_options: dict[str, Any] | None = None,
+                  config: str | None = None) -> TableSource:
     """The :class:`TableSource` ``source`` names (see :func:`is_table_source`); ``config``: the
     Hub configuration of a folder or URL holding several."""
     options = {"columns": columns, "label_column": label_column}
@@ -383,8 +450,8 @@ def _streamed(dataset: Any) -> Any:
     ``map``, ``filter``, ``shuffle`` or ``filters=`` gives other rows than its files hold: refused."""
     iterable = getattr(dataset, "_ex_iterable", None)
     arguments = getattr(iterable, "kwargs", None) or {}
-    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None \
-        and getattr(dataset, "_formatting", None) is None
+    # a format (with_format("torch")) changes only the Python type of what it yields: fastdata reads the rows itself
+    plain = type(iterable).__name__ == "ArrowExamplesIterable" and getattr(dataset, "_shuffling", None) is None
     if plain and arguments.get("shards") and all(type(s).__name__ == "Dataset" for s in arguments["shards"]):
         datasets = require("datasets", extra="hf", feature="Converting a datasets.IterableDataset")
         return datasets.concatenate_datasets(list(arguments["shards"]))

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata.errors import EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError, SourceReadError
 from fastdata.extras import require
 from fastdata.urls import is_url
 
 PARQUET = ".parquet"
+logger = logging.getLogger("fastdata")
 OBJECT_GROUP_ROWS = 1000  # a datasets.Dataset object's table, read this many rows at a time
+READ_BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read this much at a time
 _SHARD_NAME = re.compile(r"^(?P<split>.+?)-\d+-of-\d+\.parquet$")  # datasets' train-00000-of-00042.parquet
 _GLOB = re.compile(r"[*?\[]")
 _HUB_CACHE_REPO = re.compile(r"(datasets|models|spaces)--.+")  # huggingface_hub's cache folder of one repository
@@ -77,6 +80,9 @@ def pick_split(paths: list[str], root: str, split: str | None, spec: str, config
         if split not in by_split:
             raise InvalidOptionError(f"{spec!r} has no split {split!r} (splits: {', '.join(names) or 'none named'}). "
                                      "Check --split.")
+        if by_split.get(None):  # files of no split: not silently left out
+            logger.warning("%r: --split %s leaves out %s, which belong%s to no split", spec, split,
+                           ", ".join(posixpath.basename(p) for p in by_split[None]), "" if len(by_split[None]) > 1 else "s")
         return by_split[split]
     if len(by_split) > 1:
         raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add --split "
@@ -96,10 +102,14 @@ def _walk_local(root: Path, depth: int = _DEPTH) -> list[str]:
     return found
 
 
+_DEEPER = 8  # how deep a folder is looked into for Parquet files too deep to read, which are then named
+
+
 def has_parquet(path: Path) -> bool:
-    """Whether a local folder holds Parquet files (at most three folders deep)."""
+    """Whether a local folder holds Parquet files (those deeper than three folders too: the
+    conversion then says where they are, rather than taking the folder for an image folder)."""
     try:
-        return bool(_walk_local(path))
+        return bool(_walk_local(path, _DEEPER))
     except OSError:
         return False
 
@@ -119,8 +129,8 @@ class ParquetFiles:
         a streaming ``datasets.IterableDataset`` lists them), the first of them. ``config`` and
         ``split`` pick the files of one (configuration, split) (:func:`pick_split`)."""
         require_pyarrow(f"Reading Parquet ({spec!r})")
-        self.spec = spec
-        self.fs = None
+        self.spec, self.storage_options = spec, storage_options
+        self.fs, self._pid = None, os.getpid()
         if is_url(spec):
             from fastdata.remote.filesystem import filesystem
 
@@ -145,7 +155,13 @@ class ParquetFiles:
         if path.is_file():
             return str(path.parent), [str(path)]
         if path.is_dir():
-            return str(path), _walk_local(path)
+            found = _walk_local(path)
+            deeper = [] if found else _walk_local(path, _DEEPER)
+            if deeper:
+                raise InvalidOptionError(f"{spec!r}: its .parquet files lie more than {_DEPTH} folders deep (such as "
+                                         f"{deeper[0]!r}), deeper than a folder is searched. Give the folder that holds "
+                                         f"them, or a glob: '{os.path.join(spec, '**', '*.parquet')}'.")
+            return str(path), found
         raise SourceNotFoundError(f"Source {spec!r} does not exist.")
 
     def _list_remote(self, path: str) -> tuple[str, list[str]]:
@@ -167,29 +183,51 @@ class ParquetFiles:
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__, _open=None)
 
+    def _here(self) -> None:
+        """In a process other than the one that opened them (a forked conversion worker), drop
+        the inherited open file and filesystem: each process opens its own (an fsspec async
+        filesystem, s3fs, HTTP, gcsfs, adlfs, is not fork-safe: it fails or hangs in a child)."""
+        if self._pid != os.getpid():
+            self._pid, self._open = os.getpid(), None
+            if self.fs is not None:
+                from fastdata.remote.filesystem import filesystem
+
+                self.fs = filesystem(self.spec, self.storage_options)[0]  # fsspec's instance cache is per process
+
     def __len__(self) -> int:
         return len(self.paths)
 
     def name(self, number: int) -> str:
         """How messages name file ``number``: its URL, or its path."""
         path = self.paths[number]
-        if self.fs is None:
+        if self.fs is None or "://" in path:  # fsspec's HTTP filesystem keeps whole URLs as paths
             return path
         scheme = self.spec.split("://", 1)[0]
         return f"{scheme}://{path}"
 
     def file(self, number: int) -> Any:
         """The open ``pyarrow.parquet.ParquetFile`` (one kept open per process)."""
+        self._here()
         if self._open is None or self._open[0] != number:
             import pyarrow.parquet as pq
 
             if self._open is not None:
                 self._open[1].close()
-            source = self.fs.open(self.paths[number], "rb") if self.fs is not None else self.paths[number]
             try:
-                self._open = (number, pq.ParquetFile(source))
-            except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid / OSError for a damaged file
-                raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({str(exc)[:160]}).") from exc
+                source = self.paths[number] if self.fs is None else _Reads(self._remote_open(number), self.name(number),
+                                                                            self.storage_options)
+                # read page by page (no column chunk read whole, no row group buffered ahead): memory stays
+                # within a slice of rows (:meth:`slices`) however large the row group
+                self._open = (number, pq.ParquetFile(source, pre_buffer=False, buffer_size=READ_BUFFER_BYTES))
+            except FastdataError:
+                raise
+            except OSError as exc:
+                if exc.errno is None:  # pyarrow's OSError for a damaged file has no errno
+                    raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file "
+                                             f"({_one_line(exc)}).") from exc
+                raise read_failure(exc, self.name(number)) from exc
+            except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid for a damaged file
+                raise InvalidOptionError(f"{self.name(number)}: not a readable Parquet file ({_one_line(exc)}).") from exc
         return self._open[1]
 
     def schema(self, number: int) -> Any:
@@ -222,8 +260,35 @@ class ParquetFiles:
         metadata = self.file(number).metadata
         return [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
 
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Row group ``group`` of file ``number`` as record batches of ``rows`` rows, read as they
+        are asked for (never the whole group at once)."""
+        batches = self.file(number).iter_batches(batch_size=rows, row_groups=[group], columns=columns,
+                                                 use_threads=False)
+        while True:
+            try:
+                yield next(batches)
+            except StopIteration:
+                return
+            except OSError as exc:
+                if exc.errno is None or isinstance(exc, FastdataError):  # damaged bytes, or a read failure named
+                    raise
+                raise read_failure(exc, self.name(number)) from exc
+
+    def _remote_open(self, number: int) -> Any:
+        try:
+            return self.fs.open(self.paths[number], "rb")
+        except Exception as exc:  # noqa: BLE001 - the backend's errors: a missing object, the network
+            raise read_failure(exc, self.name(number), self.storage_options) from exc
+
     def read(self, number: int, group: int, columns: list[str]) -> Any:
-        return self.file(number).read_row_group(group, columns=columns)
+        parquet = self.file(number)
+        try:
+            return parquet.read_row_group(group, columns=columns)
+        except OSError as exc:
+            if exc.errno is None or isinstance(exc, FastdataError):  # damaged bytes, or a read failure already named
+                raise
+            raise read_failure(exc, self.name(number)) from exc
 
     def read_relative(self, number: int, relative: str) -> bytes:
         """The file at ``relative`` to data file ``number``'s folder; never outside that folder."""
@@ -235,8 +300,14 @@ class ParquetFiles:
             raise ValueError(f"image path {relative!r} lies outside the folder of the Parquet file; only paths inside "
                              "it are read")
         if self.fs is not None:
-            with self.fs.open(joined, "rb") as handle:
-                return handle.read()
+            self._here()
+            try:
+                with self.fs.open(joined, "rb") as handle:
+                    return handle.read()
+            except FileNotFoundError:  # the cell names a missing file: the sample's fault
+                raise
+            except Exception as exc:  # noqa: BLE001 - the network: no sample's fault
+                raise read_failure(exc, f"{self.name(number)}: image {relative!r}", self.storage_options) from exc
         real = _real_inside(_link_root(folder or "."), joined)
         if real is None:  # a symbolic link out of the folder
             raise ValueError(f"image path {relative!r} leads through a symbolic link out of the folder of the Parquet "
@@ -274,6 +345,56 @@ class ParquetFiles:
 
     def local_files(self) -> list[Path]:
         return [Path(p) for p in self.paths] if self.fs is None else []
+
+
+class _Reads:
+    """A remote Parquet file for pyarrow, whose failed reads are read failures
+    (:class:`~fastdata.errors.SourceReadError`), never taken for damaged bytes: pyarrow re-raises
+    what a Python file raises as it is."""
+
+    def __init__(self, handle: Any, name: str, storage_options: dict[str, Any] | None):
+        self.handle, self.name, self.storage_options = handle, name, storage_options
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.handle, attribute)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.handle, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - the backend's errors
+            raise read_failure(exc, self.name, self.storage_options) from exc
+
+    def read(self, *args: Any) -> Any:
+        return self._call("read", *args)
+
+    def readinto(self, *args: Any) -> Any:
+        return self._call("readinto", *args)
+
+    def seek(self, *args: Any) -> Any:
+        return self._call("seek", *args)
+
+    def tell(self) -> Any:
+        return self._call("tell")
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    """pyarrow's text for ``exc`` on one line (it spans several: a message, then its context)."""
+    from fastdata.remote.failures import one_line
+
+    return one_line(str(exc))[:limit]
+
+
+def read_failure(exc: BaseException, name: str, storage_options: dict[str, Any] | None = None) -> SourceReadError:
+    """The error for reading ``name`` failing with ``exc`` (the network, the disk, a file gone)."""
+    from fastdata.remote.failures import one_line
+    from fastdata.remote.filesystem import scrub
+
+    cause = scrub(f"{type(exc).__name__}: {one_line(str(exc))}"[:200], storage_options)
+    if isinstance(exc, FileNotFoundError):
+        return SourceReadError(f"{name}: not found ({cause}). Check the path or URL; a file that was removed while "
+                               "converting needs the source as it was.")
+    return SourceReadError(f"{name}: cannot be read ({cause}). This is a read failure, not a damaged sample "
+                           "(--skip-bad does not skip it): check the network or the disk, then run again.")
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -316,12 +437,17 @@ class ArrowFiles:
         self.spec = str(folder)
         if (folder / "dataset_dict.json").is_file():
             folder = self._split_folder(folder, split)
+        elif split is not None:
+            raise InvalidOptionError(f"{str(folder)!r} holds one dataset (save_to_disk of a Dataset), not splits; "
+                                     f"--split {split} has nothing to pick. Leave out --split.")
         try:
             state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
             names = [entry["filename"] for entry in state["_data_files"]]
+            if not names:
+                raise ValueError("its list of data files is empty")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidOptionError(f"{str(folder)!r}: its state.json does not list the dataset's Arrow files "
-                                     f"({exc}); was it written by datasets' save_to_disk?") from exc
+                                     f"({type(exc).__name__}: {exc}); was it written by datasets' save_to_disk?") from exc
         self.paths = [str(_inside(folder, name, "state.json names the Arrow file")) for name in names]
         self.folder = folder
         self._open: tuple[int, Any] | None = None
@@ -329,8 +455,11 @@ class ArrowFiles:
     def _split_folder(self, folder: Path, split: str | None) -> Path:
         try:
             splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({exc}).") from exc
+            if not isinstance(splits, list) or not splits or not all(isinstance(name, str) for name in splits):
+                raise ValueError(f"'splits' is {splits!r}, not a list of split names")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidOptionError(f"{str(folder)!r}: dataset_dict.json names no splits ({type(exc).__name__}: "
+                                     f"{exc}); was it written by datasets' save_to_disk?") from exc
         if split is None:
             if len(splits) == 1:
                 return _inside(folder, splits[0], "dataset_dict.json names the split")
@@ -357,7 +486,7 @@ class ArrowFiles:
                 reader = pa.ipc.open_stream(pa.memory_map(self.paths[number], "r"))
                 self._open = (number, (reader.schema, list(reader)))
             except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a damaged or missing file
-                raise InvalidOptionError(f"{self.paths[number]}: not a readable Arrow file ({str(exc)[:160]}).") from exc
+                raise InvalidOptionError(f"{self.paths[number]}: not a readable Arrow file ({_one_line(exc)}).") from exc
         return self._open[1][1]
 
     def schema(self, number: int) -> Any:
@@ -377,9 +506,17 @@ class ArrowFiles:
         return [batch.num_rows for batch in self.batches(number)]
 
     def read(self, number: int, group: int, columns: list[str]) -> Any:
+        """Record batch ``group``'s ``columns``, checked in full first: its buffers lie in the
+        memory-mapped file, and a damaged offset would read outside them (a crash, not an error)."""
         import pyarrow as pa
 
-        return pa.Table.from_batches([self.batches(number)[group]]).select(columns)
+        table = pa.Table.from_batches([self.batches(number)[group]]).select(columns)
+        table.validate(full=True)
+        return table
+
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Record batch ``group`` of file ``number`` in batches of ``rows`` rows (memory-mapped: no copy)."""
+        return iter(self.read(number, group, columns).to_batches(max_chunksize=rows))
 
     def read_relative(self, number: int, relative: str) -> bytes:
         raise ValueError(f"image path {relative!r} without bytes: a saved dataset keeps its images' bytes")
@@ -441,6 +578,10 @@ class ObjectTable:
         if self.indices is None:
             return table.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS).select(columns)
         return table.select(columns).take(self.indices.slice(group * OBJECT_GROUP_ROWS, OBJECT_GROUP_ROWS))
+
+    def slices(self, number: int, group: int, columns: list[str], rows: int) -> Iterator[Any]:
+        """Group ``group`` of the table in batches of ``rows`` rows (slices of it: no copy)."""
+        return iter(self.read(number, group, columns).to_batches(max_chunksize=rows))
 
     def read_relative(self, number: int, relative: str) -> bytes:
         with open(relative, "rb") as handle:  # datasets' own Image feature reads such paths as they are
