@@ -208,7 +208,7 @@ def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leave
         out = tmp_path / f"{columns}.npy"
         with pytest.raises(BadSampleError) as raised:
             fastdata.convert(path, out, columns=columns, workers=0)
-        assert str(raised.value) == f"{path} row 2: cannot read image ({reason}). Re-run with --skip-bad to leave it out."
+        assert str(raised.value) == f"{path} row 2: cannot convert sample ({reason}). Re-run with --skip-bad to leave it out."
         assert not out.exists()
         manifest = fastdata.convert(path, out, columns=columns, workers=0, skip_bad=True)
         assert manifest["skipped"] == [{"key": f"{path} row 2", "reason": reason}]
@@ -483,7 +483,7 @@ def test_a_null_where_the_kind_has_no_empty_value_is_a_bad_row(tmp_path: Path, n
     pq.write_table(pa.table({"image": [png(i) for i in range(3)], name: pa.array(cells, arrow_type)}), path)
     with pytest.raises(BadSampleError) as raised:
         fastdata.convert(path, tmp_path / "n.npy", workers=0)
-    assert str(raised.value) == (f"{path} row {at}: cannot read image (column {name!r}: null, and {what} has no empty "
+    assert str(raised.value) == (f"{path} row {at}: cannot convert sample (column {name!r}: null, and {what} has no empty "
                                  "value (a row needs a value in it)). Re-run with --skip-bad to leave it out.")
     assert not (tmp_path / "n.npy").exists()
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
@@ -502,7 +502,7 @@ def test_a_null_inside_a_list_is_a_bad_row_never_nan(tmp_path: Path, name: str, 
     pq.write_table(pa.table({"image": [png(i) for i in range(3)], name: pa.array(cells, arrow_type)}), path)
     with pytest.raises(BadSampleError) as raised:
         fastdata.convert(path, tmp_path / "n.npy", workers=0)
-    assert str(raised.value) == (f"{path} row 1: cannot read image (column {name!r}: null inside its list, and a list's "
+    assert str(raised.value) == (f"{path} row 1: cannot convert sample (column {name!r}: null inside its list, and a list's "
                                  "elements have no empty value (every element needs a value)). Re-run with --skip-bad "
                                  "to leave it out.")
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
