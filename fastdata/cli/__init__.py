@@ -12,11 +12,13 @@ torch loads only once the arguments are parsed, for a command that reads samples
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 from fastdata._version import __version__
@@ -55,6 +57,8 @@ _received: list[int] = []
 _main_pid: list[int] = []
 _caught: list[bool] = []
 _deferring: list[bool] = []
+_previous_unraisablehook: list[Any] = []
+_SEND_AGAIN_S = 0.05  # a dropped interrupt is sent again after this long (the code that dropped it has returned)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -72,6 +76,27 @@ def _on_signal(signum: int, frame: Any) -> None:
     _received.append(signum)
     if not _caught and not _deferring:
         raise KeyboardInterrupt
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    """A KeyboardInterrupt that :func:`_on_signal` raised where Python drops exceptions (a weakref
+    callback, a ``__del__``: h5py and the pool run Python there) is sent again to the main thread
+    shortly after, from a timer thread, once that code has returned: the command stops as if the
+    first had arrived elsewhere (without it, the conversion ran to its end and exited 0, after a
+    traceback). If the signal lands in such code again, it is sent again. Any other dropped
+    exception goes to the hook that was there before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received and not _caught \
+            and _main_pid and os.getpid() == _main_pid[0]:
+        send = getattr(signal, "pthread_kill", lambda _thread_id, signum: _thread.interrupt_main(signum))
+        _deferring.append(True)  # a signal while the timer starts is only recorded: the timer's comes after
+        try:
+            timer = threading.Timer(_SEND_AGAIN_S, send, (threading.main_thread().ident, _received[0]))
+            timer.daemon = True
+            timer.start()
+        finally:
+            _deferring.pop()
+        return
+    _previous_unraisablehook[0](unraisable)
 
 
 def _import_heavy_modules() -> None:
@@ -111,9 +136,13 @@ def _install_signal_handlers() -> dict[int, Any]:
     _deferring.clear()
     _main_pid[:] = [os.getpid()]
     try:
-        return {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
+        previous = {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
     except ValueError:  # not the main thread (main() called from a thread): leave them alone
         return {}
+    if sys.unraisablehook is not _on_unraisable:
+        _previous_unraisablehook[:] = [sys.unraisablehook]
+        sys.unraisablehook = _on_unraisable
+    return previous
 
 
 def _configure_logging() -> None:
@@ -144,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if previous and sys.unraisablehook is _on_unraisable:
+            sys.unraisablehook = _previous_unraisablehook[0]
 
 
 _WRITTEN_PATHS = ("output", "out")  # paths a command writes: a URL is refused, never made a local path
