@@ -179,10 +179,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
     try:
         if args.mix is not None:
-            from fastdata.cli.mixing import open_mix
+            from fastdata.cli.mixing import mix_lines, open_mix
 
             source = f"--mix {args.mix}"
-            result = bench_dataset(source, config, out, on_case, dataset=open_mix(args.mix))
+            result = bench_dataset(source, config, out, on_case, dataset=open_mix(args.mix), opened=mix_lines(args.mix))
         elif is_import_string(source):
             result = bench_dataset(source, config, out, on_case)
         else:
