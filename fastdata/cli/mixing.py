@@ -114,12 +114,10 @@ def mix_lines(text: str) -> list[str]:
     """The Python that builds the mix ``--mix`` names, as :func:`open_mix` does:
     ``ds = fastdata.mix([fastdata.MemmapDataset("a.npy"), ...], [3, 1])`` (after an import line
     for a reader that another package provides)."""
-    import fastdata
-
     entries, length, seed = mix_spec(text)
     imports, opened = [], []
     for reader, (path, _) in zip(_mixed_readers(entries), entries):
-        if getattr(fastdata, reader.__name__, None) is reader:
+        if reader.__module__.startswith("fastdata."):  # fastdata's readers: each at the package's top level
             name = f"fastdata.{reader.__name__}"
         else:
             name = f"{reader.__module__}.{reader.__qualname__}"
