@@ -117,6 +117,18 @@ def _import_heavy_modules() -> None:
         raise KeyboardInterrupt
 
 
+def _check_torch_pair() -> None:
+    """One line up front when torchvision's compiled operators do not load with this torch (a pair
+    installed apart): the versions look unpaired (cheap), and importing torchvision confirms it.
+    What needs torchvision then fails with the same line (:func:`fastdata.extras.require`)."""
+    from fastdata.extras import torchvision_problem, torchvision_suspect
+
+    if torchvision_suspect() and torchvision_problem():
+        logging.getLogger("fastdata").warning(
+            f"{torchvision_problem()} Until then, what uses torchvision fails (torchvision: sources, bench "
+            "--resize/--transform, fields such as boxes and masks).")
+
+
 def _forget_escaped_interrupt() -> None:
     """CPython remembers a KeyboardInterrupt that escaped any nested ``PyRun_*`` call (native
     code in torch and torchvision runs Python that way while it loads) and then ends the process
@@ -193,6 +205,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)  # --version and --help end here, before torch would load
         if getattr(args, "needs_torch", True):  # a command that reads samples: not info
             _import_heavy_modules()
+            _check_torch_pair()
         for role in _WRITTEN_PATHS:
             if not (role == "output" and args.command in ("convert", "merge")  # these upload to a URL
                     or role == "out" and args.command == "bench"):
