@@ -123,10 +123,17 @@ def _check_torch_pair() -> None:
     What needs torchvision then fails with the same line (:func:`fastdata.extras.require`)."""
     from fastdata.extras import torchvision_problem, torchvision_suspect
 
-    if torchvision_suspect() and torchvision_problem():
+    _deferring.append(True)  # torchvision's native start-up, as torch's: see _import_heavy_modules
+    try:
+        problem = torchvision_problem() if torchvision_suspect() else None
+    finally:
+        _deferring.clear()
+    if _received and not _caught:
+        raise KeyboardInterrupt
+    if problem:
         logging.getLogger("fastdata").warning(
-            f"{torchvision_problem()} Until then, what uses torchvision fails (torchvision: sources, bench "
-            "--resize/--transform, fields such as boxes and masks).")
+            f"{problem} Until then, what uses torchvision fails (torchvision: sources, bench --resize/--transform, "
+            "fields such as boxes and masks).")
 
 
 def _forget_escaped_interrupt() -> None:
