@@ -74,7 +74,7 @@ class InCallbacks:
         held = Held()
         watch = weakref.ref(held, lambda ref: time.sleep(0.004))
         del held  # its callback runs here, and sleeps
-        if index in (20, 300, 900):
+        if index in (20, 300, 900, 1500):
             open(f"reached-{index}", "w").close()
         return np.full((8, 8, 3), index % 256, dtype=np.uint8), index % 3
 
@@ -82,7 +82,7 @@ dataset = InCallbacks()
 """
 
 
-@pytest.mark.parametrize("moment", [20, 300, 900])
+@pytest.mark.parametrize("moment", [20, 300, 900, 1500])
 def test_ctrl_c_stops_a_conversion_even_inside_a_weakref_callback(tmp_path: Path, moment: int) -> None:
     (tmp_path / "incallbacks.py").write_text(CALLBACK_SOURCE)
     out = tmp_path / "out" / "c.h5"

@@ -16,6 +16,7 @@ import _thread
 import argparse
 import logging
 import os
+import random
 import signal
 import sys
 import threading
@@ -58,7 +59,10 @@ _main_pid: list[int] = []
 _caught: list[bool] = []
 _deferring: list[bool] = []
 _previous_unraisablehook: list[Any] = []
-_SEND_AGAIN_S = 0.05  # a dropped interrupt is sent again after this long (the code that dropped it has returned)
+_timers: list[threading.Timer] = []
+# a dropped interrupt is sent again after a random wait in this range: the code that dropped it has
+# returned, and a loop that runs such code at a steady pace is met at a new phase of it each time
+_SEND_AGAIN_S = (0.01, 0.06)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -87,16 +91,34 @@ def _on_unraisable(unraisable: Any) -> None:
     exception goes to the hook that was there before."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received and not _caught \
             and _main_pid and os.getpid() == _main_pid[0]:
-        send = getattr(signal, "pthread_kill", lambda _thread_id, signum: _thread.interrupt_main(signum))
         _deferring.append(True)  # a signal while the timer starts is only recorded: the timer's comes after
         try:
-            timer = threading.Timer(_SEND_AGAIN_S, send, (threading.main_thread().ident, _received[0]))
+            timer = threading.Timer(random.uniform(*_SEND_AGAIN_S), _send_again,
+                                    (threading.main_thread().ident, _received[0]))
             timer.daemon = True
+            _timers.append(timer)
             timer.start()
         finally:
             _deferring.pop()
         return
     _previous_unraisablehook[0](unraisable)
+
+
+def _send_again(thread_id: int, signum: int) -> None:
+    """The timer's half of :func:`_on_unraisable`: the signal again, unless :func:`main` has caught one."""
+    if not _caught:
+        if hasattr(signal, "pthread_kill"):
+            signal.pthread_kill(thread_id, signum)
+        else:
+            _thread.interrupt_main(signum)
+
+
+def _stop_timers() -> None:
+    """No signal is sent again once :func:`main` is done (the handlers it restores would raise it)."""
+    for timer in _timers:
+        timer.cancel()
+        timer.join()
+    _timers.clear()
 
 
 def _import_heavy_modules() -> None:
@@ -190,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     finally:
+        _caught.append(True)  # from here on a signal is only recorded
+        _stop_timers()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if previous and sys.unraisablehook is _on_unraisable:
