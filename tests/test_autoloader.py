@@ -176,9 +176,8 @@ def test_the_documented_auto_example_runs_as_it_is(tmp_path: Path) -> None:
     result = run(example)
     tuned, *decisions = [ast.literal_eval(line) for line in result.stdout.splitlines()]
     assert {"backend", "num_workers"} <= set(tuned) and tuned["backend"] in ("thread", "process")
-    assert [set(decision) for decision in decisions] == [
-        {"batch", "elapsed_s", "backend", "num_workers", "prefetch", "samples_per_s", "wait_fraction", "reason"}
-    ] * len(decisions)
+    documented = {"batch", "elapsed_s", "backend", "num_workers", "prefetch", "samples_per_s", "wait_fraction", "reason"}
+    assert all(documented <= set(decision) for decision in decisions)
     logged = [line for line in result.stderr.splitlines() if line.startswith("INFO:fastdata:")]
     assert logged == [f"INFO:fastdata:{decision['reason']}" for decision in decisions]
     short = run(example.replace("4_000", "300"))  # 2 batches an epoch: no window ends, nothing decided
