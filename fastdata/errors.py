@@ -63,6 +63,11 @@ class DependencyMissingError(FastdataError, ImportError):
     """An optional package that the requested feature needs is not installed."""
 
 
+class DependencyMismatchError(FastdataError, ImportError):
+    """Two installed packages that must be built together (torch and torchvision) are not: the
+    second one's compiled code does not load."""
+
+
 class OutputLockedError(FastdataError, BlockingIOError):
     """Another conversion is writing the same output right now."""
 

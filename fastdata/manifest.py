@@ -29,6 +29,24 @@ _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _MAX_DEPTH = 64  # of nested lists and objects in a manifest
 
 
+class Manifest(dict):
+    """A written dataset's manifest, the plain dict it always was (keys, ``json.dumps``, ``==``),
+    shown short in a REPL: format, store, samples, image and classes, not its kilobytes of
+    checksums and options (``dict(manifest)`` or ``fastdata info --json`` shows them all)."""
+
+    def __repr__(self) -> str:
+        if not isinstance(self.get("count"), int) or not isinstance(self.get("format"), str):
+            return dict.__repr__(self)  # not a dataset's manifest (a --part record): as it is
+        image = self.get("image") if isinstance(self.get("image"), dict) else {}
+        shape = image.get("shape")
+        pixels = ("x".join(map(str, shape)) + f" {image.get('dtype')}" if shape else
+                  f"encoded ({image.get('encoding')})" if image.get("encoding") else None)
+        classes = self.get("classes") or []
+        parts = [f"{self['format']} {self.get('store')}", f"{self['count']:,} samples",
+                 *([pixels] if pixels else []), f"{len(classes)} classes" if classes else "no classes"]
+        return f"<fastdata manifest: {', '.join(parts)}; dict(manifest) for every key>"
+
+
 def file_checksum(path: str | os.PathLike) -> str:
     """Return the hex blake2b digest of a file's contents."""
     digest = hashlib.blake2b(digest_size=32)

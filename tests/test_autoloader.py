@@ -9,6 +9,7 @@ themselves are tested on simulated windows in test_autotune.py)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -381,3 +382,34 @@ def test_auto_goes_back_to_the_serial_loop_after_a_slow_phase(tmp_path, monkeypa
                for e in after), after
     assert after[-1]["num_workers"] == 0 and "settled: " in after[-1]["reason"], after
     auto.close()
+
+
+def test_the_documented_auto_example_runs_as_it_is(tmp_path: Path) -> None:
+    """docs/reading.md's ``num_workers="auto"`` example, run as a user pastes it (its own process,
+    the real window lengths): what it prints is the setting and each decision, also on a run too
+    short for any decision (the log is then empty)."""
+    import ast
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    docs = (ROOT / "docs" / "reading.md").read_text()
+    example = docs.split("<!-- example: auto -->\n```python\n")[1].split("```")[0]
+    def run(text: str) -> subprocess.CompletedProcess:
+        script = tmp_path / "example.py"
+        script.write_text(text)
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    result = run(example)
+    tuned, *decisions = [ast.literal_eval(line) for line in result.stdout.splitlines()]
+    assert {"backend", "num_workers"} <= set(tuned) and tuned["backend"] in ("thread", "process")
+    documented = {"batch", "elapsed_s", "backend", "num_workers", "prefetch", "samples_per_s", "wait_fraction", "reason"}
+    assert all(documented <= set(decision) for decision in decisions)
+    logged = [line for line in result.stderr.splitlines() if line.startswith("INFO:fastdata:")]
+    assert logged == [f"INFO:fastdata:{decision['reason']}" for decision in decisions]
+    short = run(example.replace("4_000", "300"))  # 2 batches an epoch: no window ends, nothing decided
+    assert [ast.literal_eval(line) for line in short.stdout.splitlines()] == [{"backend": "thread", "num_workers": 0}]

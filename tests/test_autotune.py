@@ -141,6 +141,23 @@ def test_the_serial_loop_chooses_the_backend_to_climb_with(cores):
             assert decisions[0][1].setting.backend == backend, (work, first, decisions[0])
 
 
+def test_the_first_climb_says_why_threads_or_processes():
+    """The log says what the serial loop measured that chose the backend; with one backend
+    allowed there is no choice to explain."""
+    reasons = {name: run([(work, 4)], 8)[1][0][1].reason for name, work in
+               (("decode", DECODE), ("io", IO_WAIT), ("raw", RAW))}
+    start = "wait in next() 100% of the loop: trying more workers; "
+    assert reasons == {
+        "decode": start + "processes: the serial loop's fetch computes (40.0 ms a batch, 1.0 cores busy), and a "
+                          "process computes beside the loop without sharing its GIL",
+        "io": start + "threads: the serial loop's fetch waits or is quick (81.0 ms a batch, 0.0 cores busy), and a "
+                      "thread hands a batch over for less than a process",
+        "raw": start + "threads: the serial loop's fetch waits or is quick (0.3 ms a batch, 1.0 cores busy), and a "
+                       "thread hands a batch over for less than a process"}
+    only_threads = Budget(cores=8, memory_bytes=64 * GB, backends=("thread",))
+    assert run([(DECODE, 4)], 8, budget=only_threads)[1][0][1].reason == start.removesuffix("; ")
+
+
 @pytest.mark.parametrize("cores", CORES)
 def test_io_wait_takes_threads_beyond_the_cores(cores):
     search, _ = run([(IO_WAIT, 60)], cores)

@@ -29,6 +29,43 @@ def test_convert_then_info(uniform_folder: Path, tmp_path: Path) -> None:
     assert as_json["count"] == 12 and as_json["size_bytes"] == sum(f.stat().st_size for f in out.iterdir())
 
 
+FIELDS_SOURCE = """
+import numpy as np
+from PIL import Image
+
+class Points:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return {"image": Image.fromarray(np.full((8, 8, 3), index, np.uint8)), "points": np.zeros((3, 2), np.float32)}
+
+dataset = Points()
+"""
+
+
+def test_info_shows_no_internal_placeholders(tmp_path: Path) -> None:
+    """A dataset without class labels says so (not 'classes: 0'); a mode the manifest does not
+    record is left out (not 'mode None')."""
+    from fastdata.cli.inspect import describe
+    from fastdata.formats import require_manifest
+
+    (tmp_path / "points.py").write_text(FIELDS_SOURCE)
+    out = tmp_path / "p.npy"
+    converted = run_fastdata("convert", "points:dataset", out, "--store", "encoded", "--quiet", cwd=tmp_path,
+                             env={"PYTHONPATH": str(tmp_path)})
+    assert converted.returncode == 0, converted.stderr
+    lines = run_fastdata("info", out).stdout.splitlines()
+    assert "classes:  none (no class labels)" in lines and "image:    encoded (png), mode RGB" in lines
+    assert "            image: image png, mode RGB" in lines
+    manifest = require_manifest(out)
+    manifest["image"]["mode"] = None
+    manifest["fields"]["fields"][0]["mode"] = None
+    shown = describe(out, manifest).splitlines()
+    assert "image:    encoded (png)" in shown and "            image: image png" in shown
+    assert not [line for line in shown if "None" in line]
+
+
 def test_errors_are_one_line_without_traceback(uniform_folder: Path, tmp_path: Path) -> None:
     cases = [
         (["convert", tmp_path / "missing", tmp_path / "o.npy"], "does not exist"),

@@ -9,7 +9,9 @@ raise ImportError, which is what a missing package does).
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 
 import fastdata
-from conftest import save
+from conftest import run_fastdata, save
 from fastdata.bench.demo import demo_image
 from fastdata.errors import DependencyMissingError
 from fastdata.extras import DISTRIBUTION, EXTRAS, install_command, require
@@ -200,3 +202,60 @@ def test_the_plot_extra_alone_draws_the_bench_figure() -> None:
         f"print(type(figure({rows!r})).__name__)\n"))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Figure\n"
+
+
+# --- torch and torchvision installed apart: torchvision's compiled operators do not load ----------
+
+
+@pytest.fixture
+def unpaired_torchvision(tmp_path: Path) -> dict[str, str]:
+    """A torchvision 0.24.0 (the release for torch 2.9) in front of the real one, whose import fails
+    as an unpaired torchvision's does (its operator registrations find no compiled operators):
+    the environment for a fastdata subprocess, and the line fastdata says about it."""
+    site = tmp_path / "site"
+    (site / "torchvision").mkdir(parents=True)
+    (site / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n')
+    (site / "torchvision-0.24.0.dist-info").mkdir()
+    (site / "torchvision-0.24.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.24.0\n")
+    torch_version = importlib.metadata.version("torch")
+    paired = f"0.{int(torch_version.split('.')[1]) + 15}.{re.match(r'[0-9]+', torch_version.split('.')[2]).group()}"
+    line = (f"torchvision 0.24.0 does not work with torch {torch_version}: its compiled operators do not load "
+            "(operator torchvision::nms does not exist). Install the two built together, from the same index (CPU "
+            f"or the same CUDA): pip install torch=={torch_version.split('+')[0]} torchvision=={paired} (torch 2.M "
+            "goes with torchvision 0.(M+15)).")
+    return {"PYTHONPATH": str(site), "line": line}
+
+
+def test_an_unpaired_torchvision_is_named_once_at_start_with_the_pair_to_install(unpaired_torchvision, tmp_path,
+                                                                                 uniform_folder):
+    env = {"PYTHONPATH": unpaired_torchvision["PYTHONPATH"]}
+    line = unpaired_torchvision["line"]
+    until = (" Until then, what uses torchvision fails (torchvision: sources, bench --resize/--transform, fields "
+             "such as boxes and masks).")
+    converted = run_fastdata("convert", uniform_folder, tmp_path / "u.npy", "--workers", "0", "--quiet", env=env)
+    assert (converted.returncode, converted.stderr) == (0, f"fastdata: {line}{until}\n")  # a folder needs no torchvision
+    source = run_fastdata("convert", "torchvision:FakeData", tmp_path / "f.npy", "--quiet", env=env)
+    assert (source.returncode, source.stdout) == (1, "")
+    assert source.stderr == (f"fastdata: {line}{until}\n"
+                             f"fastdata: error: A torchvision source needs torchvision, but {line}\n")
+    bench = run_fastdata("bench", uniform_folder, "--resize", "8x8", "--out", tmp_path / "b", env=env)
+    assert (bench.returncode, bench.stdout) == (1, "")
+    assert bench.stderr == (f"fastdata: {line}{until}\n"
+                            f"fastdata: error: bench --resize/--transform needs torchvision, but {line}\n")
+    assert not (tmp_path / "b").exists()  # no configuration ran
+
+
+def test_require_names_an_unpaired_torchvision_from_python(unpaired_torchvision, tmp_path):
+    statement = ("import fastdata\n"
+                 "try:\n"
+                 f"    fastdata.convert('torchvision:FakeData', {str(tmp_path / 'f.npy')!r}, workers=0)\n"
+                 "except Exception as exc:\n"
+                 "    print(type(exc).__name__, isinstance(exc, fastdata.FastdataError) and isinstance(exc, ImportError), exc)\n")
+    result = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([unpaired_torchvision["PYTHONPATH"],
+                                                                              str(ROOT)])})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ("DependencyMismatchError True A torchvision source needs torchvision, but "
+                             f"{unpaired_torchvision['line']}\n")

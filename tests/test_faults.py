@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 import fastdata
 from conftest import finish, run_fastdata, start_fastdata, wait_for_checkpoint, wait_until
@@ -53,6 +54,46 @@ def test_ctrl_c_removes_an_output_that_cannot_resume(tmp_path: Path) -> None:
     assert process.returncode == 130
     assert stderr.strip().splitlines() == ["fastdata: interrupted"], stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# a Dataset whose reads run Python inside weakref callbacks (as h5py's object registry and the
+# pool's finalizers do), slowly: a Ctrl-C lands there nearly every time, where Python drops the
+# exception the handler raises. Reaching sample N, it writes the file reached-N (for the test to wait on).
+CALLBACK_SOURCE = """
+import time, weakref
+import numpy as np
+
+class Held:
+    pass
+
+class InCallbacks:
+    def __len__(self):
+        return 3000
+
+    def __getitem__(self, index):
+        held = Held()
+        watch = weakref.ref(held, lambda ref: time.sleep(0.004))
+        del held  # its callback runs here, and sleeps
+        if index in (20, 300, 900, 1500):
+            open(f"reached-{index}", "w").close()
+        return np.full((8, 8, 3), index % 256, dtype=np.uint8), index % 3
+
+dataset = InCallbacks()
+"""
+
+
+@pytest.mark.parametrize("moment", [20, 300, 900, 1500])
+def test_ctrl_c_stops_a_conversion_even_inside_a_weakref_callback(tmp_path: Path, moment: int) -> None:
+    (tmp_path / "incallbacks.py").write_text(CALLBACK_SOURCE)
+    out = tmp_path / "out" / "c.h5"
+    out.parent.mkdir()
+    process = start_fastdata("convert", "incallbacks:dataset", out, "--workers", "0", "--quiet", cwd=tmp_path,
+                             env={"PYTHONPATH": str(tmp_path)}, start_new_session=True)
+    wait_until((tmp_path / f"reached-{moment}").exists, f"sample {moment}", process=process)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = finish(process, timeout=60)
+    assert (process.returncode, stdout, stderr) == (130, "", "fastdata: interrupted\n")
+    assert list(out.parent.iterdir()) == []
 
 
 def test_sigkill_leaves_no_output_and_no_worker(tmp_path: Path) -> None:

@@ -229,6 +229,27 @@ def test_place_puts_reversed_channels_back_in_order(layout: str, flip: bool) -> 
         kernels.place(bgr, np.zeros(other, np.uint8), flip=flip, reversed_channels=True)
 
 
+def test_the_copy_holding_the_gil_writes_only_into_a_writable_contiguous_row_of_its_size() -> None:
+    """memmove checks nothing: a read-only row (a dataset opened read-only), a strided one (a
+    column of a batch) or one of another size must go to numpy's copy, never be written past."""
+    pixels = np.random.default_rng(7).integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    read_only = np.zeros_like(pixels)
+    read_only.flags.writeable = False
+    strided = np.zeros((4, 10, 3), np.uint8)[:, ::2]
+    smaller, larger = np.zeros((4, 4, 3), np.uint8), np.zeros((5, 5, 3), np.uint8)
+    for out in (read_only, strided, smaller, larger):
+        assert kernels._copy_holding_gil(out, pixels) is False and not out.any()
+    assert kernels._copy_holding_gil(strided.base[:, :5], pixels) is False  # contiguous rows, strided batch
+    with pytest.raises(ValueError, match="^assignment destination is read-only$"):
+        kernels.place(pixels, read_only)
+    assert not read_only.any()
+    batch = np.zeros((2, 4, 10, 3), np.uint8)
+    assert kernels.place(pixels, batch[1, :, ::2]) is not None  # numpy's strided copy, exact
+    assert np.array_equal(batch[1, :, ::2], pixels) and not batch[1, :, 1::2].any() and not batch[0].any()
+    row = np.zeros_like(pixels)
+    assert kernels._copy_holding_gil(row, pixels) is True and np.array_equal(row, pixels)
+
+
 def test_the_fused_crop_draws_the_same_with_either_kernel(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernel changes pixels by at most a grey level, never the box or the flip."""
     data = next(folder.glob("a/*.jpg")).read_bytes()

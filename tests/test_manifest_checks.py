@@ -226,3 +226,17 @@ def test_a_crafted_manifest_at_a_url_is_one_error_from_info_and_verify(converted
         assert message in str(exc) and "\n" not in str(exc)
     else:
         assert not report.ok and any(message in problem for problem in report.problems), report.problems
+
+
+def test_convert_returns_the_manifest_as_a_dict_shown_short(uniform_folder: Path, tmp_path: Path) -> None:
+    """In a REPL, ``fastdata.convert(...)`` shows one line, not kilobytes of checksums; it is the
+    same dict as before (keys, JSON, equality)."""
+    out = tmp_path / "u.npy"
+    manifest = fastdata.convert(uniform_folder, out, resize="6x5", workers=0)
+    assert repr(manifest) == ("<fastdata manifest: npy raw, 12 samples, 6x5x3 uint8, 3 classes; dict(manifest) for "
+                              "every key>")
+    assert isinstance(manifest, dict) and manifest == json.loads((out / "manifest.json").read_text())
+    assert json.loads(json.dumps(manifest)) == manifest and manifest["count"] == 12
+    encoded = fastdata.convert(uniform_folder, tmp_path / "e.h5", store="encoded", workers=0)
+    assert repr(encoded) == ("<fastdata manifest: hdf5 encoded, 12 samples, encoded (original), 3 classes; "
+                             "dict(manifest) for every key>")

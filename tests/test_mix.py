@@ -19,6 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 import fastdata
+from fastdata.cli.mixing import open_mix
 from fastdata.errors import InvalidOptionError
 from fastdata.formats.tar import TarIndexedDataset
 from fastdata.loading.mix import largest_remainder
@@ -380,6 +381,34 @@ def test_bench_and_tune_take_a_mix_of_converted_datasets(two_converted, tmp_path
                  "--json"]) == 0
     recommendation = json.loads(capsys.readouterr().out)
     assert recommendation["conversion"] == {"skipped": "the source is a mix of converted datasets"}
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["pairs", "json"])
+def test_bench_on_a_mix_prints_the_python_that_builds_it(two_converted, tmp_path, capsys, monkeypatch, as_file):
+    from fastdata.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    npy = convert_to(two_converted[0], tmp_path, "npy", "raw").relative_to(tmp_path)
+    tar = convert_to(two_converted[1], tmp_path / "b", "tar", "raw").relative_to(tmp_path)
+    spec = f"{npy}:3,{tar}:1"
+    if as_file:
+        (tmp_path / "mix.json").write_text(json.dumps({"datasets": [{"path": str(npy), "weight": 3},
+                                                                    {"path": str(tar), "weight": 1}], "seed": 5}))
+        spec = "mix.json"
+    assert main(["bench", "--mix", spec, "--num-workers", "0", "--backends", "thread", "--epochs", "1", "--warmup",
+                 "0", "--batch-size", "4", "--out", "bo", "--quiet", "--memory-s", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index(f"how, for --mix {spec}:")
+    seed = ", seed=5" if as_file else ""
+    assert lines[start + 1:start + 3] == [
+        "  import fastdata, torch",
+        f'  ds = fastdata.mix([fastdata.MemmapDataset("{npy}"), fastdata.TarIndexedDataset("{tar}")], [3, 1]{seed})']
+    assert lines[start + 3].startswith("  loader = ")  # fastdata's or the DataLoader, whichever was faster
+    namespace: dict = {}
+    exec("\n".join(line.strip() for line in lines[start + 1:start + 4]), namespace)  # the user's Python runs
+    built, opened = namespace["ds"], open_mix(spec)
+    assert (len(built), built.seed, built.weights.tolist()) == (len(opened), opened.seed, opened.weights.tolist())
+    assert [image.tolist() for image, _ in built] == [image.tolist() for image, _ in opened]
 
 
 @pytest.mark.parametrize(("args", "message"), [

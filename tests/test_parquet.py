@@ -336,3 +336,33 @@ def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, t
     with pytest.raises(InvalidOptionError, match=r"--label-column 'text' is not an integer column"):
         fastdata.convert(hub, tmp_path / "o.npy", split="test", label_column="text", workers=0)
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_the_documented_parquet_examples_convert_photos_of_mixed_sizes(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Hub photos differ in size: every example sets --resize or --store encoded, and the first
+    runs as written on shards whose images have three sizes."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "converting.md").read_text()
+    block = docs.split("<!-- example: parquet -->\n```\n")[1].split("```")[0]
+    lines = [line.split("  #")[0].split() for line in block.splitlines() if line.startswith("fastdata convert")]
+    assert len(lines) == 6 and all("--resize" in words or "--store" in words for words in lines)
+    python = docs.split("<!-- example: parquet -->\n")[1].split("```python\n")[1].split("```")[0]
+    assert python.count("fastdata.convert(") == 2 and python.count("resize=") + python.count('store="encoded"') == 2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    photos = {"image": [{"bytes": _photo(10 + 7 * i, 12 + 5 * (i % 3)), "path": None} for i in range(6)],
+              "label": [i % 3 for i in range(6)]}
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
+    datasets.Dataset.from_dict(photos, features=features).to_parquet("data/train-00000-of-00001.parquet")
+    capsys.readouterr()  # datasets' own progress bar
+    code, printed, err = cli(capsys, *lines[0][1:], "--quiet")
+    assert (code, err) == (0, ""), err
+    assert printed.startswith("wrote 6 samples to out/train.npy")
+    assert [tuple(image.shape) for image, _ in fastdata.open_dataset("out/train.npy")] == [(3, 64, 64)] * 6
+    code, _, err = cli(capsys, "convert", "data/", "out/raw.npy", "--split", "train", "--quiet")  # without them
+    assert code == 1 and err.startswith("fastdata: error: ") and "Use --resize HxW" in err, err
+
+
+def _photo(height: int, width: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.full((height, width, 3), height, np.uint8)).save(out, "JPEG")
+    return out.getvalue()

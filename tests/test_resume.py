@@ -23,10 +23,11 @@ def convert(out: Path, fmt: str, store: str, *extra: str, **popen) -> subprocess
                           *extra, env=ENV, **popen)
 
 
-def succeed(process: subprocess.Popen) -> int:
+def succeed(process: subprocess.Popen) -> str:
+    """``process``'s stderr, once it has ended with 0."""
     stdout, stderr = finish(process, timeout=300)  # also closes the pipes
     assert process.returncode == 0, stderr
-    return process.returncode
+    return stderr
 
 
 # every resumable format and store, stopped by SIGKILL (a crash) or SIGTERM (a scheduler's
@@ -51,14 +52,18 @@ def test_a_stopped_conversion_resumes_to_the_uninterrupted_output(tmp_path: Path
     assert process.returncode == (-9 if signum == signal.SIGKILL else 143) and 1000 < checkpoint < 8000
     lock = ["out.partial.lock"] if signum == signal.SIGKILL else []  # a killed process cannot remove its lock file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.partial", "out.partial.json", *lock, "reference"]
-    succeed(convert(out, fmt, store, "--resume"))
+    kept = json.loads(journal.read_text())["next_index"]
+    assert succeed(convert(out, fmt, store, "--resume")) == (
+        f"fastdata: --resume: continuing {str(out)!r} from its last checkpoint ({kept:,} samples already in "
+        f"{str(out) + '.partial'!r})\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "reference"]
     assert output_contents(out) == output_contents(reference)
 
 
 def test_resume_without_partial_output_starts_fresh_and_keeps_a_finished_one(tmp_path: Path) -> None:
     out = tmp_path / "out.npy"
-    succeed(convert(out, "npy", "raw", "--resume"))
+    assert succeed(convert(out, "npy", "raw", "--resume")) == (
+        f"fastdata: --resume: {str(out)!r} has no partial output to continue; converting from the start\n")
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     again = convert(out, "npy", "raw", "--resume")
     stdout, _ = finish(again, timeout=300)

@@ -67,6 +67,21 @@ def test_missing_and_empty_sources(tmp_path: Path) -> None:
     assert issubclass(SourceNotFoundError, FileNotFoundError) and issubclass(SourceNotFoundError, FastdataError)
 
 
+def test_a_file_fastdata_does_not_read_is_refused_naming_every_kind_of_source(tmp_path: Path) -> None:
+    from conftest import run_fastdata
+
+    (tmp_path / "data.csv").write_text("path,label\n")
+    result = run_fastdata("convert", tmp_path / "data.csv", tmp_path / "o.npy")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"fastdata: error: Source {str(tmp_path / 'data.csv')!r} is not a folder, nor a file fastdata reads. Give an "
+        "image folder (one sub-folder per class), WebDataset shards (.tar files, or a folder of them), Parquet files "
+        "(a .parquet file, a folder or glob of them, hf://datasets/ORG/NAME), a datasets save_to_disk folder, a "
+        "dataset written by 'fastdata convert', a torchvision dataset such as 'torchvision:CIFAR10', or module:name "
+        "(a map-style Dataset in your own module).\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv"]
+
+
 def test_empty_class_folder_keeps_its_index_and_warns(uniform_folder: Path) -> None:
     (uniform_folder / "bat").mkdir()
     with pytest.warns(UserWarning, match="'bat' hold no images"):

@@ -265,13 +265,15 @@ def _auto_row(prepared: list[Prepared], rows: list[dict[str, Any]], config: Benc
 
 
 def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
-                  on_case: Callable[[Case, int, int], None] | None = None, *, dataset: Any = None) -> BenchResult:
+                  on_case: Callable[[Case, int, int], None] | None = None, *, dataset: Any = None,
+                  opened: list[str] | None = None) -> BenchResult:
     """``fastdata bench module:name``: :func:`fastdata.sweep` over the user's own Dataset (``source``
     is ``"module:name"``, naming a map-style Dataset or a zero-argument function returning one),
     with ``config``'s workers, backends and loader options (its formats and stores do not apply:
     nothing is converted). Writes the same files and returns the same :class:`BenchResult` as
     :func:`run_bench`; there is no baseline, so the recommendation has no speed-up. ``dataset``:
-    the Dataset itself (``source`` then only names it: ``fastdata bench --mix``)."""
+    the Dataset itself (``source`` then only names it: ``fastdata bench --mix``), and ``opened`` the
+    Python lines that make it, for the advice."""
     from fastdata.bench.sweep import sweep
     from fastdata.importing import load_dataset
 
@@ -284,7 +286,7 @@ def bench_dataset(source: str, config: BenchConfig, out: str | os.PathLike,
                  start_method=config.start_method, timeout_s=config.timeout_s, on_case=on_case)
     meta = {"machine": machine_info(), "config": config.to_dict(), "source": source, "baseline": None,
             "conversions": []}
-    return _report(rows, None, meta, Path(out), config)
+    return _report(rows, None, meta, Path(out), config, opened=opened)
 
 
 def refuse_pil_samples(dataset: Any, source: str) -> None:
@@ -314,7 +316,7 @@ def refuse_pil_samples(dataset: Any, source: str) -> None:
 
 
 def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, Any], out: Path,
-            config: BenchConfig, root: str | None = None) -> BenchResult:
+            config: BenchConfig, root: str | None = None, opened: list[str] | None = None) -> BenchResult:
     """Summary, reasons, results.json/csv and the plot of measured rows; the recommendation
     carries ``how`` to train with it (:func:`~fastdata.bench.advice.how_to_use`)."""
     lines = verdicts(rows, reference)
@@ -326,7 +328,8 @@ def _report(rows: list[dict[str, Any]], reference: str | None, meta: dict[str, A
             item["path"] == meta["source"] and (item["format"], item["store"]) == (picked["format"], store)
             for item in meta["conversions"])
         picked["how"] = how_to_use(dict(picked, store=store), source=meta.get("url") or meta["source"],
-                                   config=config, baseline=reference, converted=converted, root=root)
+                                   config=config, baseline=reference, converted=converted, root=root,
+                                   opened=opened)
     document = {**meta, "verdicts": lines, "summary": summary, "rows": rows}
     write_results(out, document)
     title = f"fastdata bench on {meta['source']} — {meta['machine']['cpu_count']} cores, batch {config.batch_size}"

@@ -52,22 +52,23 @@ def _worker_keywords(picked: dict[str, Any], config: BenchConfig) -> str:
 
 
 def how_to_use(picked: dict[str, Any], *, source: str, config: BenchConfig, baseline: str | None,
-               converted: bool, root: str | None = None) -> dict[str, Any]:
+               converted: bool, root: str | None = None, opened: list[str] | None = None) -> dict[str, Any]:
     """``{"convert": the command or None, "python": [lines]}`` that train with ``picked`` (a
     ``summary["recommendation"]``) from ``source``. ``converted``: ``source`` is already a
     dataset of the picked format and store (nothing to convert); ``root``: a torchvision source's
-    ``--root``."""
+    ``--root``; ``opened``: the lines that make the user's own Dataset ``ds`` (``--mix``'s
+    ``fastdata.mix(...)``), where ``source`` is no import string."""
     size = parse_resize(config.resize)
     read = f", resize={size!r}" if size and picked["store"] != "raw" else ""
     transform = ([f"# and the transform you benchmarked (--transform {config.transform}): transform=..."]
                  if config.transform != "none" else [])
     command = None
     if picked["format"] == baseline and baseline in BASELINE_OPENERS:
-        opened = BASELINE_OPENERS[baseline].format(source=source, read=read)
+        opening = [BASELINE_OPENERS[baseline].format(source=source, read=read)]
         iterable = False
-    elif picked["store"] == "-":  # fastdata bench module:name: the user's own Dataset, as it is
+    elif picked["store"] == "-":  # fastdata bench module:name or --mix: the user's own Dataset, as it is
         module, _, name = source.partition(":")
-        opened = f"from {module} import {name} as ds" if name else "ds = ...  # your Dataset"
+        opening = opened or [f"from {module} import {name} as ds"]
         iterable = False
     else:
         spec = get_format(picked["format"])
@@ -79,10 +80,10 @@ def how_to_use(picked: dict[str, Any], *, source: str, config: BenchConfig, base
             command = f"fastdata convert {source} {target} {' '.join(flags)}"
         iterable = spec.iterable
         batch = f", batch_size={config.batch_size}" if iterable and picked["read_path"] == "fast" else ""
-        opened = f'ds = fastdata.open_dataset("{target}"{read}{batch})'
+        opening = [f'ds = fastdata.open_dataset("{target}"{read}{batch})']
     way = picked["read_path"] + (" iterable" if iterable and picked["read_path"] != "stream" else "")
     loader = LOADERS[way].format(batch=config.batch_size, workers=_worker_keywords(picked, config))
-    return {"convert": command, "python": ["import fastdata, torch", opened, *transform, loader]}
+    return {"convert": command, "python": ["import fastdata, torch", *opening, *transform, loader]}
 
 
 def how_lines(how: dict[str, Any], source_words: str) -> list[str]:

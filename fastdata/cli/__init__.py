@@ -12,11 +12,14 @@ torch loads only once the arguments are parsed, for a command that reads samples
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import logging
 import os
+import random
 import signal
 import sys
+import threading
 from typing import Any, Sequence
 
 from fastdata._version import __version__
@@ -55,6 +58,11 @@ _received: list[int] = []
 _main_pid: list[int] = []
 _caught: list[bool] = []
 _deferring: list[bool] = []
+_previous_unraisablehook: list[Any] = []
+_timers: list[threading.Timer] = []
+# a dropped interrupt is sent again after a random wait in this range: the code that dropped it has
+# returned, and a loop that runs such code at a steady pace is met at a new phase of it each time
+_SEND_AGAIN_S = (0.01, 0.06)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -74,6 +82,45 @@ def _on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
+def _on_unraisable(unraisable: Any) -> None:
+    """A KeyboardInterrupt that :func:`_on_signal` raised where Python drops exceptions (a weakref
+    callback, a ``__del__``: h5py and the pool run Python there) is sent again to the main thread
+    shortly after, from a timer thread, once that code has returned: the command stops as if the
+    first had arrived elsewhere (without it, the conversion ran to its end and exited 0, after a
+    traceback). If the signal lands in such code again, it is sent again. Any other dropped
+    exception goes to the hook that was there before."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received and not _caught \
+            and _main_pid and os.getpid() == _main_pid[0]:
+        _deferring.append(True)  # a signal while the timer starts is only recorded: the timer's comes after
+        try:
+            timer = threading.Timer(random.uniform(*_SEND_AGAIN_S), _send_again,
+                                    (threading.main_thread().ident, _received[0]))
+            timer.daemon = True
+            _timers.append(timer)
+            timer.start()
+        finally:
+            _deferring.pop()
+        return
+    _previous_unraisablehook[0](unraisable)
+
+
+def _send_again(thread_id: int, signum: int) -> None:
+    """The timer's half of :func:`_on_unraisable`: the signal again, unless :func:`main` has caught one."""
+    if not _caught:
+        if hasattr(signal, "pthread_kill"):
+            signal.pthread_kill(thread_id, signum)
+        else:
+            _thread.interrupt_main(signum)
+
+
+def _stop_timers() -> None:
+    """No signal is sent again once :func:`main` is done (the handlers it restores would raise it)."""
+    for timer in _timers:
+        timer.cancel()
+        timer.join()
+    _timers.clear()
+
+
 def _import_heavy_modules() -> None:
     """Import torch and numpy with SIGINT/SIGTERM held back until they are loaded.
 
@@ -90,6 +137,25 @@ def _import_heavy_modules() -> None:
         _deferring.clear()
     if _received and not _caught:
         raise KeyboardInterrupt
+
+
+def _check_torch_pair() -> None:
+    """One line up front when torchvision's compiled operators do not load with this torch (a pair
+    installed apart): the versions look unpaired (cheap), and importing torchvision confirms it.
+    What needs torchvision then fails with the same line (:func:`fastdata.extras.require`)."""
+    from fastdata.extras import torchvision_problem, torchvision_suspect
+
+    _deferring.append(True)  # torchvision's native start-up, as torch's: see _import_heavy_modules
+    try:
+        problem = torchvision_problem() if torchvision_suspect() else None
+    finally:
+        _deferring.clear()
+    if _received and not _caught:
+        raise KeyboardInterrupt
+    if problem:
+        logging.getLogger("fastdata").warning(
+            f"{problem} Until then, what uses torchvision fails (torchvision: sources, bench --resize/--transform, "
+            "fields such as boxes and masks).")
 
 
 def _forget_escaped_interrupt() -> None:
@@ -111,9 +177,13 @@ def _install_signal_handlers() -> dict[int, Any]:
     _deferring.clear()
     _main_pid[:] = [os.getpid()]
     try:
-        return {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
+        previous = {signum: signal.signal(signum, _on_signal) for signum in _SIGNAL_WORDS}
     except ValueError:  # not the main thread (main() called from a thread): leave them alone
         return {}
+    if sys.unraisablehook is not _on_unraisable:
+        _previous_unraisablehook[:] = [sys.unraisablehook]
+        sys.unraisablehook = _on_unraisable
+    return previous
 
 
 def _configure_logging() -> None:
@@ -142,8 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     finally:
+        _caught.append(True)  # from here on a signal is only recorded
+        _stop_timers()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if previous and sys.unraisablehook is _on_unraisable:
+            sys.unraisablehook = _previous_unraisablehook[0]
 
 
 _WRITTEN_PATHS = ("output", "out")  # paths a command writes: a URL is refused, never made a local path
@@ -162,6 +236,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)  # --version and --help end here, before torch would load
         if getattr(args, "needs_torch", True):  # a command that reads samples: not info
             _import_heavy_modules()
+            _check_torch_pair()
         for role in _WRITTEN_PATHS:
             if not (role == "output" and args.command in ("convert", "merge")  # these upload to a URL
                     or role == "out" and args.command == "bench"):

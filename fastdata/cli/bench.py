@@ -159,6 +159,12 @@ def run_bench(args: argparse.Namespace) -> int:
         raise InvalidOptionError("Give a SOURCE to benchmark (image folder, torchvision:NAME, converted dataset), "
                                  "--mix PATH:WEIGHT,... or --demo.")
     config = config_of(args, resize)
+    if config.resize is not None or config.transform in ("normalize", "augment"):
+        from fastdata.errors import DependencyMismatchError
+        from fastdata.extras import torchvision_problem, torchvision_suspect
+
+        if torchvision_suspect() and torchvision_problem():  # once, before any configuration: each would fail on it
+            raise DependencyMismatchError(f"bench --resize/--transform needs torchvision, but {torchvision_problem()}")
     source_options = {"root": args.root, "split": args.split, "download": args.download}
     if args.source_option:
         source_options["source_options"] = dict(parse_source_option(text) for text in args.source_option)
@@ -179,10 +185,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
     try:
         if args.mix is not None:
-            from fastdata.cli.mixing import open_mix
+            from fastdata.cli.mixing import mix_lines, open_mix
 
             source = f"--mix {args.mix}"
-            result = bench_dataset(source, config, out, on_case, dataset=open_mix(args.mix))
+            result = bench_dataset(source, config, out, on_case, dataset=open_mix(args.mix), opened=mix_lines(args.mix))
         elif is_import_string(source):
             result = bench_dataset(source, config, out, on_case)
         else:

@@ -78,7 +78,7 @@ def options_from(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict[s
 EXAMPLES = """
   fastdata convert ./photos out/photos.npy --resize 64x64        # .npy: decoded pixels, memory-mapped
   fastdata convert torchvision:CIFAR10 --root ~/data out/cifar   # no extension: WebDataset tar shards
-  fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after a crash or kill -9 (Ctrl-C removes the partial output)
+  fastdata convert ./photos out/photos.npy --resize 64x64 --resume   # go on after Ctrl-C, a crash or kill -9, from the last checkpoint (npy, tar)
   fastdata convert ./photos out/photos.npy --part 2/4    # part 2 of a job array; then: fastdata merge out/photos.npy
   fastdata convert ./photos out/photos.npy --engine ray --ray-address auto   # tasks on a Ray cluster
   fastdata convert mydata:train_set out/train.h5 --store encoded   # .h5: a Python Dataset (any fields), in one HDF5 file

@@ -32,7 +32,7 @@ def field_line(entry: dict[str, Any]) -> str:
     if shape is not None and not (kind is not None and kind.stored.shape == "scalar"):
         parts.append("(" + ", ".join("K" if s is None else str(s) for s in shape) + ")")
     if entry.get("encoding"):
-        parts.append(f"{entry['encoding']}, mode {entry.get('mode')}")
+        parts.append(entry["encoding"] + (f", mode {entry['mode']}" if entry.get("mode") else ""))
     meta = entry.get("meta") or {}
     if meta.get("tv_tensor") == "BoundingBoxes":
         parts.append(f"BoundingBoxes {meta.get('format')} on {meta.get('canvas_size_of')!r}")
@@ -61,9 +61,9 @@ def describe(path: Path | str, manifest: dict[str, Any], sizes: dict[str, Any] |
         ("path", str(path)),
         ("format", f"{manifest['format']} (layout {manifest['layout_version']}), store {manifest['store']}"),
         ("samples", f"{manifest['count']:,}"),
-        ("image", f"{shape}, mode {image['mode']}"),
+        ("image", shape + (f", mode {image['mode']}" if image.get("mode") else "")),  # None: not recorded
         *([("stored", sizes_line(sizes, manifest["count"], human_bytes))] if sizes else []),
-        ("classes", f"{len(classes)}" + (f": {shown}" if classes else "")),
+        ("classes", f"{len(classes)}: {shown}" if classes else "none (no class labels)"),
         ("size", size or f"{human_bytes(disk_usage(path))} on disk"),
         ("files", _files_line(files)),
         ("source", " ".join(f"{k}={v}" for k, v in manifest.get("source", {}).items())),

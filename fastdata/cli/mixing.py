@@ -85,20 +85,44 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
     return entries
 
 
-def open_mix(text: str, *, transform: Any = None) -> Any:
-    """The :func:`fastdata.mix` that ``--mix`` names (PATH:WEIGHT pairs: seed 0, one epoch = the
-    sum of the lengths; a JSON file: its length and seed)."""
+def _mixed_readers(entries: list[tuple[str, float]]) -> list[Any]:
+    """The map-style reader class of each converted dataset ``entries`` names."""
     from fastdata.formats import find_manifest, get_format
-    from fastdata.loading.mix import mix
 
-    entries, length, seed = mix_spec(text)
-    datasets, weights = [], []
-    for path, weight in entries:
+    readers = []
+    for path, _ in entries:
         manifest = find_manifest(Path(path)) if Path(path).exists() else None
         if not manifest:
             raise InvalidOptionError(f"--mix: {path!r} is not a converted dataset. Convert it first (fastdata convert "
                                      f"{path} OUT --format npy), then mix the output.")
         spec = get_format(manifest["format"])
-        datasets.append((spec.map_dataset or spec.dataset)(path, transform=transform))
-        weights.append(weight)
-    return mix(datasets, weights, length=length, seed=seed)
+        readers.append(spec.map_dataset or spec.dataset)
+    return readers
+
+
+def open_mix(text: str, *, transform: Any = None) -> Any:
+    """The :func:`fastdata.mix` that ``--mix`` names (PATH:WEIGHT pairs: seed 0, one epoch = the
+    sum of the lengths; a JSON file: its length and seed)."""
+    from fastdata.loading.mix import mix
+
+    entries, length, seed = mix_spec(text)
+    datasets = [reader(path, transform=transform) for reader, (path, _) in zip(_mixed_readers(entries), entries)]
+    return mix(datasets, [weight for _, weight in entries], length=length, seed=seed)
+
+
+def mix_lines(text: str) -> list[str]:
+    """The Python that builds the mix ``--mix`` names, as :func:`open_mix` does:
+    ``ds = fastdata.mix([fastdata.MemmapDataset("a.npy"), ...], [3, 1])`` (after an import line
+    for a reader that another package provides)."""
+    entries, length, seed = mix_spec(text)
+    imports, opened = [], []
+    for reader, (path, _) in zip(_mixed_readers(entries), entries):
+        if reader.__module__.startswith("fastdata."):  # fastdata's readers: each at the package's top level
+            name = f"fastdata.{reader.__name__}"
+        else:
+            name = f"{reader.__module__}.{reader.__qualname__}"
+            imports.append(f"import {reader.__module__}")
+        opened.append(f"{name}({json.dumps(path)})")
+    weights = ", ".join(f"{weight:g}" for _, weight in entries)
+    options = (f", length={length}" if length is not None else "") + (f", seed={seed}" if seed else "")
+    return [*dict.fromkeys(imports), f"ds = fastdata.mix([{', '.join(opened)}], [{weights}]{options})"]

@@ -43,6 +43,7 @@ from fastdata.conversion.write import write_units, written_once
 from fastdata.formats import get_format, require_manifest
 from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
+from fastdata.manifest import Manifest
 from fastdata.files import remove_path
 from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputLockedError, OutputWriteError, PartsError, RemoteError
 from fastdata.remote.cachedir import write_error, writing_to
@@ -72,7 +73,8 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Convert ``source`` into ``output``; return the written manifest.
+    """Convert ``source`` into ``output``; return the written manifest (a dict, shown short:
+    :class:`~fastdata.manifest.Manifest`).
 
     ``source`` is an image folder, ``"torchvision:NAME"``, a map-style dataset of
     ``(image, label)``, or a dataset written by ``fastdata convert``. ``options`` is a
@@ -88,6 +90,11 @@ def convert(
     (or ``"I/N"``) converts only part I of N and returns that part's record instead of a manifest:
     :func:`fastdata.merge` writes the output once all N are done (docs/scale-out.md).
     """
+    return Manifest(_convert(source, output, options, progress, overrides))
+
+
+def _convert(source: Any, output: str | os.PathLike, options: ConvertOptions | None,
+             progress: Callable[[int, int], None] | None, overrides: dict[str, Any]) -> dict[str, Any]:
     if is_url(source) and not is_remote_table(source):  # a converted dataset in object storage: fetched into the cache
         source = fetch_dataset(os.fspath(source), check_single=single_file_problem)
     if is_url(output):

@@ -23,6 +23,7 @@ every unit after the checkpoint in order, kept or computed. A finished output is
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,6 +36,8 @@ from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.units import Finished, Unit, read_unit, remove_unit, staged
 from fastdata.formats.base import Plan
 from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
+
+logger = logging.getLogger("fastdata")
 
 
 def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, overwrite: bool,
@@ -84,6 +87,8 @@ def claim_partial(target: Target, fields: dict[str, Any], options: ConvertOption
     output, partial = target.output, target.partial
     if not (partial.exists() or partial.is_symlink()):
         journal.remove(output)
+        if options.resume:
+            logger.warning("--resume: %r has no partial output to continue; converting from the start", str(output))
         return None
     record = journal.read(output)
     if record is None or partial.is_symlink():
@@ -94,7 +99,12 @@ def claim_partial(target: Target, fields: dict[str, Any], options: ConvertOption
     if options.resume and not options.overwrite:
         check_resumable(output, record, target, fields)
         if target.spec.writer.supports_resume and record.get("writer") is not None:
+            logger.warning("--resume: continuing %r from its last checkpoint (%s samples already in %r)",
+                           str(output), f"{record['next_index']:,}", str(partial))
             return record
+        why = "holds no checkpoint yet" if target.spec.writer.supports_resume else \
+            f"cannot be continued ({target.spec.name} cannot resume)"
+        logger.warning("--resume: the partial output of %r %s; converting from the start", str(output), why)
     remove_path(partial)
     journal.remove(output)
     return None

@@ -159,7 +159,10 @@ def _first(search: Search, window: Window, budget: Budget) -> tuple[Search, Deci
         if search.best.num_workers > 0:
             return _down(search, f"wait in next() {_pct(window.wait_fraction)} of the loop: trying fewer workers")
         return _settle(search, window, f"wait in next() {_pct(window.wait_fraction)} of the loop: no workers needed")
-    return _up(_first_backend(search, window, budget), window, budget, step=_first_step(search.best, window))
+    chosen = _first_backend(search, window, budget)
+    return _up(chosen, window, budget, step=_first_step(search.best, window),
+               why=_backend_why(chosen.best.backend, window) if chosen.best.num_workers == 0 and
+               {"thread", "process"} <= set(budget.backends) else "")
 
 
 def _first_backend(search: Search, window: Window, budget: Budget) -> Search:
@@ -177,6 +180,18 @@ def _first_backend(search: Search, window: Window, budget: Budget) -> Search:
     if backend == best.backend:
         return search
     return dataclasses.replace(search, best=Setting(backend, 0, best.prefetch), tried=frozenset({backend}))
+
+
+def _backend_why(backend: str, window: Window) -> str:
+    """What the log says about :func:`_first_backend`'s choice: the serial loop's measurements."""
+    produce, busy = window.produce_per_batch_s, window.busy_cores
+    measured = ", ".join(([] if produce is None else [f"{produce * 1000:.1f} ms a batch"])
+                         + ([] if busy is None else [f"{busy:.1f} cores busy"]))
+    if backend == "process":
+        return (f"; processes: the serial loop's fetch computes ({measured}), and a process computes beside the "
+                "loop without sharing its GIL")
+    return (f"; threads: the serial loop's fetch waits or is quick ({measured}), and a thread hands a batch over "
+            "for less than a process")
 
 
 def _first_step(best: Setting, window: Window) -> int:
@@ -201,8 +216,9 @@ def _limit(search: Search, window: Window, budget: Budget) -> int:
     return most
 
 
-def _up(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[Search, Decision | None]:
-    """Try ``step`` more workers than ``best`` (fewer if the limit says so), else what is left."""
+def _up(search: Search, window: Window, budget: Budget, *, step: int, why: str = "") -> tuple[Search, Decision | None]:
+    """Try ``step`` more workers than ``best`` (fewer if the limit says so), else what is left;
+    ``why``: the reason's end (why this backend)."""
     best = search.best
     most = _limit(search, window, budget)
     target = min(best.num_workers + step, most)
@@ -210,7 +226,7 @@ def _up(search: Search, window: Window, budget: Budget, *, step: int) -> tuple[S
         return _exhausted(search, window, budget, f"no more {best.backend} workers to try ({most} at most, "
                                                    f"{budget.cores} cores)", stalled=best.num_workers or None)
     return _try(search, best.with_workers(target), +1, target - best.num_workers,
-                f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers")
+                f"wait in next() {_pct(window.wait_fraction)} of the loop: trying more workers{why}")
 
 
 def _down(search: Search, reason: str) -> tuple[Search, Decision | None]:

@@ -215,11 +215,13 @@ def _memmove() -> Callable[..., Any] | None:
 
 
 def _copy_holding_gil(out: np.ndarray, pixels: np.ndarray) -> bool:
-    """Copy C-contiguous ``pixels`` into C-contiguous ``out`` of the same shape and dtype without
-    letting go of the GIL (a batch row, about 150 kB: microseconds, where numpy's copy lets go of
-    the GIL and another loader thread takes it); False where that cannot be done."""
+    """Copy C-contiguous ``pixels`` into C-contiguous, writable ``out`` of the same shape and dtype
+    without letting go of the GIL (a batch row, about 150 kB: microseconds, where numpy's copy lets
+    go of the GIL and another loader thread takes it); False, nothing written, where that cannot be
+    done (numpy's copy then does it, or raises its own error: a read-only ``out``)."""
     memmove = _memmove()
-    if memmove is None or out.dtype != pixels.dtype:  # the shapes are equal (place checks them)
-        return False
-    memmove(out.__array_interface__["data"][0], pixels.__array_interface__["data"][0], out.nbytes)
+    if (memmove is None or out.dtype != pixels.dtype or out.shape != pixels.shape or not out.flags.writeable
+            or not (out.flags.c_contiguous and pixels.flags.c_contiguous)):
+        return False  # memmove checks none of these: it would write into read-only memory, or past an array
+    memmove(out.__array_interface__["data"][0], pixels.__array_interface__["data"][0], pixels.nbytes)
     return True

@@ -96,8 +96,11 @@ def scan_folder(root: str | os.PathLike) -> tuple[list[str], list[int], dict[str
         raise SourceNotFoundError(f"Source folder {str(root)!r} does not exist.")
     if not root.is_dir():
         raise SourceNotFoundError(
-            f"Source {str(root)!r} is not a folder. Give an image folder (one sub-folder per "
-            f"class) or a torchvision dataset such as 'torchvision:CIFAR10'."
+            f"Source {str(root)!r} is not a folder, nor a file fastdata reads. Give an image folder (one "
+            "sub-folder per class), WebDataset shards (.tar files, or a folder of them), Parquet files (a .parquet "
+            "file, a folder or glob of them, hf://datasets/ORG/NAME), a datasets save_to_disk folder, a dataset "
+            "written by 'fastdata convert', a torchvision dataset such as 'torchvision:CIFAR10', or module:name "
+            "(a map-style Dataset in your own module)."
         )
     classes = find_classes(root)
     if not classes:
