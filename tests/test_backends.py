@@ -194,6 +194,27 @@ def test_two_live_iterators_each_read_an_epoch_of_their_own(backend: str, persis
     getattr(loader, "close", loader.shutdown)()
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("backend", "workers"), [("thread", 2), ("process", 2), ("torch", 0), ("torch", 2),
+                                                  ("process", "auto")])
+def test_state_dict_with_two_live_iterators_is_the_position_of_the_one_that_began_last(backend, workers) -> None:
+    # zip(loader, loader): both iterators exist before either draws its epoch; the second draws epoch 1
+    dataset = TensorDataset(torch.arange(40))
+    serial = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    expected = [[batch[0].tolist() for batch in serial] for _ in range(2)]
+    loader = fastdata.loader(dataset, batch_size=4, seed=2, backend=backend, num_workers=workers, timeout=20)
+    first, second = iter(loader), iter(loader)
+    assert next(first)[0].tolist() == expected[0][0]
+    assert [next(second)[0].tolist() for _ in range(3)] == expected[1][:3]
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 3)  # the second's (before: epoch 0, the first's, at 3)
+    resumed = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    resumed.load_state_dict(state)
+    assert [batch[0].tolist() for batch in resumed] == expected[1][3:]
+    del first, second
+    getattr(loader, "close", lambda: None)()
+
+
 def _hang_at_exit(worker_id: int) -> None:
     """A worker whose exit hangs (a finalizer run at its exit sleeps for a minute)."""
     import multiprocessing.util
