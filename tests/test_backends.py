@@ -194,6 +194,21 @@ def test_two_live_iterators_each_read_an_epoch_of_their_own(backend: str, persis
     getattr(loader, "close", loader.shutdown)()
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_stops_the_workers_of_a_second_iterator_still_mid_epoch(persistent: bool) -> None:
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    loader = fastdata.loader(TensorDataset(torch.arange(40)), batch_size=4, seed=2, backend="process",
+                             num_workers=2, persistent_workers=persistent, timeout=20)
+    first, second = iter(loader), iter(loader)
+    next(first), next(second)  # the second reads on workers of its own
+    assert len(set(multiprocessing.active_children()) - before) == 4
+    loader.close()
+    assert set(multiprocessing.active_children()) - before == set()  # before: the second's two were left running
+    del first, second
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("backend", "workers"), [("thread", 2), ("process", 2), ("torch", 0), ("torch", 2),
                                                   ("process", "auto")])

@@ -82,7 +82,7 @@ class ProcessLoader(BatchLoader):
         self.lend_limit = 0 if zero_copy else math.inf  # most batches lent at once per worker (0: copy every one)
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._serving = False  # an epoch is under way on this loader's workers
-        self._companions: list[ProcessLoader] = []  # idle loaders that served a second live iterator (below)
+        self._companions: list[ProcessLoader] = []  # loaders serving (or kept for) a second live iterator (below)
         self._own_workers()
 
     def _own_workers(self) -> None:
@@ -252,22 +252,21 @@ class ProcessLoader(BatchLoader):
         loader)``): the next epoch of the same sampler, on workers of its own (a companion loader
         with this one's options), as a DataLoader gives each iterator its own workers. With
         ``persistent_workers`` the companion is kept for the next such iterator; :meth:`close`
-        closes it."""
-        if self._companions:
-            companion = self._companions.pop()
-        else:
+        closes it, mid-epoch too."""
+        companion = next((idle for idle in self._companions if not idle._serving), None)
+        if companion is None:
             companion = copy.copy(self)
             companion._serving, companion._companions = False, []
             companion._own_workers()
+            self._companions.append(companion)
         finished = False
         try:
             yield from companion.epoch_iter()
             finished = True
         finally:
-            if finished and self.persistent_workers:
-                self._companions.append(companion)
-            else:
+            if not (finished and self.persistent_workers):
                 companion.close()
+                self._companions = [kept for kept in self._companions if kept is not companion]
 
     def _workers_epoch(self) -> Iterator[Any]:
         batches = self.epoch_batches()
