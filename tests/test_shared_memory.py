@@ -153,6 +153,16 @@ def test_populating_a_slot_that_dev_shm_cannot_hold_raises_instead_of_a_later_si
     assert re.fullmatch(FULL.format(what="a batch").replace(r"needs \d+ MB", "needs 32 MB"), small_shm["populate"])
 
 
+def test_the_full_message_rounds_the_free_space_down_and_what_is_needed_up() -> None:
+    from fastdata.machine import shared_memory_full
+
+    error = shared_memory_full(int(9.9 * 2**20), "a batch", free=int(9.6 * 2**20))
+    assert type(error).__name__ == "SharedMemoryFullError"
+    # before: "/dev/shm has 10 MB free, a batch needs 10 MB"
+    assert str(error).startswith("/dev/shm has 9 MB free, a batch needs 10 MB: give the container ")
+    assert str(shared_memory_full(1, "a batch", free=0)).startswith("/dev/shm has 0 MB free, a batch needs 1 MB: ")
+
+
 @pytest.mark.parametrize(("backend", "fallen"), [("auto", ["thread", 2]), ("torch", ["torch", 0])])
 def test_auto_falls_back_from_processes_when_dev_shm_is_too_small(small_shm: dict, backend: str, fallen: list) -> None:
     result = small_shm[f"auto-{backend}"]

@@ -124,7 +124,7 @@ def check_room(needed: int, what: str) -> None:
     that /dev/shm has no room for (``what`` needs them): written, they would kill with SIGBUS."""
     free = shared_memory_free()
     if free is not None and needed > free:
-        raise shared_memory_full(needed, what)
+        raise shared_memory_full(needed, what, free=free)
 
 
 def attach(name: str) -> Segment:
