@@ -8,6 +8,7 @@ import ctypes
 import itertools
 import mmap
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -87,8 +88,8 @@ class FailsOn(Dataset):
         if index == self.bad:
             if self.how == "raise":
                 raise ValueError(f"sample {index} is broken")
-            if self.how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+            if self.how in ("kill", "sigbus"):  # sigbus: what writing into a full /dev/shm does
+                os.kill(os.getpid(), signal.SIGKILL if self.how == "kill" else signal.SIGBUS)
             HANGING.set()
             RELEASE_HANG.wait(30)  # a test sets it once the hang was reported (a thread cannot be killed)
             HANGING.clear()
@@ -637,6 +638,18 @@ def test_a_killed_worker_is_named_and_nothing_hangs() -> None:
     with pytest.raises(WorkerError, match=r"^process backend: worker 1 \(pid \d+\) was killed by signal SIGKILL while "
                                           r"computing batch 5 \(indices \[20, 21, 22, 23\] \(4 samples\)\)"):
         list(loader)
+    loader.close()
+
+
+def test_a_worker_killed_by_sigbus_is_told_about_dev_shm() -> None:
+    loader = fastdata.loader(FailsOn(21, "sigbus"), batch_size=4, shuffle=False, backend="process", num_workers=2,
+                             timeout=120)
+    with pytest.raises(WorkerError) as info:
+        list(loader)
+    assert re.fullmatch(r"process backend: worker 1 \(pid \d+\) was killed by signal SIGBUS while computing batch 5 "
+                        r"\(indices \[20, 21, 22, 23\] \(4 samples\)\)\. A worker gets SIGBUS when /dev/shm is full "
+                        r"\(\d+ MB free now\): give the container more shared memory \(docker run --shm-size=2g\), use "
+                        r"fewer workers or smaller batches, or use backend='thread'\.", str(info.value)), str(info.value)
     loader.close()
 
 

@@ -405,9 +405,9 @@ class ProcessLoader(BatchLoader):
             f"exited with code {code}"
         self.shutdown()
         fix = "If it ran out of memory, use fewer workers or smaller batches."
-        if code == -signal.SIGBUS:  # what writing into a full /dev/shm does (where a slot could not be populated first)
-            free = shared_memory_free() or 0
-            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free / 2**20:.0f} MB free now): give the container "
+        free = shared_memory_free() if code == -signal.SIGBUS else None  # None: no /dev/shm to blame (macOS)
+        if free is not None:  # what writing into a full /dev/shm does (where a slot could not be populated first)
+            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free // 2**20} MB free now): give the container "
                    "more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or use "
                    "backend='thread'.")
         return WorkerError(
