@@ -173,3 +173,22 @@ def test_two_live_iterators_each_read_every_sample_of_their_epoch_once(backend, 
     assert contents(a for a, _ in pairs) == expected[2] and contents(b for _, b in pairs) == expected[3]
     assert contents(auto) == expected[4]
     auto.close()
+
+
+@pytest.mark.timeout(300)
+def test_close_stops_the_workers_an_older_iterator_still_reads_from():
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    auto = fastdata.loader(Numbers(), batch_size=2, seed=4, num_workers="auto", backend="process", timeout=20)
+    state = auto.state_dict()  # start with worker processes, as after tuning
+    state["tuned"] = {"backend": "process", "num_workers": 2, "prefetch": 2}
+    auto.load_state_dict(state)
+    peek = iter(auto)
+    next(peek)
+    train = iter(auto)
+    next(train)  # tunes on workers of its own; peek keeps reading from the ones it had
+    assert len(set(multiprocessing.active_children()) - before) == 4
+    auto.close()
+    assert set(multiprocessing.active_children()) - before == set()  # before: peek's two were left running
+    del peek, train
