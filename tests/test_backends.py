@@ -38,9 +38,12 @@ def segments() -> set[str]:
 
 
 def running_elsewhere(name: str) -> bool:
-    """Whether segment ``name`` belongs to another live process (another test run on this machine)."""
-    _, pid = shm.owner(name)
-    return pid != os.getpid() and alive(pid)
+    """Whether segment ``name`` belongs to another live process (another test run on this machine, or
+    in another PID namespace sharing /dev/shm, whose pid says nothing here) or is not fastdata's."""
+    created = shm.owner(name)
+    if created is None or created[0] != shm.pid_namespace():
+        return True
+    return created[1] != os.getpid() and alive(created[1])
 
 
 @pytest.fixture(autouse=True)
