@@ -249,8 +249,8 @@ def shared_memory_free() -> int | None:
 
 
 def shared_memory_full(needed: int, what: str, *, free: int | None = None) -> Any:
-    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"worker 1
-    (2 slots of 9.2 MB for its batches)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
+    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"a loader of
+    2 workers (2 slots of 9.2 MB each)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
     container 64 MB), which has ``free`` bytes (measured now when not given). The free MB are
     rounded down and the needed up: never "has 10 MB free, ... needs 10 MB"."""
     from fastdata.errors import SharedMemoryFullError

@@ -373,15 +373,31 @@ class ProcessLoader(BatchLoader):
             # a closed loader's segment where one fits: its pages were written before (no first-write
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
-            if taken is None:  # the worker writing into slots /dev/shm cannot hold would die of SIGBUS
-                used = self._slots_used(slot_bytes)
-                shm.check_room(slot_bytes * used, f"worker {worker_id} ({used} slots of {slot_bytes / 2**20:.1f} MB "
-                                                  "for its batches)")
+            if taken is None:  # a worker writing into slots /dev/shm cannot hold would die of SIGBUS
+                self._check_room(worker_id, slot_bytes)
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
             spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
         for slot in range(active, self._active_slots(worker_id)):  # sized small enough for the spare slot
             self._give(worker_id, slot)
+
+    def _check_room(self, worker_id: int, slot_bytes: int) -> None:
+        """Refuse new slots of ``slot_bytes`` for a worker where /dev/shm cannot hold what every
+        worker will write: these slots, the pages of the other workers' slots not written yet (a
+        new segment takes no room until written), and slots as large for those that have none yet
+        (their first batch comes next). Counting this worker's alone passed each one in turn."""
+        used = self._slots_used(slot_bytes)
+        needed = slot_bytes * used
+        for other, generations in enumerate(self._generations):
+            if other == worker_id:
+                continue
+            if not generations:
+                needed += slot_bytes * used
+                continue
+            segment, size = generations[-1]
+            needed += max(0, size * self._slots_used(size) - shm.written_bytes(segment.name))
+        workers = f"{self.num_workers} worker{'s' if self.num_workers > 1 else ''}"
+        shm.check_room(needed, f"a loader of {workers} ({used} slots of {slot_bytes / 2**20:.1f} MB each)")
 
     def _send_segment(self, worker_id: int) -> None:
         """Tell a worker which segment its slots are in now."""

@@ -127,6 +127,15 @@ def check_room(needed: int, what: str) -> None:
         raise shared_memory_full(needed, what, free=free)
 
 
+def written_bytes(name: str) -> int:
+    """The bytes of /dev/shm that segment ``name`` takes now: its pages written so far (0 where it
+    cannot be told)."""
+    try:
+        return os.stat(_SHM_DIR / name).st_blocks * 512
+    except (OSError, AttributeError):
+        return 0
+
+
 def attach(name: str) -> Segment:
     return Segment(name)
 
