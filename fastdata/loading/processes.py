@@ -23,7 +23,6 @@ import copy
 import math
 import multiprocessing
 import pickle
-import signal
 import time
 import weakref
 from dataclasses import dataclass
@@ -32,11 +31,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.loading import shm, spares
-from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
+from fastdata.loading import failures, shm, spares
+from fastdata.loading.base import BatchLoader, WorkerError
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import populate, preload_worker_imports, shared_memory_free, spare_core, stop_signals_held
+from fastdata.machine import populate, preload_worker_imports, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -347,10 +346,7 @@ class ProcessLoader(BatchLoader):
             if not worker.process.is_alive():
                 raise self._died(worker_id, number, indices)
             if deadline is not None and time.monotonic() > deadline:
-                raise WorkerError(
-                    f"process backend: worker {worker_id} (pid {worker.process.pid}) sent no batch within "
-                    f"timeout={self.timeout} s; it was computing batch {number} (indices {describe_indices(indices)})."
-                )
+                raise failures.timed_out(worker_id, worker.process, self.timeout, number, indices)
 
     def _from_pipe(self, worker_id: int, number: int, indices: np.ndarray) -> Any:
         worker = self._workers[worker_id]
@@ -414,36 +410,13 @@ class ProcessLoader(BatchLoader):
                 message = None
             if message is not None and message[0] == "error":
                 return self._failed(worker_id, message[1], indices, message[2], message[3])
-        process = worker.process
-        process.join(1)
-        code = process.exitcode
-        how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
-            f"exited with code {code}"
+        worker.process.join(1)
         self.shutdown()
-        fix = "If it ran out of memory, use fewer workers or smaller batches."
-        free = shared_memory_free() if code == -signal.SIGBUS else None  # None: no /dev/shm to blame (macOS)
-        if free is not None:  # what writing into a full /dev/shm does (where a slot could not be populated first)
-            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free // 2**20} MB free now): give the container "
-                   "more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or use "
-                   "backend='thread'.")
-        return WorkerError(
-            f"process backend: worker {worker_id} (pid {process.pid}) {how} while computing batch {number} "
-            f"(indices {describe_indices(indices)}). {fix}"
-        )
+        return failures.died(worker_id, worker.process, number, indices)
 
     def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:
         self.shutdown()
-        original = None
-        if payload is not None:
-            try:
-                original = pickle.loads(payload)
-            except Exception:  # noqa: BLE001 - the text below still says what happened
-                original = None
-        where = "in worker_init_fn" if number < 0 else f"on batch {number} (indices {describe_indices(indices)})"
-        cause = f"{type(original).__name__}: {original}" if original is not None else text.splitlines()[-1]
-        error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
-        error.__cause__ = original
-        return error
+        return failures.failed(worker_id, number, indices, text, payload)
 
 
 def _poll(ready: Any, seconds: float) -> bool:
