@@ -175,6 +175,56 @@ def test_auto_falls_back_from_processes_when_dev_shm_is_too_small(small_shm: dic
     assert all(entry[0] == fallen[0] and entry[1] <= fallen[1] for entry in later)  # processes never tried again
 
 
+FULL_SHM_SCRIPT = """
+    import json, multiprocessing, os
+    import torch
+    import fastdata
+    from torch.utils.data import TensorDataset
+
+    def fill(pages):  # /dev/shm full but for ``pages`` pages
+        descriptor = os.open("/dev/shm/filler", os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+        try:
+            while True:
+                os.write(descriptor, bytes(65536))
+        except OSError:
+            pass
+        size = os.fstat(descriptor).st_size
+        os.ftruncate(descriptor, max(0, size - size % 4096 - 4096 * pages))
+        os.close(descriptor)
+
+    results = []
+    for pages in range(12):  # from none left to room for a worker or two: where each start fails
+        fill(pages)
+        loader = fastdata.loader(TensorDataset(torch.arange(8)), batch_size=2, backend="process", num_workers=2)
+        try:
+            outcome = sum(1 for _ in loader)
+        except Exception as exc:
+            outcome = [type(exc).__name__, str(exc)]
+        results.append([outcome, len(multiprocessing.active_children())])  # before close(): none left running
+        loader.close()
+    fill(0)
+    auto = fastdata.loader(TensorDataset(torch.arange(8)), batch_size=2, seed=1, num_workers="auto")
+    state = auto.state_dict()
+    state["tuned"] = {"backend": "process", "num_workers": 2, "prefetch": 2}
+    auto.load_state_dict(state)
+    read = sorted(int(index) for batch in auto for index in batch[0])
+    print(json.dumps({"process": results, "auto": [read, auto.tuning_log[0]["reason"]]}))
+"""
+
+
+def test_a_full_dev_shm_at_the_start_is_the_same_error_and_leaves_no_worker_running() -> None:
+    _skip_unless_permitted(in_small_shm("true"), f"a {SMALL_SHM_MB} MB /dev/shm (a mount namespace)")
+    result = run_python(in_small_shm(), FULL_SHM_SCRIPT)
+    for outcome, running in result["process"]:  # before: OSError [Errno 28] (a semaphore), or workers left
+        assert running == 0
+        if outcome != 4:
+            assert outcome[0] == "SharedMemoryFullError", outcome
+            assert re.fullmatch(FULL.format(what=r"a worker's (pair of semaphores|control block)"), outcome[1])
+    assert any(outcome != 4 and "semaphores" in outcome[1] for outcome, _ in result["process"])
+    read, reason = result["auto"]
+    assert read == list(range(8)) and reason.startswith("num_workers 2 -> 2 (thread): /dev/shm has 0 MB free, ")
+
+
 OTHER_NAMESPACE_SCRIPT = """
     import os, sys
     from fastdata.loading import shm

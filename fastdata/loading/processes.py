@@ -20,7 +20,9 @@ outlives it (a killed main process's segments are removed by the next loader tha
 from __future__ import annotations
 
 import copy
+import errno
 import math
+import mmap
 import multiprocessing
 import pickle
 import time
@@ -35,7 +37,7 @@ from fastdata.loading import failures, shm, spares
 from fastdata.loading.base import BatchLoader, WorkerError
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import populate, preload_worker_imports, spare_core, stop_signals_held
+from fastdata.machine import populate, preload_worker_imports, shared_memory_full, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -155,7 +157,7 @@ class ProcessLoader(BatchLoader):
                 task_read, task_write = self.context.Pipe(duplex=False)
                 result_read, result_write = self.context.Pipe(duplex=False)
                 free_slots = self._free_slots(worker_id)
-                free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
+                free, ready = _semaphores(self.context, len(free_slots))
                 control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
                 populate(control.address, control.size, what="a worker's control block")  # no SIGBUS later
@@ -269,13 +271,13 @@ class ProcessLoader(BatchLoader):
 
     def _workers_epoch(self) -> Iterator[Any]:
         batches = self.epoch_batches()
-        self._start()
-        for worker_id in range(self.num_workers):
-            share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
-            self._send(worker_id, ("epoch", share))
         held = self._held  # kept across epochs and worker restarts: views stay valid for zero_copy more
         finished = False   # batches, whatever the epoch
         try:
+            self._start()  # (a start that fails midway stops the workers it started: below)
+            for worker_id in range(self.num_workers):
+                share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
+                self._send(worker_id, ("epoch", share))
             for number, indices in enumerate(batches):
                 if self.zero_copy and len(held) >= self.zero_copy:
                     self._give(*held.pop(0))
@@ -417,6 +419,17 @@ class ProcessLoader(BatchLoader):
     def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:
         self.shutdown()
         return failures.failed(worker_id, number, indices, text, payload)
+
+
+def _semaphores(context: Any, free: int) -> tuple[Any, Any]:
+    """A worker's two semaphores (slots free, batches ready). On Linux each takes a page of /dev/shm:
+    none left there is :class:`~fastdata.errors.SharedMemoryFullError`, as for its slots."""
+    try:
+        return context.Semaphore(free), context.Semaphore(0)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise shared_memory_full(2 * mmap.PAGESIZE, "a worker's pair of semaphores") from None
 
 
 def _poll(ready: Any, seconds: float) -> bool:
