@@ -374,6 +374,8 @@ class AutoLoader(Resumable):
         full = error if isinstance(error, SharedMemoryFullError) else error.__cause__
         if not isinstance(full, SharedMemoryFullError):
             return False
+        if not setting.num_workers or not get_backend(setting.backend).crosses_process:
+            return False  # no worker processes (the dataset's own error): nothing to fall back from
         if self._setting != setting:  # fallen back already (another iterator): the rest on that setting
             return True
         left = tuple(name for name in self.budget.backends if not get_backend(name).crosses_process)
