@@ -248,14 +248,15 @@ def shared_memory_free() -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def shared_memory_full(needed: int, what: str) -> Any:
-    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"worker 1
-    (2 slots of 9.2 MB for its batches)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
-    container 64 MB)."""
+def shared_memory_full(needed: int, what: str, *, free: int | None = None) -> Any:
+    """The :class:`~fastdata.errors.SharedMemoryFullError` for ``what`` (``"a batch"``, ``"a loader of
+    2 workers (2 slots of 9.2 MB each)"``) that needs ``needed`` bytes of /dev/shm (Docker gives a
+    container 64 MB), which has ``free`` bytes (measured now when not given). The free MB are
+    rounded down and the needed up: never "has 10 MB free, ... needs 10 MB"."""
     from fastdata.errors import SharedMemoryFullError
 
-    free = shared_memory_free() or 0
+    free = (shared_memory_free() or 0) if free is None else free
     return SharedMemoryFullError(
-        f"/dev/shm has {free / 2**20:.0f} MB free, {what} needs {max(1, round(needed / 2**20))} MB: give the "
+        f"/dev/shm has {free // 2**20} MB free, {what} needs {max(1, -(-needed // 2**20))} MB: give the "
         "container more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or "
         "use backend='thread' (threads need no shared memory).")

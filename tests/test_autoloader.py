@@ -413,3 +413,51 @@ def test_the_documented_auto_example_runs_as_it_is(tmp_path: Path) -> None:
     assert logged == [f"INFO:fastdata:{decision['reason']}" for decision in decisions]
     short = run(example.replace("4_000", "300"))  # 2 batches an epoch: no window ends, nothing decided
     assert [ast.literal_eval(line) for line in short.stdout.splitlines()] == [{"backend": "thread", "num_workers": 0}]
+
+
+@pytest.mark.timeout(300)
+def test_close_stops_the_workers_an_older_iterator_still_reads_from():
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    auto = fastdata.loader(Numbers(), batch_size=2, seed=4, num_workers="auto", backend="process", timeout=20)
+    state = auto.state_dict()  # start with worker processes, as after tuning
+    state["tuned"] = {"backend": "process", "num_workers": 2, "prefetch": 2}
+    auto.load_state_dict(state)
+    peek = iter(auto)
+    next(peek)
+    train = iter(auto)
+    next(train)  # tunes on workers of its own; peek keeps reading from the ones it had
+    assert len(set(multiprocessing.active_children()) - before) == 4
+    auto.close()
+    assert set(multiprocessing.active_children()) - before == set()  # before: peek's two were left running
+    del peek, train
+
+
+class FullOn(Dataset):
+    """Sample 5 raises SharedMemoryFullError, as a dataset that itself uses shared memory may."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int):
+        if index == 5:
+            from fastdata.errors import SharedMemoryFullError
+
+            raise SharedMemoryFullError("/dev/shm has 0 MB free, a batch needs 1 MB: ...")
+        return index
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shared_memory_error_without_worker_processes_reaches_the_loop(workers):
+    auto = fastdata.loader(FullOn(), batch_size=2, shuffle=False, num_workers="auto", backend="auto")
+    state = auto.state_dict()
+    state["tuned"] = {"backend": "thread", "num_workers": workers, "prefetch": 2}
+    auto.load_state_dict(state)
+    # nothing to fall back from: before, it fell back to the setting it ran, again and again (a hang)
+    with pytest.raises(Exception, match=r"/dev/shm has 0 MB free, a batch needs 1 MB: \.\.\.$") as info:
+        list(auto)
+    assert type(info.value).__name__ == ("SharedMemoryFullError" if workers == 0 else "WorkerError")
+    assert auto.tuning_log == []
+    auto.close()

@@ -5,9 +5,11 @@ reported (never hung on), Ctrl-C, and no shared-memory segment left behind."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import itertools
 import mmap
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -37,9 +39,12 @@ def segments() -> set[str]:
 
 
 def running_elsewhere(name: str) -> bool:
-    """Whether segment ``name`` belongs to another live process (another test run on this machine)."""
-    _, pid = shm.owner(name)
-    return pid != os.getpid() and alive(pid)
+    """Whether segment ``name`` belongs to another live process (another test run on this machine, or
+    in another PID namespace sharing /dev/shm, whose pid says nothing here) or is not fastdata's."""
+    created = shm.owner(name)
+    if created is None or created[0] != shm.pid_namespace():
+        return True
+    return created[1] != os.getpid() and alive(created[1])
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +92,9 @@ class FailsOn(Dataset):
         if index == self.bad:
             if self.how == "raise":
                 raise ValueError(f"sample {index} is broken")
+            if self.how == "sigbus":  # what writing into a full /dev/shm does
+                faulthandler.disable()  # pytest's, inherited: it would print a dump of the crash
+                os.kill(os.getpid(), signal.SIGBUS)
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             HANGING.set()
@@ -192,6 +200,42 @@ def test_two_live_iterators_each_read_an_epoch_of_their_own(backend: str, persis
     assert [a for a, _ in pairs] == expected[2] and [b for _, b in pairs] == expected[3]
     assert [batch[0].tolist() for batch in loader] == expected[4]
     getattr(loader, "close", loader.shutdown)()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_close_stops_the_workers_of_a_second_iterator_still_mid_epoch(persistent: bool) -> None:
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    loader = fastdata.loader(TensorDataset(torch.arange(40)), batch_size=4, seed=2, backend="process",
+                             num_workers=2, persistent_workers=persistent, timeout=20)
+    first, second = iter(loader), iter(loader)
+    next(first), next(second)  # the second reads on workers of its own
+    assert len(set(multiprocessing.active_children()) - before) == 4
+    loader.close()
+    assert set(multiprocessing.active_children()) - before == set()  # before: the second's two were left running
+    del first, second
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("backend", "workers"), [("thread", 2), ("process", 2), ("torch", 0), ("torch", 2),
+                                                  ("process", "auto")])
+def test_state_dict_with_two_live_iterators_is_the_position_of_the_one_that_began_last(backend, workers) -> None:
+    # zip(loader, loader): both iterators exist before either draws its epoch; the second draws epoch 1
+    dataset = TensorDataset(torch.arange(40))
+    serial = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    expected = [[batch[0].tolist() for batch in serial] for _ in range(2)]
+    loader = fastdata.loader(dataset, batch_size=4, seed=2, backend=backend, num_workers=workers, timeout=20)
+    first, second = iter(loader), iter(loader)
+    assert next(first)[0].tolist() == expected[0][0]
+    assert [next(second)[0].tolist() for _ in range(3)] == expected[1][:3]
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 3)  # the second's (before: epoch 0, the first's, at 3)
+    resumed = fastdata.loader(dataset, batch_size=4, seed=2, num_workers=0)
+    resumed.load_state_dict(state)
+    assert [batch[0].tolist() for batch in resumed] == expected[1][3:]
+    del first, second
+    getattr(loader, "close", lambda: None)()
 
 
 def _hang_at_exit(worker_id: int) -> None:
@@ -601,6 +645,18 @@ def test_a_killed_worker_is_named_and_nothing_hangs() -> None:
     with pytest.raises(WorkerError, match=r"^process backend: worker 1 \(pid \d+\) was killed by signal SIGKILL while "
                                           r"computing batch 5 \(indices \[20, 21, 22, 23\] \(4 samples\)\)"):
         list(loader)
+    loader.close()
+
+
+def test_a_worker_killed_by_sigbus_is_told_about_dev_shm() -> None:
+    loader = fastdata.loader(FailsOn(21, "sigbus"), batch_size=4, shuffle=False, backend="process", num_workers=2,
+                             timeout=120)
+    with pytest.raises(WorkerError) as info:
+        list(loader)
+    assert re.fullmatch(r"process backend: worker 1 \(pid \d+\) was killed by signal SIGBUS while computing batch 5 "
+                        r"\(indices \[20, 21, 22, 23\] \(4 samples\)\)\. A worker gets SIGBUS when /dev/shm is full "
+                        r"\(\d+ MB free now\): give the container more shared memory \(docker run --shm-size=2g\), use "
+                        r"fewer workers or smaller batches, or use backend='thread'\.", str(info.value)), str(info.value)
     loader.close()
 
 

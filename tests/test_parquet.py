@@ -344,7 +344,7 @@ def test_the_documented_parquet_examples_convert_photos_of_mixed_sizes(tmp_path:
     docs = (Path(__file__).resolve().parent.parent / "docs" / "converting.md").read_text()
     block = docs.split("<!-- example: parquet -->\n```\n")[1].split("```")[0]
     lines = [line.split("  #")[0].split() for line in block.splitlines() if line.startswith("fastdata convert")]
-    assert len(lines) == 6 and all("--resize" in words or "--store" in words for words in lines)
+    assert len(lines) == 7 and all("--resize" in words or "--store" in words for words in lines)
     python = docs.split("<!-- example: parquet -->\n")[1].split("```python\n")[1].split("```")[0]
     assert python.count("fastdata.convert(") == 2 and python.count("resize=") + python.count('store="encoded"') == 2
     monkeypatch.chdir(tmp_path)

@@ -253,6 +253,7 @@ class AutoLoader(Resumable):
         self._inner: Any = None
         self._inner_setting: Setting | None = None
         self._tuning: object | None = None  # the iterator mid-epoch on self._inner, which it measures
+        self._others: list[Any] = []  # the fixed loaders older iterators read from (close() stops them too)
         self._batches = 0  # batches handed out in this loader's life
         self._began: float | None = None  # when the first epoch started
         self.tuning_log: list[dict[str, Any]] = []
@@ -336,7 +337,8 @@ class AutoLoader(Resumable):
             return self._open(setting, batches, epoch)
         own = Segment(self.sampler)
         own.batches, own.epoch = batches, epoch
-        return self._build(setting, own)
+        self._others.append(self._build(setting, own))
+        return self._others[-1]
 
     def _let_go(self, inner: Any, iterator: Any) -> None:
         """An iterator's pass over ``inner`` ended: ``inner`` stops unless it is the running one."""
@@ -345,6 +347,7 @@ class AutoLoader(Resumable):
             close()
         if inner is not self._inner:  # left to this iterator (_leave_inner), or its own
             _close(inner)
+            self._others = [other for other in self._others if other is not inner]
 
     def _leave_inner(self) -> None:
         """A new iterator starts while another is mid-epoch on the running setting's fixed loader
@@ -356,6 +359,7 @@ class AutoLoader(Resumable):
         fetch = getattr(self._inner, "fetch", None)
         if isinstance(fetch, TimedFetch):  # its time no longer counts
             self._inner.fetch = fetch.fetch
+        self._others.append(self._inner)
         self._inner = self._inner_setting = None
         self._segment = Segment(self.sampler)  # the old one stays with the loader left behind
 
@@ -403,6 +407,8 @@ class AutoLoader(Resumable):
         full = error if isinstance(error, SharedMemoryFullError) else error.__cause__
         if not isinstance(full, SharedMemoryFullError):
             return False
+        if not setting.num_workers or not get_backend(setting.backend).crosses_process:
+            return False  # no worker processes (the dataset's own error): nothing to fall back from
         if self._setting != setting:  # fallen back already (another iterator): the rest on that setting
             return True
         left = tuple(name for name in self.budget.backends if not get_backend(name).crosses_process)
@@ -424,9 +430,10 @@ class AutoLoader(Resumable):
             _close(inner)
 
     def close(self) -> None:
-        """Stop the workers of the running setting (an iterator still mid-epoch on a fixed loader
-        it was left stops that one's when it ends)."""
+        """Stop the workers of the running setting and those older iterators still read from."""
         self._close_inner()
+        while self._others:
+            _close(self._others.pop())
 
     def __del__(self) -> None:
         try:

@@ -36,15 +36,26 @@ class Resumable:
 
     def tracked(self, start: Any) -> Iterator[Any]:
         """The batches of one epoch, from ``start()``, counted as they are handed out. The
-        position is read before ``start`` runs: a DataLoader draws from the sampler (and moves
-        its epoch on) as soon as its iterator exists."""
+        position is read where the epoch is drawn from the sampler: before ``start`` runs where
+        that draws (a DataLoader's iterator draws as soon as it exists), else at the first batch
+        asked for (the thread and process backends, auto: ``zip(loader, loader)`` makes both
+        iterators before either draws, and the second reads the next epoch)."""
         sampler = self.index_sampler
-        self._position = position = [sampler.epoch, sampler.resume_at, sampler.stages]
-        return self._counted(position, start())
+        position: list[Any] | None = [sampler.epoch, sampler.resume_at, sampler.stages]
+        drawn = sampler.drawn
+        batches = start()
+        if sampler.drawn is drawn:  # not drawn yet: at the first batch
+            position = None
+        else:
+            self._position = position
+        return self._counted(position, batches)
 
-    def _counted(self, position: list[int], batches: Iterator[Any]) -> Iterator[Any]:
+    def _counted(self, position: list[Any] | None, batches: Iterator[Any]) -> Iterator[Any]:
         # the count lives in ``position`` (one list per epoch), not in an attribute set per batch:
         # on the torch backend every attribute set goes through DataLoader.__setattr__
+        if position is None:
+            sampler = self.index_sampler
+            self._position = position = [sampler.epoch, sampler.resume_at, sampler.stages]
         try:
             for batch in batches:
                 position[1] += 1

@@ -20,10 +20,11 @@ outlives it (a killed main process's segments are removed by the next loader tha
 from __future__ import annotations
 
 import copy
+import errno
 import math
+import mmap
 import multiprocessing
 import pickle
-import signal
 import time
 import weakref
 from dataclasses import dataclass
@@ -32,11 +33,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastdata.loading import shm, spares
-from fastdata.loading.base import BatchLoader, WorkerError, describe_indices
+from fastdata.loading import failures, shm, spares
+from fastdata.loading.base import BatchLoader, WorkerError
 from fastdata.loading.teardown import Lending, cleanup, reap_stopped, retire, shut_down
 from fastdata.loading.worker import FREE, HEADER_BYTES, IN_SLOT, NEEDS_SLOTS, STATUS, worker_main
-from fastdata.machine import populate, preload_worker_imports, shared_memory_free, spare_core, stop_signals_held
+from fastdata.machine import populate, preload_worker_imports, shared_memory_full, spare_core, stop_signals_held
 
 _POLL_S = 0.25  # how often a waiting consumer checks that its worker is alive
 # A consumer whose batch is not ready polls for this long before it sleeps, when a core is free for
@@ -82,7 +83,7 @@ class ProcessLoader(BatchLoader):
         self.lend_limit = 0 if zero_copy else math.inf  # most batches lent at once per worker (0: copy every one)
         self.spin_s = _SPIN_S if spare_core(self.num_workers) else 0.0
         self._serving = False  # an epoch is under way on this loader's workers
-        self._companions: list[ProcessLoader] = []  # idle loaders that served a second live iterator (below)
+        self._companions: list[ProcessLoader] = []  # loaders serving (or kept for) a second live iterator (below)
         self._own_workers()
 
     def _own_workers(self) -> None:
@@ -156,7 +157,7 @@ class ProcessLoader(BatchLoader):
                 task_read, task_write = self.context.Pipe(duplex=False)
                 result_read, result_write = self.context.Pipe(duplex=False)
                 free_slots = self._free_slots(worker_id)
-                free, ready = self.context.Semaphore(len(free_slots)), self.context.Semaphore(0)
+                free, ready = _semaphores(self.context, len(free_slots))
                 control = shm.new_segment((HEADER_BYTES + FREE.size) * self.slots)
                 self._all_segments[control.name] = control
                 populate(control.address, control.size, what="a worker's control block")  # no SIGBUS later
@@ -252,32 +253,31 @@ class ProcessLoader(BatchLoader):
         loader)``): the next epoch of the same sampler, on workers of its own (a companion loader
         with this one's options), as a DataLoader gives each iterator its own workers. With
         ``persistent_workers`` the companion is kept for the next such iterator; :meth:`close`
-        closes it."""
-        if self._companions:
-            companion = self._companions.pop()
-        else:
+        closes it, mid-epoch too."""
+        companion = next((idle for idle in self._companions if not idle._serving), None)
+        if companion is None:
             companion = copy.copy(self)
             companion._serving, companion._companions = False, []
             companion._own_workers()
+            self._companions.append(companion)
         finished = False
         try:
             yield from companion.epoch_iter()
             finished = True
         finally:
-            if finished and self.persistent_workers:
-                self._companions.append(companion)
-            else:
+            if not (finished and self.persistent_workers):
                 companion.close()
+                self._companions = [kept for kept in self._companions if kept is not companion]
 
     def _workers_epoch(self) -> Iterator[Any]:
         batches = self.epoch_batches()
-        self._start()
-        for worker_id in range(self.num_workers):
-            share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
-            self._send(worker_id, ("epoch", share))
         held = self._held  # kept across epochs and worker restarts: views stay valid for zero_copy more
         finished = False   # batches, whatever the epoch
         try:
+            self._start()  # (a start that fails midway stops the workers it started: below)
+            for worker_id in range(self.num_workers):
+                share = [(number, batches[number]) for number in range(worker_id, len(batches), self.num_workers)]
+                self._send(worker_id, ("epoch", share))
             for number, indices in enumerate(batches):
                 if self.zero_copy and len(held) >= self.zero_copy:
                     self._give(*held.pop(0))
@@ -348,10 +348,7 @@ class ProcessLoader(BatchLoader):
             if not worker.process.is_alive():
                 raise self._died(worker_id, number, indices)
             if deadline is not None and time.monotonic() > deadline:
-                raise WorkerError(
-                    f"process backend: worker {worker_id} (pid {worker.process.pid}) sent no batch within "
-                    f"timeout={self.timeout} s; it was computing batch {number} (indices {describe_indices(indices)})."
-                )
+                raise failures.timed_out(worker_id, worker.process, self.timeout, number, indices)
 
     def _from_pipe(self, worker_id: int, number: int, indices: np.ndarray) -> Any:
         worker = self._workers[worker_id]
@@ -374,15 +371,31 @@ class ProcessLoader(BatchLoader):
             # a closed loader's segment where one fits: its pages were written before (no first-write
             # cost); none with batches still held in it (the worker's free ring names slots already)
             taken = spares.take_spare(slot_bytes * self.slots)
-            if taken is None:  # the worker writing into slots /dev/shm cannot hold would die of SIGBUS
-                used = self._slots_used(slot_bytes)
-                shm.check_room(slot_bytes * used, f"worker {worker_id} ({used} slots of {slot_bytes / 2**20:.1f} MB "
-                                                  "for its batches)")
+            if taken is None:  # a worker writing into slots /dev/shm cannot hold would die of SIGBUS
+                self._check_room(worker_id, slot_bytes)
             self._add_segment(worker_id, taken[0] if taken else shm.new_segment(slot_bytes * self.slots), slot_bytes)
             spares.remember_slot_size(self._size_key(), slot_bytes)
         self._send_segment(worker_id)
         for slot in range(active, self._active_slots(worker_id)):  # sized small enough for the spare slot
             self._give(worker_id, slot)
+
+    def _check_room(self, worker_id: int, slot_bytes: int) -> None:
+        """Refuse new slots of ``slot_bytes`` for a worker where /dev/shm cannot hold what every
+        worker will write: these slots, the pages of the other workers' slots not written yet (a
+        new segment takes no room until written), and slots as large for those that have none yet
+        (their first batch comes next). Counting this worker's alone passed each one in turn."""
+        used = self._slots_used(slot_bytes)
+        needed = slot_bytes * used
+        for other, generations in enumerate(self._generations):
+            if other == worker_id:
+                continue
+            if not generations:
+                needed += slot_bytes * used
+                continue
+            segment, size = generations[-1]
+            needed += max(0, size * self._slots_used(size) - shm.written_bytes(segment.name))
+        workers = f"{self.num_workers} worker{'s' if self.num_workers > 1 else ''}"
+        shm.check_room(needed, f"a loader of {workers} ({used} slots of {slot_bytes / 2**20:.1f} MB each)")
 
     def _send_segment(self, worker_id: int) -> None:
         """Tell a worker which segment its slots are in now."""
@@ -399,36 +412,24 @@ class ProcessLoader(BatchLoader):
                 message = None
             if message is not None and message[0] == "error":
                 return self._failed(worker_id, message[1], indices, message[2], message[3])
-        process = worker.process
-        process.join(1)
-        code = process.exitcode
-        how = f"was killed by signal {signal.Signals(-code).name}" if code is not None and code < 0 else \
-            f"exited with code {code}"
+        worker.process.join(1)
         self.shutdown()
-        fix = "If it ran out of memory, use fewer workers or smaller batches."
-        if code == -signal.SIGBUS:  # what writing into a full /dev/shm does (where a slot could not be populated first)
-            free = shared_memory_free() or 0
-            fix = (f"A worker gets SIGBUS when /dev/shm is full ({free / 2**20:.0f} MB free now): give the container "
-                   "more shared memory (docker run --shm-size=2g), use fewer workers or smaller batches, or use "
-                   "backend='thread'.")
-        return WorkerError(
-            f"process backend: worker {worker_id} (pid {process.pid}) {how} while computing batch {number} "
-            f"(indices {describe_indices(indices)}). {fix}"
-        )
+        return failures.died(worker_id, worker.process, number, indices)
 
     def _failed(self, worker_id: int, number: int, indices: np.ndarray, text: str, payload: bytes | None) -> WorkerError:
         self.shutdown()
-        original = None
-        if payload is not None:
-            try:
-                original = pickle.loads(payload)
-            except Exception:  # noqa: BLE001 - the text below still says what happened
-                original = None
-        where = "in worker_init_fn" if number < 0 else f"on batch {number} (indices {describe_indices(indices)})"
-        cause = f"{type(original).__name__}: {original}" if original is not None else text.splitlines()[-1]
-        error = WorkerError(f"process backend: worker {worker_id} failed {where}: {cause}\n\n{text}")
-        error.__cause__ = original
-        return error
+        return failures.failed(worker_id, number, indices, text, payload)
+
+
+def _semaphores(context: Any, free: int) -> tuple[Any, Any]:
+    """A worker's two semaphores (slots free, batches ready). On Linux each takes a page of /dev/shm:
+    none left there is :class:`~fastdata.errors.SharedMemoryFullError`, as for its slots."""
+    try:
+        return context.Semaphore(free), context.Semaphore(0)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise shared_memory_full(2 * mmap.PAGESIZE, "a worker's pair of semaphores") from None
 
 
 def _poll(ready: Any, seconds: float) -> bool:

@@ -124,7 +124,16 @@ def check_room(needed: int, what: str) -> None:
     that /dev/shm has no room for (``what`` needs them): written, they would kill with SIGBUS."""
     free = shared_memory_free()
     if free is not None and needed > free:
-        raise shared_memory_full(needed, what)
+        raise shared_memory_full(needed, what, free=free)
+
+
+def written_bytes(name: str) -> int:
+    """The bytes of /dev/shm that segment ``name`` takes now: its pages written so far (0 where it
+    cannot be told)."""
+    try:
+        return os.stat(_SHM_DIR / name).st_blocks * 512
+    except (OSError, AttributeError):
+        return 0
 
 
 def attach(name: str) -> Segment:
