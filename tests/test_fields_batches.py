@@ -126,3 +126,29 @@ def test_an_array_of_the_image_size_is_stacked_where_images_have_one_size(tmp_pa
         assert isinstance(depth, list) and all(torch.equal(torch.as_tensor(d), w) for d, w in zip(depth, want))
     _, depth = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
     assert torch.equal(depth, want)
+
+
+class Flow:
+    """(image, flow (2, H, W)) whose images change size after the probed samples (the 10th on)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        height = 6 if index < 10 else 5
+        flow = np.arange(2 * height * 8, dtype=np.float32).reshape(2, height, 8) + np.float32(index)
+        return Image.fromarray(np.full((height, 8, 3), index, np.uint8)), flow
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("options", [{"store": "encoded"}, {"store": "raw", "resize": "4x4"}])
+def test_an_array_of_the_image_size_converts_where_images_change_size_after_the_probe(tmp_path, name: str,
+                                                                                      options: dict) -> None:
+    """A conversion taking images of several sizes stores an array of its image's size ragged
+    from the start, so a later image of another size (and its array) converts."""
+    out = tmp_path / f"flow{FORMATS[name]}"
+    fastdata.convert(Flow(), out, workers=0, **options)
+    ds = reader(out)
+    assert (ds.schema["array"].shape, ds.schema["array"].encoding) == (None, "npy")
+    for index in (0, 9, 10, 11):
+        assert plain(ds[index][1]) == plain(Flow()[index][1])
