@@ -87,3 +87,68 @@ def test_a_transform_does_not_change_the_batch_structure_or_fail_on_missing_keys
         assert torch.equal(batch["score"], plain_batch["score"])
         loaded = next(iter(fastdata.loader(reader(out, transform=transform), batch_size=4)))
         assert loaded["json"] == batch["json"]
+
+
+class Depth:
+    """A dataset resized to one size in its ``__getitem__``: (image, depth map of the image's (H, W))."""
+
+    fastdata_kinds: dict = {}
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        depth = np.arange(6 * 8, dtype=np.float32).reshape(6, 8) + np.float32(index)
+        return Image.fromarray(np.full((6, 8, 3), index * 30, np.uint8)), depth
+
+
+class HintedDepth(Depth):
+    fastdata_kinds = {"array": "array"}
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("dataset, store, stacked", [(Depth, "raw", True), (HintedDepth, "encoded", True),
+                                                     (Depth, "encoded", False)])
+def test_an_array_of_the_image_size_is_stacked_where_images_have_one_size(tmp_path, name: str, dataset, store: str,
+                                                                         stacked: bool) -> None:
+    """Raw images without --resize have one size, so an array of that size stacks in batches as
+    before; a conversion taking images of several sizes (encoded) stores it ragged (a list a batch)
+    unless the dataset's hint says it is a fixed array."""
+    out = tmp_path / f"depth{FORMATS[name]}"
+    fastdata.convert(dataset(), out, workers=0, store=store)
+    ds = reader(out)
+    assert (ds.schema["array"].shape, ds.schema["array"].encoding) == (((6, 8), None) if stacked else (None, "npy"))
+    want = torch.stack([torch.from_numpy(Depth()[i][1]) for i in range(4)])
+    _, depth = next(iter(fastdata.loader(ds, batch_size=4, shuffle=False)))
+    if stacked:
+        assert isinstance(depth, torch.Tensor) and torch.equal(depth, want)
+    else:
+        assert isinstance(depth, list) and all(torch.equal(torch.as_tensor(d), w) for d, w in zip(depth, want))
+    _, depth = next(iter(torch.utils.data.DataLoader(ds, batch_size=4)))
+    assert torch.equal(depth, want)
+
+
+class Flow:
+    """(image, flow (2, H, W)) whose images change size after the probed samples (the 10th on)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        height = 6 if index < 10 else 5
+        flow = np.arange(2 * height * 8, dtype=np.float32).reshape(2, height, 8) + np.float32(index)
+        return Image.fromarray(np.full((height, 8, 3), index, np.uint8)), flow
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("options", [{"store": "encoded"}, {"store": "raw", "resize": "4x4"}])
+def test_an_array_of_the_image_size_converts_where_images_change_size_after_the_probe(tmp_path, name: str,
+                                                                                      options: dict) -> None:
+    """A conversion taking images of several sizes stores an array of its image's size ragged
+    from the start, so a later image of another size (and its array) converts."""
+    out = tmp_path / f"flow{FORMATS[name]}"
+    fastdata.convert(Flow(), out, workers=0, **options)
+    ds = reader(out)
+    assert (ds.schema["array"].shape, ds.schema["array"].encoding) == (None, "npy")
+    for index in (0, 9, 10, 11):
+        assert plain(ds[index][1]) == plain(Flow()[index][1])

@@ -107,6 +107,10 @@ def test_classes_with_several_names_or_their_own_numbers_are_kept(tmp_path: Path
         assert ds.classes == list(dataset.classes) and ds.class_to_idx == dataset.class_to_idx
     if name == "ImageNet":
         assert reader(outputs[0]).classes == [("tench", "Tinca tinca"), ("goldfish", "Carassius auratus")]
+        assert main(["info", str(outputs[0])]) == 0
+        assert "classes:  2: tench / Tinca tinca, goldfish / Carassius auratus\n" in capsys.readouterr().out
+    for out in outputs:  # a class's several names on one line
+        assert main(["info", str(out)]) == 0, capsys.readouterr().err
 
 
 class NegativeClass(torch.utils.data.Dataset):

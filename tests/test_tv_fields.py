@@ -343,6 +343,24 @@ def test_source_option_text_becomes_the_type_the_constructor_expects() -> None:
     assert coerce_option(fake, "image_size", "(1, 4, 4)") == (1, 4, 4)
     assert coerce_option(tv_datasets.MNIST, "download", "false") is False
     assert coerce_option(tv_datasets.Flickr30k, "ann_file", "123.token") == "123.token"
+    # text parameters that look like numbers stay text
+    assert coerce_option(tv_datasets.Kinetics, "num_classes", "400") == "400"
+    assert coerce_option(tv_datasets.STL10, "split", "1") == "1"
+    assert coerce_option(tv_datasets.STL10, "folds", "1") == 1
+
+
+def test_voc_year_text_stays_text_from_the_command_line(tmp_path: Path, capsys) -> None:
+    """VOC compares year with its own strings: year=2007 must reach it as "2007" (an int 2007
+    would be refused by torchvision's verify_str_arg)."""
+    from fastdata.cli import main
+
+    tv_layouts.make_voc(tmp_path / "voc", year="2007")
+    source = resolve_source("torchvision:VOCDetection", root=tmp_path / "voc", source_options={"year": "2007"})
+    assert source.describe()["options"] == {"year": "'2007'"}
+    out = tmp_path / "voc.npy"
+    assert main(["convert", "torchvision:VOCDetection", "--root", str(tmp_path / "voc"), str(out), "--source-option",
+                 "year=2007", "--workers", "0"]) == 0, capsys.readouterr().err
+    assert fastdata.open_dataset(out).manifest["source"]["options"] == {"year": "'2007'"}
 
 
 def test_classic_datasets_keep_their_splits(mnist_root: Path) -> None:

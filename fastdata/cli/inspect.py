@@ -55,7 +55,8 @@ def describe(path: Path | str, manifest: dict[str, Any], sizes: dict[str, Any] |
         max_side = f", longest side at most {options['max_side']}" if options.get("max_side") else ""
         shape = f"encoded ({image['encoding']}{quality}{max_side})"
     classes = manifest.get("classes", [])
-    shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+    names = [" / ".join(entry) if isinstance(entry, list) else str(entry) for entry in classes[:8]]  # a class's names
+    shown = ", ".join(names) + (", ..." if len(classes) > 8 else "")
     files = manifest.get("files", {})
     rows = [
         ("path", str(path)),

@@ -154,13 +154,15 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
     """Headers of the first readable samples' images and the schema their records make
     (:func:`fastdata.fields.values.infer`), for a source whose samples have fields."""
     records, found, first_error, known = [], [], None, src.schema
+    # raw without --resize needs one image size, so arrays of the image's size are of one size too
+    images_may_vary = options.store != "raw" or not options.geometry.is_identity
     for index in range(len(src)):
         try:
             values = src.load_record(index, options.read)
             if len(records) < _SCHEMA_SAMPLES:
                 records.append((src.sample_name(index), values))
-                if known is None:
-                    infer(records, src.kinds, src.layout, src.structure)  # a sample that cannot join fails here
+                if known is None:  # a sample that cannot join fails here
+                    infer(records, src.kinds, src.layout, src.structure, images_may_vary)
                 else:
                     check_record(known, values, src.sample_name(index))
             image = values.get(known.image.name) if known is not None else next(
@@ -184,7 +186,7 @@ def _probe_records(src: Source, options: ConvertOptions) -> tuple[list[tuple[int
         if len(found) >= _SCHEMA_SAMPLES:
             break
     _fail_unless_found(src, options, found, first_error)
-    schema = known if known is not None else infer(records, src.kinds, src.layout, src.structure)
+    schema = known if known is not None else infer(records, src.kinds, src.layout, src.structure, images_may_vary)
     return found, schema.with_meta(src.field_meta)
 
 

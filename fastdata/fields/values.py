@@ -48,10 +48,12 @@ def kind_of(name: str, value: Any, hint: str | None, sample: str, image_field: s
 
 
 def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | None = None,
-          layout: str = "tuple", structure: Any = None) -> Schema:
+          layout: str = "tuple", structure: Any = None, images_may_vary: bool = False) -> Schema:
     """The schema that the first samples' values make (``records``: (sample name, flattened
     record) pairs, at least one); ``kinds`` hints a kind where a value's type does not say it
-    (``{"mask": "mask"}``, ``{"keypoints": "array:variable"}``)."""
+    (``{"mask": "mask"}``, ``{"keypoints": "array:variable"}``). ``images_may_vary``: the
+    conversion takes images of several sizes (encoded, or resized), so an unhinted array of its
+    image's size is stored ragged; else (raw, one image size) it stays a fixed array."""
     kinds = dict(kinds or {})
     first_name, first = records[0]
     found: dict[str, Field | None] = {}
@@ -80,7 +82,8 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
     # a field None in every probed sample (a stereo dataset's valid mask, a test split's targets):
     # kept as JSON null, which every format stores in a few bytes and reads back as None
     fields = [made if made is not None else Field(name, "json") for name, made in found.items()]
-    fields = [_ragged(f) if _follows_image(f, records, image_field) else f for f in fields]
+    fields = [_ragged(f) if images_may_vary and f.name not in kinds and _follows_image(f, records, image_field)
+              else f for f in fields]
     # boxes name their canvas image once it is known
     fields = [f if f.meta.get("tv_tensor") != "BoundingBoxes" or f.meta.get("canvas_size_of")
               else Field(f.name, f.kind, f.dtype, f.shape, f.encoding, f.mode, dict(f.meta, canvas_size_of=image_field))
@@ -91,7 +94,8 @@ def infer(records: list[tuple[str, dict[str, Any]]], kinds: dict[str, str] | Non
 def _follows_image(f: Field, records: list[tuple[str, dict[str, Any]]], image_field: str | None) -> bool:
     """Whether ``f`` is a fixed-shape array whose last two dimensions are its sample's image's
     (H, W) in a probed sample (optical flow (2, H, W), a disparity (1, H, W), SBD's (20, H, W)
-    boundaries): images differ in size, so such a field is stored ragged from the start."""
+    boundaries): where the conversion takes images of several sizes, such a field is stored
+    ragged from the start."""
     if f.kind != "array" or f.encoding == "npy" or f.variable or len(f.shape) < 2 or image_field is None:
         return False
     for _, values in records:
