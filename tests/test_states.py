@@ -89,6 +89,30 @@ def test_numpy_integers_in_a_state_are_integers():
     assert [sorted(b.tolist()) for (b,) in loader] == expected_reads(saved_state())
 
 
+def test_a_state_after_set_epoch_of_a_numpy_integer_goes_through_json():
+    """``for epoch in np.arange(n): loader.set_epoch(epoch)`` saves a state of Python ints: a JSON
+    checkpoint takes it, and it resumes where it was saved."""
+    import json
+
+    loader = make_loader()
+    loader.set_epoch(np.int64(1))
+    batches = iter(loader)
+    read = [sorted(next(batches)[0].tolist()) for _ in range(3)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    rest = [sorted(b.tolist()) for (b,) in resumed]
+    assert state["epoch"] == 1 and len(rest) == 5
+    assert sorted(sum(read + rest, [])) == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("epoch", [-1, 2.0, "2", True, None])
+def test_a_bad_epoch_is_refused_when_set(epoch):
+    with pytest.raises(InvalidOptionError) as error:
+        make_loader().set_epoch(epoch)
+    assert str(error.value) == f"Invalid epoch {epoch!r}. Use an integer >= 0."
+
+
 def test_a_list_of_states_is_checked_state_by_state():
     good = saved_state()
     with pytest.raises(InvalidOptionError, match=r"^Invalid state: epoch='0' \(allowed: an integer"):

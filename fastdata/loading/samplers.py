@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Sampler
 
 from fastdata.errors import InvalidOptionError
+from fastdata.loading.mixchecks import as_integer
 from fastdata.loading.order import MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items
 from fastdata.loading.states import checked_state
 
@@ -149,7 +150,12 @@ class EpochSampler(Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the next pass's epoch. A resumed position (:meth:`load_state_dict`) is kept when
-        it is for this epoch (the usual loop calls ``set_epoch`` after loading) and dropped otherwise."""
+        it is for this epoch (the usual loop calls ``set_epoch`` after loading) and dropped otherwise.
+        A numpy or 0-d tensor integer is kept as an int (a state saves it: JSON and YAML take it)."""
+        value = as_integer(epoch)
+        if value is None or value < 0:
+            raise InvalidOptionError(f"Invalid epoch {epoch!r}. Use an integer >= 0.")
+        epoch = value
         if epoch != self.epoch:
             self.resume_at = 0
             self.stages = []

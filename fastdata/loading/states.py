@@ -28,7 +28,7 @@ def _count(low: int, high: int = _INT64_MAX) -> Callable[[Any], str | None]:
     """A check of an int (not a bool) from ``low`` to ``high``: None if fine, else what is allowed."""
     def check(value: Any) -> str | None:
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value <= high:
-            return None  # numpy's too: set_epoch(np.int64(e)) saves one
+            return None  # numpy's too: a state built or edited with numpy integers
         return f"an integer from {low} to {'2**63 - 1' if high == _INT64_MAX else high}"
     return check
 
