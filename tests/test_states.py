@@ -43,7 +43,7 @@ def saved_state(dataset=None) -> dict:
     ({"batch_size": 4.0}, f"Invalid state: batch_size=4.0 (allowed: None or an integer from 1 to 2**63 - 1). {FIX}"),
     ({"consumed": "3"}, f"Invalid state: consumed='3' (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
     ({"epoch": -1}, f"Invalid state: epoch=-1 (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
-    ({"seed": -1}, f"Invalid state: seed=-1 (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
+    ({"seed": -1}, f"Invalid state: seed=-1 (allowed: an integer >= 0). {FIX}"),
     ({"even": 1}, f"Invalid state: even=1 (allowed: True or False). {FIX}"),
     ({"version": True}, f"Invalid state: version=True (allowed: an integer from 1 to 2). {FIX}"),
     ({"world_size": 0}, f"Invalid state: world_size=0 (allowed: an integer from 1 to 2**63 - 1). {FIX}"),
@@ -104,6 +104,36 @@ def test_a_state_after_set_epoch_of_a_numpy_integer_goes_through_json():
     rest = [sorted(b.tolist()) for (b,) in resumed]
     assert state["epoch"] == 1 and len(rest) == 5
     assert sorted(sum(read + rest, [])) == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_seed_of_64_bits_or_more_resumes(mixed):
+    """``seed=random.getrandbits(64)`` (half of them >= 2**63) and wider ones: their states resume."""
+    seed = 2**64 + 5
+    dataset = fastdata.mix([Codes(0), Codes(1000)], [2, 1], seed=seed) if mixed else None
+    make = lambda: fastdata.loader(dataset if mixed else torch.utils.data.TensorDataset(torch.arange(SAMPLES)),  # noqa: E731
+                                   batch_size=BATCH, seed=seed, backend="thread", num_workers=0)
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    rest = [_values(batch) for batch in batches]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert state["seed"] == seed and [_values(batch) for batch in resumed] == rest and len(rest) == 5
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, np.int64(-2)])
+def test_a_negative_or_fractional_loader_seed_is_refused_at_build(seed):
+    with pytest.raises(InvalidOptionError) as error:
+        make_loader_with_seed(seed)
+    assert str(error.value) == f"Invalid seed {seed!r}. Use an integer >= 0."
+
+
+def make_loader_with_seed(seed):
+    return fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH, seed=seed,
+                           backend="thread", num_workers=0)
 
 
 @pytest.mark.parametrize("epoch", [-1, 2.0, "2", True, None])

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Sampler
 
 from fastdata.errors import InvalidOptionError
-from fastdata.loading.mixchecks import as_integer
+from fastdata.loading.mixchecks import as_integer, checked_seed
 from fastdata.loading.order import MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items
 from fastdata.loading.states import checked_state
 
@@ -35,9 +35,7 @@ def shared_seed(seed: int | None, world_size: int) -> int:
     ``RandomSampler``, so ``torch.manual_seed`` makes it reproducible); on several ranks, rank 0's
     draw, broadcast, since every rank must cut the same permutation."""
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidOptionError(f"Invalid seed {seed!r}. Use an integer.")
-        return seed
+        return checked_seed(seed)  # any size: a SeedSequence takes it
     drawn = int(torch.empty((), dtype=torch.int64).random_().item())
     if world_size == 1:
         return drawn
