@@ -106,6 +106,23 @@ def test_a_state_after_set_epoch_of_a_numpy_integer_goes_through_json():
     assert sorted(sum(read + rest, [])) == list(range(SAMPLES))
 
 
+@pytest.mark.parametrize("drop_last", [np.True_, 1])
+def test_a_state_of_a_loader_given_a_truthy_drop_last_resumes_and_goes_through_json(drop_last):
+    import json
+
+    make = lambda: fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH,  # noqa: E731
+                                   drop_last=drop_last, seed=3, backend="thread", num_workers=0)
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [_values(batch) for batch in batches]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert state["drop_last"] is True and [_values(batch) for batch in resumed] == rest and len(rest) == 4
+
+
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_seed_of_64_bits_or_more_resumes(mixed):
     """``seed=random.getrandbits(64)`` (half of them >= 2**63) and wider ones: their states resume."""

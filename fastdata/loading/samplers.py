@@ -128,7 +128,7 @@ class EpochSampler(Sampler):
             raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer.")
         self.length = length
         self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.drop_last = bool(drop_last)  # a state saves it: np.True_ or 1 would not load back (nor go to JSON)
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.even = bool(even)
         self.seed_given = seed is not None
