@@ -313,6 +313,41 @@ def test_a_computed_permutation_is_a_bijection(size, seed, streams):
         assert sorted(images[:, column].tolist()) == list(range(size))
 
 
+@pytest.mark.parametrize("size", [2**16 - 1, 2**16, 2**16 + 1, 2**17 + 1, 1_000_003])
+def test_a_computed_permutation_is_a_bijection_past_the_small_sizes(size):
+    """From 2**16 values on, the network runs 6 rounds: still every value once (one just past a
+    power of two, a prime)."""
+    from fastdata.loading.permutation import permuted, round_keys
+
+    for seed in (0, 2**64 - 1):
+        images = permuted(np.arange(size), size, round_keys(seed, 3))
+        assert images.dtype == np.int64 and np.array_equal(np.sort(images), np.arange(size))
+
+
+@pytest.mark.parametrize("size", [2**32 - 1, 2**32 + 1, 2**40, 2**40 + 1, 2**62 + 12345, 2**63 - 1])
+def test_a_computed_permutation_of_a_huge_range_stays_in_it_and_repeats_nothing(size):
+    from fastdata.loading.permutation import permuted, round_keys
+
+    values = np.unique(np.concatenate([np.arange(50_000), size - 1 - np.arange(50_000),
+                                       np.random.default_rng(0).integers(0, size, 100_000)]))
+    images = permuted(values, size, round_keys(1, 2))
+    assert images.min() >= 0 and images.max() < size and len(np.unique(images)) == len(values)
+
+
+def test_computed_orders_are_the_same_on_every_machine():
+    """Pinned values (uint64 arithmetic and SeedSequence only): a platform or numpy that computed
+    another order would resume every saved state elsewhere."""
+    from fastdata.loading.permutation import permuted, round_keys, stream_keys
+
+    assert permuted(np.arange(10), 10, round_keys(0, 7)).tolist() == [6, 8, 7, 5, 3, 9, 1, 4, 0, 2]
+    assert permuted(np.array([0, 1, 2**40 - 1]), 2**40, round_keys(5, 1)).tolist() == \
+        [394975086187, 1032161065788, 636413808212]
+    keys = stream_keys(round_keys(1), np.array([0, 2**64 - 1], dtype=np.uint64))
+    assert permuted(np.array([3, 3]), 2**32 - 1, keys).tolist() == [3518147177, 321230036]
+    mix = fastdata.mix([TensorDataset(torch.arange(7)), TensorDataset(torch.arange(5))], [2, 1], length=9, seed=3)
+    assert [part.tolist() for part in mix.plan(1)] == [[0, 1, 0, 0, 0, 0, 1, 0, 1], [3, 4, 6, 1, 2, 4, 4, 3, 0]]
+
+
 @pytest.mark.parametrize(("sources", "message"), [
     ([TensorDataset(torch.zeros(4, 2, dtype=torch.uint8)), TensorDataset(torch.zeros(4, 2))],
      r"^A mix's sources give samples of different structures or types: source 0 \(TensorDataset\) gives \(uint8\), "
