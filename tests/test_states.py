@@ -110,8 +110,10 @@ def test_a_state_after_set_epoch_of_a_numpy_integer_goes_through_json():
 def test_a_state_of_a_loader_given_a_truthy_drop_last_resumes_and_goes_through_json(drop_last):
     import json
 
-    make = lambda: fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH,  # noqa: E731
-                                   drop_last=drop_last, seed=3, backend="thread", num_workers=0)
+    def make():
+        return fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH,
+                               drop_last=drop_last, seed=3, backend="thread", num_workers=0)
+
     loader = make()
     batches = iter(loader)
     for _ in range(3):
@@ -128,8 +130,11 @@ def test_a_seed_of_64_bits_or_more_resumes(mixed):
     """``seed=random.getrandbits(64)`` (half of them >= 2**63) and wider ones: their states resume."""
     seed = 2**64 + 5
     dataset = fastdata.mix([Codes(0), Codes(1000)], [2, 1], seed=seed) if mixed else None
-    make = lambda: fastdata.loader(dataset if mixed else torch.utils.data.TensorDataset(torch.arange(SAMPLES)),  # noqa: E731
-                                   batch_size=BATCH, seed=seed, backend="thread", num_workers=0)
+    dataset = dataset if mixed else torch.utils.data.TensorDataset(torch.arange(SAMPLES))
+
+    def make():
+        return fastdata.loader(dataset, batch_size=BATCH, seed=seed, backend="thread", num_workers=0)
+
     loader = make()
     batches = iter(loader)
     for _ in range(3):
