@@ -313,6 +313,28 @@ def test_a_computed_permutation_is_a_bijection(size, seed, streams):
         assert sorted(images[:, column].tolist()) == list(range(size))
 
 
+class Single(torch.utils.data.Dataset):
+    """One sample: its source's number."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index):
+        return torch.tensor(self.number)
+
+
+def test_a_mix_of_more_than_32768_sources_reads_each_one():
+    """Source ids past 32767 (they wrapped to negative int16 ids, so another source was read)."""
+    count = 40_000
+    mix = fastdata.mix([Single(number) for number in range(count)], [1] * count, seed=2)
+    sources, inner = mix.plan(0)
+    assert sorted(sources.tolist()) == list(range(count)) and not inner.any()
+    assert [int(mix[i]) for i in range(0, count, 97)] == sources[::97].tolist()
+
+
 @pytest.mark.parametrize("size", [2**16 - 1, 2**16, 2**16 + 1, 2**17 + 1, 1_000_003])
 def test_a_computed_permutation_is_a_bijection_past_the_small_sizes(size):
     """From 2**16 values on, the network runs 6 rounds: still every value once (one just past a
