@@ -356,18 +356,32 @@ def test_a_computed_permutation_of_a_huge_range_stays_in_it_and_repeats_nothing(
     assert images.min() >= 0 and images.max() < size and len(np.unique(images)) == len(values)
 
 
+@pytest.mark.parametrize("size", [10, 11])
+def test_a_small_computed_permutation_sends_each_position_anywhere_alike(size):
+    """Over 40,000 cycles of a small source, each position goes to each place about as often:
+    within 4.5 standard deviations (with 12 rounds some went 13% more often: 8.6 and 7.8 of them)."""
+    from fastdata.loading.permutation import permuted, round_keys, stream_keys
+
+    cycles = 40_000
+    keys = stream_keys(round_keys(5), np.repeat(np.arange(cycles, dtype=np.uint64), size))
+    images = permuted(np.tile(np.arange(size), cycles), size, keys).reshape(cycles, size)
+    counts = np.stack([np.bincount(images[:, position], minlength=size) for position in range(size)])
+    deviation = np.abs(counts / (cycles / size) - 1).max() / np.sqrt(size / cycles)
+    assert deviation < 4.5, deviation
+
+
 def test_computed_orders_are_the_same_on_every_machine():
     """Pinned values (uint64 arithmetic and SeedSequence only): a platform or numpy that computed
     another order would resume every saved state elsewhere."""
     from fastdata.loading.permutation import permuted, round_keys, stream_keys
 
-    assert permuted(np.arange(10), 10, round_keys(0, 7)).tolist() == [6, 8, 7, 5, 3, 9, 1, 4, 0, 2]
+    assert permuted(np.arange(10), 10, round_keys(0, 7)).tolist() == [3, 9, 7, 5, 2, 8, 0, 4, 1, 6]
     assert permuted(np.array([0, 1, 2**40 - 1]), 2**40, round_keys(5, 1)).tolist() == \
         [394975086187, 1032161065788, 636413808212]
     keys = stream_keys(round_keys(1), np.array([0, 2**64 - 1], dtype=np.uint64))
     assert permuted(np.array([3, 3]), 2**32 - 1, keys).tolist() == [3518147177, 321230036]
     mix = fastdata.mix([TensorDataset(torch.arange(7)), TensorDataset(torch.arange(5))], [2, 1], length=9, seed=3)
-    assert [part.tolist() for part in mix.plan(1)] == [[0, 1, 0, 0, 0, 0, 1, 0, 1], [3, 4, 6, 1, 2, 4, 4, 3, 0]]
+    assert [part.tolist() for part in mix.plan(1)] == [[0, 1, 0, 1, 0, 0, 1, 0, 0], [0, 2, 6, 3, 4, 5, 0, 3, 0]]
 
 
 @pytest.mark.parametrize(("sources", "message"), [
