@@ -43,7 +43,7 @@ def saved_state(dataset=None) -> dict:
     ({"batch_size": 4.0}, f"Invalid state: batch_size=4.0 (allowed: None or an integer from 1 to 2**63 - 1). {FIX}"),
     ({"consumed": "3"}, f"Invalid state: consumed='3' (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
     ({"epoch": -1}, f"Invalid state: epoch=-1 (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
-    ({"seed": -1}, f"Invalid state: seed=-1 (allowed: an integer from 0 to 2**63 - 1). {FIX}"),
+    ({"seed": -1}, f"Invalid state: seed=-1 (allowed: an integer >= 0). {FIX}"),
     ({"even": 1}, f"Invalid state: even=1 (allowed: True or False). {FIX}"),
     ({"version": True}, f"Invalid state: version=True (allowed: an integer from 1 to 2). {FIX}"),
     ({"world_size": 0}, f"Invalid state: world_size=0 (allowed: an integer from 1 to 2**63 - 1). {FIX}"),
@@ -87,6 +87,82 @@ def test_numpy_integers_in_a_state_are_integers():
     loader = make_loader()
     loader.load_state_dict(state)
     assert [sorted(b.tolist()) for (b,) in loader] == expected_reads(saved_state())
+
+
+def test_a_state_after_set_epoch_of_a_numpy_integer_goes_through_json():
+    """``for epoch in np.arange(n): loader.set_epoch(epoch)`` saves a state of Python ints: a JSON
+    checkpoint takes it, and it resumes where it was saved."""
+    import json
+
+    loader = make_loader()
+    loader.set_epoch(np.int64(1))
+    batches = iter(loader)
+    read = [sorted(next(batches)[0].tolist()) for _ in range(3)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    rest = [sorted(b.tolist()) for (b,) in resumed]
+    assert state["epoch"] == 1 and len(rest) == 5
+    assert sorted(sum(read + rest, [])) == list(range(SAMPLES))
+
+
+@pytest.mark.parametrize("drop_last", [np.True_, 1])
+def test_a_state_of_a_loader_given_a_truthy_drop_last_resumes_and_goes_through_json(drop_last):
+    import json
+
+    def make():
+        return fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH,
+                               drop_last=drop_last, seed=3, backend="thread", num_workers=0)
+
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [_values(batch) for batch in batches]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert state["drop_last"] is True and [_values(batch) for batch in resumed] == rest and len(rest) == 4
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_seed_of_64_bits_or_more_resumes(mixed):
+    """``seed=random.getrandbits(64)`` (half of them >= 2**63) and wider ones: their states resume."""
+    seed = 2**64 + 5
+    dataset = fastdata.mix([Codes(0), Codes(1000)], [2, 1], seed=seed) if mixed else None
+    dataset = dataset if mixed else torch.utils.data.TensorDataset(torch.arange(SAMPLES))
+
+    def make():
+        return fastdata.loader(dataset, batch_size=BATCH, seed=seed, backend="thread", num_workers=0)
+
+    loader = make()
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    rest = [_values(batch) for batch in batches]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert state["seed"] == seed and [_values(batch) for batch in resumed] == rest and len(rest) == 5
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, np.int64(-2)])
+def test_a_negative_or_fractional_loader_seed_is_refused_at_build(seed):
+    with pytest.raises(InvalidOptionError) as error:
+        make_loader_with_seed(seed)
+    assert str(error.value) == f"Invalid seed {seed!r}. Use an integer >= 0."
+
+
+def make_loader_with_seed(seed):
+    return fastdata.loader(torch.utils.data.TensorDataset(torch.arange(SAMPLES)), batch_size=BATCH, seed=seed,
+                           backend="thread", num_workers=0)
+
+
+@pytest.mark.parametrize("epoch", [-1, 2.0, "2", True, None])
+def test_a_bad_epoch_is_refused_when_set(epoch):
+    with pytest.raises(InvalidOptionError) as error:
+        make_loader().set_epoch(epoch)
+    assert str(error.value) == f"Invalid epoch {epoch!r}. Use an integer >= 0."
 
 
 def test_a_list_of_states_is_checked_state_by_state():

@@ -79,6 +79,7 @@ class Mix(torch.utils.data.Dataset):
         check_alike(self.datasets)
         self._batched = all(accepts_index_arrays(dataset) for dataset in self.datasets)
         self._labels = [f"source {k} ({type(d).__name__})" for k, d in enumerate(self.datasets)]
+        self._source_dtype = np.int16 if len(self.datasets) <= 2**15 else np.int32  # ids of 32768 sources and more
 
     # --- the order -----------------------------------------------------------------------
 
@@ -95,7 +96,8 @@ class Mix(torch.utils.data.Dataset):
 
     def plan(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``(source, index)`` of every position of ``epoch``: int16 source ids and int64 indices
-        into them (computed for all ``length`` positions: :meth:`locate` computes a few)."""
+        into them (int32 ids past 32768 sources; computed for all ``length`` positions: :meth:`locate`
+        computes a few)."""
         return self.locate(np.arange(self.length), epoch)
 
     def draws(self, source: int, epoch: int, slots: np.ndarray) -> np.ndarray:
@@ -109,11 +111,11 @@ class Mix(torch.utils.data.Dataset):
 
     def locate(self, indices: Any, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(sources, source_indices)`` of mix indices ``indices`` in ``epoch`` (default: the
-        one ``indices`` carry, else :meth:`set_epoch`'s): int16 and int64 arrays."""
+        one ``indices`` carry, else :meth:`set_epoch`'s): int16 (int32 past 32768 sources) and int64 arrays."""
         epoch = self.epoch_of(indices) if epoch is None else int(epoch)
         slots = permuted(self._positions(indices), self.length,
                          stream_keys(self._order_keys, np.array([epoch % 2**64], dtype=np.uint64)))
-        sources = (np.searchsorted(self.starts, slots, side="right") - 1).astype(np.int16)
+        sources = (np.searchsorted(self.starts, slots, side="right") - 1).astype(self._source_dtype)
         inner = np.empty(len(slots), dtype=np.int64)
         for source in np.unique(sources).tolist():
             mine = sources == source

@@ -19,7 +19,7 @@ from fastdata.errors import InvalidOptionError
 MAX_LENGTH = 2**32  # samples per epoch: an epoch's order (the loader's shuffle) holds 8 bytes a sample
 
 
-def _integer(value: Any) -> int | None:
+def as_integer(value: Any) -> int | None:
     """``value`` as an int when it is one (Python or numpy; not a bool), else None."""
     if isinstance(value, (bool, np.bool_)):
         return None
@@ -68,7 +68,7 @@ def checked_weights(weights: Any, count: int) -> np.ndarray:
 
 def checked_length(length: Any, lengths: np.ndarray) -> int:
     """Samples per epoch: ``length``, or the sum of the datasets' lengths; 0 to MAX_LENGTH."""
-    total = sum(int(n) for n in lengths) if length is None else _integer(length)
+    total = sum(int(n) for n in lengths) if length is None else as_integer(length)
     if total is None or total < 0:
         raise InvalidOptionError(f"Invalid length {length!r}. Use a number of samples per epoch >= 0 "
                                  "(or None: the sum of the datasets' lengths).")
@@ -82,7 +82,7 @@ def checked_length(length: Any, lengths: np.ndarray) -> int:
 
 
 def checked_seed(seed: Any) -> int:
-    value = _integer(seed)
+    value = as_integer(seed)
     if value is None or value < 0:
         raise InvalidOptionError(f"Invalid seed {seed!r}. Use an integer >= 0.")
     return value

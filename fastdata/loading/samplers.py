@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import Sampler
 
 from fastdata.errors import InvalidOptionError
+from fastdata.loading.mixchecks import as_integer, checked_seed
 from fastdata.loading.order import MAX_STAGES, STATE_VERSION, Layout, epoch_sequence, layout_of, most_items
 from fastdata.loading.states import checked_state
 
@@ -34,9 +35,7 @@ def shared_seed(seed: int | None, world_size: int) -> int:
     ``RandomSampler``, so ``torch.manual_seed`` makes it reproducible); on several ranks, rank 0's
     draw, broadcast, since every rank must cut the same permutation."""
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise InvalidOptionError(f"Invalid seed {seed!r}. Use an integer.")
-        return seed
+        return checked_seed(seed)  # any size: a SeedSequence takes it
     drawn = int(torch.empty((), dtype=torch.int64).random_().item())
     if world_size == 1:
         return drawn
@@ -129,7 +128,7 @@ class EpochSampler(Sampler):
             raise InvalidOptionError(f"Invalid batch_size {batch_size!r}. Use a positive integer.")
         self.length = length
         self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.drop_last = bool(drop_last)  # a state saves it: np.True_ or 1 would not load back (nor go to JSON)
         self.rank, self.world_size = resolve_distributed(rank, world_size)
         self.even = bool(even)
         self.seed_given = seed is not None
@@ -149,7 +148,12 @@ class EpochSampler(Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the next pass's epoch. A resumed position (:meth:`load_state_dict`) is kept when
-        it is for this epoch (the usual loop calls ``set_epoch`` after loading) and dropped otherwise."""
+        it is for this epoch (the usual loop calls ``set_epoch`` after loading) and dropped otherwise.
+        A numpy or 0-d tensor integer is kept as an int (a state saves it: JSON and YAML take it)."""
+        value = as_integer(epoch)
+        if value is None or value < 0:
+            raise InvalidOptionError(f"Invalid epoch {epoch!r}. Use an integer >= 0.")
+        epoch = value
         if epoch != self.epoch:
             self.resume_at = 0
             self.stages = []

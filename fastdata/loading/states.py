@@ -24,11 +24,15 @@ _ADDED = ("backend", "dataset", "tuned")  # what a loader adds to its sampler's 
 _LAYOUT = ("world_size", "batch_size", "even", "drop_last", "consumed")  # an entry of "earlier"
 
 
-def _count(low: int, high: int = _INT64_MAX) -> Callable[[Any], str | None]:
-    """A check of an int (not a bool) from ``low`` to ``high``: None if fine, else what is allowed."""
+def _count(low: int, high: int | None = _INT64_MAX) -> Callable[[Any], str | None]:
+    """A check of an int (not a bool) from ``low`` to ``high`` (None: no bound): None if fine, else
+    what is allowed."""
     def check(value: Any) -> str | None:
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value <= high:
-            return None  # numpy's too: set_epoch(np.int64(e)) saves one
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value \
+                and (high is None or value <= high):
+            return None  # numpy's too: a state built or edited with numpy integers
+        if high is None:
+            return f"an integer >= {low}"
         return f"an integer from {low} to {'2**63 - 1' if high == _INT64_MAX else high}"
     return check
 
@@ -46,7 +50,7 @@ def _batch_size(value: Any) -> str | None:
 
 
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
-    "version": _count(1, STATE_VERSION), "seed": _count(0), "epoch": _count(0), "consumed": _count(0),
+    "version": _count(1, STATE_VERSION), "seed": _count(0, None), "epoch": _count(0), "consumed": _count(0),
     "length": _count(0), "batch_size": _batch_size, "drop_last": _flag, "even": _flag, "world_size": _count(1),
     "rank": _count(0), "order": _text, "backend": _text,
 }
@@ -107,7 +111,7 @@ def _check_dataset(dataset: Any) -> None:
         return
     if not isinstance(dataset, dict) or set(dataset) != {"seed", "digest"}:
         raise _refuse("dataset", dataset, "None or a mix's {'seed': ..., 'digest': ...}")
-    for key, check in (("seed", _count(0)), ("digest", _text)):
+    for key, check in (("seed", _count(0, None)), ("digest", _text)):
         if check(dataset[key]) is not None:
             raise _refuse(f"dataset {key}", dataset[key], check(dataset[key]) or "")
 
