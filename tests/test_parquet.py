@@ -182,6 +182,26 @@ def test_a_save_to_disk_folder_takes_its_split_and_a_dataset_object_converts_ali
         fastdata.convert(streamed.map(lambda row: row), tmp_path / "mapped.npy", workers=0)
 
 
+def test_info_records_a_saved_datasets_real_split_or_none(tmp_path: Path, capsys) -> None:
+    """The source line names the DatasetDict's split, and no split for a saved Dataset (never the
+    folder's name)."""
+    hf_dataset(range(3)).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"valid": hf_dataset(range(3))}).save_to_disk(str(tmp_path / "dict"))
+    fastdata.convert(tmp_path / "saved", tmp_path / "one.npy", workers=0)
+    fastdata.convert(tmp_path / "dict", tmp_path / "split.npy", workers=0)
+    source = json.loads((tmp_path / "one.npy" / "manifest.json").read_text())["source"]
+    assert source["type"] == "saved" and "split" not in source
+    assert json.loads((tmp_path / "split.npy" / "manifest.json").read_text())["source"]["split"] == "valid"
+    lines = {}
+    for name in ("one", "split"):
+        code, printed, err = cli(capsys, "info", tmp_path / f"{name}.npy")
+        assert code == 0, err
+        lines[name] = next(line for line in printed.splitlines() if line.startswith("source:"))
+    assert lines["one"] == f"source:   type=saved saved={tmp_path / 'saved'} count=1 columns={list(FEATURES)} " \
+                           "label_column=label length=3"
+    assert " saved=" + str(tmp_path / "dict") + " split=valid count=1 " in lines["split"]
+
+
 def test_image_paths_are_read_beside_the_file_and_never_outside_it(tmp_path: Path) -> None:
     folder = tmp_path / "set"
     (folder / "img").mkdir(parents=True)
