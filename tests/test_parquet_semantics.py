@@ -360,8 +360,11 @@ def test_bool_category_audio_and_pdf_columns_convert_as_their_arrow_types_say(tm
     fastdata.convert(path, tmp_path / "typed.npy", workers=0)
     ds = fastdata.open_dataset(tmp_path / "typed.npy")
     assert [(bool(ds[i]["label"]), ds[i]["kind"]) for i in range(3)] == [(True, "a"), (False, "b"), (True, "a")]
-    with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer column"):
+    with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer or string column"):
         fastdata.convert(path, tmp_path / "o.npy", label_column="label", workers=0)
+    manifest = fastdata.convert(path, tmp_path / "kinds.npy", label_column="kind", workers=0)  # category: its values
+    assert manifest["classes"] == ["a", "b"]
+    assert [int(fastdata.open_dataset(tmp_path / "kinds.npy")[i]["kind"]) for i in range(3)] == [0, 1, 0]
     sounds = [b"RIFF\x10\x00\x00\x00WAVEfmt %d" % i for i in range(3)]
     documents = [b"%%PDF-1.4 %d" % i for i in range(3)]
     files = hf_dataset(range(3)).add_column("audio", [{"bytes": b, "path": None} for b in sounds])
