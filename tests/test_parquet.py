@@ -280,7 +280,7 @@ def test_image_paths_are_read_beside_the_file_and_never_outside_it(tmp_path: Pat
         fastdata.convert(folder / "a.parquet", tmp_path / "bad.npy", workers=0)
     assert str(raised.value) == (f"{folder / 'a.parquet'} row 0: cannot read image (column 'image': image path "
                                  "'../secret.png' lies outside the folder of the Parquet file; only paths inside it are "
-                                 "read). Re-run with --skip-bad to leave it out.")
+                                 "read). Re-run with --skip-bad (skip_bad=True) to leave it out.")
     assert not (tmp_path / "bad.npy").exists()
 
 

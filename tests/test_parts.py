@@ -265,7 +265,7 @@ def test_a_bad_image_fails_its_part_as_it_fails_a_local_conversion(tmp_path: Pat
     with pytest.raises(type(local.value)) as part:
         fastdata.convert(source, out, format="tar", part="2/2", unit_samples=8, workers=0)
     assert str(part.value) == str(local.value) == (
-        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad to "
+        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad (skip_bad=True) to "
         "leave it out."
     )
     result = run_fastdata("merge", out)
