@@ -84,8 +84,8 @@ def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_bac
         fastdata.convert(uniform_folder, url, **options)
     assert str(caught.value) == (
         f"'{url}/shard-000000.tar', uploaded while the conversion ran, has 512 bytes, not {len(good)} in the bucket "
-        "now (removed or replaced since); the manifest was not written. Put it back and run again with --resume, or "
-        "convert again with --overwrite.")
+        "now (removed or replaced since); the manifest was not written. Put it back and run again with --resume (resume=True), or "
+        "convert again with --overwrite (overwrite=True).")
     assert not s3.fs().exists(f"{prefix}/manifest.json")
     s3.fs().pipe(f"{prefix}/shard-000000.tar", good)
     assert fastdata.convert(uniform_folder, url, **options)["count"] == 12  # the finished staging copy, uploaded

@@ -241,7 +241,8 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
     if earlier is not None and not options.overwrite:
         raise PartsError(
             f"Part {part}/{parts} of {scrub(url)!r} was already uploaded ({describe_part(earlier)}); each --part I/N "
-            f"runs once. Check the job array's indices, or pass --overwrite to convert part {part}/{parts} again.")
+            f"runs once. Check the job array's indices, or pass {fix_option('overwrite')} to convert part "
+            f"{part}/{parts} again.")
     src, reopen = open_source(source, options), source_argument(source, options)
     units = part_units(plan_units(len(src), options.unit_samples, src.unit_bounds()), part, parts)
     local_units = claim_staging(staging)  # refuses a folder fastdata did not write

@@ -255,8 +255,8 @@ def _check_streamed(fs: Any, path: str, url: str, expected: dict[str, dict[str, 
             there = "is missing" if name not in sizes else f"has {sizes[name]} bytes, not {entry.get('bytes')}"
             raise OutputWriteError(
                 f"{scrub(f'{url}/{name}')!r}, uploaded while the conversion ran, {there} in the bucket now (removed "
-                "or replaced since); the manifest was not written. Put it back and run again with --resume, or "
-                "convert again with --overwrite.")
+                f"or replaced since); the manifest was not written. Put it back and run again with {fix_option('resume')}, "
+                f"or convert again with {fix_option('overwrite')}.")
 
 
 def staging_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
