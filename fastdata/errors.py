@@ -7,6 +7,12 @@ exception type that callers already catch (``FileNotFoundError``, ``ValueError``
 from __future__ import annotations
 
 
+def fix_option(name: str, value: object = True) -> str:
+    """An option as a message's fix names it, in both forms a caller uses (the CLI's flag, the
+    keyword of ``fastdata.convert``): ``fix_option("skip_bad")`` is ``--skip-bad (skip_bad=True)``."""
+    return f"--{name.replace('_', '-')} ({name}={value!r})"
+
+
 class FastdataError(Exception):
     """Base class of every error fastdata raises on purpose."""
 
@@ -146,4 +152,4 @@ class ConversionInterrupted(KeyboardInterrupt):
     def __init__(self, output: str, kept: int, total: int, partial: str):
         self.output, self.kept, self.total, self.partial = output, kept, total, partial
         super().__init__(f"{output!r} keeps {kept:,} of {total:,} samples in {partial!r}; run the same command "
-                         "with --resume to continue from there")
+                         f"with {fix_option('resume')} to continue from there")

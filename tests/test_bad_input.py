@@ -87,7 +87,7 @@ def test_each_bad_file_is_named_and_nothing_is_written(corpus: Path, tmp_path: P
             fastdata.convert(only, tmp_path / "out.npy", workers=0)
         message = str(info.value)
         assert message.startswith(f"{only}/bad/{name}: cannot ") and REASONS[name] in message, message
-        assert message.endswith("Re-run with --skip-bad to leave it out.")
+        assert message.endswith("Re-run with --skip-bad (skip_bad=True) to leave it out.")
         assert not (tmp_path / "out.npy").exists() and not (tmp_path / "out.npy.partial").exists()
 
 

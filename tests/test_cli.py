@@ -86,7 +86,7 @@ def test_existing_output_and_bad_image(uniform_folder: Path, tmp_path: Path) -> 
     out = tmp_path / "u.npy"
     assert run_fastdata("convert", uniform_folder, out, "--quiet").returncode == 0
     again = run_fastdata("convert", uniform_folder, out, "--quiet")
-    assert again.returncode == 1 and "already exists. Pass --overwrite to replace it." in again.stderr
+    assert again.returncode == 1 and "already exists. Pass --overwrite (overwrite=True) to replace it." in again.stderr
     (uniform_folder / "ant" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     bad = run_fastdata("convert", uniform_folder, tmp_path / "b.npy", "--quiet")
     assert bad.returncode == 1 and "ant/broken.png: cannot read image" in bad.stderr

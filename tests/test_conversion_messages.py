@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 import fastdata
-from fastdata.errors import BadSampleError, InvalidOptionError, OutputWriteError
+from fastdata.errors import (BadSampleError, ConversionInterrupted, InvalidOptionError, OutputExistsError,
+                             OutputWriteError)
 from fastdata.formats.tar import TarIndexedDataset
 
 
@@ -59,6 +60,29 @@ def test_a_folder_of_which_nothing_reads_under_skip_bad_says_so(tmp_path: Path) 
         "cannot read image (not a recognised image file)). Check the source: are these files images, is it the right "
         "folder?")
     assert not (tmp_path / "out.npy").exists()
+
+
+def test_a_fix_that_is_an_option_names_the_flag_and_the_keyword_of_convert(tmp_path: Path) -> None:
+    """Called from Python, the fix is a keyword: messages name both forms."""
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    for index in range(3):
+        (tmp_path / "photos" / "cat" / f"{index}.jpg").write_bytes(jpeg(index * 40) if index != 1 else b"not an image")
+    with pytest.raises(BadSampleError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "out.npy", workers=0)
+    assert str(caught.value) == (f"{tmp_path / 'photos/cat/1.jpg'}: cannot read image (not a recognised image file). "
+                                 "Re-run with --skip-bad (skip_bad=True) to leave it out.")
+    fastdata.convert(tmp_path / "photos", tmp_path / "out.npy", workers=0, skip_bad=True)
+    with pytest.raises(OutputExistsError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "out.npy", workers=0, skip_bad=True)
+    assert str(caught.value) == (f"Output {str(tmp_path / 'out.npy')!r} already exists. Pass --overwrite "
+                                 "(overwrite=True) to replace it.")
+    with pytest.raises(OutputExistsError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "out.npy", workers=0, skip_bad=True, store="encoded",
+                         resume=True)
+    assert str(caught.value).endswith("--resume does not replace it. Pass --overwrite (overwrite=True) to convert again.")
+    assert str(ConversionInterrupted("out.npy", 8, 10, "out.npy.partial")) == (
+        "'out.npy' keeps 8 of 10 samples in 'out.npy.partial'; run the same command with --resume (resume=True) to "
+        "continue from there")
 
 
 class ManyFields:

@@ -39,7 +39,7 @@ def test_ctrl_c_after_a_checkpoint_keeps_the_partial_output_for_resume(tmp_path:
     assert process.returncode == 130 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == [
         f"fastdata: interrupted; {str(out)!r} keeps {record['next_index']:,} of 100,000 samples in "
-        f"{str(out) + '.partial'!r}; run the same command with --resume to continue from there."]
+        f"{str(out) + '.partial'!r}; run the same command with --resume (resume=True) to continue from there."]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.npy.partial", "fake.npy.partial.json"]
     assert record["next_index"] % 500 == 0 and record["next_index"] > 0
 

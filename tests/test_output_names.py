@@ -92,7 +92,7 @@ def test_an_explicit_format_without_an_extension_is_kept_and_resume_names_the_fo
         fastdata.convert(uniform_folder, out, workers=0, resume=True)
     assert str(info.value) == (
         f"Output {str(out)!r} is a npy dataset, but this conversion writes tar (from --format or the output's "
-        "name); --resume does not replace it. Pass --format npy to resume it, or --overwrite to convert again."
+        "name); --resume does not replace it. Pass --format npy to resume it, or --overwrite (overwrite=True) to convert again."
     )
     code, stdout, _ = cli(capsys, "convert", uniform_folder, out, "--format", "npy", "--resume", "--quiet")
     assert code == 0 and stdout.startswith(f"{out} is already complete (12 samples")

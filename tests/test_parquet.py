@@ -182,6 +182,84 @@ def test_a_save_to_disk_folder_takes_its_split_and_a_dataset_object_converts_ali
         fastdata.convert(streamed.map(lambda row: row), tmp_path / "mapped.npy", workers=0)
 
 
+@pytest.fixture
+def pets(tmp_path: Path) -> Path:
+    """Two Parquet files written by pandas, labels as strings (the usual pandas layout): 'emu'
+    only in the second file, rows in groups of 2."""
+    import pandas as pd
+
+    folder = tmp_path / "pets"
+    folder.mkdir()
+    for name, first, species in (("a", 0, ["dog", "cat", "dog"]), ("b", 3, ["emu", "cat"])):
+        indices = range(first, first + len(species))
+        pd.DataFrame({"image": [png(i) for i in indices], "species": species, "note": [f"n{i}" for i in indices]}
+                     ).to_parquet(folder / f"{name}.parquet", row_group_size=2)
+    return folder
+
+
+PET_LABELS = [1, 0, 1, 2, 0]  # dog, cat, dog, emu, cat among the sorted classes cat, dog, emu
+
+
+@pytest.mark.parametrize("name,store", [("npy", "raw"), ("hdf5", "encoded"), ("tar", "raw"), ("tar", "encoded")])
+def test_a_string_label_column_becomes_class_labels_its_sorted_values_the_classes(pets: Path, tmp_path: Path,
+                                                                                  name: str, store: str) -> None:
+    out = tmp_path / f"pets.{ {'npy': 'npy', 'hdf5': 'h5', 'tar': 'tar'}[name]}"
+    manifest = fastdata.convert(pets, out, label_column="species", store=store, workers=0)
+    assert manifest["classes"] == ["cat", "dog", "emu"]
+    assert manifest["class_to_idx"] == {"cat": 0, "dog": 1, "emu": 2}
+    got = records(out)
+    assert [int(sample["species"]) for sample in got] == PET_LABELS
+    assert [sample["note"] for sample in got] == [f"n{i}" for i in range(5)]
+    for index, sample in enumerate(got):
+        assert np.array_equal(sample["image"].permute(1, 2, 0).numpy(), pixels(index))
+    pair = tmp_path / f"pair.{out.suffix}"
+    fastdata.convert(pets, pair, columns="image,species", label_column="species", store=store, workers=0)
+    assert [int(label) for _, label in records(pair)] == PET_LABELS
+    assert fastdata.verify(out).ok and fastdata.verify(pair).ok
+
+
+def test_a_string_label_columns_classes_show_in_info_and_a_null_is_a_bad_row(pets: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    import pandas as pd
+
+    code, _, err = cli(capsys, "convert", pets, tmp_path / "pets.npy", "--label-column", "species", "--quiet")
+    assert code == 0, err
+    code, printed, err = cli(capsys, "info", tmp_path / "pets.npy")
+    assert code == 0 and "\nclasses:  3: cat, dog, emu\n" in printed, err
+    pd.DataFrame({"image": [png(5), png(6)], "species": [None, "cat"], "note": ["n5", "n6"]}).to_parquet(
+        pets / "c.parquet")
+    with pytest.raises(BadSampleError) as raised:
+        fastdata.convert(pets, tmp_path / "null.npy", label_column="species", workers=0)
+    assert str(raised.value).startswith(f"{pets / 'c.parquet'} row 0: cannot convert sample (column 'species': null, "
+                                        "and a string label column has no empty value (a row needs a value in it))")
+    assert not (tmp_path / "null.npy").exists()
+    manifest = fastdata.convert(pets, tmp_path / "skipped.npy", label_column="species", skip_bad=True, workers=0)
+    assert manifest["count"] == 6 and manifest["classes"] == ["cat", "dog", "emu"]
+    assert [entry["key"] for entry in manifest["skipped"]] == [f"{pets / 'c.parquet'} row 0"]
+    ds = fastdata.open_dataset(tmp_path / "skipped.npy")
+    assert [int(ds[i]["species"]) for i in range(6)] == PET_LABELS + [0]
+
+
+def test_info_records_a_saved_datasets_real_split_or_none(tmp_path: Path, capsys) -> None:
+    """The source line names the DatasetDict's split, and no split for a saved Dataset (never the
+    folder's name)."""
+    hf_dataset(range(3)).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"valid": hf_dataset(range(3))}).save_to_disk(str(tmp_path / "dict"))
+    fastdata.convert(tmp_path / "saved", tmp_path / "one.npy", workers=0)
+    fastdata.convert(tmp_path / "dict", tmp_path / "split.npy", workers=0)
+    source = json.loads((tmp_path / "one.npy" / "manifest.json").read_text())["source"]
+    assert source["type"] == "saved" and "split" not in source
+    assert json.loads((tmp_path / "split.npy" / "manifest.json").read_text())["source"]["split"] == "valid"
+    lines = {}
+    for name in ("one", "split"):
+        code, printed, err = cli(capsys, "info", tmp_path / f"{name}.npy")
+        assert code == 0, err
+        lines[name] = next(line for line in printed.splitlines() if line.startswith("source:"))
+    assert lines["one"] == f"source:   type=saved saved={tmp_path / 'saved'} count=1 columns={list(FEATURES)} " \
+                           "label_column=label length=3"
+    assert " saved=" + str(tmp_path / "dict") + " split=valid count=1 " in lines["split"]
+
+
 def test_image_paths_are_read_beside_the_file_and_never_outside_it(tmp_path: Path) -> None:
     folder = tmp_path / "set"
     (folder / "img").mkdir(parents=True)
@@ -202,7 +280,7 @@ def test_image_paths_are_read_beside_the_file_and_never_outside_it(tmp_path: Pat
         fastdata.convert(folder / "a.parquet", tmp_path / "bad.npy", workers=0)
     assert str(raised.value) == (f"{folder / 'a.parquet'} row 0: cannot read image (column 'image': image path "
                                  "'../secret.png' lies outside the folder of the Parquet file; only paths inside it are "
-                                 "read). Re-run with --skip-bad to leave it out.")
+                                 "read). Re-run with --skip-bad (skip_bad=True) to leave it out.")
     assert not (tmp_path / "bad.npy").exists()
 
 
@@ -333,8 +411,8 @@ def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, t
         fastdata.convert(uniform_folder, tmp_path / "o.npy", columns="image,label", workers=0)
     with pytest.raises(InvalidOptionError, match=r"Invalid --columns 'image,,label'"):
         fastdata.convert(hub, tmp_path / "o.npy", columns="image,,label", workers=0)
-    with pytest.raises(InvalidOptionError, match=r"--label-column 'text' is not an integer column"):
-        fastdata.convert(hub, tmp_path / "o.npy", split="test", label_column="text", workers=0)
+    with pytest.raises(InvalidOptionError, match=r"--label-column 'weight' is not an integer or string column"):
+        fastdata.convert(hub, tmp_path / "o.npy", split="test", label_column="weight", workers=0)
     assert not (tmp_path / "o.npy").exists()
 
 

@@ -50,7 +50,7 @@ def test_image_paths_through_links_out_of_the_folder_are_refused(tmp_path: Path)
             fastdata.convert(path, tmp_path / "bad.npy", workers=0)
         assert str(raised.value) == (
             f"{path} row 1: cannot read image (column 'image': image path {cell!r} leads through a symbolic link out of "
-            "the folder of the Parquet file; only files inside it are read). Re-run with --skip-bad to leave it out.")
+            "the folder of the Parquet file; only files inside it are read). Re-run with --skip-bad (skip_bad=True) to leave it out.")
         assert not (tmp_path / "bad.npy").exists()
     manifest = fastdata.convert(path, tmp_path / "ok.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 1 and np.array_equal(_pixels_of(tmp_path / "ok.npy", 0), pixels(0))
@@ -208,7 +208,7 @@ def test_a_label_beyond_the_class_names_fails_by_file_and_row_and_skip_bad_leave
         out = tmp_path / f"{columns}.npy"
         with pytest.raises(BadSampleError) as raised:
             fastdata.convert(path, out, columns=columns, workers=0)
-        assert str(raised.value) == f"{path} row 2: cannot convert sample ({reason}). Re-run with --skip-bad to leave it out."
+        assert str(raised.value) == f"{path} row 2: cannot convert sample ({reason}). Re-run with --skip-bad (skip_bad=True) to leave it out."
         assert not out.exists()
         manifest = fastdata.convert(path, out, columns=columns, workers=0, skip_bad=True)
         assert manifest["skipped"] == [{"key": f"{path} row 2", "reason": reason}]
@@ -360,8 +360,11 @@ def test_bool_category_audio_and_pdf_columns_convert_as_their_arrow_types_say(tm
     fastdata.convert(path, tmp_path / "typed.npy", workers=0)
     ds = fastdata.open_dataset(tmp_path / "typed.npy")
     assert [(bool(ds[i]["label"]), ds[i]["kind"]) for i in range(3)] == [(True, "a"), (False, "b"), (True, "a")]
-    with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer column"):
+    with pytest.raises(InvalidOptionError, match=r"--label-column 'label' is not an integer or string column"):
         fastdata.convert(path, tmp_path / "o.npy", label_column="label", workers=0)
+    manifest = fastdata.convert(path, tmp_path / "kinds.npy", label_column="kind", workers=0)  # category: its values
+    assert manifest["classes"] == ["a", "b"]
+    assert [int(fastdata.open_dataset(tmp_path / "kinds.npy")[i]["kind"]) for i in range(3)] == [0, 1, 0]
     sounds = [b"RIFF\x10\x00\x00\x00WAVEfmt %d" % i for i in range(3)]
     documents = [b"%%PDF-1.4 %d" % i for i in range(3)]
     files = hf_dataset(range(3)).add_column("audio", [{"bytes": b, "path": None} for b in sounds])
@@ -392,7 +395,7 @@ def test_a_binary_image_column_whose_first_cell_is_null_is_still_the_image_colum
     with pytest.raises(BadSampleError) as raised:
         fastdata.convert(path, tmp_path / "o.npy", workers=0)
     assert str(raised.value) == (f"{path} row 0: cannot read image (column 'image': no image (null)). Re-run with "
-                                 "--skip-bad to leave it out.")
+                                 "--skip-bad (skip_bad=True) to leave it out.")
     manifest = fastdata.convert(path, tmp_path / "o.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 2 and np.array_equal(_pixels_of(tmp_path / "o.npy", 1), pixels(2))
 
@@ -484,7 +487,7 @@ def test_a_null_where_the_kind_has_no_empty_value_is_a_bad_row(tmp_path: Path, n
     with pytest.raises(BadSampleError) as raised:
         fastdata.convert(path, tmp_path / "n.npy", workers=0)
     assert str(raised.value) == (f"{path} row {at}: cannot convert sample (column {name!r}: null, and {what} has no empty "
-                                 "value (a row needs a value in it)). Re-run with --skip-bad to leave it out.")
+                                 "value (a row needs a value in it)). Re-run with --skip-bad (skip_bad=True) to leave it out.")
     assert not (tmp_path / "n.npy").exists()
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row {at}"]
@@ -503,7 +506,7 @@ def test_a_null_inside_a_list_is_a_bad_row_never_nan(tmp_path: Path, name: str, 
     with pytest.raises(BadSampleError) as raised:
         fastdata.convert(path, tmp_path / "n.npy", workers=0)
     assert str(raised.value) == (f"{path} row 1: cannot convert sample (column {name!r}: null inside its list, and a list's "
-                                 "elements have no empty value (every element needs a value)). Re-run with --skip-bad "
+                                 "elements have no empty value (every element needs a value)). Re-run with --skip-bad (skip_bad=True) "
                                  "to leave it out.")
     manifest = fastdata.convert(path, tmp_path / "n.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 2 and [s["key"] for s in manifest["skipped"]] == [f"{path} row 1"]

@@ -95,11 +95,11 @@ def test_missing_mismatched_and_duplicate_parts_are_refused(tmp_path: Path) -> N
     owner = first["owner"]
     assert str(duplicate.value) == (
         f"Part 1/3 of {str(out)!r} was already written (process {owner['pid']} on {owner['host']}, finished "
-        f"{owner['finished']}); each --part I/N runs once. Check the job array's indices, or pass --overwrite to "
-        "convert part 1/3 again."
+        f"{owner['finished']}); each --part I/N runs once. Check the job array's indices, or pass --overwrite "
+        "(overwrite=True) to convert part 1/3 again."
     )
     with pytest.raises(OutputExistsError, match=r"is being converted in parts: .* \(finished parts: 1/3\)\. Finish "
-                       r"it with the remaining --part runs and 'fastdata merge .*', or pass --overwrite"):
+                       r"it with the remaining --part runs and 'fastdata merge .*', or pass --overwrite \(overwrite=True\) to discard"):
         fastdata.convert(source, out, format="npy", workers=0)
     assert not out.exists()
     resized = fastdata.convert(source, out, format="npy", part="1/3", unit_samples=4, workers=0, overwrite=True,
@@ -265,7 +265,7 @@ def test_a_bad_image_fails_its_part_as_it_fails_a_local_conversion(tmp_path: Pat
     with pytest.raises(type(local.value)) as part:
         fastdata.convert(source, out, format="tar", part="2/2", unit_samples=8, workers=0)
     assert str(part.value) == str(local.value) == (
-        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad to "
+        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad (skip_bad=True) to "
         "leave it out."
     )
     result = run_fastdata("merge", out)

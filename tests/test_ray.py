@@ -93,7 +93,7 @@ def test_a_bad_image_in_a_task_fails_as_in_the_local_engine(cluster, tmp_path: P
     with pytest.raises(BadSampleError) as remote:
         fastdata.convert(source, tmp_path / "ray", format="npy", engine="ray", unit_samples=4)
     assert str(remote.value) == str(local.value) == (
-        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad "
+        f"{source / 'b' / '070.png'}: cannot decode image (not a recognised image file). Re-run with --skip-bad (skip_bad=True) "
         "to leave it out."
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ray.partial.units", "src"]  # finished units kept for a rerun

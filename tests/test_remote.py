@@ -349,7 +349,7 @@ def test_convert_to_s3_uploads_every_file_then_the_manifest_and_reads_back(s3: S
                  fastdata.open_dataset(local, shuffle=False), 12)
     capsys.readouterr()
     assert main(["convert", str(uniform_folder), url, "--quiet"]) == 1
-    assert capsys.readouterr().err == f"fastdata: error: Output {url!r} already exists. Pass --overwrite to replace it.\n"
+    assert capsys.readouterr().err == f"fastdata: error: Output {url!r} already exists. Pass --overwrite (overwrite=True) to replace it.\n"
     assert main(["convert", str(uniform_folder), url, "--shard-samples", "12", "--overwrite", "--quiet"]) == 0
     assert sorted(name.rsplit("/", 1)[-1] for name in s3.fs().ls(f"{BUCKET}/written/ds.tar")) == [
         "index.json", "manifest.json", "shard-000000.tar"]  # the old dataset's other shards are gone
@@ -368,7 +368,7 @@ def test_an_interrupted_upload_is_no_dataset_and_resume_finishes_it(s3: S3, unif
         fastdata.open_dataset(url, cache_dir=tmp_path / "read", retry=Retry(attempts=1))
     assert main(["convert", str(uniform_folder), url, "--quiet"]) == 1
     assert capsys.readouterr().err == (f"fastdata: error: Output {url!r} holds an interrupted fastdata upload (no "
-                                       "manifest). Pass --resume to continue it or --overwrite to replace it.\n")
+                                       "manifest). Pass --resume (resume=True) to continue it or --overwrite (overwrite=True) to replace it.\n")
     assert main(["convert", str(uniform_folder), url, "--resume", "--quiet"]) == 0
     local = convert_to(uniform_folder, tmp_path, "npy", "raw")
     remote = fastdata.open_dataset(url, cache_dir=tmp_path / "read")
@@ -491,7 +491,7 @@ def test_parts_on_machines_sharing_only_the_bucket_merge_into_the_local_engines_
     for cache in ["merger", "machine-1", "machine-2", "machine-3"]:  # no staged unit or record kept in a cache
         assert not [p for p in (tmp_path / cache).rglob("*") if p.is_file() and "unit-" in p.as_posix()], cache
     with pytest.raises(fastdata.errors.OutputExistsError, match=re.escape(
-            f"Output {url!r} already exists. Pass --overwrite to replace it.")):  # a part of a new job array
+            f"Output {url!r} already exists. Pass --overwrite (overwrite=True) to replace it.")):  # a part of a new job array
         fastdata.convert(source, url, part="1/3", unit_samples=4, workers=0, **options)
     read = all_samples(fastdata.open_dataset(url, shuffle=False, cache_dir=tmp_path / "read"))
     expected = all_samples(fastdata.open_dataset(local, shuffle=False))

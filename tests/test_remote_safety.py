@@ -203,7 +203,7 @@ def test_resume_on_a_finished_url_output_keeps_it_as_locally(s3: S3, uniform_fol
     status, _, err = run(capsys, "convert", str(uniform_folder), url, "--resume", "--store", "encoded", "--quiet")
     assert status == 1
     assert err.startswith(f"fastdata: error: Output {url!r} was converted with other options (")
-    assert err.endswith("--resume does not replace it. Pass --overwrite to convert again.\n")
+    assert err.endswith("--resume does not replace it. Pass --overwrite (overwrite=True) to convert again.\n")
 
 
 def test_an_output_url_with_an_empty_part_is_refused_before_anything_is_written(

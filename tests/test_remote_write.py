@@ -84,8 +84,8 @@ def test_resume_continues_a_killed_url_conversion_from_the_bucket_and_brings_bac
         fastdata.convert(uniform_folder, url, **options)
     assert str(caught.value) == (
         f"'{url}/shard-000000.tar', uploaded while the conversion ran, has 512 bytes, not {len(good)} in the bucket "
-        "now (removed or replaced since); the manifest was not written. Put it back and run again with --resume, or "
-        "convert again with --overwrite.")
+        "now (removed or replaced since); the manifest was not written. Put it back and run again with --resume (resume=True), or "
+        "convert again with --overwrite (overwrite=True).")
     assert not s3.fs().exists(f"{prefix}/manifest.json")
     s3.fs().pipe(f"{prefix}/shard-000000.tar", good)
     assert fastdata.convert(uniform_folder, url, **options)["count"] == 12  # the finished staging copy, uploaded
@@ -116,7 +116,7 @@ def test_ctrl_c_keeps_a_url_conversion_for_resume(s3: S3, uniform_folder: Path, 
     with pytest.raises(ConversionInterrupted) as caught:
         fastdata.convert(uniform_folder, url, progress=ctrl_c_after_unit_1, **options)
     assert str(caught.value).startswith(f"{url!r} keeps 8 of 12 samples in ")
-    assert str(caught.value).endswith("; run the same command with --resume to continue from there")
+    assert str(caught.value).endswith("; run the same command with --resume (resume=True) to continue from there")
     assert not s3.fs().exists(f"{BUCKET}/interrupted-by-ctrl-c/ds.tar/manifest.json")  # no dataset yet
     assert fastdata.convert(uniform_folder, url, resume=True, **options)["count"] == 12
     local = convert_to(uniform_folder, tmp_path, "tar", "raw", shard_samples=3)

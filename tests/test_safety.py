@@ -169,7 +169,7 @@ def test_finished_output_is_not_kept_after_source_files_were_deleted(tmp_path: P
     result = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--quiet")
     assert one_error_line(result) == (
         f"Output {str(out)!r} is complete, but its source changed since it was converted: 'b': 1 file removed "
-        "(4 now, 5 before). --resume keeps an output only when its source is unchanged; pass --overwrite to "
+        "(4 now, 5 before). --resume keeps an output only when its source is unchanged; pass --overwrite (overwrite=True) to "
         "convert again."
     )
     again = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--overwrite", "--quiet")
@@ -198,7 +198,7 @@ def test_resume_on_a_finished_output_names_the_options_that_differ(tmp_path: Pat
     message = one_error_line(run_fastdata("convert", source, out, "--resize", "8x8", "--store", "encoded",
                                           "--workers", "0", "--resume", "--quiet"))
     assert message == (f"Output {str(out)!r} was converted with other options (resize [4, 4], now [8, 8], "
-                       "store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite to convert again.")
+                       "store 'raw', now 'encoded'); --resume does not replace it. Pass --overwrite (overwrite=True) to convert again.")
 
 
 class Items(torch.utils.data.Dataset):
@@ -430,7 +430,7 @@ def test_bad_torchvision_options_and_output_paths_are_one_line_errors(tmp_path: 
          "torchvision:FakeData has no valid length (ValueError: __len__() should return >= 0). A source must be a "
          "map-style dataset with __len__ and __getitem__; check its options."),
         ([*fake, "--source-option", "image_size=(0, 0, 0)", tmp_path / "o.npy"],
-         "sample 0: cannot load sample (the image is empty (0x0 pixels)). Re-run with --skip-bad to leave it out."),
+         "sample 0: cannot load sample (the image is empty (0x0 pixels)). Re-run with --skip-bad (skip_bad=True) to leave it out."),
         ([*fake, "--source-option", "bogus=1", tmp_path / "o.npy"],
          "torchvision:FakeData does not take option 'bogus' (--source-option). Its options: size, image_size, "
          "num_classes, transform, target_transform, random_offset."),

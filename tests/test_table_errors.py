@@ -63,7 +63,7 @@ def test_a_uint64_label_beyond_int64_names_the_row_and_the_label_column(tmp_path
     error = refused(tmp_path / "x.parquet", tmp_path)
     assert isinstance(error, BadSampleError)
     assert str(error) == (f"{tmp_path / 'x.parquet'} row 1: cannot convert sample (column 'label': the label "
-                          "9223372036854775808 does not fit a 64-bit signed integer). Re-run with --skip-bad to leave "
+                          "9223372036854775808 does not fit a 64-bit signed integer). Re-run with --skip-bad (skip_bad=True) to leave "
                           "it out.")
     manifest = fastdata.convert(tmp_path / "x.parquet", tmp_path / "kept.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 3
@@ -240,7 +240,7 @@ def test_an_image_path_naming_a_folder_says_so(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "x.parquet")
     error = refused(tmp_path / "x.parquet", tmp_path)
     assert str(error) == (f"{tmp_path / 'x.parquet'} row 0: cannot read image (column 'image': image path "
-                          f"{str(tmp_path / 'img/folder')!r} names a folder, not an image file). Re-run with --skip-bad "
+                          f"{str(tmp_path / 'img/folder')!r} names a folder, not an image file). Re-run with --skip-bad (skip_bad=True) "
                           "to leave it out.")
 
 

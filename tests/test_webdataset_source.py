@@ -113,7 +113,7 @@ def test_captions_without_labels_are_kept_and_a_missing_member_is_named(tmp_path
     with pytest.raises(BadSampleError) as info:
         fastdata.convert(pairs, tmp_path / "pairs.tar", workers=0)
     assert str(info.value) == ("x.tar:k2: has no 'txt' member, which other samples have (it has jpg,json). Give every "
-                               "sample the same members, or re-run with --skip-bad to leave it out.")
+                               "sample the same members, or re-run with --skip-bad (skip_bad=True) to leave it out.")
     manifest = fastdata.convert(pairs, tmp_path / "pairs.tar", workers=0, skip_bad=True)
     assert manifest["count"] == 3 and manifest["skipped"][0]["key"] == "x.tar:k2"
     stock_samples = list(wds.WebDataset(str(tmp_path / "pairs.tar" / "shard-000000.tar"), shardshuffle=False).decode())
@@ -126,7 +126,7 @@ def test_bad_samples_are_named(tmp_path: Path) -> None:
     with pytest.raises(BadSampleError) as info:
         fastdata.convert(shards, tmp_path / "x.npy", workers=0, mode="RGB", resize="8x6")
     assert str(info.value) == ("data-000001.tar:sample0007: cannot read image (no image member (it has cls,json,txt)). "
-                               "Re-run with --skip-bad to leave it out.")
+                               "Re-run with --skip-bad (skip_bad=True) to leave it out.")
     manifest = fastdata.convert(shards, tmp_path / "x.npy", workers=0, skip_bad=True)
     assert manifest["count"] == 14 and manifest["skipped"] == [
         {"key": "data-000001.tar:sample0007", "reason": "no image member (it has cls,json,txt)"}]

@@ -45,7 +45,8 @@ from fastdata.formats.stored import single_file_problem
 from fastdata.machine import usable_cores
 from fastdata.manifest import Manifest
 from fastdata.files import remove_path
-from fastdata.errors import ConversionInterrupted, OutputExistsError, OutputLockedError, OutputWriteError, PartsError, RemoteError
+from fastdata.errors import (ConversionInterrupted, OutputExistsError, OutputLockedError, OutputWriteError, PartsError,
+                             RemoteError, fix_option)
 from fastdata.remote.cachedir import write_error, writing_to
 from fastdata.remote.dataset import RemoteOptions, fetch_dataset, open_remote
 from fastdata.remote.filesystem import scrub
@@ -150,7 +151,8 @@ def _convert_to_url(source: Any, url: str, options: ConvertOptions | None,
             staging.parent.mkdir(parents=True, exist_ok=True)
         if found.dataset and not decided.overwrite:  # --resume on a finished output: kept as locally, or refused
             if decided.part is not None:
-                raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass --overwrite to replace it.")
+                raise OutputExistsError(
+                    f"Output {scrub(url)!r} already exists. Pass {fix_option('overwrite')} to replace it.")
             return _keep_finished(source, url, found, staging, decided)
         if decided.part is not None:
             return _part_to_url(source, url, staging, decided, progress, remote)
@@ -201,7 +203,7 @@ def _upload(found: Destination, staging: Path, remote: RemoteOptions, lock: Any,
         finish_upload(staging, found, remote)
     except RemoteError as exc:  # the conversion is done: --resume uploads the staging copy
         raise type(exc)(f"{exc} The converted dataset is kept in {str(staging)!r}: run the same command with "
-                        "--resume to finish its upload.") from None
+                        f"{fix_option('resume')} to finish its upload.") from None
     return manifest
 
 
@@ -239,7 +241,8 @@ def _part_to_url(source: Any, url: str, staging: Path, options: ConvertOptions,
     if earlier is not None and not options.overwrite:
         raise PartsError(
             f"Part {part}/{parts} of {scrub(url)!r} was already uploaded ({describe_part(earlier)}); each --part I/N "
-            f"runs once. Check the job array's indices, or pass --overwrite to convert part {part}/{parts} again.")
+            f"runs once. Check the job array's indices, or pass {fix_option('overwrite')} to convert part "
+            f"{part}/{parts} again.")
     src, reopen = open_source(source, options), source_argument(source, options)
     units = part_units(plan_units(len(src), options.unit_samples, src.unit_bounds()), part, parts)
     local_units = claim_staging(staging)  # refuses a folder fastdata did not write

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 
 from fastdata.conversion import journal
 from fastdata.files import remove_path, sync_folder, unique_sibling
-from fastdata.errors import ConversionInterrupted, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError
+from fastdata.errors import (ConversionInterrupted, FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError,
+                             fix_option)
 from fastdata.conversion.locks import os_error
 from fastdata.formats import find_manifest
 from fastdata.manifest import MANIFEST_NAME
@@ -182,7 +183,7 @@ def check_existing(output: Path, *, overwrite: bool, resume: bool) -> dict[str, 
         return None
     if not (overwrite or resume):
         replaceable_manifest(output)  # says so when it is not a fastdata dataset
-        raise OutputExistsError(f"Output {str(output)!r} already exists. Pass --overwrite to replace it.")
+        raise OutputExistsError(f"Output {str(output)!r} already exists. Pass {fix_option('overwrite')} to replace it.")
     return replaceable_manifest(output)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fastdata.errors import BadSampleError, RemoteError, ShapeMismatchError, SourceReadError
+from fastdata.errors import BadSampleError, RemoteError, ShapeMismatchError, SourceReadError, fix_option
 from fastdata.fields import FieldError
 from fastdata.fields.values import check_record
 from fastdata.conversion.spatial import moves_with_image, store_field, transform_fields
@@ -86,7 +86,7 @@ class Job:
         else:
             what = f"cannot {stage} image" if self.src.has_files else "cannot load sample"
         return BadSampleError(
-            f"{self.src.sample_name(index)}: {what} ({_reason(exc)}). Re-run with --skip-bad to leave it out."
+            f"{self.src.sample_name(index)}: {what} ({_reason(exc)}). Re-run with {fix_option('skip_bad')} to leave it out."
         )
 
     def _check_mode(self, image: Image.Image) -> None:

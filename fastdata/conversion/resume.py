@@ -35,7 +35,7 @@ from fastdata.conversion.outputs import Target
 from fastdata.conversion.pipeline import ModeConflict
 from fastdata.conversion.units import Finished, Unit, read_unit, remove_unit, staged
 from fastdata.formats.base import Plan
-from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError
+from fastdata.errors import InvalidOptionError, OutputExistsError, SourceChangedError, fix_option
 
 logger = logging.getLogger("fastdata")
 
@@ -53,7 +53,7 @@ def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ove
             raise OutputExistsError(
                 f"Output {str(output)!r} is a {manifest.get('format')} dataset, but this conversion writes "
                 f"{target.spec.name} (from --format or the output's name); --resume does not replace it. Pass "
-                f"--format {manifest.get('format')} to resume it, or --overwrite to convert again."
+                f"--format {manifest.get('format')} to resume it, or {fix_option('overwrite')} to convert again."
             )
         differs = "from another source or with other options"
         if options is not None and source is not None:
@@ -65,7 +65,7 @@ def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ove
                 differs = differs if differs.startswith("from") else "with " + differs
         raise OutputExistsError(
             f"Output {str(output)!r} was converted {differs}; "
-            "--resume does not replace it. Pass --overwrite to convert again."
+            f"--resume does not replace it. Pass {fix_option('overwrite')} to convert again."
         )
     changes = describe_changes(manifest.get("source_fingerprint"), target.fingerprint)
     if changes is None:
@@ -74,7 +74,7 @@ def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ove
         return None
     raise SourceChangedError(
         f"Output {str(output)!r} is complete, but its source changed since it was converted: {changes}. "
-        "--resume keeps an output only when its source is unchanged; pass --overwrite to convert again."
+        f"--resume keeps an output only when its source is unchanged; pass {fix_option('overwrite')} to convert again."
     )
 
 

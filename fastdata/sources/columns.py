@@ -12,6 +12,7 @@ column                                 field
 binary holding image bytes (by magic)  image
 other binary                           bytes
 ``ClassLabel``                         int (the label; its names become ``classes``)
+strings named by ``--label-column``    int (the label; the sorted values become ``classes``)
 ints, bools                            int (bool dtype for bools)
 floats                                 float (the column's dtype)
 strings                                text
@@ -199,6 +200,23 @@ class ClassLabelKind(PlainKind):
         return check_class_label(cell, self.names)
 
 
+class ClassNameKind(ClassLabelKind):
+    """A string column named as the label (the usual pandas layout): its distinct values, sorted
+    (as ImageFolder sorts class folders), are the classes, and each cell becomes its class's
+    index; a null has no class (the row is a bad row)."""
+
+    what = "a string label column"
+
+    def __init__(self, names: tuple[str, ...]):
+        super().__init__(names)
+        self.index = {name: number for number, name in enumerate(names)}
+
+    def value(self, cell: Any, context: CellContext) -> Any:
+        if cell not in self.index:
+            raise ValueError(f"the label {cell!r} is not one of the classes the files held when they were scanned")
+        return self.index[cell]
+
+
 class ImageListKind(PlainKind):
     """A list of images (``List(Image())``): fastdata stores one image per field, so such a column
     is refused when chosen (:func:`choose`), naming ``--columns``."""
@@ -349,6 +367,17 @@ class Column:
     names: tuple[str, ...] | None = None
 
 
+def is_text(column: Column) -> bool:
+    """Whether ``column`` holds plain strings (a string label column's classes are its values)."""
+    return type(column.kind) is PlainKind and column.kind.hint == "text"
+
+
+def class_names_column(column: Column, values: set[str]) -> Column:
+    """String column ``column`` as class labels: ``values`` (its distinct values), sorted, are the classes."""
+    names = tuple(sorted(values))
+    return Column(column.name, ClassNameKind(names), names)
+
+
 def hf_features(schema: Any) -> dict[str, dict[str, Any]]:
     """The Hugging Face features the schema's metadata records (``{}`` when none)."""
     metadata = schema.metadata or {}
@@ -404,7 +433,8 @@ def detect_image_bytes(columns: list[Column], first_cells: dict[str, Any]) -> li
 def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column: str | None,
            where: str) -> tuple[list[Column], Column | None]:
     """The columns to convert, in order (``selected``: ``--columns``), and the label column
-    (``label_column``, else the one ClassLabel column, else an int column named ``label``)."""
+    (``label_column``: an int or string column, else the one ClassLabel column, else an int
+    column named ``label``)."""
     by_name = {c.name: c for c in columns}
     available = ", ".join(by_name)
     for name in list(selected or ()) + ([label_column] if label_column else []):
@@ -419,8 +449,9 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
                                      f"convert (one image per field). Leave it out: --columns {others}.")
     if label_column is not None:
         label = by_name[label_column]
-        if not isinstance(label.kind, PlainKind) or label.kind.hint is not None or isinstance(label.kind, BoolKind):
-            raise InvalidOptionError(f"{where}: --label-column {label_column!r} is not an integer column.")
+        integer = isinstance(label.kind, PlainKind) and label.kind.hint is None and not isinstance(label.kind, BoolKind)
+        if not integer and not is_text(label):
+            raise InvalidOptionError(f"{where}: --label-column {label_column!r} is not an integer or string column.")
         if label not in chosen:
             chosen.append(label)
         return chosen, label

@@ -25,8 +25,8 @@ from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
 from fastdata.remote.failures import one_line
 from fastdata.sources.base import Protected, Source
-from fastdata.sources.columns import (CellContext, Column, check_class_label, check_field_names, choose, column_of,
-                                      detect_image_bytes, hf_features)
+from fastdata.sources.columns import (CellContext, ClassNameKind, Column, check_class_label, check_field_names, choose,
+                                      class_names_column, column_of, detect_image_bytes, hf_features, is_text)
 from fastdata.sources.tables import ArrowFiles, ObjectTable, ParquetFiles, has_parquet, is_parquet_spec, is_saved_dataset
 from fastdata.urls import is_url
 
@@ -81,6 +81,9 @@ class TableSource(Source):
         every = [column_of(f.name, f.type, features.get(f.name), where) for f in first]
         chosen, label = choose(every, columns, label_column, where)
         self._check_shards(first, [c.name for c in chosen])
+        if label is not None and is_text(label):  # a string label column: the values it holds are the classes
+            label = class_names_column(label, self._distinct(label.name))
+            chosen = [label if c.name == label.name else c for c in chosen]
         self.columns = detect_image_bytes(chosen, self._first_cells([c.name for c in chosen]))
         self.label = next((c for c in self.columns if label is not None and c.name == label.name), None)
         self.image = next((c for c in self.columns if c.kind.image), None)
@@ -154,6 +157,24 @@ class TableSource(Source):
                         f"{self.tables.name(number)}: row group {group} cannot be read ({type(exc).__name__}: "
                         f"{one_line(str(exc))[:160]}); the file is damaged. Write it again, or leave it out.") from exc
         return {}
+
+    def _distinct(self, name: str) -> set[str]:
+        """Column ``name``'s distinct values (nulls left out) in every group of every file: one
+        pass over that column only. A group that cannot be read is left to its rows (bad rows)."""
+        import pyarrow.compute as pc
+
+        values: set[str] = set()
+        for number in range(len(self.tables)):
+            for group, rows in enumerate(self.tables.groups(number)):
+                try:
+                    for batch in self.tables.slices(number, group, [name], SCAN_ROWS) if rows else ():
+                        values.update(pc.unique(batch.column(0)).to_pylist())
+                except FastdataError:
+                    raise
+                except Exception:  # noqa: BLE001 - pyarrow's errors for a damaged row group: each row fails later
+                    continue
+        values.discard(None)
+        return values
 
     def _plan_rows(self) -> None:
         """Group boundaries: which file and group each row lies in."""
@@ -243,7 +264,9 @@ class TableSource(Source):
         return self._value(self.image, cells, row, self._context(number, read)), self.label_of(index)
 
     def label_of(self, index: int) -> int:
-        cells, row, _ = self._cells(index)
+        cells, row, number = self._cells(index)
+        if isinstance(self.label.kind, ClassNameKind):  # a string: its class's index
+            return self._value(self.label, cells, row, self._context(number, ReadOptions()))
         label = cells[self.label.name][row]
         if isinstance(label, bool) or not isinstance(label, int):
             raise CellError(self.label.name, f"the label is {label!r}, not an integer")
@@ -315,6 +338,7 @@ def _feature_words(feature: Any) -> str:
 
 
 SLICE_ROWS = 64  # rows of a group turned into Python values at a time
+SCAN_ROWS = 1 << 16  # rows of a string label column read at a time to find its classes
 
 
 class _Cursor:

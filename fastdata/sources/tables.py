@@ -435,6 +435,7 @@ class ArrowFiles:
     def __init__(self, folder: Path, *, split: str | None = None):
         require_pyarrow(f"Reading the saved dataset {str(folder)!r}")
         self.spec = str(folder)
+        self.split: str | None = None  # a DatasetDict's split; a saved Dataset records none
         if (folder / "dataset_dict.json").is_file():
             folder = self._split_folder(folder, split)
         elif split is not None:
@@ -462,11 +463,13 @@ class ArrowFiles:
                                      f"{exc}); was it written by datasets' save_to_disk?") from exc
         if split is None:
             if len(splits) == 1:
+                self.split = splits[0]
                 return _inside(folder, splits[0], "dataset_dict.json names the split")
             raise InvalidOptionError(f"{str(folder)!r} holds the splits {', '.join(splits)}; convert one at a time: "
                                      f"add --split {splits[0]} (or another).")
         if split not in splits:
             raise InvalidOptionError(f"{str(folder)!r} has no split {split!r} (splits: {', '.join(splits)}). Check --split.")
+        self.split = split
         return _inside(folder, split, "dataset_dict.json names the split")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -522,7 +525,8 @@ class ArrowFiles:
         raise ValueError(f"image path {relative!r} without bytes: a saved dataset keeps its images' bytes")
 
     def describe(self) -> dict[str, Any]:
-        return {"saved": os.path.abspath(self.spec), "split": self.folder.name, "count": len(self.paths)}
+        split = {"split": self.split} if self.split is not None else {}
+        return {"saved": os.path.abspath(self.spec), **split, "count": len(self.paths)}
 
     def fingerprint(self) -> str:
         digest = hashlib.sha256()

@@ -44,7 +44,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.sources import fingerprint
-from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError
+from fastdata.errors import EmptySourceError, InvalidOptionError, SourceNotFoundError, fix_option
 from fastdata.fields import MEMBER_KEY, FieldError, kind_named, name_problem
 from fastdata.fields.codecs import member_key_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked, oriented_size
@@ -219,7 +219,7 @@ class WebDatasetSource(Source):
             if suffix not in found:
                 raise FieldError(f"{self.keys[index]}: has no {suffix!r} member, which other samples have (it has "
                                  f"{self.members[index]}). Give every sample the same members, or re-run with "
-                                 "--skip-bad to leave it out.")
+                                 f"{fix_option('skip_bad')} to leave it out.")
             shard, offset, size = found[suffix]
             values[suffix] = _member_value(self.kinds[suffix], self._read(shard, offset, size), self.keys[index], suffix)
         return values

@@ -343,7 +343,7 @@ class FormatContract:
         out = tmp_path / "out"
         convert(Numbered(), out, format=self.format, workers=0)
         before = sorted(p.name for p in tmp_path.rglob("*"))
-        with pytest.raises(OutputExistsError, match="already exists. Pass --overwrite to replace it."):
+        with pytest.raises(OutputExistsError, match=r"already exists\. Pass --overwrite \(overwrite=True\) to replace it\."):
             convert(Numbered(), out, format=self.format, workers=0)
         assert sorted(p.name for p in tmp_path.rglob("*")) == before
         convert(Numbered(), out, format=self.format, store="encoded", workers=0, overwrite=True)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastdata.errors import FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError, RemoteNotFoundError
+from fastdata.errors import (FastdataError, InvalidOptionError, OutputExistsError, OutputWriteError, RemoteNotFoundError,
+                             fix_option)
 from fastdata.formats.base import FileSink
 from fastdata.manifest import MANIFEST_NAME, parse_manifest
 from fastdata.remote.cache import default_cache_dir
@@ -107,7 +108,7 @@ def check_destination(url: str, *, single: bool, overwrite: bool, resume: bool, 
         manifest = parse_manifest(text.decode("utf-8", "replace"), repr(scrub(f"{url}/{MANIFEST_NAME}")))  # ours, or refused
         found = Destination(url, tuple(names), manifest)
         if not (overwrite or resume):
-            raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass --overwrite to replace it.")
+            raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass {fix_option('overwrite')} to replace it.")
         unlisted = [name for name in names if name not in found.replaceable()]
         if overwrite and unlisted:
             shown = ", ".join(repr(name) for name in unlisted[:3]) + (
@@ -119,7 +120,8 @@ def check_destination(url: str, *, single: bool, overwrite: bool, resume: bool, 
     if MARKER in names:
         if not (overwrite or resume or rerun):
             raise OutputExistsError(f"Output {scrub(url)!r} holds an interrupted fastdata upload (no manifest). "
-                                    "Pass --resume to continue it or --overwrite to replace it.")
+                                    f"Pass {fix_option('resume')} to continue it or {fix_option('overwrite')} to replace "
+                                    "it.")
         return Destination(url, tuple(names))
     raise OutputExistsError(f"Output {scrub(url)!r} already holds objects not written by fastdata (e.g. "
                             f"{names[0]!r}); fastdata never replaces them. Choose another output URL.")
@@ -136,7 +138,7 @@ def _single_destination(fs: Any, path: str, url: str, *, single: bool, overwrite
         raise OutputExistsError(f"Output {scrub(url)!r} already exists and is not a fastdata dataset; fastdata "
                                 "never replaces it. Choose another output URL.")
     if not (overwrite or resume):
-        raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass --overwrite to replace it.")
+        raise OutputExistsError(f"Output {scrub(url)!r} already exists. Pass {fix_option('overwrite')} to replace it.")
     return Destination(url, ("",))
 
 
@@ -253,8 +255,8 @@ def _check_streamed(fs: Any, path: str, url: str, expected: dict[str, dict[str, 
             there = "is missing" if name not in sizes else f"has {sizes[name]} bytes, not {entry.get('bytes')}"
             raise OutputWriteError(
                 f"{scrub(f'{url}/{name}')!r}, uploaded while the conversion ran, {there} in the bucket now (removed "
-                "or replaced since); the manifest was not written. Put it back and run again with --resume, or "
-                "convert again with --overwrite.")
+                f"or replaced since); the manifest was not written. Put it back and run again with {fix_option('resume')}, "
+                f"or convert again with {fix_option('overwrite')}.")
 
 
 def staging_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:

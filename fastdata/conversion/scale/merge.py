@@ -28,7 +28,7 @@ from fastdata.conversion.units import (
     Finished, Unit, plan_units, read_unit, remove_temporaries, remove_unit, staged_key, staging_path,
 )
 from fastdata.conversion.write import write_units, written_once
-from fastdata.errors import FastdataError, PartsError, SourceChangedError
+from fastdata.errors import FastdataError, PartsError, SourceChangedError, fix_option
 from fastdata.formats import FormatSpec, get_format
 from fastdata.formats.base import Plan
 from fastdata.formats.stored import find_manifest
@@ -98,7 +98,7 @@ def _finished(staging: Path, unit: Unit, record: dict[str, Any]) -> dict[str, An
     if found is None:
         raise PartsError(
             f"Cannot merge {str(staging)!r}: {unit.name} (samples {unit.start}..{unit.stop - 1}) is missing or "
-            "damaged although its part finished. Run the part that holds it again with --overwrite."
+            f"damaged although its part finished. Run the part that holds it again with {fix_option('overwrite')}."
         )
     return found
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.sources.fingerprint import describe_changes
-from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError, SourceChangedError
+from fastdata.errors import InvalidOptionError, OutputExistsError, PartsError, SourceChangedError, fix_option
 from fastdata.conversion.locks import ConversionLock, holder_record
 from fastdata.conversion.units import staging_path
 
@@ -138,7 +138,7 @@ def duplicate_error(output: Path, earlier: dict[str, Any]) -> PartsError:
     part = f"{earlier['part']}/{earlier['parts']}"
     return PartsError(
         f"Part {part} of {str(output)!r} was already written ({describe_part(earlier)}); each --part I/N runs once. "
-        f"Check the job array's indices, or pass --overwrite to convert part {part} again."
+        f"Check the job array's indices, or pass {fix_option('overwrite')} to convert part {part} again."
     )
 
 
@@ -164,8 +164,8 @@ def check_no_parts(output: Path, *, overwrite: bool, keep_units: bool = False) -
     done = ", ".join(f"{r['part']}/{r['parts']}" for r in records)
     raise OutputExistsError(
         f"Output {str(output)!r} is being converted in parts: {str(staging)!r} holds their units (finished parts: "
-        f"{done}). Finish it with the remaining --part runs and 'fastdata merge {output}', or pass --overwrite "
-        "to discard the parts and convert it whole."
+        f"{done}). Finish it with the remaining --part runs and 'fastdata merge {output}', or pass "
+        f"{fix_option('overwrite')} to discard the parts and convert it whole."
     )
 
 
