@@ -9,8 +9,11 @@ from __future__ import annotations
 
 def fix_option(name: str, value: object = True) -> str:
     """An option as a message's fix names it, in both forms a caller uses (the CLI's flag, the
-    keyword of ``fastdata.convert``): ``fix_option("skip_bad")`` is ``--skip-bad (skip_bad=True)``."""
-    return f"--{name.replace('_', '-')} ({name}={value!r})"
+    keyword of ``fastdata.convert``): ``fix_option("skip_bad")`` is ``--skip-bad (skip_bad=True)``;
+    an option that takes a value names it as each form is typed, ``fix_option("columns", "image,label")``
+    is ``--columns image,label (columns='image,label')`` (a placeholder too: ``--split NAME (split='NAME')``)."""
+    flag = f"--{name.replace('_', '-')}"
+    return f"{flag} ({name}=True)" if value is True else f"{flag} {value} ({name}={value!r})"
 
 
 class FastdataError(Exception):
