@@ -186,7 +186,7 @@ def test_a_read_failure_is_no_bad_image_and_is_not_skipped(tmp_path: Path, skip_
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"fastdata: error: {base}/rows.parquet: cannot be read (ClientResponseError: 503"), \
         lines[0]
-    assert lines[0].endswith("This is a read failure, not a damaged sample (--skip-bad does not skip it): check the "
+    assert lines[0].endswith("This is a read failure, not a damaged sample (--skip-bad (skip_bad=True) does not skip it): check the "
                              "network or the disk, then run again.")
     assert not out.exists()
 

@@ -138,7 +138,7 @@ def test_the_cli_converts_image_and_label_columns_into_the_classic_pair(hub: Pat
         assert np.array_equal(image.permute(1, 2, 0).numpy(), pixels(index)) and label == index % 3
     code, _, err = cli(capsys, "convert", hub, tmp_path / "x.npy")
     assert code == 1 and err == (f"fastdata: error: {str(hub)!r} holds the splits test, train; convert one at a "
-                                 "time: add --split test (or another).\n")
+                                 "time: add --split test (split='test') (or another).\n")
 
 
 def test_a_plain_parquet_file_binary_images_by_magic_and_a_label_column(tmp_path: Path) -> None:
@@ -304,7 +304,7 @@ def test_bad_input_is_one_line_naming_file_row_and_column(tmp_path: Path) -> Non
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(typed / "part-0.parquet", tmp_path / "o.npy", columns="image,caption", workers=0)
     assert str(raised.value) == (f"{typed / 'part-0.parquet'}: has no column 'caption' (columns: image, label). "
-                                 "Check --columns and --label-column.")
+                                 "Check --columns NAMES (columns='NAMES').")
     broken = tmp_path / "broken"
     _two_shards(broken, {"image": [png(2), b"\x89PNG\r\n\x1a\nnot really", png(4)], "label": [2, 0, 1]})
     with pytest.raises(BadSampleError) as raised:
@@ -406,7 +406,7 @@ def test_a_streaming_dataset_converts_from_the_parquet_files_it_streams(hub: Pat
 def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(hub, tmp_path / "o.npy", split="validation", workers=0)
-    assert str(raised.value) == f"{str(hub)!r} has no split 'validation' (splits: test, train). Check --split."
+    assert str(raised.value) == f"{str(hub)!r} has no split 'validation' (splits: test, train). Check --split NAME (split='NAME')."
     with pytest.raises(InvalidOptionError, match="--columns and --label-column apply to Parquet files"):
         fastdata.convert(uniform_folder, tmp_path / "o.npy", columns="image,label", workers=0)
     with pytest.raises(InvalidOptionError, match=r"Invalid --columns 'image,,label'"):

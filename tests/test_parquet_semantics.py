@@ -135,7 +135,7 @@ def _check_configurations(source: Path | str, tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(source, tmp_path / "o.npy", split="train", workers=0)
     assert str(raised.value) == (f"{str(source)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
-                                 "at a time: add --config en (or another), or give its folder.")
+                                 "at a time: add --config en (config='en') (or another), or give its folder.")
     assert not (tmp_path / "o.npy").exists()
     manifest = fastdata.convert(source, tmp_path / "fr.npy", config="fr", workers=0)
     assert manifest["count"] == 3 and manifest["source"]["config"] == "fr"
@@ -157,7 +157,7 @@ def test_several_configurations_are_refused_by_name_and_one_is_picked_by_config_
     assert [int(fastdata.open_dataset(tmp_path / "cli.npy")[i]["label"]) for i in range(2)] == [20 % 3, 21 % 3]
     code, _, err = cli(capsys, "convert", root, tmp_path / "no.npy", "--config", "de", "--split", "train")
     assert code == 1 and err == (f"fastdata: error: {str(root)!r} has no configuration 'de' (configurations: en, fr). "
-                                 "Check --config.\n")
+                                 "Check --config NAME (config='NAME').\n")
     assert not (tmp_path / "o.npy").exists() and not (tmp_path / "no.npy").exists()
 
 
@@ -166,10 +166,10 @@ def test_config_is_refused_where_there_are_no_configurations(tmp_path: Path, uni
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(saved, tmp_path / "o.npy", split="train", config="en", workers=0)
     assert str(raised.value) == ("--config 'en' picks a configuration among Parquet files (a Hub dataset's folders); a "
-                                 "saved dataset or a datasets object is one already. Drop --config.")
+                                 "saved dataset or a datasets object is one already. Drop --config en (config='en').")
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(uniform_folder, tmp_path / "o.npy", config="en", workers=0)
-    assert str(raised.value) == ("--config 'en' applies to Parquet files (a Hugging Face dataset's configurations); "
+    assert str(raised.value) == ("--config en (config='en') applies to Parquet files (a Hugging Face dataset's configurations); "
                                  "this source has none. Drop it.")
 
 
@@ -229,7 +229,7 @@ def test_class_label_names_that_differ_between_shards_are_refused_naming_the_fil
     assert str(raised.value) == (
         f"{second}: column 'label' is ClassLabel(names=['dog', 'cat', 'emu']), but it is ClassLabel(names=['cat', "
         f"'dog', 'emu']) in {first}. Every file needs the same features (a ClassLabel's names in the same order): "
-        "convert the files apart, or leave the column out with --columns.")
+        "convert the files apart, or leave the column out with --columns NAMES (columns='NAMES').")
     assert not (tmp_path / "o.npy").exists()
     assert fastdata.convert(folder, tmp_path / "o.npy", columns="image,text", workers=0)["count"] == 5
 
@@ -407,7 +407,7 @@ def test_a_column_name_that_cannot_name_a_field_is_refused_naming_columns(tmp_pa
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(path, tmp_path / "o.npy", workers=0)
     assert str(raised.value) == (f"{path}: column 'my label' cannot name a field (use letters, digits, '_', '-' and '.' "
-                                 "(up to 64, not starting with '.' or '-')). Leave it out with --columns, or rename "
+                                 "(up to 64, not starting with '.' or '-')). Leave it out with --columns NAMES (columns='NAMES'), or rename "
                                  "the column.")
     assert fastdata.convert(path, tmp_path / "o.npy", columns="image,note", workers=0)["count"] == 3
     pair = fastdata.convert(path, tmp_path / "pair.npy", columns="image,my label", label_column="my label", workers=0)

@@ -54,7 +54,7 @@ def test_a_classlabel_without_names_is_one_line(tmp_path: Path) -> None:
     assert isinstance(error, InvalidOptionError)
     assert str(error) == (f"{tmp_path / 'x.parquet'}: column 'label' is a ClassLabel whose metadata lists no class "
                           "names (names: None); the file's Hugging Face metadata is damaged. Write the file again with "
-                          "datasets, or pass --label-column to read the labels as plain integers.")
+                          "datasets, or pass --label-column label (label_column='label') to read the labels as plain integers.")
 
 
 def test_a_uint64_label_beyond_int64_names_the_row_and_the_label_column(tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_split_on_a_folder_of_one_saved_dataset_is_refused(tmp_path: Path) -> No
     hf_dataset().save_to_disk(str(tmp_path / "saved"))
     error = refused(tmp_path / "saved", tmp_path, split="test")
     assert str(error) == (f"{str(tmp_path / 'saved')!r} holds one dataset (save_to_disk of a Dataset), not splits; "
-                          "--split test has nothing to pick. Leave out --split.")
+                          "--split test has nothing to pick. Leave out --split test (split='test').")
 
 
 def test_a_list_of_images_column_names_the_columns_to_keep(tmp_path: Path) -> None:
@@ -222,7 +222,7 @@ def test_a_list_of_images_column_names_the_columns_to_keep(tmp_path: Path) -> No
                                features=features).to_parquet(str(tmp_path / "x.parquet"))
     error = refused(tmp_path / "x.parquet", tmp_path)
     assert str(error) == (f"{tmp_path / 'x.parquet'}: column 'more' holds a list of images, which fastdata does not "
-                          "convert (one image per field). Leave it out: --columns image,label.")
+                          "convert (one image per field). Leave it out: --columns image,label (columns='image,label').")
     assert fastdata.convert(tmp_path / "x.parquet", tmp_path / "kept.npy", columns="image,label", workers=0)["count"] == 2
 
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, fix_option
 from fastdata.fields.schema import NO_LABEL, name_problem
 from fastdata.images import ReadOptions, check_pixels, exif_transpose, open_checked
 
@@ -408,7 +408,7 @@ def column_of(name: str, arrow_type: Any, feature: dict[str, Any] | None, where:
                 kind = ImageStructKind(str(feature["mode"]))
             return Column(name, kind, names)
     raise InvalidOptionError(f"{where}: column {name!r} has Arrow type {arrow_type}, which fastdata does not convert. "
-                             "Leave it out with --columns.")
+                             f"Leave it out with {fix_option('columns', 'NAMES')}.")
 
 
 def _class_names(name: str, feature: dict[str, Any] | None, where: str) -> tuple[str, ...] | None:
@@ -419,7 +419,7 @@ def _class_names(name: str, feature: dict[str, Any] | None, where: str) -> tuple
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InvalidOptionError(f"{where}: column {name!r} is a ClassLabel whose metadata lists no class names "
                                  f"(names: {names!r}); the file's Hugging Face metadata is damaged. Write the file "
-                                 "again with datasets, or pass --label-column to read the labels as plain integers.")
+                                 f"again with datasets, or pass {fix_option('label_column', name)} to read the labels as plain integers.")
     return tuple(names)
 
 
@@ -439,14 +439,14 @@ def choose(columns: list[Column], selected: tuple[str, ...] | None, label_column
     available = ", ".join(by_name)
     for name in list(selected or ()) + ([label_column] if label_column else []):
         if name not in by_name:
-            raise InvalidOptionError(f"{where}: has no column {name!r} (columns: {available}). Check --columns and "
-                                     "--label-column.")
+            option = fix_option("label_column", "NAME") if name == label_column else fix_option("columns", "NAMES")
+            raise InvalidOptionError(f"{where}: has no column {name!r} (columns: {available}). Check {option}.")
     chosen = [by_name[n] for n in selected] if selected else list(columns)
     for column in chosen:
         if isinstance(column.kind, ImageListKind):
             others = ",".join(c.name for c in chosen if not isinstance(c.kind, ImageListKind))
             raise InvalidOptionError(f"{where}: column {column.name!r} holds a list of images, which fastdata does not "
-                                     f"convert (one image per field). Leave it out: --columns {others}.")
+                                     f"convert (one image per field). Leave it out: {fix_option('columns', others)}.")
     if label_column is not None:
         label = by_name[label_column]
         integer = isinstance(label.kind, PlainKind) and label.kind.hint is None and not isinstance(label.kind, BoolKind)
@@ -468,4 +468,4 @@ def check_field_names(columns: list[Column], where: str) -> None:
         problem = name_problem(column.name)
         if problem is not None:
             raise InvalidOptionError(f"{where}: column {column.name!r} cannot name a field ({problem}). Leave it out "
-                                     "with --columns, or rename the column.")
+                                     f"with {fix_option('columns', 'NAMES')}, or rename the column.")

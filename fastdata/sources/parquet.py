@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import FastdataError, InvalidOptionError, SourceReadError
+from fastdata.errors import FastdataError, InvalidOptionError, SourceReadError, fix_option
 from fastdata.extras import require
 from fastdata.fields import CLASS_IDS
 from fastdata.images import ReadOptions
@@ -115,7 +115,7 @@ class TableSource(Source):
                 if index < 0:
                     raise InvalidOptionError(f"{self.tables.name(number)}: has no column {name!r}, which "
                                              f"{self.tables.name(0)} has. Every file needs the same columns (or leave "
-                                             "it out with --columns).")
+                                             f"it out with {fix_option('columns', 'NAMES')}).")
                 if schema.field(index).type != first.field(name).type:
                     raise InvalidOptionError(
                         f"{self.tables.name(number)}: column {name!r} is {schema.field(index).type}, but it is "
@@ -133,7 +133,7 @@ class TableSource(Source):
                     f"{self.tables.name(number)}: column {name!r} is {_feature_words(features.get(name))}, but it is "
                     f"{_feature_words(first.get(name))} in {self.tables.name(0)}. Every file needs the same features "
                     "(a ClassLabel's names in the same order): convert the files apart, or leave the column out with "
-                    "--columns.")
+                    f"{fix_option('columns', 'NAMES')}.")
 
     def _first_cells(self, names: list[str]) -> dict[str, Any]:
         """Each column's first cell that is not null, in the first group (binary columns are told
@@ -429,7 +429,8 @@ def _table_source(source: Any, *, columns: tuple[str, ...] | None = None, label_
     text = None if is_hf_dataset(source) else os.fspath(source)
     if config is not None and (text is None or (not is_url(text) and is_saved_dataset(Path(text)))):
         raise InvalidOptionError(f"--config {config!r} picks a configuration among Parquet files (a Hub dataset's "
-                                 "folders); a saved dataset or a datasets object is one already. Drop --config.")
+                                 "folders); a saved dataset or a datasets object is one already. "
+                                 f"Drop {fix_option('config', config)}.")
     if is_hf_dataset(source):
         dataset = _one_dataset(source, split)
         if isinstance(dataset, tuple):  # the Parquet files a streaming dataset reads, and the columns it keeps

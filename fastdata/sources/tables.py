@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from fastdata.errors import EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError, SourceReadError
+from fastdata.errors import (EmptySourceError, FastdataError, InvalidOptionError, SourceNotFoundError, SourceReadError,
+                             fix_option)
 from fastdata.extras import require
 from fastdata.urls import is_url
 
@@ -70,23 +71,23 @@ def pick_split(paths: list[str], root: str, split: str | None, spec: str, config
     configs = sorted(by_config)
     if config is not None and config not in by_config:
         raise InvalidOptionError(f"{spec!r} has no configuration {config!r} (configurations: {', '.join(configs)}). "
-                                 "Check --config.")
+                                 f"Check {fix_option('config', 'NAME')}.")
     if config is None and len(configs) > 1:
         raise InvalidOptionError(f"{spec!r} holds the configurations {', '.join(configs)} (Hugging Face subsets); "
-                                 f"convert one at a time: add --config {configs[0]} (or another), or give its folder.")
+                                 f"convert one at a time: add {fix_option('config', configs[0])} (or another), or give its folder.")
     by_split = by_config[config if config is not None else configs[0]]
     names = sorted(str(s) for s in by_split if s is not None)
     if split is not None:
         if split not in by_split:
             raise InvalidOptionError(f"{spec!r} has no split {split!r} (splits: {', '.join(names) or 'none named'}). "
-                                     "Check --split.")
+                                     f"Check {fix_option('split', 'NAME')}.")
         if by_split.get(None):  # files of no split: not silently left out
             logger.warning("%r: --split %s leaves out %s, which belong%s to no split", spec, split,
                            ", ".join(posixpath.basename(p) for p in by_split[None]), "" if len(by_split[None]) > 1 else "s")
         return by_split[split]
     if len(by_split) > 1:
-        raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add --split "
-                                 f"{names[0]} (or another).")
+        raise InvalidOptionError(f"{spec!r} holds the splits {', '.join(names)}; convert one at a time: add "
+                                 f"{fix_option('split', names[0])} (or another).")
     return next(iter(by_split.values()))
 
 
@@ -394,7 +395,7 @@ def read_failure(exc: BaseException, name: str, storage_options: dict[str, Any] 
         return SourceReadError(f"{name}: not found ({cause}). Check the path or URL; a file that was removed while "
                                "converting needs the source as it was.")
     return SourceReadError(f"{name}: cannot be read ({cause}). This is a read failure, not a damaged sample "
-                           "(--skip-bad does not skip it): check the network or the disk, then run again.")
+                           f"({fix_option('skip_bad')} does not skip it): check the network or the disk, then run again.")
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -440,7 +441,7 @@ class ArrowFiles:
             folder = self._split_folder(folder, split)
         elif split is not None:
             raise InvalidOptionError(f"{str(folder)!r} holds one dataset (save_to_disk of a Dataset), not splits; "
-                                     f"--split {split} has nothing to pick. Leave out --split.")
+                                     f"--split {split} has nothing to pick. Leave out {fix_option('split', split)}.")
         try:
             state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
             names = [entry["filename"] for entry in state["_data_files"]]
@@ -466,9 +467,10 @@ class ArrowFiles:
                 self.split = splits[0]
                 return _inside(folder, splits[0], "dataset_dict.json names the split")
             raise InvalidOptionError(f"{str(folder)!r} holds the splits {', '.join(splits)}; convert one at a time: "
-                                     f"add --split {splits[0]} (or another).")
+                                     f"add {fix_option('split', splits[0])} (or another).")
         if split not in splits:
-            raise InvalidOptionError(f"{str(folder)!r} has no split {split!r} (splits: {', '.join(splits)}). Check --split.")
+            raise InvalidOptionError(f"{str(folder)!r} has no split {split!r} (splits: {', '.join(splits)}). "
+                                     f"Check {fix_option('split', 'NAME')}.")
         self.split = split
         return _inside(folder, split, "dataset_dict.json names the split")
 
