@@ -85,6 +85,49 @@ def test_a_fix_that_is_an_option_names_the_flag_and_the_keyword_of_convert(tmp_p
         "continue from there")
 
 
+def test_a_fix_that_is_an_option_with_a_value_names_the_flag_and_the_keyword_as_typed(tmp_path: Path) -> None:
+    """Called from Python, the fix's keyword is written as a caller types it: split='train',
+    columns='image,label', config='en', format='tar'."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    hub = tmp_path / "hub"
+    for config in ("en", "fr"):
+        (hub / config).mkdir(parents=True)
+        for split in ("train", "test"):
+            table = pa.table({"image": [jpeg(index * 40) for index in range(2)], "label": [0, 1]})
+            pq.write_table(table, hub / config / f"{split}-00000-of-00001.parquet")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(hub, tmp_path / "o.npy", workers=0)
+    assert str(caught.value) == (f"{str(hub)!r} holds the configurations en, fr (Hugging Face subsets); convert one "
+                                 "at a time: add --config en (config='en') (or another), or give its folder.")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(hub, tmp_path / "o.npy", config="en", workers=0)
+    assert str(caught.value) == (f"{str(hub)!r} holds the splits test, train; convert one at a time: add --split test "
+                                 "(split='test') (or another).")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(hub, tmp_path / "o.npy", config="en", split="valid", workers=0)
+    assert str(caught.value) == (f"{str(hub)!r} has no split 'valid' (splits: test, train). Check --split NAME "
+                                 "(split='NAME').")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(hub / "en", tmp_path / "o.npy", split="test", label_column="class", workers=0)
+    assert str(caught.value) == (f"{hub / 'en' / 'test-00000-of-00001.parquet'}: has no column 'class' (columns: "
+                                 "image, label). Check --label-column NAME (label_column='NAME').")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(hub / "en", tmp_path / "o.npy", split="test", columns="image,label,", workers=0)
+    assert str(caught.value) == ("Invalid --columns 'image,label,'. Give column names, comma-separated, each once: "
+                                 "--columns image,label (columns='image,label').")
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    (tmp_path / "photos" / "cat" / "0.jpg").write_bytes(jpeg(0))
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "o.npy", config="en", workers=0)
+    assert str(caught.value) == ("--config en (config='en') applies to Parquet files (a Hugging Face dataset's "
+                                 "configurations); this source has none. Drop it.")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "o.npy", part="1/2", resume=True, workers=0)
+    assert str(caught.value).endswith("converts only the rest. Drop --resume (resume=True).")
+    assert not (tmp_path / "o.npy").exists()
+
+
 class ManyFields:
     def __len__(self) -> int:
         return 2
@@ -105,7 +148,7 @@ def test_running_out_of_file_handles_names_the_limit_and_the_fix(tmp_path: Path)
     assert str(caught.value) == (
         f"Cannot write {str(tmp_path / 'many.npy')!r}: too many open files: this process may open {limit} (its "
         "'ulimit -n'), and the npy and hdf5 writers keep one or two files open per field. Raise the limit ('ulimit -n "
-        "65536') and convert again, or convert to --format tar, which keeps one shard open; no partial output was "
+        "65536') and convert again, or convert to --format tar (format='tar'), which keeps one shard open; no partial output was "
         "left behind.")
     assert os.listdir(tmp_path) == []
     fastdata.convert(ManyFields(), tmp_path / "many.tar", workers=0)  # the fix it names

@@ -127,7 +127,7 @@ def test_file_size_limit_is_a_clear_error(uniform_folder: Path, tmp_path: Path) 
     assert result.returncode == 1
     assert result.stderr == (
         f"fastdata: error: Cannot write {str(out)!r}: file too large for the file-size limit ('ulimit -f') or the file "
-        "system. Raise the limit, or use --format tar, which splits the output into shards; no partial output was "
+        "system. Raise the limit, or use --format tar (format='tar'), which splits the output into shards; no partial output was "
         "left behind.\n"
     )
     assert "Traceback" not in result.stderr

@@ -85,7 +85,7 @@ def test_missing_mismatched_and_duplicate_parts_are_refused(tmp_path: Path) -> N
     assert str(other_options.value) == (
         f"Parts of {str(out)!r} do not match (different source or options): resize None in part 1/3, [8, 8] in "
         "part 2/3. Every part must convert the same source with the same options and the same N; run part 2/3 "
-        f"again with the others' (--overwrite), or remove {str(out) + '.partial.units'!r} to start over."
+        f"again with the others' (--overwrite (overwrite=True)), or remove {str(out) + '.partial.units'!r} to start over."
     )
     with pytest.raises(PartsError, match=r"^Parts of .* do not match \(different source or options\): parts 3 in "
                        r"part 1/3, 4 in part 2/4\. "):
@@ -140,7 +140,7 @@ def test_part_options_are_checked(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidOptionError) as zero:
         fastdata.convert(tmp_path, tmp_path / "out", part="0/4")
-    assert str(zero.value) == ("Invalid --part '0/4'. Use I/N with 1 <= I <= N, e.g. --part 1/4 ... --part 4/4 "
+    assert str(zero.value) == ("Invalid --part '0/4'. Use I/N with 1 <= I <= N, e.g. --part 1/4 (part='1/4') ... --part 4/4 "
                                "(a 0-based array index is I-1: --part $((SLURM_ARRAY_TASK_ID + 1))/N).")
     with pytest.raises(InvalidOptionError, match=r"^--resume does not apply to --part: "):
         fastdata.convert(tmp_path, tmp_path / "out", part="1/2", resume=True)

@@ -99,8 +99,8 @@ def test_resume_refuses_a_source_with_a_new_class_folder(tmp_path: Path) -> None
         fastdata.convert(source, out, workers=0, resume=True)
     assert str(info.value) == (
         f"Cannot resume {str(out)!r}: the source changed since the conversion began: class folder 'a_new' was "
-        "added (3 files). Resuming would mix samples and labels of both. Convert without --resume (--overwrite "
-        "if the output exists) to start over."
+        "added (3 files). Resuming would mix samples and labels of both. Convert without --resume (resume=True) to "
+        "start over, with --overwrite (overwrite=True) if the output exists."
     )
     assert tree(tmp_path / "out.npy.partial") == partial_before and not out.exists()  # nothing touched
     fastdata.convert(source, out, workers=0)  # starting over gives the right labels
@@ -133,7 +133,8 @@ def test_resume_names_a_changed_file(tmp_path: Path, change: str, expected: str)
     result = run_fastdata("convert", source, out, "--workers", "0", "--resume", "--quiet")
     assert one_error_line(result) == (
         f"Cannot resume {str(out)!r}: the source changed since the conversion began: {expected}. Resuming would "
-        "mix samples and labels of both. Convert without --resume (--overwrite if the output exists) to start over."
+        "mix samples and labels of both. Convert without --resume (resume=True) to start over, with --overwrite "
+        "(overwrite=True) if the output exists."
     )
 
 

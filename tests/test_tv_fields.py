@@ -704,7 +704,8 @@ def test_voc_images_of_different_sizes_name_the_cause_and_the_docs_command_conve
     assert capsys.readouterr().err == (
         f"fastdata: error: {base / 'JPEGImages' / '2007_000039.jpg'} is 30x40 (HxW) but "
         f"{base / 'JPEGImages' / '2007_000032.jpg'} is 24x32; raw storage needs one image size. Use --resize HxW "
-        "(or --resize S --center-crop HxW), or --store encoded.\n")
+        "(resize='HxW'), or --resize S (resize='S') with --center-crop HxW (center_crop='HxW'), or --store encoded "
+        "(store='encoded').\n")
     out = tmp_path / "voc-seg.h5"
     assert main([*command, str(out), "--store", "encoded"]) == 0  # docs/converting.md
     image, got = fastdata.open_dataset(out)[1]

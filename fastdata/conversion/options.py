@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, fix_option
 from fastdata.images import DEFAULT_MAX_PIXELS, MODES, Geometry, ReadOptions, parse_size
 from fastdata.quantities import parse_count
 
@@ -53,7 +53,7 @@ def parse_part(value: Any) -> tuple[int, int] | None:
     if not (isinstance(numbers, (tuple, list)) and len(numbers) == 2
             and all(isinstance(n, int) and not isinstance(n, bool) for n in numbers) and 1 <= numbers[0] <= numbers[1]):
         raise InvalidOptionError(
-            f"Invalid --part {value!r}. Use I/N with 1 <= I <= N, e.g. --part 1/4 ... --part 4/4 "
+            f"Invalid --part {value!r}. Use I/N with 1 <= I <= N, e.g. {fix_option('part', '1/4')} ... --part 4/4 "
             "(a 0-based array index is I-1: --part $((SLURM_ARRAY_TASK_ID + 1))/N)."
         )
     return int(numbers[0]), int(numbers[1])
@@ -66,7 +66,7 @@ def parse_columns(value: Any) -> tuple[str, ...] | None:
     names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
     if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
         raise InvalidOptionError(f"Invalid --columns {value!r}. Give column names, comma-separated, each once: "
-                                 "image,label.")
+                                 f"{fix_option('columns', 'image,label')}.")
     return tuple(names)
 
 
@@ -204,12 +204,12 @@ class ConvertOptions:
         if self.engine == "ray" and self.resume:
             raise InvalidOptionError(
                 "--resume does not apply to --engine ray: a Ray conversion run again keeps the units it already "
-                "finished (same source and options) and converts only the rest. Drop --resume."
+                f"finished (same source and options) and converts only the rest. Drop {fix_option('resume')}."
             )
         if self.part is not None and self.resume:
             raise InvalidOptionError(
                 "--resume does not apply to --part: a part run again keeps the units it already finished (same "
-                "source and options) and converts only the rest. Drop --resume."
+                f"source and options) and converts only the rest. Drop {fix_option('resume')}."
             )
 
     # --- building ---------------------------------------------------------------------------

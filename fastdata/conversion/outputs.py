@@ -222,7 +222,7 @@ _CAUSES = {
     errno.ENOSPC: "no space left on the device. Free disk space and convert again",
     errno.EDQUOT: "disk quota exceeded. Free space within your quota and convert again",
     errno.EFBIG: "file too large for the file-size limit ('ulimit -f') or the file system. Raise the limit, "
-                 "or use --format tar, which splits the output into shards",
+                 f"or use {fix_option('format', 'tar')}, which splits the output into shards",
     errno.EACCES: "permission denied. Check that you can write to that folder",
     errno.EPERM: "operation not permitted. Check that you can write to that folder",
     errno.EROFS: "the file system is read-only. Choose an output path on a writable disk",
@@ -233,9 +233,9 @@ _CAUSES = {
     errno.EIO: "an input/output error on the device. Check the disk, then convert again",
     errno.EMFILE: "too many open files: this process may open {open_files} (its 'ulimit -n'), and the npy and hdf5 "
                   "writers keep one or two files open per field. Raise the limit ('ulimit -n 65536') and convert "
-                  "again, or convert to --format tar, which keeps one shard open",
+                  f"again, or convert to {fix_option('format', 'tar')}, which keeps one shard open",
     errno.ENFILE: "too many open files on this machine (the system's limit). Close other programs, or convert to "
-                  "--format tar, which keeps one shard open",
+                  f"{fix_option('format', 'tar')}, which keeps one shard open",
 }
 
 

@@ -140,7 +140,8 @@ class Job:
         raise ShapeMismatchError(
             f"{self.src.sample_name(index)} is {shape[0]}x{shape[1]} (HxW) but "
             f"{self.reference_name or self.src.sample_name(self.reference)} is {height}x{width}; raw storage needs one "
-            "image size. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+            f"image size. Use {fix_option('resize', 'HxW')}, or {fix_option('resize', 'S')} with "
+            f"{fix_option('center_crop', 'HxW')}, or {fix_option('store', 'encoded')}."
         )
 
     def chunk(self, indices: list[int]) -> Batch:

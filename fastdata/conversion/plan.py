@@ -18,7 +18,7 @@ from typing import Any
 
 from fastdata.conversion import journal
 from fastdata.conversion.options import STORES, ConvertOptions
-from fastdata.errors import BadSampleError, InvalidOptionError
+from fastdata.errors import BadSampleError, InvalidOptionError, fix_option
 from fastdata.conversion.pipeline import Job
 from fastdata.formats import FormatSpec, find_manifest, format_for_output, get_format
 from fastdata.formats.base import Plan, check_stored_names
@@ -73,7 +73,7 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
         raise InvalidOptionError("--columns and --label-column apply to Parquet files, saved Hugging Face datasets "
                                  "and datasets objects; this source has no columns. Drop them.")
     if options.config is not None:
-        raise InvalidOptionError(f"--config {options.config!r} applies to Parquet files (a Hugging Face dataset's "
+        raise InvalidOptionError(f"{fix_option('config', options.config)} applies to Parquet files (a Hugging Face dataset's "
                                  "configurations); this source has none. Drop it.")
     if is_import_string(source):  # module:name, a Python dataset (or a function returning one)
         dataset = load_dataset(source)
@@ -222,7 +222,7 @@ def plan_job(src: Source, options: ConvertOptions, mode: str | None = None) -> "
         elif options.format and not get_format(options.format).fields:
             raise InvalidOptionError(
                 f"Format {options.format!r} stores (image, label) samples only; this source's samples have fields "
-                f"{', '.join(schema.names)}. Use --format npy, hdf5 or tar (docs/fields.md)."
+                f"{', '.join(schema.names)}. Use {fix_option('format', 'npy')}, hdf5 or tar (docs/fields.md)."
             )
     else:
         probe = _probe(src, options)

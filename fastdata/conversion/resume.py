@@ -116,19 +116,19 @@ def check_resumable(output: Path, record: dict[str, Any], target: Target, fields
     if record.get("version") != journal.JOURNAL_VERSION or "fields" not in record:
         raise OutputExistsError(
             f"Cannot resume {shown!r}: its partial output was written by another fastdata version. "
-            "Convert again without --resume to start over (the partial output is replaced)."
+            f"Convert again without {fix_option('resume')} to start over (the partial output is replaced)."
         )
     if record["key"] != target.key:
         raise InvalidOptionError(
             f"Cannot resume {shown!r}: its partial conversion was started with {field_changes(record['fields'], fields)}. "
-            "Resume with the same source and options, or convert without --resume to start over."
+            f"Resume with the same source and options, or convert without {fix_option('resume')} to start over."
         )
     changes = describe_changes(record.get("source_fingerprint"), target.fingerprint)
     if changes is not None:
         raise SourceChangedError(
             f"Cannot resume {shown!r}: the source changed since the conversion began: {changes}. Resuming "
-            "would mix samples and labels of both. Convert without --resume (--overwrite if the output "
-            "exists) to start over."
+            f"would mix samples and labels of both. Convert without {fix_option('resume')} to start over, with "
+            f"{fix_option('overwrite')} if the output exists."
         )
 
 

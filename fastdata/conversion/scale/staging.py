@@ -212,12 +212,12 @@ def check_agreement(output: Path, record: dict[str, Any], other: dict[str, Any])
         raise PartsError(
             f"Parts of {str(output)!r} do not match (different source or options): {differences}. Every part "
             f"must convert the same source with the same options and the same N; run part {mine} again with the "
-            f"others' (--overwrite), or remove {str(staging_path(output))!r} to start over."
+            f"others' ({fix_option('overwrite')}), or remove {str(staging_path(output))!r} to start over."
         )
     changes = describe_changes(other["fingerprint"], record["fingerprint"])
     if changes is not None:
         raise SourceChangedError(
             f"Parts of {str(output)!r} do not match: the source changed between part {theirs} and part {mine}: "
-            f"{changes}. Convert the parts again from the unchanged source (--overwrite), or remove "
+            f"{changes}. Convert the parts again from the unchanged source ({fix_option('overwrite')}), or remove "
             f"{str(staging_path(output))!r} to start over."
         )
