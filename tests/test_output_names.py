@@ -43,16 +43,21 @@ def test_the_extension_picks_the_format_for_the_cli_and_the_api(uniform_folder: 
 
 
 MISMATCHES = [
-    ("npy", "x.h5", "--format npy does not match the output name {out!r} (.h5 is hdf5). Leave out --format (or pass "
-                    "--format hdf5) to write hdf5, or name the output {renamed!r} to write npy.", "x.npy"),
-    ("hdf5", "x.tar", "--format hdf5 does not match the output name {out!r} (.tar is tar). Leave out --format (or "
-                      "pass --format tar) to write tar, or name the output {renamed!r} to write hdf5.", "x.h5"),
-    ("tar", "x.npy", "--format tar does not match the output name {out!r} (.npy is npy). Leave out --format (or "
-                     "pass --format npy) to write npy, or name the output {renamed!r} to write tar.", "x.tar"),
-    ("npy", "x.hdf5", "--format npy does not match the output name {out!r} (.hdf5 is hdf5). Leave out --format (or "
-                      "pass --format hdf5) to write hdf5, or name the output {renamed!r} to write npy.", "x.npy"),
-    ("hdf5", "x.NPY", "--format hdf5 does not match the output name {out!r} (.NPY is npy). Leave out --format (or "
-                      "pass --format npy) to write npy, or name the output {renamed!r} to write hdf5.", "x.h5"),
+    ("npy", "x.h5", "--format npy does not match the output name {out!r} (.h5 is hdf5). Leave out --format npy "
+                    "(format='npy') (or pass --format hdf5 (format='hdf5')) to write hdf5, or name the output "
+                    "{renamed!r} to write npy.", "x.npy"),
+    ("hdf5", "x.tar", "--format hdf5 does not match the output name {out!r} (.tar is tar). Leave out --format hdf5 "
+                      "(format='hdf5') (or pass --format tar (format='tar')) to write tar, or name the output "
+                      "{renamed!r} to write hdf5.", "x.h5"),
+    ("tar", "x.npy", "--format tar does not match the output name {out!r} (.npy is npy). Leave out --format tar "
+                     "(format='tar') (or pass --format npy (format='npy')) to write npy, or name the output "
+                     "{renamed!r} to write tar.", "x.tar"),
+    ("npy", "x.hdf5", "--format npy does not match the output name {out!r} (.hdf5 is hdf5). Leave out --format npy "
+                      "(format='npy') (or pass --format hdf5 (format='hdf5')) to write hdf5, or name the output "
+                      "{renamed!r} to write npy.", "x.npy"),
+    ("hdf5", "x.NPY", "--format hdf5 does not match the output name {out!r} (.NPY is npy). Leave out --format hdf5 "
+                      "(format='hdf5') (or pass --format npy (format='npy')) to write npy, or name the output "
+                      "{renamed!r} to write hdf5.", "x.h5"),
 ]
 
 
@@ -74,7 +79,7 @@ def test_a_format_that_contradicts_the_extension_is_refused(uniform_folder: Path
 def test_an_unknown_extension_needs_format(uniform_folder: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "cifar.v2"
     expected = (f"Cannot tell the output format from the name {str(out)!r}: no format uses '.v2' (known: .h5, "
-                ".hdf5, .npy, .tar; no extension is tar). Pass --format (hdf5, npy, tar), or rename the output.")
+                ".hdf5, .npy, .tar; no extension is tar). Pass --format NAME (format='NAME') (hdf5, npy, tar), or rename the output.")
     assert cli(capsys, "convert", uniform_folder, out, "--quiet") == (1, "", f"fastdata: error: {expected}\n")
     with pytest.raises(InvalidOptionError) as info:
         fastdata.convert(uniform_folder, out, workers=0)
@@ -92,7 +97,7 @@ def test_an_explicit_format_without_an_extension_is_kept_and_resume_names_the_fo
         fastdata.convert(uniform_folder, out, workers=0, resume=True)
     assert str(info.value) == (
         f"Output {str(out)!r} is a npy dataset, but this conversion writes tar (from --format or the output's "
-        "name); --resume does not replace it. Pass --format npy to resume it, or --overwrite (overwrite=True) to convert again."
+        "name); --resume does not replace it. Pass --format npy (format='npy') to resume it, or --overwrite (overwrite=True) to convert again."
     )
     code, stdout, _ = cli(capsys, "convert", uniform_folder, out, "--format", "npy", "--resume", "--quiet")
     assert code == 0 and stdout.startswith(f"{out} is already complete (12 samples")

@@ -315,7 +315,7 @@ def test_split_errors_list_the_datasets_own_values(tmp_path: Path) -> None:
                                       "'train_noval'."),
         ("Flickr30k", info["root"], "train", {"ann_file": info["ann_file"]},
          "torchvision:Flickr30k has no split, so --split 'train' does not apply; its samples are those of its "
-         "annotation file (--source-option ann_file=PATH). Drop --split."),
+         "annotation file (--source-option ann_file=PATH). Drop --split train (split='train')."),
         ("VOCSegmentation", tmp_path / "voc", "val", {"image_set": "train"},
          "torchvision:VOCSegmentation: --split 'val' and --source-option image_set='train' disagree. "
          "Give one of them."),

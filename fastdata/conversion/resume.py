@@ -53,7 +53,7 @@ def keep_complete(output: Path, manifest: dict[str, Any], target: Target, *, ove
             raise OutputExistsError(
                 f"Output {str(output)!r} is a {manifest.get('format')} dataset, but this conversion writes "
                 f"{target.spec.name} (from --format or the output's name); --resume does not replace it. Pass "
-                f"--format {manifest.get('format')} to resume it, or {fix_option('overwrite')} to convert again."
+                f"{fix_option('format', manifest.get('format'))} to resume it, or {fix_option('overwrite')} to convert again."
             )
         differs = "from another source or with other options"
         if options is not None and source is not None:

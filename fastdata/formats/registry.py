@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from fastdata.errors import DependencyMissingError, InvalidOptionError, UnknownFormatError
+from fastdata.errors import DependencyMissingError, InvalidOptionError, UnknownFormatError, fix_option
 from fastdata.formats.base import FormatSpec, MissingFormat
 
 ENTRY_POINT_GROUP = "fastdata.formats"
@@ -191,7 +191,8 @@ def format_for_output(output: str | Path, given: str | None = None) -> str:
             renamed = path.with_suffix(spec.suffixes[0] if spec.suffixes else "")
             raise InvalidOptionError(
                 f"--format {spec.name} does not match the output name {str(path)!r} ({path.suffix} is {named.name}). "
-                f"Leave out --format (or pass --format {named.name}) to write {named.name}, "
+                f"Leave out {fix_option('format', spec.name)} (or pass {fix_option('format', named.name)}) to write "
+                f"{named.name}, "
                 f"or name the output {str(renamed)!r} to write {spec.name}."
             )
         return spec.name
@@ -205,6 +206,6 @@ def format_for_output(output: str | Path, given: str | None = None) -> str:
     known = ", ".join(sorted(s for spec in all_formats() if spec.writable for s in spec.suffixes))
     raise InvalidOptionError(
         f"Cannot tell the output format from the name {str(path)!r}: no format uses {path.suffix!r} "
-        f"(known: {known}; no extension is {NO_EXTENSION_FORMAT}). Pass --format "
-        f"({', '.join(available_formats(writable=True))}), or rename the output."
+        f"(known: {known}; no extension is {NO_EXTENSION_FORMAT}). Pass "
+        f"{fix_option('format', 'NAME')} ({', '.join(available_formats(writable=True))}), or rename the output."
     )

@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fastdata.errors import FastdataError, InvalidOptionError, SourceNotFoundError
+from fastdata.errors import FastdataError, InvalidOptionError, SourceNotFoundError, fix_option
 from fastdata.sources.datasets import dataset_length
 from fastdata.extras import require
 
@@ -99,7 +99,7 @@ def split_keywords(name: str, cls: type, split: str | None, options: dict[str, A
             given = _NO_SPLIT_HINT.get(cls.__name__)
             how = f"; its samples are those of its annotation file (--source-option {given}=PATH)" if given else ""
             raise InvalidOptionError(f"torchvision:{name} has no split, so --split {split!r} does not apply{how}. "
-                                     "Drop --split.")
+                                     f"Drop {fix_option('split', split)}.")
         return {}, None
     if spec.argument in options:  # the split given as the dataset's own option (train=false: the test split)
         given = options[spec.argument]

@@ -11,7 +11,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, fix_option
 from fastdata.formats.base import Batch, Plan, RunningDigest, Writer
 from fastdata.formats.fieldfiles import FieldFileWriter
 from fastdata.formats.hdf5.layout import (
@@ -79,7 +79,7 @@ class HDF5Writer(Writer):
         if plan.store == "encoded" and given:
             raise InvalidOptionError(
                 f"Option {' and '.join(given)} applies to --store raw only (encoded images are already "
-                "compressed, and stored contiguous). Drop it, or use --store raw."
+                f"compressed, and stored contiguous). Drop it, or use {fix_option('store', 'raw')}."
             )
         self.chunk_images = None
         if plan.store == "raw" and (options.compression or options.chunk_images):
