@@ -125,7 +125,16 @@ def test_a_fix_that_is_an_option_with_a_value_names_the_flag_and_the_keyword_as_
     with pytest.raises(InvalidOptionError) as caught:
         fastdata.convert(tmp_path / "photos", tmp_path / "o.npy", part="1/2", resume=True, workers=0)
     assert str(caught.value).endswith("converts only the rest. Drop --resume (resume=True).")
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.convert(tmp_path / "photos", tmp_path / "o.npy", ray_address="auto", workers=0)
+    assert str(caught.value) == "--ray-address 'auto' applies to --engine ray only. Add --engine ray (engine='ray')."
     assert not (tmp_path / "o.npy").exists()
+    fastdata.convert(tmp_path / "photos", tmp_path / "o.npy", workers=0)
+    with pytest.raises(InvalidOptionError) as caught:
+        fastdata.open_dataset(tmp_path / "o.npy", resize=4)
+    assert str(caught.value) == ("resize, center_crop and decoder apply to datasets of encoded images; this one stores "
+                                 "decoded pixels (--store raw). Convert with --resize HxW (resize='HxW') (or "
+                                 "--center-crop HxW (center_crop='HxW')) instead, or transform the tensors.")
 
 
 class ManyFields:

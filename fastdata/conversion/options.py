@@ -196,7 +196,8 @@ class ConvertOptions:
         object.__setattr__(self, "part", parse_part(self.part))
         object.__setattr__(self, "unit_samples", parse_count(self.unit_samples, flag="--unit-samples"))
         if self.ray_address is not None and self.engine != "ray":
-            raise InvalidOptionError(f"--ray-address {self.ray_address!r} applies to --engine ray only. Add --engine ray.")
+            raise InvalidOptionError(f"--ray-address {self.ray_address!r} applies to --engine ray only. "
+                                     f"Add {fix_option('engine', 'ray')}.")
         if self.part is not None and self.engine != "local":
             raise InvalidOptionError(
                 "--part and --engine ray are two ways to spread one conversion over machines; use one of them."

@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable
 
 from fastdata.reader.decoding import Decoder
-from fastdata.errors import CorruptManifestError, InvalidOptionError
+from fastdata.errors import CorruptManifestError, InvalidOptionError, fix_option
 from fastdata.formats.base import Reader
 from fastdata.formats.stored import open_manifest, single_file_problem
 from fastdata.reader.mapstyle import MapDataset
@@ -26,7 +26,8 @@ def decoder_for(manifest: dict[str, Any], options: ReaderOptions) -> Decoder:
     if not encoded and (not made.geometry.is_identity or made.fast):
         raise InvalidOptionError(
             "resize, center_crop and decoder apply to datasets of encoded images; this one stores decoded "
-            "pixels (--store raw). Convert with --resize/--center-crop instead, or transform the tensors."
+            f"pixels (--store raw). Convert with {fix_option('resize', 'HxW')} (or {fix_option('center_crop', 'HxW')}) "
+            "instead, or transform the tensors."
         )
     return made.with_options(options)
 

@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from fastdata.reader.decoding import check_decoder, geometry_of
-from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptionError
+from fastdata.errors import InvalidOptionError, ShapeMismatchError, UnknownOptionError, fix_option
 from fastdata.reader.fused import Fusion, split_transform
 from fastdata.reader.handover import as_tensor
 from fastdata.images import Geometry
@@ -228,7 +228,7 @@ def stack(pixels: list[np.ndarray], allocate: Callable | None = None) -> np.ndar
         raise ShapeMismatchError(
             f"Samples of this batch have different shapes {sorted(shapes)[:3]}; a collated batch "
             "needs one. Pass a transform that resizes (e.g. transforms.v2.Resize), or convert "
-            "with --resize HxW."
+            f"with {fix_option('resize', 'HxW')}."
         )
     if not pixels:
         return np.empty((0, 0, 0, 0), dtype=np.uint8)
