@@ -407,8 +407,11 @@ def test_split_and_column_options_are_checked(hub: Path, uniform_folder: Path, t
     with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(hub, tmp_path / "o.npy", split="validation", workers=0)
     assert str(raised.value) == f"{str(hub)!r} has no split 'validation' (splits: test, train). Check --split NAME (split='NAME')."
-    with pytest.raises(InvalidOptionError, match="--columns and --label-column apply to Parquet files"):
+    with pytest.raises(InvalidOptionError) as raised:
         fastdata.convert(uniform_folder, tmp_path / "o.npy", columns="image,label", workers=0)
+    assert str(raised.value) == ("--columns and --label-column apply to Parquet files, saved Hugging Face datasets and "
+                                 "datasets objects; this source has no columns. Drop --columns image,label "
+                                 "(columns='image,label').")
     with pytest.raises(InvalidOptionError, match=r"Invalid --columns 'image,,label'"):
         fastdata.convert(hub, tmp_path / "o.npy", columns="image,,label", workers=0)
     with pytest.raises(InvalidOptionError, match=r"--label-column 'weight' is not an integer or string column"):

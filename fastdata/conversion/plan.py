@@ -70,8 +70,10 @@ def open_source(source: Any, options: ConvertOptions | None = None) -> Source:
         return table_source(source, columns=options.columns, label_column=options.label_column, split=options.split,
                             config=options.config)
     if options.columns is not None or options.label_column is not None:
+        given = [fix_option(name, value) for name, value in (("columns", ",".join(options.columns or ())),
+                                                             ("label_column", options.label_column)) if value]
         raise InvalidOptionError("--columns and --label-column apply to Parquet files, saved Hugging Face datasets "
-                                 "and datasets objects; this source has no columns. Drop them.")
+                                 f"and datasets objects; this source has no columns. Drop {' and '.join(given)}.")
     if options.config is not None:
         raise InvalidOptionError(f"{fix_option('config', options.config)} applies to Parquet files (a Hugging Face dataset's "
                                  "configurations); this source has none. Drop it.")
