@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 from PIL import Image, ImageOps
 
-from fastdata.errors import InvalidOptionError
+from fastdata.errors import InvalidOptionError, fix_option
 
 GRAYSCALE_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 _WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
@@ -105,7 +105,7 @@ def check_pixels(image: Image.Image, max_pixels: int | None) -> None:
     if max_pixels is not None and pixels > max_pixels:
         raise TooManyPixelsError(
             f"{image.width}x{image.height} = {pixels:,} pixels, over the limit of {max_pixels:,} "
-            f"(a decompression-bomb guard); pass --max-pixels {pixels} to allow it"
+            f"(a decompression-bomb guard); pass {fix_option('max_pixels', pixels)} to allow it"
         )
 
 

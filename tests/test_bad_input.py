@@ -137,7 +137,7 @@ def test_pixel_limit_refuses_before_decoding(tmp_path: Path) -> None:
     with pytest.raises(BadSampleError) as info:
         fastdata.convert(root, tmp_path / "x.npy", workers=0)
     assert f"{root}/a/big.png: cannot read image (10000x9000 = 90,000,000 pixels, over the limit of 89,478,485" in str(info.value)
-    assert "pass --max-pixels 90000000 to allow it" in str(info.value)
+    assert "pass --max-pixels 90000000 (max_pixels=90000000) to allow it" in str(info.value)
     save(Image.fromarray(pattern(100, 100, 1)), root / "b" / "small.png")
     shutil.rmtree(root / "a")
     with pytest.raises(BadSampleError, match=r"100x100 = 10,000 pixels, over the limit of 5,000"):

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from fastdata.errors import ShapeMismatchError
+from fastdata.errors import ShapeMismatchError, fix_option
 from fastdata.fields.array_kind import ShapedKind, check_member_array, npy_bytes
 from fastdata.fields.kinds import FieldError, Hint, Stored, as_numpy, describe_type, is_array, is_tensor, tv_type
 from fastdata.fields.schema import Field
@@ -24,7 +24,8 @@ def raw_bytes(f: Field, array: np.ndarray, sample: str) -> bytes:
     if array.shape != f.shape:
         raise ShapeMismatchError(
             f"{sample}: field {f.name!r} is {array.shape[0]}x{array.shape[1]} (HxW) but raw storage planned "
-            f"{f.shape[0]}x{f.shape[1]}. Use --resize HxW (or --resize S --center-crop HxW), or --store encoded."
+            f"{f.shape[0]}x{f.shape[1]}. Use {fix_option('resize', 'HxW')}, or {fix_option('resize', 'S')} with "
+            f"{fix_option('center_crop', 'HxW')}, or {fix_option('store', 'encoded')}."
         )
     return array.tobytes()
 

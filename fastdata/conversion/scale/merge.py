@@ -110,7 +110,7 @@ def _reconvert(output: Path, record: dict[str, Any], options: ConvertOptions, un
         raise PartsError(
             f"Cannot merge {str(output)!r}: some parts met colour images and others did not, so their grayscale "
             "units must be converted again as RGB, which needs the source: pass it (merge(output, source=...)), or "
-            "convert the parts with --mode RGB."
+            f"convert the parts with {fix_option('mode', 'RGB')}."
         )
     if source is None:
         reopen = dict(reopen)
