@@ -27,7 +27,8 @@ from fastdata.remote.failures import one_line
 from fastdata.sources.base import Protected, Source
 from fastdata.sources.columns import (CellContext, ClassNameKind, Column, check_class_label, check_field_names, choose,
                                       class_names_column, column_of, detect_image_bytes, hf_features, is_text)
-from fastdata.sources.tables import ArrowFiles, ObjectTable, ParquetFiles, has_parquet, is_parquet_spec, is_saved_dataset
+from fastdata.sources.saved_tables import ArrowFiles, ObjectTable, is_saved_dataset
+from fastdata.sources.tables import ParquetFiles, has_parquet, is_parquet_spec
 from fastdata.urls import is_url
 
 
